@@ -1,0 +1,296 @@
+"""load_adapter / inspect_adapter: read a peft LoRA adapter (folder or archive) and check it fully
+against the base model before anything is accepted."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .archive import CONFIG_NAME, archive_kind, extract_archive
+from .config import AdapterConfig, parse_adapter_config
+from .errors import AdapterError
+from .hashing import ContentHasher
+from .limits import AdapterLimits
+from .safetensors_header import SafetensorsHeader, TensorEntry, read_safetensors_header
+from .spec import LORA_MODULES, BaseModelSpec
+from .targets import TargetModule, resolve_targets
+from .tensors import parse_tensor_name
+
+WEIGHTS_NAME = "adapter_model.safetensors"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+@dataclass
+class LoRAModuleWeights:
+    """LoRA factors of one (layer, module), in the dtype they were stored in."""
+
+    a: torch.Tensor  # [r, in_features]
+    b: torch.Tensor  # [out_features, r]
+    scaling: float  # alpha / r, or alpha / sqrt(r) with use_rslora
+
+
+@dataclass
+class AdapterInfo:
+    """What the checks learned about an adapter (``inspect_adapter``'s result)."""
+
+    content_hash: str  # sha256 hex, see hashing.ContentHasher
+    rank: int  # max rank over modules
+    alpha: float  # the config's lora_alpha (per-module values are folded into each scaling)
+    use_rslora: bool
+    target_modules: list[str]  # short names in engine order, e.g. ["q_proj", "v_proj"]
+    layers: list[int]  # layers with at least one LoRA module, ascending
+    size_bytes: int  # bytes of all LoRA tensors as stored
+    base_model_name_or_path: str | None
+
+
+@dataclass
+class LoadedAdapter(AdapterInfo):
+    weights: dict[tuple[int, str], LoRAModuleWeights] = field(default_factory=dict)
+
+
+def load_adapter(
+    source: str | os.PathLike[str],
+    base: BaseModelSpec,
+    *,
+    max_lora_rank: int,
+    limits: AdapterLimits = AdapterLimits(),
+) -> LoadedAdapter:
+    """Read and check an adapter folder or .zip / .tar.gz / .tgz archive; raise AdapterError if refused."""
+    info, weights = _read(Path(source), base, max_lora_rank, limits, keep=True)
+    return LoadedAdapter(**vars(info), weights=weights)
+
+
+def inspect_adapter(
+    source: str | os.PathLike[str],
+    base: BaseModelSpec,
+    *,
+    max_lora_rank: int,
+    limits: AdapterLimits = AdapterLimits(),
+) -> AdapterInfo:
+    """The same checks as ``load_adapter`` (hash included) holding one tensor at a time."""
+    info, _ = _read(Path(source), base, max_lora_rank, limits, keep=False)
+    return info
+
+
+def _read(
+    source: Path, base: BaseModelSpec, max_lora_rank: int, limits: AdapterLimits, *, keep: bool
+) -> tuple[AdapterInfo, dict[tuple[int, str], LoRAModuleWeights]]:
+    with _adapter_folder(source, limits) as (folder, scan_root):
+        _refuse_pickles(scan_root)
+        config = parse_adapter_config(_read_config_bytes(folder, limits))
+        weights_path = folder / WEIGHTS_NAME
+        if not weights_path.is_file():
+            raise AdapterError(f"missing {WEIGHTS_NAME} in the adapter", code="missing_file")
+        size = weights_path.stat().st_size
+        if size > limits.max_unpacked_bytes:
+            raise AdapterError(
+                f"{WEIGHTS_NAME} is {size} bytes, over the limit of {limits.max_unpacked_bytes} bytes",
+                code="adapter_too_large",
+            )
+        header = read_safetensors_header(weights_path, limits.max_safetensors_header_bytes)
+        _check_architecture(config, base)
+        targets = resolve_targets(config, base)
+        pairs = _check_tensors(header, targets, config, base, max_lora_rank)
+        return _load_tensors(weights_path, header, pairs, targets, config, keep=keep)
+
+
+@contextmanager
+def _adapter_folder(source: Path, limits: AdapterLimits) -> Iterator[tuple[Path, Path]]:
+    """Yield (folder holding the adapter files, folder to scan for pickles)."""
+    if source.is_dir():
+        yield source, source
+        return
+    if not source.exists():
+        raise AdapterError(f"adapter source {str(source)!r} does not exist", code="missing_file")
+    if source.name.lower().endswith(PICKLE_SUFFIXES):
+        raise _pickled(source.name)
+    if archive_kind(source) is None:
+        raise AdapterError(
+            f"{source.name!r} is neither an adapter folder nor a .zip / .tar.gz / .tgz archive",
+            code="unsupported_archive",
+        )
+    with tempfile.TemporaryDirectory(prefix="loraplex-adapter-") as tmp:
+        dest = Path(tmp) / "adapter"
+        yield extract_archive(source, dest, limits), dest
+
+
+def _pickled(name: str) -> AdapterError:
+    return AdapterError(
+        f"the adapter contains {name!r}: pickled weights (.bin, .pt, .pth, .pkl) are never loaded; "
+        f"save the adapter as {WEIGHTS_NAME} (peft's default)",
+        code="pickled_weights",
+    )
+
+
+def _refuse_pickles(root: Path) -> None:
+    for _dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            if name.lower().endswith(PICKLE_SUFFIXES):
+                raise _pickled(name)
+
+
+def _read_config_bytes(folder: Path, limits: AdapterLimits) -> bytes:
+    path = folder / CONFIG_NAME
+    if not path.is_file():
+        raise AdapterError(f"missing {CONFIG_NAME} in the adapter", code="missing_file")
+    size = path.stat().st_size
+    if size > limits.max_config_bytes:
+        raise AdapterError(
+            f"{CONFIG_NAME} is {size} bytes, over the limit of {limits.max_config_bytes} bytes",
+            code="invalid_config",
+        )
+    return path.read_bytes()
+
+
+def _wrong_base(detail: str, config: AdapterConfig) -> AdapterError:
+    named = f" (the adapter names base model {config.base_model_name_or_path!r})" if config.base_model_name_or_path else ""
+    return AdapterError(f"wrong base model: {detail}{named}", code="wrong_base_model")
+
+
+def _check_architecture(config: AdapterConfig, base: BaseModelSpec) -> None:
+    if config.base_model_class is not None and config.base_model_class != base.architecture:
+        raise _wrong_base(
+            f"the adapter was made for {config.base_model_class} but the base model is {base.architecture}", config
+        )
+
+
+def _check_tensors(
+    header: SafetensorsHeader,
+    targets: dict[tuple[int, str], TargetModule],
+    config: AdapterConfig,
+    base: BaseModelSpec,
+    max_lora_rank: int,
+) -> dict[tuple[int, str], dict[str, TensorEntry]]:
+    """Check names, layer range, shapes, ranks and A/B pairing from the header alone."""
+    pairs: dict[tuple[int, str], dict[str, TensorEntry]] = {}
+    for name, entry in header.tensors.items():
+        layer, module, ab = parse_tensor_name(name)
+        if layer >= base.num_hidden_layers:
+            raise _wrong_base(
+                f"tensor {name!r} is for layer {layer} but the base model has {base.num_hidden_layers} layers", config
+            )
+        pairs.setdefault((layer, module), {})[ab] = entry
+
+    for (layer, module), pair in sorted(pairs.items()):
+        where = f"layers.{layer}.{module}"
+        if set(pair) != {"A", "B"}:
+            missing = "lora_B" if "A" in pair else "lora_A"
+            raise AdapterError(f"{where} has no {missing} weight: every lora_A needs its lora_B", code="unpaired_weights")
+        a, b = pair["A"], pair["B"]
+        if len(a.shape) != 2 or len(b.shape) != 2:
+            raise AdapterError(
+                f"{where}: lora_A {list(a.shape)} and lora_B {list(b.shape)} must both be 2-D", code="bad_shape"
+            )
+        in_features, out_features = base.module_shape(module)
+        if a.shape[1] != in_features or b.shape[0] != out_features:
+            raise _wrong_base(
+                f"{where} has lora_A {list(a.shape)} and lora_B {list(b.shape)}, but the base model's {module} "
+                f"maps {in_features} -> {out_features} features (hidden size {base.hidden_size})",
+                config,
+            )
+        rank = a.shape[0]
+        if b.shape[1] != rank or rank == 0:
+            raise AdapterError(
+                f"{where}: lora_A {list(a.shape)} and lora_B {list(b.shape)} disagree on the rank", code="bad_shape"
+            )
+        if rank > max_lora_rank:
+            raise AdapterError(
+                f"{where} has rank {rank}, over this server's max_lora_rank of {max_lora_rank}", code="rank_too_large"
+            )
+        target = targets.get((layer, module))
+        if target is None:
+            raise AdapterError(
+                f"the weights file has LoRA weights for {where}, which adapter_config.json does not target",
+                code="unexpected_tensor",
+            )
+        if target.rank != rank:
+            raise AdapterError(
+                f"{where} has rank {rank} but adapter_config.json (r / rank_pattern) says {target.rank}",
+                code="bad_shape",
+            )
+    missing = sorted(set(targets) - set(pairs))
+    if missing:
+        layer, module = missing[0]
+        raise AdapterError(
+            f"adapter_config.json targets layers.{layer}.{module} but {WEIGHTS_NAME} has no weights for it "
+            f"({len(missing)} module(s) missing)",
+            code="missing_weights",
+        )
+    return pairs
+
+
+def _scaling(target: TargetModule, use_rslora: bool) -> float:
+    return target.alpha / (math.sqrt(target.rank) if use_rslora else target.rank)
+
+
+def _load_tensors(
+    path: Path,
+    header: SafetensorsHeader,
+    pairs: dict[tuple[int, str], dict[str, TensorEntry]],
+    targets: dict[tuple[int, str], TargetModule],
+    config: AdapterConfig,
+    *,
+    keep: bool,
+) -> tuple[AdapterInfo, dict[tuple[int, str], LoRAModuleWeights]]:
+    """Hash every tensor's raw bytes, check values are finite, and keep the tensors if asked."""
+    modules = sorted(pairs, key=lambda lm: (lm[0], LORA_MODULES.index(lm[1])))
+    scalings = {lm: _scaling(targets[lm], config.use_rslora) for lm in modules}
+    hasher = ContentHasher(
+        {
+            "peft_type": "LORA",
+            "use_rslora": config.use_rslora,
+            "modules": {
+                f"layers.{layer}.{module}": {
+                    "rank": targets[(layer, module)].rank,
+                    "alpha": targets[(layer, module)].alpha.hex(),
+                    "scaling": scalings[(layer, module)].hex(),
+                }
+                for layer, module in modules
+            },
+        }
+    )
+    named = sorted(
+        (f"layers.{layer}.{module}.lora_{ab}", (layer, module), ab)
+        for (layer, module), pair in pairs.items()
+        for ab in pair
+    )
+    loaded: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    size = 0
+    with open(path, "rb") as raw, safe_open(str(path), framework="pt") as st:
+        for canonical, key, ab in named:
+            entry = pairs[key][ab]
+            raw.seek(header.data_start + entry.begin)
+            data = raw.read(entry.end - entry.begin)
+            hasher.add_tensor(canonical, entry.dtype, entry.shape, data)
+            tensor = st.get_tensor(entry.name)
+            if tuple(tensor.shape) != entry.shape or tensor.nbytes != len(data):
+                raise AdapterError(f"tensor {entry.name!r} changed while it was read", code="malformed_safetensors")
+            if not bool(torch.isfinite(tensor).all()):
+                raise AdapterError(f"{canonical} contains NaN or Inf values", code="non_finite")
+            size += len(data)
+            if keep:
+                loaded.setdefault(key, {})[ab] = tensor
+    weights = {
+        key: LoRAModuleWeights(a=loaded[key]["A"], b=loaded[key]["B"], scaling=scalings[key])
+        for key in modules
+        if keep
+    }
+    info = AdapterInfo(
+        content_hash=hasher.hexdigest(),
+        rank=max(targets[key].rank for key in modules),
+        alpha=config.lora_alpha,
+        use_rslora=config.use_rslora,
+        target_modules=[m for m in LORA_MODULES if any(module == m for _, module in modules)],
+        layers=sorted({layer for layer, _ in modules}),
+        size_bytes=size,
+        base_model_name_or_path=config.base_model_name_or_path,
+    )
+    return info, weights

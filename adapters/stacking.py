@@ -1,0 +1,54 @@
+"""Conversion of a loaded adapter into the engine's stacked per-layer LoRA layout."""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import AdapterError
+from .loader import LoadedAdapter
+from .spec import BaseModelSpec
+
+# The engine's fused projections and the LoRA slices each one carries, in output order.
+LORA_GROUPS: dict[str, tuple[str, ...]] = {
+    "qkv": ("q_proj", "k_proj", "v_proj"),
+    "o": ("o_proj",),
+    "gate_up": ("gate_proj", "up_proj"),
+    "down": ("down_proj",),
+}
+
+
+def stack_adapter(
+    adapter: LoadedAdapter,
+    base: BaseModelSpec,
+    max_rank: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    """``{(layer, group): (A, B)}`` for every layer the adapter touches and every group in LORA_GROUPS.
+
+    A is ``[num_slices, max_rank, in_features]``; B is ``[sum of slice out_features, max_rank]`` with
+    the slices' rows concatenated in group order and each slice's scaling folded in, so that for
+    slice ``i`` the delta is ``(x @ A[i].T) @ B[rows_i].T``. Modules the adapter lacks and ranks below
+    ``max_rank`` are zero. Layers without any LoRA are omitted.
+    """
+    if adapter.rank > max_rank:
+        raise AdapterError(f"adapter rank {adapter.rank} exceeds max_rank {max_rank}", code="rank_too_large")
+    out: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+    for layer in adapter.layers:
+        for group, modules in LORA_GROUPS.items():
+            in_features = base.module_shape(modules[0])[0]
+            outs = [base.module_shape(m)[1] for m in modules]
+            a_stack = torch.zeros(len(modules), max_rank, in_features, dtype=dtype, device=device)
+            b_stack = torch.zeros(sum(outs), max_rank, dtype=dtype, device=device)
+            row = 0
+            for i, (module, out_features) in enumerate(zip(modules, outs)):
+                w = adapter.weights.get((layer, module))
+                if w is not None:
+                    r = w.a.shape[0]
+                    a_stack[i, :r] = w.a.to(device=device, dtype=dtype)
+                    # Scale in float32 (or wider) before rounding to the serving dtype.
+                    wide = torch.promote_types(w.b.dtype, torch.float32)
+                    b_stack[row : row + out_features, :r] = (w.b.to(device=device, dtype=wide) * w.scaling).to(dtype)
+                row += out_features
+            out[(layer, group)] = (a_stack, b_stack)
+    return out

@@ -1,0 +1,120 @@
+"""Per-step attention metadata and the attention call the model makes in every layer.
+
+The metadata is built once per step (not per layer). On CUDA the Triton paged-attention kernel reads
+the block tables directly. On CPU the batch is split into two vectorised groups — single-token
+decodes and multi-token prefill chunks — each gathering its sequences' blocks once per layer and
+running one masked scaled-dot-product attention over the whole group (no loop over sequences).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from loraplex.kernels.attention import paged_attention, store_kv
+
+
+@dataclass
+class GroupPlan:
+    """One vectorised CPU attention group (all decodes, or all prefill chunks)."""
+
+    rows: torch.Tensor  # [B, Q] token rows in the flat batch (padding rows repeat a valid row)
+    valid: torch.Tensor | None  # [B*Q] bool, None when no padding (every decode group)
+    blocks: torch.Tensor  # [B, nblk] physical blocks to gather
+    mask: torch.Tensor  # [B, 1, Q, nblk*block_size] bool, True = attend
+    flat_rows: torch.Tensor  # [num valid] rows of the output to write
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] flat cache slot of every new token
+    block_tables: torch.Tensor  # [S, max_blocks] int32
+    seq_lens: torch.Tensor  # [S] int32, context incl. this step's tokens
+    query_start_loc: torch.Tensor  # [S+1] int32
+    num_tokens: int
+    use_triton: bool
+    groups: list[GroupPlan]
+
+    @classmethod
+    def build(cls, q_lens: list[int], ctx_lens: list[int], block_tables: list[list[int]], block_size: int,
+              device: torch.device, use_triton: bool) -> "AttentionMetadata":
+        """q_lens: new tokens per sequence; ctx_lens: tokens already cached before this step."""
+        num_seqs = len(q_lens)
+        seq_lens = [c + q for c, q in zip(ctx_lens, q_lens)]
+        starts = [0]
+        for q in q_lens:
+            starts.append(starts[-1] + q)
+        slots: list[int] = []
+        for table, c, q in zip(block_tables, ctx_lens, q_lens):
+            for pos in range(c, c + q):
+                slots.append(table[pos // block_size] * block_size + pos % block_size)
+        max_blocks = max(len(t) for t in block_tables)
+        padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
+        meta = cls(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            num_tokens=starts[-1],
+            use_triton=use_triton,
+            groups=[],
+        )
+        if not use_triton:
+            decode = [i for i in range(num_seqs) if q_lens[i] == 1]
+            prefill = [i for i in range(num_seqs) if q_lens[i] > 1]
+            for members in (decode, prefill):
+                if members:
+                    meta.groups.append(_group_plan(members, q_lens, seq_lens, starts, block_tables,
+                                                   block_size, device))
+        return meta
+
+
+def _group_plan(members: list[int], q_lens: list[int], seq_lens: list[int], starts: list[int],
+                block_tables: list[list[int]], block_size: int, device: torch.device) -> GroupPlan:
+    qmax = max(q_lens[i] for i in members)
+    nblk = max(-(-seq_lens[i] // block_size) for i in members)
+    rows, valid, blocks, flat_rows = [], [], [], []
+    for i in members:
+        r = list(range(starts[i], starts[i] + q_lens[i]))
+        flat_rows.extend(r)
+        rows.append(r + [r[-1]] * (qmax - len(r)))
+        valid.extend([True] * len(r) + [False] * (qmax - len(r)))
+        table = block_tables[i][:nblk]
+        blocks.append(table + [table[-1]] * (nblk - len(table)))
+    L = nblk * block_size
+    key_pos = torch.arange(L, device=device)
+    qlen_t = torch.tensor([q_lens[i] for i in members], device=device)
+    slen_t = torch.tensor([seq_lens[i] for i in members], device=device)
+    # query j of a sequence sits at position seq_len - q_len + j and sees keys 0..that position
+    q_pos = slen_t[:, None] - qlen_t[:, None] + torch.arange(qmax, device=device)[None, :]
+    mask = key_pos[None, None, :] <= q_pos[:, :, None]
+    all_valid = all(valid)
+    return GroupPlan(
+        rows=torch.tensor(rows, dtype=torch.long, device=device),
+        valid=None if all_valid else torch.tensor(valid, dtype=torch.bool, device=device),
+        blocks=torch.tensor(blocks, dtype=torch.long, device=device),
+        mask=mask.unsqueeze(1),
+        flat_rows=torch.tensor(flat_rows, dtype=torch.long, device=device),
+    )
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q: [T, H, D]; k, v: [T, KVH, D]. Writes k, v to the cache, returns attention output [T, H, D]."""
+    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    if meta.use_triton:
+        return paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
+    out = torch.empty_like(q)
+    _, bs, kvh, d = k_cache.shape
+    for g in meta.groups:
+        b, qn = g.rows.shape
+        keys = k_cache[g.blocks].view(b, -1, kvh, d).transpose(1, 2)
+        vals = v_cache[g.blocks].view(b, -1, kvh, d).transpose(1, 2)
+        qg = q[g.rows].transpose(1, 2)  # [B, H, Q, D]
+        o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=g.mask, scale=scale, enable_gqa=True)
+        o = o.transpose(1, 2).reshape(b * qn, -1, d)
+        if g.valid is not None:
+            o = o[g.valid]
+        out[g.flat_rows] = o
+    return out

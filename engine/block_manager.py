@@ -1,0 +1,164 @@
+"""Paged KV-cache bookkeeping: a free list with reference counts, block tables and prefix caching.
+
+Every physical block is either free (reference count 0, in the free queue) or owned by one or more
+sequences (reference count = number of block tables holding it). Full blocks are identified by a
+hash of (parent block hash, their token ids, the adapter's content hash, a cache salt), so identical
+prefixes under the same adapter share physical blocks. Freed blocks keep their hash and stay
+reusable until the allocator needs them: the free queue is ordered least-recently-freed first, and
+a sequence's blocks are freed tail first so that shared prefixes are evicted last.
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+from loraplex.engine.sequence import Sequence
+
+
+def hash_block(parent: bytes | None, token_ids: list[int], adapter_hash: str | None,
+               cache_salt: str | None) -> bytes:
+    """Content hash of one full block; the adapter hash keeps one adapter's KV from serving another."""
+    h = hashlib.sha256()
+    h.update(parent or b"root")
+    h.update(array("q", token_ids).tobytes())
+    h.update(b"|lora:" + (adapter_hash or "").encode())
+    h.update(b"|salt:" + (cache_salt or "").encode())
+    return h.digest()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks <= 0:
+            raise ValueError("the KV cache needs at least one block")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # block hash -> physical block
+        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        # prefix-cache statistics (over admitted prompt tokens)
+        self.query_tokens = 0
+        self.hit_tokens = 0
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_queue)
+
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        total = seq.num_computed_tokens + num_new_tokens
+        return max(0, -(-total // self.block_size) - len(seq.block_table))
+
+    # ---------------------------------------------------------------- prefix cache
+    def match_prefix(self, seq: Sequence) -> int:
+        """Attach cached blocks holding this sequence's leading tokens; return how many tokens they cover.
+
+        At least one token is always left to compute, so the step still produces logits.
+        """
+        if not self.enable_prefix_caching or seq.block_table:
+            return 0
+        bs = self.block_size
+        max_full = (seq.num_tokens - 1) // bs
+        hashes: list[bytes] = []
+        parent = None
+        for i in range(max_full):
+            h = hash_block(parent, seq.tokens(i * bs, (i + 1) * bs), seq.adapter_hash, seq.cache_salt)
+            if h not in self.cached:
+                break
+            hashes.append(h)
+            parent = h
+        for h in hashes:
+            block = self.cached[h]
+            if self.ref_counts[block] == 0:
+                del self.free_queue[block]
+            self.ref_counts[block] += 1
+            seq.block_table.append(block)
+        seq.block_hashes = hashes
+        n = len(hashes) * bs
+        seq.num_computed_tokens = n
+        if seq.num_preemptions == 0:
+            seq.num_cached_prompt_tokens = min(n, seq.num_prompt_tokens)
+            self.query_tokens += seq.num_prompt_tokens
+            self.hit_tokens += min(n, seq.num_prompt_tokens)
+        return n
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Hash the blocks that became full (their K/V written) so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = seq.num_computed_tokens // bs
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        for i in range(len(seq.block_hashes), full):
+            h = hash_block(parent, seq.tokens(i * bs, (i + 1) * bs), seq.adapter_hash, seq.cache_salt)
+            seq.block_hashes.append(h)
+            parent = h
+            block = seq.block_table[i]
+            if self.block_hash[block] is None and h not in self.cached:
+                self.block_hash[block] = h
+                self.cached[h] = block
+
+    # ---------------------------------------------------------------- allocation
+    def _pop_free_block(self) -> int:
+        block, _ = self.free_queue.popitem(last=False)
+        old = self.block_hash[block]
+        if old is not None:  # evict its cached contents
+            self.block_hash[block] = None
+            if self.cached.get(old) == block:
+                del self.cached[old]
+        return block
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Grow the sequence's block table to hold `num_new_tokens` more tokens; False if out of blocks."""
+        need = self.blocks_needed(seq, num_new_tokens)
+        if need > len(self.free_queue):
+            return False
+        for _ in range(need):
+            block = self._pop_free_block()
+            self.ref_counts[block] = 1
+            seq.block_table.append(block)
+        return True
+
+    def free(self, seq: Sequence) -> None:
+        """Release the sequence's blocks (tail first); cached ones stay reusable until evicted."""
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_queue[block] = None
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    def reset_prefix_cache(self) -> None:
+        for h, block in list(self.cached.items()):
+            if self.ref_counts[block] == 0:
+                self.block_hash[block] = None
+                del self.cached[h]
+
+    # ---------------------------------------------------------------- invariants
+    def check_invariants(self, live: list[Sequence]) -> None:
+        """Every block is free or owned, and reference counts equal the number of owners."""
+        owners = [0] * self.num_blocks
+        for seq in live:
+            for block in seq.block_table:
+                owners[block] += 1
+        for block in range(self.num_blocks):
+            if owners[block] != self.ref_counts[block]:
+                raise AssertionError(f"block {block}: ref count {self.ref_counts[block]} != owners {owners[block]}")
+            if (owners[block] == 0) != (block in self.free_queue):
+                raise AssertionError(f"block {block}: owned={owners[block]} but in free queue={block in self.free_queue}")
+        for h, block in self.cached.items():
+            if self.block_hash[block] != h:
+                raise AssertionError(f"cache map points to block {block} whose hash differs")

@@ -1,0 +1,133 @@
+"""Engine arguments (names follow vLLM's where the meaning is the same) and the model's shape."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class EngineArgs:
+    model: str | os.PathLike | None = None  # None: the bundled SmolLM2-135M-Instruct
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: min(model's max_position_embeddings, 8192)
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    # Multi-LoRA
+    max_loras: int = 16
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 64
+    # KV-cache sizing: on CUDA a fraction of device memory, on CPU a byte budget.
+    gpu_memory_utilization: float = 0.9
+    kv_cache_bytes: int | None = None  # None on CPU: 4 GiB (or $LORAPLEX_KV_CACHE_BYTES)
+    num_kv_blocks: int | None = None  # overrides both when set (tests use tiny caches)
+    # Structured output
+    grammar_compile_timeout_s: float = 10.0
+    grammar_cache_size: int = 256
+    grammar_workers: int = 1
+    device: str | None = None  # None: cuda if available else cpu
+    dtype: str | None = None  # None: the checkpoint's dtype on CUDA (bf16 for fp32), float32 on CPU
+    seed: int = 0
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras", "max_lora_rank",
+                     "max_cpu_loras"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError(f"max_model_len must be > 0, got {self.max_model_len}")
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def resolved_device(self) -> torch.device:
+        if self.device:
+            return torch.device(self.device)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def resolved_dtype(self, device: torch.device, checkpoint_dtype: torch.dtype) -> torch.dtype:
+        if self.dtype:
+            dt = getattr(torch, self.dtype, None)
+            if not isinstance(dt, torch.dtype):
+                raise ValueError(f"unknown dtype {self.dtype!r}")
+            return dt
+        if device.type == "cpu":
+            return torch.float32  # no native bf16 on these CPUs: float32 is the fast type
+        return torch.bfloat16 if checkpoint_dtype == torch.float32 else checkpoint_dtype
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The Llama-family hyper-parameters the native model needs (from config.json)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> "ModelShape":
+        heads = cfg["num_attention_heads"]
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        for key in ("attention_bias", "mlp_bias"):
+            if cfg.get(key):
+                raise ValueError(f"config.json sets {key}=true, which loraplex's Llama model does not support")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {cfg.get('hidden_act')!r} (Llama uses 'silu')")
+        dtype = getattr(torch, str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), torch.float32)
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=None if rope_type == "default" else dict(rope),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            eos_token_ids=eos_ids,
+            dtype=dtype if isinstance(dtype, torch.dtype) else torch.float32,
+        )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        return 2 * self.num_layers * self.kv_size * torch.empty((), dtype=dtype).element_size()
+
+
+def config_path_name(model_dir: Path) -> str:
+    return model_dir.name

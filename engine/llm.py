@@ -1,0 +1,51 @@
+"""Offline API: `LLM(model=...).generate(prompts, sampling_params)`, outputs in input order."""
+from __future__ import annotations
+
+from typing import Sequence as Seq
+
+from tqdm import tqdm
+
+from loraplex.engine.config import EngineArgs
+from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.outputs import RequestOutput
+from loraplex.engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **engine_args) -> None:
+        self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
+        self.tokenizer = self.engine.tokenizer
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
+        return list(prompt)
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 *, use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run every prompt to completion; all are validated before any is submitted."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = sampling_params or SamplingParams()
+        param_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(param_list) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(param_list)} sampling params")
+        encoded = [self._encode(p) for p in prompts]
+        for ids, p in zip(encoded, param_list):
+            self.engine.validate(ids, p)
+        order = {self.engine.add_request(ids, p): i for i, (ids, p) in enumerate(zip(encoded, param_list))}
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        bar = tqdm(total=len(prompts), disable=not use_tqdm, desc="generate")
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished and out.request_id in order:
+                    results[order[out.request_id]] = out
+                    bar.update(1)
+        bar.close()
+        return results  # type: ignore[return-value]

@@ -1,0 +1,233 @@
+"""The synchronous engine core: requests in, one scheduled step at a time, outputs out."""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoTokenizer
+
+from loraplex.engine.block_manager import BlockManager
+from loraplex.engine.config import EngineArgs
+from loraplex.engine.detokenizer import IncrementalDetokenizer
+from loraplex.engine.llama import read_config
+from loraplex.engine.model_files import DEFAULT_MODEL_NAME, ModelLoadError, check_model_dir, resolve_model_dir
+from loraplex.engine.model_runner import ModelRunner
+from loraplex.engine.outputs import RequestOutput, TokenLogprob
+from loraplex.engine.sampler import Sampler
+from loraplex.engine.sampling_params import RequestError, SamplingParams
+from loraplex.engine.scheduler import ScheduledBatch, Scheduler
+from loraplex.engine.sequence import Sequence, SequenceStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    logprobs: list[TokenLogprob] | None
+    sent_tokens: int = 0
+    sent_logprobs: int = 0
+    error: str | None = None
+    new_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StepStats:
+    num_tokens: int = 0
+    num_seqs: int = 0
+    seconds: float = 0.0
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs | None = None, **kwargs) -> None:
+        args = args or EngineArgs(**kwargs)
+        self.args = args
+        model_dir = resolve_model_dir(args.model)
+        config = check_model_dir(model_dir) if args.model is not None else read_config(model_dir)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        except Exception as exc:
+            raise ModelLoadError(f"cannot load the tokenizer of {model_dir}: {exc}") from exc
+        self.model_dir = model_dir
+        self.model_name = args.served_model_name or (DEFAULT_MODEL_NAME if args.model is None else model_dir.name)
+        limit = min(int(config.get("max_position_embeddings", 2048)), 8192)
+        max_model_len = args.max_model_len or limit
+        if max_model_len > config.get("max_position_embeddings", max_model_len):
+            raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
+                             f"{config.get('max_position_embeddings')}")
+        self.runner = ModelRunner(args, model_dir, config, max_model_len)
+        cache_tokens = self.runner.num_blocks * args.block_size
+        # A lone sequence must always fit, or preemption could never make progress.
+        self.max_model_len = min(max_model_len, cache_tokens)
+        self.shape = self.runner.shape
+        self.eos_token_ids = set(self.shape.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
+        self.sampler = Sampler(self.runner.device)
+        self.requests: dict[str, _Request] = {}
+        self._ids = itertools.count()
+        self.last_step = StepStats()
+        self.num_preemptions = 0
+        self.scheduler.on_preempt = self._count_preemption
+
+    # ------------------------------------------------------------------ requests
+    def _count_preemption(self, seq: Sequence) -> None:
+        self.num_preemptions += 1
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise RequestError for a request that cannot be served; nothing is allocated."""
+        if not isinstance(params, SamplingParams):
+            raise RequestError("sampling params must be a SamplingParams")
+        params.validate()
+        if not prompt_token_ids:
+            raise RequestError("the prompt is empty")
+        n = len(prompt_token_ids)
+        if n >= self.max_model_len:
+            raise RequestError(f"the prompt has {n} tokens, but max_model_len is {self.max_model_len} "
+                               f"(the prompt plus at least one generated token must fit)")
+        vocab = self.shape.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    adapter_hash: str | None = None, cache_salt: str | None = None) -> str:
+        prompt_token_ids = list(prompt_token_ids)
+        self.validate(prompt_token_ids, params)
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        seq = Sequence(request_id, prompt_token_ids, params, adapter_hash=adapter_hash, cache_salt=cache_salt)
+        if params.seed is not None:
+            seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
+        self.requests[request_id] = _Request(seq, detok, [] if params.logprobs is not None else None)
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        return self._finish(req, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        sample_idx, logits = self.runner.run(batch)
+        outputs = self._process(batch, sample_idx, logits)
+        self.last_step = StepStats(batch.total_tokens, len(batch), time.perf_counter() - t0)
+        return outputs
+
+    def _process(self, batch: ScheduledBatch, sample_idx: list[int], logits: torch.Tensor) -> list[RequestOutput]:
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+            self.block_manager.register_full_blocks(seq)
+        if not sample_idx:
+            return []
+        seqs = [batch.seqs[i] for i in sample_idx]
+        self._suppress_stops(seqs, logits)
+        result = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        outputs: list[RequestOutput] = []
+        now = time.monotonic()
+        for r, seq in enumerate(seqs):
+            req = self.requests[seq.request_id]
+            token = result.token_ids[r]
+            seq.output_token_ids.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if req.logprobs is not None:
+                top = [(t, self._token_str(t), lp) for t, lp in (result.top[r] if result.top else [])]
+                req.logprobs.append(TokenLogprob(token, self._token_str(token), result.logprobs[r], top))
+            reason = self._check_stop(seq, req, token)
+            if reason:
+                outputs.append(self._finish(req, reason))
+            else:
+                outputs.append(self._output(req, None))
+        return outputs
+
+    def _check_stop(self, seq: Sequence, req: _Request, token: int) -> str | None:
+        p = seq.params
+        req.detok.add(token)
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop"
+        if req.detok.stopped:
+            return "stop"
+        if p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens:
+            return "length"
+        if seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _suppress_stops(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Before min_tokens are out, EOS and stop token ids cannot be sampled."""
+        for r, seq in enumerate(seqs):
+            p = seq.params
+            if p.min_tokens > seq.num_output_tokens:
+                banned = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(self.eos_token_ids))
+                if banned:
+                    logits[r, banned] = float("-inf")
+
+    def _token_str(self, token: int) -> str:
+        return self.tokenizer.convert_ids_to_tokens(token)
+
+    def _output(self, req: _Request, reason: str | None) -> RequestOutput:
+        seq = req.seq
+        new_tokens = seq.output_token_ids[req.sent_tokens:]
+        req.sent_tokens = len(seq.output_token_ids)
+        new_lp = None
+        if req.logprobs is not None:
+            new_lp = req.logprobs[req.sent_logprobs:]
+            req.sent_logprobs = len(req.logprobs)
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            text=req.detok.text if reason else req.detok.text[: req.detok.emitted],
+            token_ids=list(seq.output_token_ids),
+            new_text=req.detok.release(final=reason is not None),
+            new_token_ids=new_tokens,
+            finish_reason=reason,
+            logprobs=req.logprobs,
+            new_logprobs=new_lp,
+            num_cached_tokens=seq.num_cached_prompt_tokens,
+            error=req.error,
+        )
+
+    def _finish(self, req: _Request, reason: str) -> RequestOutput:
+        seq = req.seq
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.scheduler.remove(seq)
+        del self.requests[seq.request_id]
+        return self._output(req, reason)
+
+    # ------------------------------------------------------------------ introspection
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "num_running": self.scheduler.num_running(),
+            "num_waiting": self.scheduler.num_waiting(),
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_used": bm.num_used_blocks,
+            "kv_cache_usage": bm.usage(),
+            "prefix_cache_hit_rate": bm.hit_rate(),
+            "prefix_cache_queries": bm.query_tokens,
+            "prefix_cache_hits": bm.hit_tokens,
+            "num_preemptions": self.num_preemptions,
+        }
+
+    def check_invariants(self) -> None:
+        live = [r.seq for r in self.requests.values()]
+        self.block_manager.check_invariants(live)

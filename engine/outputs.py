@@ -1,0 +1,35 @@
+"""What the engine hands back for each request after a step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]] = field(default_factory=list)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    text: str  # cumulative
+    token_ids: list[int]  # cumulative
+    new_text: str  # since the previous output of this request
+    new_token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    logprobs: list[TokenLogprob] | None = None  # cumulative
+    new_logprobs: list[TokenLogprob] | None = None
+    num_cached_tokens: int = 0
+    error: str | None = None  # set with finish_reason "error"
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

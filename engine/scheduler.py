@@ -1,0 +1,135 @@
+"""Continuous batching with chunked prefill (one token budget per step, vLLM v1 style).
+
+Every sequence simply has `num_tokens` known tokens of which `num_computed_tokens` have K/V in the
+cache; a step gives each scheduled sequence some of the difference. Running sequences (decodes and
+unfinished prefills) go first, oldest first; then waiting ones are admitted while the token budget,
+`max_num_seqs`, the KV cache and the admission hooks (adapter slots, compiled grammars) allow.
+When the cache runs out, the newest running sequence is preempted: its blocks are freed and it is
+recomputed later (prefix caching usually brings most of it back).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from loraplex.engine.block_manager import BlockManager
+from loraplex.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class AdmissionPolicy(Protocol):
+    """Decides whether a waiting sequence may join this step (adapter slots, grammar readiness)."""
+
+    def begin_step(self, running: list[Sequence]) -> None: ...
+
+    def can_admit(self, seq: Sequence) -> bool: ...
+
+    def admitted(self, seq: Sequence) -> None: ...
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 admission: list[AdmissionPolicy] | None = None) -> None:
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.admission = admission or []
+        self.on_preempt: Callable[[Sequence], None] | None = None
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Drop a finished or aborted sequence from the queues and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.bm.free(seq)
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        self.bm.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+        if self.on_preempt:
+            self.on_preempt(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        for policy in self.admission:
+            policy.begin_step(self.running)
+
+        # 1. running sequences, oldest first; preempt the newest when blocks run out
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n <= 0:
+                i += 1
+                continue
+            while not self.bm.allocate(seq, n):
+                victim = self.running[-1]
+                self._preempt(victim, batch)
+                if victim is seq:
+                    break
+            else:
+                batch.seqs.append(seq)
+                batch.num_new_tokens.append(n)
+                budget -= n
+                i += 1
+                continue
+            break  # seq itself was preempted: it was the newest, nothing after it remains
+
+        # 2. admit waiting sequences (none when this step had to preempt)
+        skipped: list[Sequence] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
+            seq = self.waiting.popleft()
+            if not all(policy.can_admit(seq) for policy in self.admission):
+                skipped.append(seq)  # e.g. grammar still compiling: wait without blocking others
+                continue
+            if not seq.block_table:
+                self.bm.match_prefix(seq)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.bm.allocate(seq, n):
+                self.bm.free(seq)  # give back prefix hits; retry next step
+                skipped.append(seq)
+                break
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            for policy in self.admission:
+                policy.admitted(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+        return batch
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def num_running(self) -> int:
+        return len(self.running)

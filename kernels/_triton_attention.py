@@ -1,0 +1,161 @@
+"""Triton kernel behind ``paged_attention_triton`` (imported lazily: ``triton.jit`` picks
+the interpreter or the compiler when this module is imported).
+
+One program handles ``BLOCK_Q`` query tokens of one sequence and all query heads that
+share one kv head (``BLOCK_M = BLOCK_Q * GROUP_P`` rows), and walks that sequence's KV
+pages with an online softmax. The grid needs no host sync: axis 0 has
+``num_tokens // BLOCK_Q + num_seqs`` slots, an upper bound on the query blocks of all
+sequences, and each program finds its sequence by binary search over
+``query_start_loc[s] // BLOCK_Q + s`` (the first block slot of sequence ``s``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, num_seqs, block_slot, BLOCK_Q: tl.constexpr):
+    """Largest sequence ``s`` whose first block slot ``qsl[s] // BLOCK_Q + s`` is <= block_slot."""
+    lo = tl.full([], 0, tl.int32)
+    hi = lo + num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first <= block_slot:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    qk_scale_log2, num_seqs,
+    stride_qt, stride_qh, stride_qd,
+    stride_ot, stride_oh, stride_od,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_bt, stride_bb,
+    GROUP: tl.constexpr, GROUP_P: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_Q: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
+    block_slot = tl.program_id(0)
+    kv_head = tl.program_id(1)
+
+    seq = _find_seq(query_start_loc_ptr, num_seqs, block_slot, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block = block_slot - (q_start // BLOCK_Q + seq)
+    if q_block * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first_pos = seq_len - q_len  # absolute position of the chunk's first query
+
+    rows = tl.arange(0, BLOCK_M)
+    tok_in_chunk = q_block * BLOCK_Q + rows // GROUP_P
+    head_in_group = rows % GROUP_P
+    row_valid = (tok_in_chunk < q_len) & (head_in_group < GROUP)
+    token = (q_start + tok_in_chunk).to(tl.int64)
+    head = kv_head * GROUP + head_in_group
+    q_pos = first_pos + tok_in_chunk
+
+    dims = tl.arange(0, HEAD_DIM_P)
+    dim_valid = dims < HEAD_DIM
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :] * stride_qd,
+        mask=row_valid[:, None] & dim_valid[None, :],
+        other=0.0,
+    )
+
+    # Finite start value: a row with every key masked keeps m at -1e30 and never makes NaN.
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+
+    # Keys this tile can see: 0 .. position of its last query row.
+    kv_len = first_pos + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
+    num_pages = tl.cdiv(kv_len, PAGE)
+    offs_page = tl.arange(0, PAGE)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for page_idx in range(0, num_pages):
+        block_id = tl.load(table_row + page_idx * stride_bb).to(tl.int64)
+        key_pos = page_idx * PAGE + offs_page
+        key_valid = key_pos < kv_len  # never read stale slots of a partial last page
+        k = tl.load(
+            k_cache_ptr + block_id * stride_kb + offs_page[None, :] * stride_ks
+            + kv_head * stride_kh + dims[:, None] * stride_kd,
+            mask=dim_valid[:, None] & key_valid[None, :],
+            other=0.0,
+        )  # [HEAD_DIM_P, PAGE]
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale_log2
+        s = tl.where(key_pos[None, :] <= q_pos[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_cache_ptr + block_id * stride_vb + offs_page[:, None] * stride_vs
+            + kv_head * stride_vh + dims[None, :] * stride_vd,
+            mask=key_valid[:, None] & dim_valid[None, :],
+            other=0.0,
+        )  # [PAGE, HEAD_DIM_P]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)
+    acc = acc / l_i[:, None]
+    tl.store(
+        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :] * stride_od,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None] & dim_valid[None, :],
+    )
+
+
+def launch_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """Launch the kernel writing into ``out`` (same shape and dtype as ``q``)."""
+    num_tokens, num_heads, head_dim = q.shape
+    page = k_cache.shape[1]
+    num_kv_heads = k_cache.shape[2]
+    if page < 16 or page & (page - 1):
+        raise ValueError(f"the Triton paged attention needs a power-of-two block_size >= 16, got {page}")
+    group = num_heads // num_kv_heads
+    group_p = triton.next_power_of_2(group)
+    num_seqs = seq_lens.shape[0]
+    # Pure decode batches (one row per sequence) use small tiles; chunks use larger ones.
+    rows_target = 16 if num_tokens == num_seqs else 64
+    block_q = max(1, rows_target // group_p)
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, out,
+        block_tables, seq_lens.contiguous(), query_start_loc.contiguous(),
+        scale * _LOG2E, num_seqs,
+        q.stride(0), q.stride(1), q.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
+        block_tables.stride(0), block_tables.stride(1),
+        GROUP=group, GROUP_P=group_p,
+        HEAD_DIM=head_dim, HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)),
+        PAGE=page, BLOCK_Q=block_q,
+        PRECISION=precision,
+    )

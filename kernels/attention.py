@@ -1,0 +1,215 @@
+"""Paged attention over one batch of prefill chunks and decodes, plus the KV-cache write.
+
+Layout (shared by the torch reference and the Triton kernel):
+
+* ``q``: ``[num_tokens, num_heads, head_dim]``; sequence ``s`` owns rows
+  ``query_start_loc[s]:query_start_loc[s + 1]``.
+* ``k_cache`` / ``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_dim]``; this
+  step's K/V are already stored.
+* ``block_tables``: ``[num_seqs, max_blocks_per_seq]``; entries past a sequence's last
+  block are arbitrary and never read.
+* ``seq_lens``: context length of each sequence including this step's query tokens.
+  Query ``j`` of a chunk of ``q_len`` rows sits at position ``seq_len - q_len + j`` and
+  attends to keys ``0..position``.
+
+The dispatcher runs Triton on CUDA tensors and the torch reference elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "paged_attention",
+    "paged_attention_ref",
+    "paged_attention_triton",
+    "store_kv",
+]
+
+
+def _check_shapes(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+) -> None:
+    if q.dim() != 3:
+        raise ValueError(f"q must be [num_tokens, num_heads, head_dim], got shape {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"head_dim mismatch: q has {head_dim}, the cache has {k_cache.shape[3]}")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError(
+            f"query_start_loc must have num_seqs + 1 = {num_seqs + 1} entries, got {tuple(query_start_loc.shape)}"
+        )
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(
+            f"block_tables must be [num_seqs={num_seqs}, max_blocks], got {tuple(block_tables.shape)}"
+        )
+
+
+def _attend_padded(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """Attention for a group of sequences, queries padded to the group's longest chunk.
+
+    All index tensors are int64 and describe only this group's sequences. Results are
+    written into ``out`` (float32, ``[num_tokens, num_heads, head_dim]``).
+    """
+    num_seqs = seq_lens.shape[0]
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    num_heads = q.shape[1]
+    group = num_heads // num_kv_heads
+    max_q = int(q_lens.max())
+    max_len = int(seq_lens.max())
+    num_blocks = -(-max_len // block_size)
+    device = q.device
+
+    # Keys: gather the group's pages; pages past a sequence's end read block 0 and are
+    # zeroed below (the table holds arbitrary values there, the cache maybe garbage).
+    blk_idx = torch.arange(num_blocks, device=device)
+    used = blk_idx[None, :] < (seq_lens[:, None] + block_size - 1) // block_size
+    tables = torch.where(used, block_tables[:, :num_blocks].long(), 0)
+    key_pos = torch.arange(max_len, device=device)
+    key_valid = key_pos[None, :] < seq_lens[:, None]  # [S, L]
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:
+        pages = cache[tables].reshape(num_seqs, num_blocks * block_size, num_kv_heads, head_dim)
+        pages = pages[:, :max_len].float().masked_fill(~key_valid[:, :, None, None], 0.0)
+        return pages.transpose(1, 2)  # [S, kv_heads, L, D]
+
+    k = gather(k_cache)
+    v = gather(v_cache)
+
+    # Queries: [S, max_q] token rows; padding rows repeat the chunk's first token.
+    q_off = torch.arange(max_q, device=device)
+    q_valid = q_off[None, :] < q_lens[:, None]
+    rows = torch.where(q_valid, q_starts[:, None] + q_off[None, :], q_starts[:, None])
+    qp = q[rows].float()  # [S, max_q, H, D]
+    # Group the query heads of each kv head together: [S, kv_heads, group * max_q, D].
+    qg = qp.view(num_seqs, max_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    qg = qg.reshape(num_seqs, num_kv_heads, group * max_q, head_dim)
+
+    q_pos = seq_lens[:, None] - q_lens[:, None] + q_off[None, :]  # [S, max_q]
+    # Padding rows get q_pos >= seq_len, so no row is fully masked (no NaN).
+    allowed = (key_pos[None, None, :] <= q_pos[:, :, None]) & key_valid[:, None, :]  # [S, max_q, L]
+    mask = allowed[:, None, None].expand(num_seqs, 1, group, max_q, max_len)
+    mask = mask.reshape(num_seqs, 1, group * max_q, max_len)
+
+    att = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    att = att.view(num_seqs, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
+    att = att.reshape(num_seqs, max_q, num_heads, head_dim)
+    out[rows[q_valid]] = att[q_valid]
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Torch paged attention, vectorised over the batch (float32 softmax).
+
+    Decodes (one query row) and longer chunks are two padded groups, so a long prefill
+    chunk does not pad every decode to its length; no loop over sequences.
+    """
+    _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    if q.shape[0] == 0 or seq_lens.shape[0] == 0:
+        return out.to(q.dtype)
+    qsl = query_start_loc.long()
+    q_lens = qsl[1:] - qsl[:-1]
+    seq_lens_l = seq_lens.long()
+    is_decode = q_lens == 1
+    for group in (is_decode, (~is_decode) & (q_lens > 0)):
+        if bool(group.any()):
+            _attend_padded(
+                q, k_cache, v_cache, block_tables[group], seq_lens_l[group], qsl[:-1][group],
+                q_lens[group], scale, out,
+            )
+    return out.to(q.dtype)
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Triton paged attention: one launch for mixed prefill chunks and decodes."""
+    _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    from ._triton_attention import launch_paged_attention
+
+    out = torch.empty_like(q)
+    if q.shape[0] == 0 or seq_lens.shape[0] == 0:
+        return out
+    launch_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
+    return out
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Paged attention: Triton on CUDA, the torch reference elsewhere."""
+    impl = paged_attention_triton if q.is_cuda else paged_attention_ref
+    return impl(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``k``/``v`` (``[T, kv_heads, head_dim]``) into flat cache slots.
+
+    ``slot = block_id * block_size + offset``; slot ``-1`` skips the token.
+    """
+    if k.shape != v.shape or k.shape[0] != slot_mapping.shape[0]:
+        raise ValueError(
+            f"k {tuple(k.shape)}, v {tuple(v.shape)} and slot_mapping {tuple(slot_mapping.shape)} "
+            "must agree on the number of tokens"
+        )
+    if k.shape[1:] != k_cache.shape[2:]:
+        raise ValueError(f"k rows {tuple(k.shape[1:])} do not match cache rows {tuple(k_cache.shape[2:])}")
+    slots = slot_mapping.to(device=k_cache.device, dtype=torch.long)
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, k, v = slots[keep], k[keep], v[keep]
+    block_size = k_cache.shape[1]
+    blocks, offsets = slots // block_size, slots % block_size
+    k_cache[blocks, offsets] = k.to(k_cache.dtype)
+    v_cache[blocks, offsets] = v.to(v_cache.dtype)

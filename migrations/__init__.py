@@ -1,0 +1,1 @@
+"""Alembic environment and versions of the loraplex registry (installed as `loraplex.migrations`)."""

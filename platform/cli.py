@@ -1,0 +1,3 @@
+"""`loraplex` command line."""
+def main() -> None:
+    print("loraplex")

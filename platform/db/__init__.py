@@ -1,0 +1,1 @@
+"""Registry database: SQLAlchemy models, engine/session setup and Alembic migrations."""

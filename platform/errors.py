@@ -1,0 +1,105 @@
+"""API errors and the exception handlers that render every failure in OpenAI's error body:
+`{"error": {"message", "type", "param", "code"}}` with a fitting HTTP status."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from litestar import MediaType, Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+log = logging.getLogger("loraplex.platform")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+class ApiError(Exception):
+    """An error with an HTTP status, rendered in OpenAI's format."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def not_found(message: str, code: str = "not_found") -> ApiError:
+    return ApiError(404, message, code=code)
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error" if status >= 500
+                                                              else "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def _response(status: int, message: str, param: str | None = None, code: str | None = None,
+              headers: dict[str, str] | None = None) -> Response[dict[str, Any]]:
+    return Response(error_body(status, message, param, code), status_code=status, headers=headers,
+                    media_type=MediaType.JSON)
+
+
+def _param_of(exc: ValidationException) -> str | None:
+    """The field a Litestar/msgspec validation error is about (`$.max_tokens` -> `max_tokens`)."""
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    for item in extra:
+        if isinstance(item, dict) and item.get("key"):
+            return str(item["key"])
+    detail = str(exc.detail)
+    if "at `$." in detail:
+        return detail.split("at `$.", 1)[1].split("`", 1)[0]
+    return None
+
+
+def _message_of(exc: ValidationException) -> str:
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    parts = [str(item.get("message")) for item in extra if isinstance(item, dict) and item.get("message")]
+    detail = str(exc.detail)
+    return detail + (": " + "; ".join(parts) if parts and "; ".join(parts) not in detail else "")
+
+
+def handle_api_error(_: Request, exc: ApiError) -> Response[dict[str, Any]]:
+    return _response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+
+def handle_http_exception(_: Request, exc: HTTPException) -> Response[dict[str, Any]]:
+    status = exc.status_code
+    if isinstance(exc, ValidationException):
+        return _response(400, _message_of(exc), _param_of(exc), "invalid_request")
+    codes = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
+             429: "rate_limit_exceeded"}
+    message = str(exc.detail)
+    if status == 413 and message == "Request Entity Too Large":
+        message = "request body too large"
+    return _response(status, message, None, codes.get(status), dict(exc.headers or {}))
+
+
+def handle_internal_error(request: Request, exc: Exception) -> Response[dict[str, Any]]:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _response(500, f"internal server error ({type(exc).__name__})", None, "internal_error")
+
+
+EXCEPTION_HANDLERS = {
+    ApiError: handle_api_error,
+    HTTPException: handle_http_exception,
+    Exception: handle_internal_error,
+}

@@ -1,0 +1,95 @@
+"""Adapter blob store: one folder per stored adapter version under `<data_dir>/adapters/blobs/`.
+
+Writes are atomic: files are copied into a temporary folder on the same filesystem, each file and
+the folder are fsynced, and the folder is renamed into place (then the parent is fsynced). A reader
+therefore sees either nothing or the complete adapter, and a crash leaves only a `tmp/` leftover,
+which `sweep_tmp` removes at start-up. Several replicas may share the folder (e.g. over NFS).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+class BlobStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.blobs = self.root / "blobs"
+        self.tmp = self.root / "tmp"
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+
+    def path(self, blob: str) -> Path:
+        if not blob or "/" in blob or blob.startswith("."):
+            raise ValueError(f"invalid blob name {blob!r}")
+        return self.blobs / blob
+
+    def exists(self, blob: str) -> bool:
+        return self.path(blob).is_dir()
+
+    def new_tmp_dir(self) -> Path:
+        """A private scratch folder for an upload in progress (caller removes it)."""
+        return Path(tempfile.mkdtemp(prefix="upload-", dir=self.tmp))
+
+    def put(self, files: Mapping[str, Path]) -> str:
+        """Store `files` (name in the blob -> source file) atomically; return the new blob's name."""
+        blob = uuid.uuid4().hex
+        staging = Path(tempfile.mkdtemp(prefix=f"blob-{blob}-", dir=self.tmp))
+        try:
+            for name, source in files.items():
+                if "/" in name or name.startswith("."):
+                    raise ValueError(f"invalid file name in blob: {name!r}")
+                _copy_synced(Path(source), staging / name)
+            _fsync_dir(staging)
+            os.rename(staging, self.path(blob))
+            _fsync_dir(self.blobs)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return blob
+
+    def delete(self, blob: str) -> None:
+        """Remove a blob; it is renamed away first so readers never see a half-deleted folder."""
+        path = self.path(blob)
+        if not path.exists():
+            return
+        doomed = self.tmp / f"deleted-{blob}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(path, doomed)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def sweep_tmp(self, older_than_s: float = 3600.0) -> None:
+        """Remove leftovers of interrupted uploads. Only old ones: replicas sharing the store may be
+        writing theirs right now."""
+        cutoff = time.time() - older_than_s
+        for child in self.tmp.iterdir():
+            try:
+                if child.stat().st_mtime < cutoff:
+                    shutil.rmtree(child, ignore_errors=True)
+            except FileNotFoundError:
+                continue
+
+
+def _copy_synced(source: Path, target: Path) -> None:
+    with open(source, "rb") as src, open(target, "xb") as dst:
+        while chunk := src.read(_CHUNK):
+            dst.write(chunk)
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

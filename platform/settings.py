@@ -1,0 +1,177 @@
+"""Server settings: defaults, overridden by LORAPLEX_* environment variables, overridden by CLI flags.
+
+Engine arguments are not repeated here: every field of `EngineArgs` becomes a `--flag` and a
+`LORAPLEX_<FIELD>` variable (see `engine_arg_specs`), so new engine arguments need no change here.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "LORAPLEX_"
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+def default_data_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """$LORAPLEX_DATA_DIR, else $XDG_DATA_HOME/loraplex, else ~/.local/share/loraplex."""
+    if env.get("LORAPLEX_DATA_DIR"):
+        return Path(env["LORAPLEX_DATA_DIR"]).expanduser()
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base).expanduser() / "loraplex"
+
+
+@dataclass
+class Settings:
+    """Everything `loraplex serve` needs besides the engine itself."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = field(default_factory=default_data_dir)
+    database_url: str | None = None  # None: SQLite file <data_dir>/loraplex.db
+    database_schema: str | None = None  # PostgreSQL only: the schema to use (created if missing)
+    redis_url: str | None = None  # None: in-process cache and rate limits (one replica)
+    admin_key: str | None = None  # None: keys stored in the database; one is generated on first start
+    # Limits
+    max_upload_bytes: int = 512 * MiB
+    max_request_bytes: int = 8 * MiB
+    default_max_adapters: int = 100
+    default_max_adapter_bytes: int = 8 * GiB
+    default_rate_limit_per_minute: int = 0  # 0: unlimited unless a tenant sets its own
+    cache_ttl_s: float = 60.0
+    log_level: str = "info"
+    # Engine arguments (names of EngineArgs fields -> value); only the ones given are set.
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir).expanduser()
+        if self.max_upload_bytes <= 0 or self.max_request_bytes <= 0:
+            raise ValueError("max_upload_bytes and max_request_bytes must be > 0")
+        if self.database_schema is not None and not self.database_schema.isidentifier():
+            raise ValueError(f"database_schema must be a plain identifier, got {self.database_schema!r}")
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'loraplex.db'}"
+
+    @property
+    def adapter_dir(self) -> Path:
+        return self.data_dir / "adapters"
+
+    @classmethod
+    def from_sources(cls, env: Mapping[str, str] = os.environ, **overrides: Any) -> "Settings":
+        """Defaults < LORAPLEX_* environment variables < `overrides` (values that are None are ignored)."""
+        values: dict[str, Any] = {}
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name == "engine_args":
+                continue
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw not in (None, ""):
+                values[f.name] = _parse(raw, hints[f.name], ENV_PREFIX + f.name.upper())
+        engine_args = {spec.name: _parse(env[spec.env], spec.type, spec.env)
+                       for spec in engine_arg_specs() if env.get(spec.env) not in (None, "")}
+        engine_args.update(overrides.pop("engine_args", None) or {})
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(engine_args=engine_args, **values)
+
+    def build_engine_args(self) -> Any:
+        from loraplex.engine import EngineArgs
+
+        return EngineArgs(**self.engine_args)
+
+
+@dataclass(frozen=True)
+class EngineArgSpec:
+    name: str
+    type: Any
+    default: Any
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def engine_arg_specs() -> list[EngineArgSpec]:
+    """One spec per EngineArgs field (flag name, env var name, type)."""
+    from loraplex.engine import EngineArgs
+
+    hints = typing.get_type_hints(EngineArgs)
+    return [EngineArgSpec(f.name, hints[f.name], f.default) for f in dataclasses.fields(EngineArgs)
+            if f.init]
+
+
+def _scalar_type(tp: Any) -> type:
+    """The non-None scalar behind an annotation such as `int | None` (paths and unions of str become str)."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        for preferred in (bool, int, float):
+            if preferred in args:
+                return preferred
+        return str
+    if tp in (bool, int, float):
+        return tp
+    return str
+
+
+def _parse(raw: str, tp: Any, name: str) -> Any:
+    kind = _scalar_type(tp)
+    optional = type(None) in typing.get_args(tp)
+    text = raw.strip()
+    if optional and text.lower() in ("none", "null"):
+        return None
+    try:
+        if kind is bool:
+            low = text.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"expected true/false, got {raw!r}")
+        return kind(text)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `loraplex serve`: server settings, then one flag per engine argument."""
+    srv = parser.add_argument_group("server (each flag also reads LORAPLEX_<NAME>)")
+    srv.add_argument("--host", help="bind address (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, help="port (default 8000)")
+    srv.add_argument("--data-dir", type=Path, help="SQLite file and adapter store (default ~/.local/share/loraplex)")
+    srv.add_argument("--database-url", help="SQLAlchemy async URL, e.g. postgresql+asyncpg://user@host/db")
+    srv.add_argument("--database-schema", help="PostgreSQL schema to use (created if missing)")
+    srv.add_argument("--redis-url", help="redis://host:6379/0: shared cache, invalidation and rate limits")
+    srv.add_argument("--admin-key", help="admin API key (default: generated once and printed)")
+    srv.add_argument("--max-upload-bytes", type=int, help="largest adapter upload accepted")
+    srv.add_argument("--default-rate-limit-per-minute", type=int, help="per-tenant request limit (0: none)")
+    srv.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    eng = parser.add_argument_group("engine (each flag also reads LORAPLEX_<NAME>)")
+    for spec in engine_arg_specs():
+        kind = _scalar_type(spec.type)
+        if kind is bool:
+            eng.add_argument(spec.flag, dest=f"engine__{spec.name}", action=argparse.BooleanOptionalAction,
+                             default=None, help=f"default {spec.default}")
+        else:
+            eng.add_argument(spec.flag, dest=f"engine__{spec.name}", default=None,
+                             type=lambda raw, s=spec: _parse(raw, s.type, s.flag),
+                             help=f"default {spec.default}")
+
+
+def settings_from_args(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> Settings:
+    values = vars(args)
+    engine = {k.removeprefix("engine__"): v for k, v in values.items() if k.startswith("engine__") and v is not None}
+    server = {f.name: values.get(f.name) for f in dataclasses.fields(Settings) if f.name != "engine_args"}
+    return Settings.from_sources(env, engine_args=engine, **server)

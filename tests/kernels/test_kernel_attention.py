@@ -1,0 +1,149 @@
+"""Paged attention: Triton (interpreter) == torch reference == naive dense attention."""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere in this process
+
+import math
+
+import pytest
+import torch
+
+from loraplex.kernels.attention import (
+    paged_attention,
+    paged_attention_ref,
+    paged_attention_triton,
+    store_kv,
+)
+
+HEAD_DIM = 32
+
+
+def make_batch(
+    chunks: list[tuple[int, int]],
+    num_heads: int,
+    num_kv_heads: int,
+    block_size: int,
+    seed: int = 0,
+    head_dim: int = HEAD_DIM,
+):
+    """Random paged batch; chunks = [(seq_len, q_len)]. Unused cache slots hold NaN and
+    unused block-table entries a huge id, so reading either would show in the result."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [math.ceil(seq_len / block_size) for seq_len, _ in chunks]
+    num_blocks = sum(blocks_per_seq) + 3
+    k_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    perm = torch.randperm(num_blocks, generator=gen)
+    max_blocks = max(blocks_per_seq) + 2
+    block_tables = torch.full((len(chunks), max_blocks), 10**6, dtype=torch.int32)
+    used = 0
+    for s, ((seq_len, _), nb) in enumerate(zip(chunks, blocks_per_seq)):
+        ids = perm[used : used + nb]
+        used += nb
+        block_tables[s, :nb] = ids.to(torch.int32)
+        for pos in range(seq_len):
+            blk, off = ids[pos // block_size], pos % block_size
+            k_cache[blk, off] = torch.randn(num_kv_heads, head_dim, generator=gen)
+            v_cache[blk, off] = torch.randn(num_kv_heads, head_dim, generator=gen)
+    q_lens = [q_len for _, q_len in chunks]
+    q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen)
+    qsl = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    seq_lens = torch.tensor([seq_len for seq_len, _ in chunks], dtype=torch.int32)
+    return q, k_cache, v_cache, block_tables, seq_lens, qsl
+
+
+def naive_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale):
+    """Per-sequence dense causal attention in float64."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = q.shape[1] // num_kv_heads
+    for s in range(seq_lens.shape[0]):
+        seq_len = int(seq_lens[s])
+        start, end = int(qsl[s]), int(qsl[s + 1])
+        pos = torch.arange(seq_len)
+        blocks = block_tables[s].long()[pos // block_size]
+        k = k_cache[blocks, pos % block_size].double().repeat_interleave(group, dim=1)
+        v = v_cache[blocks, pos % block_size].double().repeat_interleave(group, dim=1)
+        for j in range(end - start):
+            p = seq_len - (end - start) + j
+            scores = torch.einsum("hd,lhd->hl", q[start + j].double(), k[: p + 1]) * scale
+            out[start + j] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v[: p + 1])
+    return out
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+CASES = {
+    "decode_only": [(1, 1), (17, 1), (33, 1), (64, 1), (5, 1)],
+    "prefill_only": [(7, 7), (40, 40), (16, 16)],
+    "chunked_prefill": [(45, 13), (64, 32)],
+    "mixed": [(37, 37), (1, 1), (50, 1), (70, 21), (3, 3), (31, 1)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "block_size"),
+    [(2, 2, 16), (6, 2, 32), (8, 2, 16)],  # GQA ratios 1, 3, 4
+)
+def test_triton_matches_reference(case, num_heads, num_kv_heads, block_size):
+    batch = make_batch(CASES[case], num_heads, num_kv_heads, block_size, seed=len(case) + num_heads)
+    scale = HEAD_DIM**-0.5
+    ref = paged_attention_ref(*batch, scale)
+    tri = paged_attention_triton(*batch, scale)
+    assert tri.dtype == ref.dtype == torch.float32
+    assert torch.isfinite(tri).all()
+    assert rel_err(tri, ref) < 1e-4
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(3, 3), (9, 3), (8, 2)])
+def test_reference_matches_naive(case, num_heads, num_kv_heads):
+    batch = make_batch(CASES[case], num_heads, num_kv_heads, 16, seed=7, head_dim=64)
+    scale = 0.125
+    ref = paged_attention_ref(*batch, scale)
+    assert torch.isfinite(ref).all()
+    assert rel_err(ref, naive_attention(*batch, scale)) < 1e-5
+
+
+def test_triton_odd_head_dim_and_strided_query():
+    """head_dim not a power of two, q a strided view (as split out of a fused qkv)."""
+    q, k_cache, v_cache, bt, seq_lens, qsl = make_batch([(20, 6), (9, 1)], 6, 2, 16, head_dim=24)
+    fused = torch.randn(q.shape[0], 2 * q.shape[1], 24)
+    fused[:, ::2] = q
+    q_view = fused[:, ::2]
+    out = paged_attention_triton(q_view, k_cache, v_cache, bt, seq_lens, qsl, 0.2)
+    assert rel_err(out, paged_attention_ref(q, k_cache, v_cache, bt, seq_lens, qsl, 0.2)) < 1e-4
+
+
+def test_reference_keeps_half_precision_dtype():
+    batch = make_batch([(10, 4), (5, 1)], 4, 2, 16)
+    q = batch[0].to(torch.bfloat16)
+    out = paged_attention_ref(q, *batch[1:], 0.3)
+    assert out.dtype == torch.bfloat16
+    full = paged_attention_ref(q.float(), *batch[1:], 0.3)
+    assert rel_err(out.float(), full) < 1e-2
+
+
+def test_dispatch_uses_reference_on_cpu():
+    batch = make_batch([(12, 12), (30, 1)], 4, 2, 16)
+    assert torch.equal(paged_attention(*batch, 0.5), paged_attention_ref(*batch, 0.5))
+
+
+def test_store_kv_writes_slots_and_skips_minus_one():
+    k_cache = torch.zeros(4, 16, 2, 8)
+    v_cache = torch.zeros_like(k_cache)
+    k = torch.randn(3, 2, 8)
+    v = torch.randn(3, 2, 8)
+    store_kv(k, v, k_cache, v_cache, torch.tensor([17, -1, 63]))
+    assert torch.equal(k_cache[1, 1], k[0]) and torch.equal(v_cache[3, 15], v[2])
+    assert torch.count_nonzero(k_cache) == torch.count_nonzero(k[0]) + torch.count_nonzero(k[2])
+
+
+def test_store_kv_rejects_mismatched_lengths():
+    with pytest.raises(ValueError, match="number of tokens"):
+        store_kv(torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), torch.zeros(1, 16, 1, 4),
+                 torch.zeros(1, 16, 1, 4), torch.tensor([0]))
