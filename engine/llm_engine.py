@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoTokenizer
 
+from loraplex.engine.adapter_ref import AdapterRef
 from loraplex.engine.block_manager import BlockManager
 from loraplex.engine.config import EngineArgs
 from loraplex.engine.detokenizer import IncrementalDetokenizer
@@ -97,12 +98,13 @@ class LLMEngine:
             raise RequestError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    adapter_hash: str | None = None, cache_salt: str | None = None) -> str:
+                    adapter: AdapterRef | None = None, cache_salt: str | None = None) -> str:
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in use")
+        adapter_hash = adapter.content_hash if adapter is not None else None
         seq = Sequence(request_id, prompt_token_ids, params, adapter_hash=adapter_hash, cache_salt=cache_salt)
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
@@ -116,6 +118,15 @@ class LLMEngine:
         if req is None:
             return None
         return self._finish(req, "abort")
+
+    def fail_running(self, message: str) -> list[RequestOutput]:
+        """Finish every running request with an error (after a failed step); waiting ones are kept."""
+        outs = []
+        for seq in list(self.scheduler.running):
+            req = self.requests[seq.request_id]
+            req.error = message
+            outs.append(self._finish(req, "error"))
+        return outs
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()

@@ -1,0 +1,134 @@
+"""The server's engine front: engine steps run in their own thread, each request streams from its own queue.
+
+The asyncio side never touches engine state directly: it sends commands (add, abort) through a
+thread-safe queue, and the engine thread pushes each request's outputs back onto that request's
+asyncio queue with `call_soon_threadsafe`. A failing step fails the requests in that step, never the
+thread; closing a request's stream early aborts it and frees its KV blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from loraplex.engine.adapter_ref import AdapterRef
+from loraplex.engine.config import EngineArgs
+from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.outputs import RequestOutput
+from loraplex.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+class AsyncEngine:
+    def __init__(self, args: EngineArgs | None = None, **kwargs: Any) -> None:
+        self.engine = LLMEngine(args or EngineArgs(**kwargs))
+        self.tokenizer = self.engine.tokenizer
+        self.model_name = self.engine.model_name
+        self.max_model_len = self.engine.max_model_len
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._stats: dict = self.engine.stats()
+        self._stopped = False
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="loraplex-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ asyncio side
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                       adapter: AdapterRef | None = None, cache_salt: str | None = None
+                       ) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs; validation errors raise before anything is generated."""
+        if self._stopped:
+            raise RuntimeError("the engine is shut down")
+        prompt_token_ids = list(prompt_token_ids)
+        self.engine.validate(prompt_token_ids, params)
+        request_id = request_id or f"req-{uuid.uuid4().hex[:12]}"
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[request_id] = stream
+        self._send("add", (request_id, prompt_token_ids, params, adapter, cache_salt))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self._send("abort", request_id)
+            self._streams.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        self._send("abort", request_id)
+
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ engine thread
+    def _send(self, kind: str, payload: Any) -> None:
+        self._commands.put((kind, payload))
+        self._wake.set()
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            try:
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+            except RuntimeError:  # the client's event loop is gone
+                pass
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                kind, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                request_id, ids, params, adapter, salt = payload
+                try:
+                    self.engine.add_request(ids, params, request_id, adapter=adapter, cache_salt=salt)
+                except Exception as exc:  # validated already; anything left is reported to that request only
+                    self._deliver(request_id, exc)
+            elif kind == "abort":
+                out = self.engine.abort(payload)
+                if out is not None:
+                    self._deliver(payload, out)
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._drain_commands()
+            if not self.engine.has_unfinished():
+                self._stats = self.engine.stats()
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # one bad step must not take the server down
+                log.exception("engine step failed; failing the requests it held")
+                outputs = self.engine.fail_running(f"internal engine error: {exc}")
+            for out in outputs:
+                self._deliver(out.request_id, out)
+            self._stats = self.engine.stats()
