@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import shutil
 import stat
 import tarfile
 import zipfile
@@ -49,6 +50,8 @@ def archive_kind(path: Path) -> str | None:
 def extract_archive(archive: Path, dest: Path, limits: AdapterLimits) -> Path:
     """Extract ``archive`` into the empty folder ``dest`` and return the folder holding the adapter.
 
+    On refusal ``dest`` is emptied again.
+
     The adapter files must sit at the archive's top level or inside a single top-level folder.
     Raises AdapterError for unsafe members (``..``, absolute paths, links, devices), archives over the
     size / member limits, corrupt archives, and archives without ``adapter_config.json``.
@@ -71,13 +74,25 @@ def extract_archive(archive: Path, dest: Path, limits: AdapterLimits) -> Path:
         raise ValueError(f"extraction folder {dest} is not empty")
     writer = _MemberWriter(dest, limits)
     try:
-        if kind == "zip":
-            _extract_zip(archive, writer)
+        try:
+            if kind == "zip":
+                _extract_zip(archive, writer)
+            else:
+                _extract_tar_gz(archive, writer, limits)
+        except (zipfile.BadZipFile, tarfile.TarError, gzip.BadGzipFile, zlib.error, EOFError) as exc:
+            raise AdapterError(f"corrupt {kind} archive: {exc}", code="corrupt_archive") from exc
+        return find_adapter_root(dest)
+    except AdapterError:
+        _empty(dest)  # leave no half-extracted upload behind
+        raise
+
+
+def _empty(folder: Path) -> None:
+    for child in folder.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
         else:
-            _extract_tar_gz(archive, writer, limits)
-    except (zipfile.BadZipFile, tarfile.TarError, gzip.BadGzipFile, zlib.error, EOFError) as exc:
-        raise AdapterError(f"corrupt {kind} archive: {exc}", code="corrupt_archive") from exc
-    return find_adapter_root(dest)
+            child.unlink()
 
 
 def find_adapter_root(dest: Path) -> Path:

@@ -159,7 +159,9 @@ def _read_lora_fields(data: dict[str, Any]) -> AdapterConfig:
 
     rank_pattern = data.get("rank_pattern") or {}
     alpha_pattern = data.get("alpha_pattern") or {}
-    if not isinstance(rank_pattern, dict) or not all(isinstance(k, str) and _is_rank(v) for k, v in rank_pattern.items()):
+    if not isinstance(rank_pattern, dict) or not all(
+        isinstance(k, str) and _is_rank(v) for k, v in rank_pattern.items()
+    ):
         raise _invalid("rank_pattern must map module patterns to positive integer ranks")
     if not isinstance(alpha_pattern, dict) or not all(
         isinstance(k, str) and _is_number(v) for k, v in alpha_pattern.items()

@@ -83,6 +83,8 @@ def inspect_adapter(
 def _read(
     source: Path, base: BaseModelSpec, max_lora_rank: int, limits: AdapterLimits, *, keep: bool
 ) -> tuple[AdapterInfo, dict[tuple[int, str], LoRAModuleWeights]]:
+    if not isinstance(max_lora_rank, int) or max_lora_rank <= 0:
+        raise ValueError(f"max_lora_rank must be a positive integer, got {max_lora_rank!r}")
     with _adapter_folder(source, limits) as (folder, scan_root):
         _refuse_pickles(scan_root)
         config = parse_adapter_config(_read_config_bytes(folder, limits))
@@ -151,7 +153,8 @@ def _read_config_bytes(folder: Path, limits: AdapterLimits) -> bytes:
 
 
 def _wrong_base(detail: str, config: AdapterConfig) -> AdapterError:
-    named = f" (the adapter names base model {config.base_model_name_or_path!r})" if config.base_model_name_or_path else ""
+    name = config.base_model_name_or_path
+    named = f" (the adapter names base model {name!r})" if name else ""
     return AdapterError(f"wrong base model: {detail}{named}", code="wrong_base_model")
 
 
@@ -183,7 +186,9 @@ def _check_tensors(
         where = f"layers.{layer}.{module}"
         if set(pair) != {"A", "B"}:
             missing = "lora_B" if "A" in pair else "lora_A"
-            raise AdapterError(f"{where} has no {missing} weight: every lora_A needs its lora_B", code="unpaired_weights")
+            raise AdapterError(
+                f"{where} has no {missing} weight: every lora_A needs its lora_B", code="unpaired_weights"
+            )
         a, b = pair["A"], pair["B"]
         if len(a.shape) != 2 or len(b.shape) != 2:
             raise AdapterError(

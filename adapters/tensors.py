@@ -37,7 +37,7 @@ def _refusal(name: str) -> AdapterError:
             f"adapters may not add tokens or change the embeddings (tensor {name!r})", code="added_tokens"
         )
     if "embed_tokens" in name or "lm_head" in name or "lora_embedding" in name:
-        if "lora_" in name:
+        if "lora_" in name or ".base_layer." in name:  # base_layer: the module was wrapped by LoRA
             return AdapterError(
                 f"LoRA on embed_tokens or lm_head is not supported (tensor {name!r})", code="embedding_lora"
             )

@@ -5,6 +5,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from transformers import AutoTokenizer
@@ -76,6 +77,8 @@ class LLMEngine:
         self.last_step = StepStats()
         self.num_preemptions = 0
         self.scheduler.on_preempt = self._count_preemption
+        # Called with (request ids, output positions, raw logits) before sampling; tests compare logits with it.
+        self.logits_observer: Callable[[list[str], list[int], torch.Tensor], None] | None = None
 
     # ------------------------------------------------------------------ requests
     def _count_preemption(self, seq: Sequence) -> None:
@@ -149,6 +152,8 @@ class LLMEngine:
         if not sample_idx:
             return []
         seqs = [batch.seqs[i] for i in sample_idx]
+        if self.logits_observer is not None:
+            self.logits_observer([s.request_id for s in seqs], [s.num_output_tokens for s in seqs], logits)
         self._suppress_stops(seqs, logits)
         result = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs])
         outputs: list[RequestOutput] = []

@@ -85,18 +85,20 @@ def _attend_padded(
     num_blocks = -(-max_len // block_size)
     device = q.device
 
-    # Keys: gather the group's pages; pages past a sequence's end read block 0 and are
-    # zeroed below (the table holds arbitrary values there, the cache maybe garbage).
-    blk_idx = torch.arange(num_blocks, device=device)
-    used = blk_idx[None, :] < (seq_lens[:, None] + block_size - 1) // block_size
-    tables = torch.where(used, block_tables[:, :num_blocks].long(), 0)
+    # Keys and values in [S, kv_heads, L, D] order with one row gather each. Positions
+    # past a sequence's end read its position 0 instead (finite data; the table and the
+    # partial last page hold arbitrary values there) and are excluded by the mask.
     key_pos = torch.arange(max_len, device=device)
     key_valid = key_pos[None, :] < seq_lens[:, None]  # [S, L]
+    pos = torch.where(key_valid, key_pos[None, :], 0)
+    blocks = torch.gather(block_tables[:, :num_blocks].long(), 1, pos // block_size)
+    slot_rows = (blocks * block_size + pos % block_size) * num_kv_heads  # [S, L]
+    heads = torch.arange(num_kv_heads, device=device)
+    rows_kv = (slot_rows[:, None, :] + heads[None, :, None]).flatten()
 
     def gather(cache: torch.Tensor) -> torch.Tensor:
-        pages = cache[tables].reshape(num_seqs, num_blocks * block_size, num_kv_heads, head_dim)
-        pages = pages[:, :max_len].float().masked_fill(~key_valid[:, :, None, None], 0.0)
-        return pages.transpose(1, 2)  # [S, kv_heads, L, D]
+        picked = cache.reshape(-1, head_dim).index_select(0, rows_kv)
+        return picked.view(num_seqs, num_kv_heads, max_len, head_dim).float()
 
     k = gather(k_cache)
     v = gather(v_cache)

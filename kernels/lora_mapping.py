@@ -9,7 +9,7 @@ path (:class:`GroupedPlan`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -24,7 +24,7 @@ _ENTRY_COST = 1.0
 _GATHER_COST = 3.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GroupedPlan:
     """How the CPU path lays tokens out for one ``torch.bmm`` over batch entries.
 
@@ -51,24 +51,23 @@ def _grouped_plan(
     slot_lo = int(active_slots[0])
     slot_span = int(active_slots[-1]) - slot_lo + 1
     # Candidate 0: one entry per slot of the active range, weights as a view.
-    best_cost = slot_span * (max_len + _ENTRY_COST)
-    best: tuple[int, torch.Tensor | None] = (max_len, None)
+    best_cost, chunk_size, use_view = slot_span * (max_len + _ENTRY_COST), max_len, True
     chunk = 1
-    while True:  # candidates: power-of-two chunk sizes, then the longest segment
+    while True:  # gathered candidates: power-of-two chunk sizes, then the longest segment
         chunk = min(chunk, max_len)
         entries = int(((seg_lens + chunk - 1) // chunk).sum())
         cost = entries * (chunk + _ENTRY_COST + _GATHER_COST)
         if cost < best_cost:
-            best_cost, best = cost, (chunk, torch.empty(0))
+            best_cost, chunk_size, use_view = cost, chunk, False
         if chunk == max_len:
             break
         chunk *= 2
-    chunk, gathered = best
+    chunk = chunk_size
 
     num_active_tokens = sorted_token_ids.shape[0]
     seg_of_token = torch.repeat_interleave(torch.arange(seg_lens.shape[0]), seg_lens)
     pos_in_seg = torch.arange(num_active_tokens) - seg_starts[seg_of_token]
-    if gathered is None:
+    if use_view:
         entry_base = active_slots - slot_lo
         num_entries = slot_span
         entry_slots = None
@@ -91,7 +90,7 @@ def _grouped_plan(
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LoRABatchMapping:
     """Token → adapter-slot mapping of one step, in per-token and segment form.
 
@@ -108,7 +107,8 @@ class LoRABatchMapping:
     seg_lens: torch.Tensor  # [num_active]
     seg_starts: torch.Tensor  # [num_active]
     max_seg_len: int
-    _host_segments: tuple[torch.Tensor, ...]  # the segment tensors on the CPU, for the plan
+    # The segment tensors on the CPU, input of the lazily built plan.
+    _host_segments: tuple[torch.Tensor, ...] = field(repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:

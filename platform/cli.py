@@ -1,3 +1,124 @@
-"""`loraplex` command line."""
-def main() -> None:
-    print("loraplex")
+"""`loraplex` command line: prepare-model, generate (offline), and the server commands."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_prepare_model(args: argparse.Namespace) -> int:
+    from loraplex.engine.model_files import prepare_default_model
+
+    path = prepare_default_model(force=args.force)
+    print(path)
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    """Offline generation from the bundled (or given) model; one chat prompt per argument."""
+    from loraplex.engine import LLM, SamplingParams
+
+    llm = LLM(model=args.model)
+    prompts = [llm.chat_prompt([{"role": "user", "content": p}]) for p in args.prompts]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    for prompt, out in zip(args.prompts, llm.generate(prompts, params)):
+        print(f"### {prompt}\n{out.text}\n[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}]\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="loraplex", description="Multi-tenant LoRA serving.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare-model", help="convert the bundled SmolLM2 GGUF to a Hugging Face directory (once)")
+    p.add_argument("--force", action="store_true", help="convert again even if the directory exists")
+    p.set_defaults(func=_cmd_prepare_model)
+
+    p = sub.add_parser("generate", help="generate offline from the model for one or more chat prompts")
+    p.add_argument("prompts", nargs="+")
+    p.add_argument("--model", default=None, help="Hugging Face Llama directory (default: bundled SmolLM2)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(func=_cmd_generate)
+
+    add_server_commands(sub)
+    return parser
+
+
+def add_server_commands(sub: argparse._SubParsersAction) -> None:
+    """`serve`, `db upgrade` and `admin-key` (the platform's commands)."""
+    from loraplex.platform.settings import add_database_arguments, add_server_arguments
+
+    p = sub.add_parser("serve", help="run the OpenAI-compatible server (Litestar + uvicorn)")
+    add_server_arguments(p)
+    p.set_defaults(func=_cmd_serve)
+
+    db = sub.add_parser("db", help="registry database commands").add_subparsers(dest="db_command", required=True)
+    p = db.add_parser("upgrade", help="apply the Alembic migrations (server start-up does this too)")
+    add_database_arguments(p)
+    p.add_argument("--revision", default="head", help="target revision (default: head)")
+    p.set_defaults(func=_cmd_db_upgrade)
+
+    p = sub.add_parser("admin-key", help="create another admin key in the registry and print it once")
+    add_database_arguments(p)
+    p.set_defaults(func=_cmd_admin_key)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from loraplex.platform.server import run
+    from loraplex.platform.settings import settings_from_args
+
+    run(settings_from_args(args))
+    return 0
+
+
+def _cmd_db_upgrade(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from loraplex.platform.db.migrate import current_revision, upgrade
+    from loraplex.platform.settings import settings_from_args
+
+    settings = settings_from_args(args)
+    url = settings.resolved_database_url
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    asyncio.run(upgrade(url, settings.database_schema, args.revision))
+    print(f"registry at revision {asyncio.run(current_revision(url, settings.database_schema))}")
+    return 0
+
+
+def _cmd_admin_key(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from loraplex.platform.db.migrate import upgrade
+    from loraplex.platform.db.session import Database
+    from loraplex.platform.services.cache import RegistryCache
+    from loraplex.platform.services.tenants import TenantService
+    from loraplex.platform.settings import settings_from_args
+
+    settings = settings_from_args(args)
+
+    async def create() -> str:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        await upgrade(settings.resolved_database_url, settings.database_schema)
+        db = Database(settings.resolved_database_url, settings.database_schema)
+        try:
+            return await TenantService(db, RegistryCache()).create_admin_key()
+        finally:
+            await db.close()
+
+    print(asyncio.run(create()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+    except ValueError as exc:  # ModelLoadError, RequestError, ...: a clear message, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

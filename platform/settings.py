@@ -106,7 +106,7 @@ class EngineArgSpec:
 
 def engine_arg_specs() -> list[EngineArgSpec]:
     """One spec per EngineArgs field (flag name, env var name, type)."""
-    from loraplex.engine import EngineArgs
+    from loraplex.engine.config import EngineArgs  # not the package: building --help need not load the engine
 
     hints = typing.get_type_hints(EngineArgs)
     return [EngineArgSpec(f.name, hints[f.name], f.default) for f in dataclasses.fields(EngineArgs)
@@ -145,14 +145,21 @@ def _parse(raw: str, tp: Any, name: str) -> Any:
         raise ValueError(f"{name}: {exc}") from None
 
 
+def add_database_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument("--data-dir", type=Path,
+                        help="SQLite file and adapter store (default ~/.local/share/loraplex); env LORAPLEX_DATA_DIR")
+    parser.add_argument("--database-url", help="SQLAlchemy async URL, e.g. postgresql+asyncpg://user@host/db "
+                        "(default: SQLite under the data dir); env LORAPLEX_DATABASE_URL")
+    parser.add_argument("--database-schema", help="PostgreSQL schema to use (created if missing); "
+                        "env LORAPLEX_DATABASE_SCHEMA")
+
+
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `loraplex serve`: server settings, then one flag per engine argument."""
     srv = parser.add_argument_group("server (each flag also reads LORAPLEX_<NAME>)")
     srv.add_argument("--host", help="bind address (default 127.0.0.1)")
     srv.add_argument("--port", type=int, help="port (default 8000)")
-    srv.add_argument("--data-dir", type=Path, help="SQLite file and adapter store (default ~/.local/share/loraplex)")
-    srv.add_argument("--database-url", help="SQLAlchemy async URL, e.g. postgresql+asyncpg://user@host/db")
-    srv.add_argument("--database-schema", help="PostgreSQL schema to use (created if missing)")
+    add_database_arguments(srv)
     srv.add_argument("--redis-url", help="redis://host:6379/0: shared cache, invalidation and rate limits")
     srv.add_argument("--admin-key", help="admin API key (default: generated once and printed)")
     srv.add_argument("--max-upload-bytes", type=int, help="largest adapter upload accepted")
@@ -165,7 +172,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
             eng.add_argument(spec.flag, dest=f"engine__{spec.name}", action=argparse.BooleanOptionalAction,
                              default=None, help=f"default {spec.default}")
         else:
-            eng.add_argument(spec.flag, dest=f"engine__{spec.name}", default=None,
+            eng.add_argument(spec.flag, dest=f"engine__{spec.name}", default=None, metavar=spec.name.upper(),
                              type=lambda raw, s=spec: _parse(raw, s.type, s.flag),
                              help=f"default {spec.default}")
 

@@ -147,3 +147,10 @@ def test_store_kv_rejects_mismatched_lengths():
     with pytest.raises(ValueError, match="number of tokens"):
         store_kv(torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), torch.zeros(1, 16, 1, 4),
                  torch.zeros(1, 16, 1, 4), torch.tensor([0]))
+
+
+def test_triton_rejects_pages_below_16():
+    batch = make_batch([(9, 3)], 2, 2, 8)
+    with pytest.raises(ValueError, match="block_size >= 16"):
+        paged_attention_triton(*batch, 0.5)
+    assert torch.isfinite(paged_attention_ref(*batch, 0.5)).all()  # the torch path takes any size

@@ -1,0 +1,121 @@
+"""The Litestar application: `create_app(settings)`; its lifespan builds the services and the engine."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+
+from loraplex.adapters import AdapterLimits, BaseModelSpec
+from loraplex.platform.controllers.adapters import AdapterController
+from loraplex.platform.controllers.health import HealthController
+from loraplex.platform.controllers.openai import OpenAIController
+from loraplex.platform.controllers.tenants import ApiKeyController, TenantController
+from loraplex.platform.db.migrate import upgrade
+from loraplex.platform.db.session import Database
+from loraplex.platform.errors import EXCEPTION_HANDLERS
+from loraplex.platform.metrics import Metrics
+from loraplex.platform.services.adapters import AdapterService, QuotaDefaults
+from loraplex.platform.services.blobstore import BlobStore
+from loraplex.platform.services.cache import RegistryCache
+from loraplex.platform.services.container import Services
+from loraplex.platform.services.engine_adapters import EngineAdapters
+from loraplex.platform.services.rate_limit import RateLimiter
+from loraplex.platform.services.redis_link import RedisLink
+from loraplex.platform.services.tenants import TenantService
+from loraplex.platform.settings import Settings
+
+log = logging.getLogger("loraplex.platform")
+
+
+def _version() -> str:
+    try:
+        return version("loraplex")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+async def build_services(settings: Settings, engine: Any | None = None) -> tuple[Services, str | None]:
+    """Migrate the registry, connect the database and Redis, load the engine (unless given).
+
+    Returns the services and a newly generated admin key (None if one was configured or stored)."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    url = settings.resolved_database_url
+    await upgrade(url, settings.database_schema)
+    db = Database(url, settings.database_schema)
+    redis = RedisLink(settings.redis_url) if settings.redis_url else None
+    cache = RegistryCache(settings.cache_ttl_s, redis)
+    try:
+        await cache.start()
+        store = BlobStore(settings.adapter_dir)
+        await asyncio.to_thread(store.sweep_tmp)
+        if engine is None:
+            from loraplex.engine import AsyncEngine
+
+            engine = await asyncio.to_thread(AsyncEngine, settings.build_engine_args())
+        core = engine.engine  # the LLMEngine: where the model came from and its LoRA limits
+        base = BaseModelSpec.from_hf_config(json.loads((core.model_dir / "config.json").read_text()))
+        tenants = TenantService(db, cache, settings.admin_key)
+        new_admin_key = await tenants.ensure_admin_key()
+        adapters = AdapterService(
+            db, store, cache, base, base_model_name=engine.model_name, max_lora_rank=core.args.max_lora_rank,
+            limits=AdapterLimits(max_archive_bytes=settings.max_upload_bytes),
+            quotas=QuotaDefaults(settings.default_max_adapters, settings.default_max_adapter_bytes))
+        engine_adapters = EngineAdapters(store)
+        services = Services(settings=settings, db=db, redis=redis, cache=cache, store=store, tenants=tenants,
+                            rate_limiter=RateLimiter(redis), adapters=adapters, engine=engine,
+                            engine_adapters=engine_adapters, metrics=Metrics(engine.stats, engine_adapters.names),
+                            started=int(time.time()))
+    except BaseException:
+        await cache.close()
+        if redis is not None:
+            await redis.close()
+        await db.close()
+        raise
+    return services, new_admin_key
+
+
+def create_app(settings: Settings, engine: Any | None = None) -> Litestar:
+    """The ASGI app. With `engine` given, the app uses it and leaves its shutdown to the caller."""
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        services, new_admin_key = await build_services(settings, engine)
+        if new_admin_key is not None:
+            print(f"loraplex: generated admin key (shown only this once; stored hashed): {new_admin_key}",
+                  flush=True)
+        app.state.services = services
+        try:
+            yield
+        finally:
+            await services.close()
+            if engine is None:
+                await asyncio.to_thread(services.engine.shutdown)
+
+    def provide_services(state: State) -> Services:
+        return state.services  # type: ignore[no-any-return]
+
+    return Litestar(
+        route_handlers=[HealthController, TenantController, ApiKeyController, AdapterController, OpenAIController],
+        lifespan=[lifespan],
+        dependencies={"services": Provide(provide_services, sync_to_thread=False)},
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        request_max_body_size=settings.max_request_bytes,
+        openapi_config=OpenAPIConfig(
+            title="loraplex", version=_version(),
+            description="Multi-tenant LoRA serving with an OpenAI-compatible API.",
+            components=Components(security_schemes={"BearerAuth": SecurityScheme(
+                type="http", scheme="bearer", description="a tenant API key, or the admin key for admin routes")}),
+        ),
+        logging_config=None,
+    )

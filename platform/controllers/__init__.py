@@ -1,0 +1,1 @@
+"""HTTP route handlers (Litestar controllers)."""

@@ -1,0 +1,74 @@
+"""Adapter upload, listing, lookup and deletion for the calling tenant."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+from dataclasses import dataclass
+
+from litestar import Controller, Request, delete, get, post
+from litestar.di import Provide
+from litestar.openapi.spec import OpenAPIMediaType
+from litestar.openapi.spec import OpenAPIFormat, OpenAPIType, Operation, RequestBody, Schema
+
+from loraplex.platform.auth import provide_principal
+from loraplex.platform.multipart import receive_form
+from loraplex.platform.schemas import AdapterList, AdapterOut
+from loraplex.platform.services.adapters import AdapterRecord
+from loraplex.platform.services.container import Services
+from loraplex.platform.services.tenants import Principal
+
+FORM_FIELDS = {"name"}
+FORM_FILES = {"file", "adapter_config", "adapter_model"}
+
+
+def adapter_out(r: AdapterRecord) -> AdapterOut:
+    return AdapterOut(id=r.id, name=r.name, model=r.name, version=r.version, sha256=r.sha256, rank=r.rank,
+                      alpha=r.alpha, target_modules=list(r.target_modules), size_bytes=r.size_bytes,
+                      created_at=r.created)
+
+
+@dataclass
+class UploadOperation(Operation):
+    """The upload body is read as a stream (so the size limit applies while it arrives); this puts the
+    multipart form it expects into the OpenAPI document."""
+
+    def __post_init__(self) -> None:
+        binary = Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY)
+        self.request_body = RequestBody(required=True, description="name + file, or name + adapter_config + "
+                                        "adapter_model", content={"multipart/form-data": OpenAPIMediaType(
+            schema=Schema(type=OpenAPIType.OBJECT, required=["name"], properties={
+                "name": Schema(type=OpenAPIType.STRING, description="model name clients will use"),
+                "file": Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY,
+                               description=".zip or .tar.gz of the PEFT adapter folder"),
+                "adapter_config": binary, "adapter_model": binary}))})
+
+
+class AdapterController(Controller):
+    path = "/v1/adapters"
+    tags = ["adapters"]
+    security = [{"BearerAuth": []}]
+    dependencies = {"principal": Provide(provide_principal)}
+
+    @post("/", status_code=201, request_max_body_size=None, operation_class=UploadOperation,
+          summary="Upload a PEFT LoRA adapter (a new version if the name exists)")
+    async def upload(self, request: Request, principal: Principal, services: Services) -> AdapterOut:
+        workdir = services.store.new_tmp_dir()
+        try:
+            form = await receive_form(request, workdir, services.settings.max_upload_bytes,
+                                      fields=FORM_FIELDS, files=FORM_FILES)
+            record = await services.adapters.create(principal, form, workdir)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
+        return adapter_out(record)
+
+    @get("/", summary="List the caller's adapters")
+    async def list_adapters(self, principal: Principal, services: Services) -> AdapterList:
+        return AdapterList(data=[adapter_out(r) for r in await services.adapters.list(principal)])
+
+    @get("/{name:str}", summary="Get one of the caller's adapters")
+    async def get_adapter(self, name: str, principal: Principal, services: Services) -> AdapterOut:
+        return adapter_out(await services.adapters.get(principal, name))
+
+    @delete("/{name:str}", status_code=200, summary="Delete one of the caller's adapters")
+    async def delete_adapter(self, name: str, principal: Principal, services: Services) -> AdapterOut:
+        return adapter_out(await services.adapters.delete(principal, name))

@@ -1,0 +1,75 @@
+"""Admin routes for tenants, and key rotation (admin, or the tenant itself)."""
+from __future__ import annotations
+
+from litestar import Controller, delete, get, post
+from litestar.di import Provide
+
+from loraplex.platform.auth import Caller, provide_caller, require_admin
+from loraplex.platform.db.models import ApiKey, Tenant
+from loraplex.platform.errors import not_found
+from loraplex.platform.schemas import ApiKeyList, ApiKeyOut, NewApiKey, TenantCreate, TenantCreated, TenantList, \
+    TenantOut
+from loraplex.platform.services.container import Services
+from loraplex.platform.services.tenants import Quotas
+
+
+def tenant_out(t: Tenant) -> TenantOut:
+    return TenantOut(id=str(t.id), name=t.name, max_adapters=t.max_adapters, max_adapter_bytes=t.max_adapter_bytes,
+                     rate_limit_per_minute=t.rate_limit_per_minute, created_at=t.created_at)
+
+
+def key_out(k: ApiKey) -> ApiKeyOut:
+    return ApiKeyOut(id=str(k.id), prefix=k.prefix, created_at=k.created_at, revoked_at=k.revoked_at)
+
+
+def new_key(k: ApiKey, secret: str) -> NewApiKey:
+    return NewApiKey(id=str(k.id), prefix=k.prefix, key=secret, created_at=k.created_at)
+
+
+class TenantController(Controller):
+    path = "/v1/tenants"
+    tags = ["tenants"]
+    security = [{"BearerAuth": []}]
+
+    @post("/", guards=[require_admin], summary="Create a tenant (admin); returns its first API key once")
+    async def create_tenant(self, data: TenantCreate, services: Services) -> TenantCreated:
+        tenant, key, secret = await services.tenants.create_tenant(
+            data.name, Quotas(data.max_adapters, data.max_adapter_bytes, data.rate_limit_per_minute))
+        return TenantCreated(tenant=tenant_out(tenant), api_key=new_key(key, secret))
+
+    @get("/", guards=[require_admin], summary="List tenants (admin)")
+    async def list_tenants(self, services: Services) -> TenantList:
+        return TenantList(data=[tenant_out(t) for t in await services.tenants.list_tenants()])
+
+    @get("/{tenant:str}", guards=[require_admin], summary="Get a tenant (admin)")
+    async def get_tenant(self, tenant: str, services: Services) -> TenantOut:
+        return tenant_out(await services.tenants.get_tenant(tenant))
+
+
+def _check_access(caller: Caller, tenant: str) -> None:
+    # Another tenant's name answers exactly like a missing one.
+    if not caller.may_manage(tenant):
+        raise not_found(f"tenant {tenant!r} not found", code="tenant_not_found")
+
+
+class ApiKeyController(Controller):
+    path = "/v1/tenants/{tenant:str}/keys"
+    tags = ["tenants"]
+    security = [{"BearerAuth": []}]
+    dependencies = {"caller": Provide(provide_caller)}
+
+    @post("/", summary="Create another API key (admin or the tenant itself); the key is shown once")
+    async def create_key(self, tenant: str, caller: Caller, services: Services) -> NewApiKey:
+        _check_access(caller, tenant)
+        key, secret = await services.tenants.create_key(tenant)
+        return new_key(key, secret)
+
+    @get("/", summary="List a tenant's keys (prefixes only)")
+    async def list_keys(self, tenant: str, caller: Caller, services: Services) -> ApiKeyList:
+        _check_access(caller, tenant)
+        return ApiKeyList(data=[key_out(k) for k in await services.tenants.list_keys(tenant)])
+
+    @delete("/{key_id:str}", status_code=200, summary="Revoke a key by id or prefix")
+    async def revoke_key(self, tenant: str, key_id: str, caller: Caller, services: Services) -> ApiKeyOut:
+        _check_access(caller, tenant)
+        return key_out(await services.tenants.revoke_key(tenant, key_id))

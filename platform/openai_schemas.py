@@ -1,0 +1,219 @@
+"""OpenAI-compatible request and response bodies (plus vLLM's extra request fields).
+
+Requests accept unknown fields (clients send new OpenAI fields all the time); fields we cannot honour
+are refused explicitly in `serving.py` rather than ignored silently."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
+
+
+class StreamOptions(Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(Struct, kw_only=True):
+    name: str = "response"
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(Struct, kw_only=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(Struct, kw_only=True):
+    """vLLM's `structured_outputs` request field: exactly one of these."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+class SamplingFields(Struct, kw_only=True):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str
+    max_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    n: Annotated[int, Meta(ge=1, le=16)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM extensions
+    top_k: int | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    min_tokens: Annotated[int, Meta(ge=0)] = 0
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+
+class CompletionRequest(SamplingFields, kw_only=True):
+    prompt: str | list[Any]  # a string, a list of strings, a list of token ids, or a list of such lists
+    logprobs: TopLogprobs | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class ContentPart(Struct, kw_only=True):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(Struct, kw_only=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool = False
+    top_logprobs: TopLogprobs | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    # vLLM extensions
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+# ---------------------------------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(Struct, kw_only=True):
+    cached_tokens: int = 0
+
+
+class Usage(Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class TopLogprob(Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = msgspec.field(default_factory=list)
+
+
+class ChatLogprobs(Struct, kw_only=True):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class CompletionLogprobs(Struct, kw_only=True):
+    tokens: list[str] = msgspec.field(default_factory=list)
+    token_logprobs: list[float] = msgspec.field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = msgspec.field(default_factory=list)
+    text_offset: list[int] = msgspec.field(default_factory=list)
+
+
+class AssistantMessage(Struct, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(Struct, kw_only=True):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatCompletion(Struct, kw_only=True):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ChatDelta(Struct, kw_only=True, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(Struct, kw_only=True):
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatCompletionChunk(Struct, kw_only=True):
+    """One `data:` event of a streamed chat completion (the stream ends with `data: [DONE]`)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(Struct, kw_only=True):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: CompletionLogprobs | None = None
+
+
+class Completion(Struct, kw_only=True):
+    """A completion; streamed, each `data:` event has this shape with the text delta (object
+    `text_completion`), and the stream ends with `data: [DONE]`."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(Struct, kw_only=True):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[ModelCard] = msgspec.field(default_factory=list)

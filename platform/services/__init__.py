@@ -1,0 +1,1 @@
+"""Business logic behind the routes: tenants and keys, adapter registry and blob store, cache, rate limits."""

@@ -1,0 +1,38 @@
+"""Everything a request handler needs, built once per server process (see app.lifespan)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from loraplex.platform.db.session import Database
+from loraplex.platform.metrics import Metrics
+from loraplex.platform.services.adapters import AdapterService
+from loraplex.platform.services.blobstore import BlobStore
+from loraplex.platform.services.cache import RegistryCache
+from loraplex.platform.services.engine_adapters import EngineAdapters
+from loraplex.platform.services.rate_limit import RateLimiter
+from loraplex.platform.services.redis_link import RedisLink
+from loraplex.platform.services.tenants import TenantService
+from loraplex.platform.settings import Settings
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    redis: RedisLink | None
+    cache: RegistryCache
+    store: BlobStore
+    tenants: TenantService
+    rate_limiter: RateLimiter
+    adapters: AdapterService
+    engine: Any  # loraplex.engine.AsyncEngine
+    engine_adapters: EngineAdapters
+    metrics: Metrics
+    started: int  # unix time the server started (the base model's `created`)
+
+    async def close(self) -> None:
+        await self.cache.close()
+        if self.redis is not None:
+            await self.redis.close()
+        await self.db.close()

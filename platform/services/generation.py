@@ -1,0 +1,166 @@
+"""Running the engine requests behind one HTTP request (n choices, or several prompts) and recording
+their latency metrics.
+
+`Generation.start` submits every choice and waits for each one's first output, so validation
+errors (prompt too long, bad grammar) surface before any HTTP response has started and become a
+proper 4xx. `Generation.outputs()` then yields (choice index, output) as they arrive; `close()`
+aborts whatever is still running (client disconnect), which frees the requests' KV blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from loraplex.engine import AdapterRef, RequestError, RequestOutput, SamplingParams
+from loraplex.platform.errors import ApiError
+from loraplex.platform.metrics import Metrics
+
+_DONE = object()
+
+
+@dataclass
+class ChoiceInput:
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class _Choice:
+    index: int
+    stream: AsyncIterator[RequestOutput]
+    first: RequestOutput
+    last_time: float = 0.0
+    finished: bool = False
+
+
+@dataclass
+class Generation:
+    choices: list[_Choice]
+    arrival: float
+    metrics: Metrics
+    labels: tuple[str, str]  # (tenant, model) for per-adapter request counts
+    _closed: bool = field(default=False)
+
+    @classmethod
+    async def start(cls, engine: Any, inputs: list[ChoiceInput], adapter: AdapterRef | None, *, salt: str,
+                    metrics: Metrics, labels: tuple[str, str], arrival: float,
+                    structured_param: str | None = None) -> "Generation":
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        streams = [engine.generate(c.prompt_ids, c.params, request_id=f"{request_id}-{c.index}", adapter=adapter,
+                                   cache_salt=salt) for c in inputs]
+        firsts = await asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True)
+        errors = [f for f in firsts if isinstance(f, BaseException)]
+        if errors:
+            await _close_all(streams)
+            raise _api_error(errors[0], structured_param)
+        now = time.perf_counter()
+        choices = [_Choice(c.index, s, f, now) for c, s, f in zip(inputs, streams, firsts)]  # type: ignore[misc]
+        for ch in choices:
+            metrics.ttft.observe(now - arrival)
+            metrics.prompt_tokens.inc(len(ch.first.prompt_token_ids))
+        gen = cls(choices, arrival, metrics, labels)
+        for ch in choices:
+            gen._record(ch, ch.first, first=True)
+        return gen
+
+    def _record(self, choice: _Choice, out: RequestOutput, first: bool = False) -> None:
+        now = time.perf_counter()
+        if not first and out.new_token_ids:
+            self.metrics.itl.observe((now - choice.last_time) / len(out.new_token_ids))
+        choice.last_time = now
+        self.metrics.generation_tokens.inc(len(out.new_token_ids))
+        if out.finished and not choice.finished:
+            choice.finished = True
+            self.metrics.e2e.observe(now - self.arrival)
+            self.metrics.requests.labels(*self.labels, out.finish_reason or "unknown").inc()
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(choice index, output) for every output of every choice, in arrival order."""
+        if len(self.choices) == 1:
+            ch = self.choices[0]
+            yield ch.index, ch.first
+            if not ch.first.finished:
+                async for out in ch.stream:
+                    self._record(ch, out)
+                    yield ch.index, out
+            return
+        queue: asyncio.Queue[tuple[_Choice, Any]] = asyncio.Queue()
+
+        async def pump(ch: _Choice) -> None:
+            try:
+                await queue.put((ch, ch.first))
+                if not ch.first.finished:
+                    async for out in ch.stream:
+                        await queue.put((ch, out))
+            except Exception as exc:
+                await queue.put((ch, exc))
+            finally:
+                queue.put_nowait((ch, _DONE))
+
+        tasks = [asyncio.create_task(pump(ch)) for ch in self.choices]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                ch, item = await queue.get()
+                if item is _DONE:
+                    remaining -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    if item is not ch.first:
+                        self._record(ch, item)
+                    yield ch.index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def collect(self) -> dict[int, list[RequestOutput]]:
+        """Every output of every choice, by choice index (non-streaming responses)."""
+        result: dict[int, list[RequestOutput]] = {ch.index: [] for ch in self.choices}
+        try:
+            async for index, out in self.outputs():
+                result[index].append(out)
+        finally:
+            await self.close()
+        return result
+
+    async def close(self) -> None:
+        """Abort every unfinished choice (idempotent; safe inside a cancelled task)."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await _close_all([ch.stream for ch in self.choices])
+
+
+async def _close_all(streams: list[AsyncIterator[RequestOutput]]) -> None:
+    for stream in streams:
+        with contextlib.suppress(Exception):
+            await stream.aclose()  # type: ignore[attr-defined]
+
+
+def _api_error(exc: BaseException, structured_param: str | None) -> BaseException:
+    if isinstance(exc, ApiError):
+        return exc
+    try:
+        from loraplex.grammar.spec import GrammarError
+    except ImportError:  # structured output not built into this engine
+        GrammarError = ()  # type: ignore[assignment,misc]
+    if GrammarError and isinstance(exc, GrammarError):
+        return ApiError(400, f"invalid structured-output constraint: {exc}", param=structured_param,
+                        code="invalid_schema")
+    if isinstance(exc, RequestError):
+        message = str(exc)
+        code = "context_length_exceeded" if "max_model_len" in message else "invalid_request"
+        return ApiError(400, message, code=code)
+    return exc

@@ -1,0 +1,186 @@
+"""Translate OpenAI request bodies into engine inputs: prompt token ids, SamplingParams and the
+structured-output spec. Every refusal is a 400 naming the offending field."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from loraplex.engine import RequestError, SamplingParams
+from loraplex.platform.errors import ApiError, bad_request
+from loraplex.platform.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def refuse_unsupported(req: SamplingFields) -> None:
+    if req.presence_penalty or req.frequency_penalty:
+        param = "presence_penalty" if req.presence_penalty else "frequency_penalty"
+        raise bad_request(f"{param} is not supported by this server (send 0 or leave it out)", param=param)
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported by this server", param="logit_bias")
+    if isinstance(req, ChatCompletionRequest):
+        if req.tools:
+            raise bad_request("tool calling is not supported by this server", param="tools")
+        if req.tool_choice not in (None, "none", "auto"):
+            raise bad_request("tool_choice is not supported by this server", param="tool_choice")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            raise bad_request("echo is not supported by this server", param="echo")
+        if req.suffix:
+            raise bad_request("suffix is not supported by this server", param="suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise bad_request("best_of other than n is not supported by this server", param="best_of")
+
+
+# ------------------------------------------------------------------------------------- prompts
+
+
+def completion_prompts(tokenizer: Any, prompt: Any) -> list[list[int]]:
+    """`prompt` as a list of token-id prompts: str, [str, ...], [int, ...] or [[int, ...], ...]."""
+    if isinstance(prompt, str):
+        return [_encode(tokenizer, prompt)]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return [_encode(tokenizer, p) for p in prompt]
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+               for p in prompt):
+            return [list(p) for p in prompt]
+    raise bad_request("prompt must be a non-empty string, a list of strings, a list of token ids, or a list of "
+                      "token-id lists", param="prompt")
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    if not text:
+        raise bad_request("prompt must not be empty", param="prompt")
+    return list(tokenizer.encode(text))
+
+
+def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
+    messages = []
+    for i, m in enumerate(req.messages):
+        if isinstance(m.content, list):
+            texts = []
+            for part in m.content:
+                if part.type != "text" or part.text is None:
+                    raise bad_request(f"messages[{i}]: content part type {part.type!r} is not supported (text only)",
+                                      param=f"messages[{i}].content")
+                texts.append(part.text)
+            content = "".join(texts)
+        else:
+            content = m.content or ""
+        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=req.add_generation_prompt and not
+            req.continue_final_message, continue_final_message=req.continue_final_message,
+            **(req.chat_template_kwargs or {}))
+    except Exception as exc:  # jinja errors from the model's template name the problem
+        raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if not ids:
+        raise bad_request("the chat prompt is empty", param="messages")
+    return ids
+
+
+def resolve_max_tokens(prompt_len: int, requested: int | None, default: int | None, max_model_len: int,
+                       param: str) -> int:
+    """The generation budget; a prompt or prompt + max_tokens over the context length is a 400."""
+    if prompt_len >= max_model_len:
+        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+                       f"{prompt_len} tokens (prompt plus at least one generated token must fit)",
+                       param="messages" if param == "max_completion_tokens" else "prompt",
+                       code="context_length_exceeded")
+    room = max_model_len - prompt_len
+    if requested is None:
+        return room if default is None else min(default, room)
+    if requested > room:
+        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens: the prompt has "
+                       f"{prompt_len} tokens and {param} is {requested}, together over the limit by "
+                       f"{requested - room}", param=param, code="context_length_exceeded")
+    return requested
+
+
+# ---------------------------------------------------------------------------------- parameters
+
+
+def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, structured: Any) -> list[SamplingParams]:
+    """One SamplingParams per choice (n); with a seed, choice i uses seed + i so choices differ."""
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    params = []
+    for i in range(req.n):
+        try:
+            params.append(SamplingParams(
+                max_tokens=max_tokens,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=req.top_k if req.top_k is not None else 0,
+                min_p=req.min_p or 0.0,
+                seed=None if req.seed is None else req.seed + i,
+                stop=stop,
+                stop_token_ids=list(req.stop_token_ids or []),
+                ignore_eos=req.ignore_eos,
+                logprobs=logprobs,
+                min_tokens=req.min_tokens,
+                structured=structured,
+                skip_special_tokens=req.skip_special_tokens,
+            ))
+        except RequestError as exc:
+            raise bad_request(str(exc)) from None
+    return params
+
+
+def structured_request(req: SamplingFields) -> dict[str, Any] | None:
+    """The one structured-output constraint of the request, as {kind: value}; several is a 400.
+
+    Kinds: json (a schema dict), json_object (True), regex, choice (list), grammar (text)."""
+    found: list[tuple[str, str, Any]] = []  # (field, kind, value)
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object":
+        found.append(("response_format", "json_object", True))
+    elif rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema is None:
+            raise bad_request("response_format json_schema needs json_schema.schema", param="response_format")
+        found.append(("response_format", "json", rf.json_schema.schema))
+    so = req.structured_outputs
+    if so is not None:
+        for kind in ("json", "regex", "choice", "grammar"):
+            if getattr(so, kind) is not None:
+                found.append((f"structured_outputs.{kind}", kind, getattr(so, kind)))
+        if so.json_object:
+            found.append(("structured_outputs.json_object", "json_object", True))
+    for field, kind in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                        ("guided_grammar", "grammar")):
+        if getattr(req, field) is not None:
+            found.append((field, kind, getattr(req, field)))
+    if not found:
+        return None
+    if len(found) > 1:
+        raise bad_request("only one structured-output constraint may be given, got "
+                          + ", ".join(f for f, _, _ in found), param=found[1][0])
+    field, kind, value = found[0]
+    if kind == "json" and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise bad_request(f"{field} is not valid JSON: {exc}", param=field) from None
+    if kind == "json" and not isinstance(value, (dict, bool)):
+        raise bad_request(f"{field} must be a JSON schema object", param=field)
+    if kind == "choice" and (not value or not all(isinstance(c, str) and c for c in value)):
+        raise bad_request(f"{field} must be a non-empty list of non-empty strings", param=field)
+    if kind in ("regex", "grammar") and not value:
+        raise bad_request(f"{field} must not be empty", param=field)
+    return {"field": field, "kind": kind, "value": value}
+
+
+def structured_spec(structured: dict[str, Any] | None) -> Any:
+    """The engine's StructuredSpec for `structured_request`'s result (None: unconstrained)."""
+    if structured is None:
+        return None
+    from loraplex.grammar.spec import StructuredSpec
+
+    kind, value = structured["kind"], structured["value"]
+    return StructuredSpec(**{kind: value})

@@ -1,0 +1,143 @@
+"""Build OpenAI response bodies and SSE chunks from engine outputs."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import msgspec
+
+from loraplex.engine import RequestOutput, TokenLogprob
+from loraplex.platform.errors import error_body
+from loraplex.platform.openai_schemas import AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, \
+    ChatCompletionChunk, ChatDelta, ChatLogprobs, ChatTokenLogprob, Completion, CompletionChoice, \
+    CompletionLogprobs, PromptTokensDetails, TopLogprob, Usage
+from loraplex.platform.services.generation import Generation
+
+_encoder = msgspec.json.Encoder()
+
+
+def sse(payload: object) -> bytes:
+    return b"data: " + _encoder.encode(payload) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def usage(prompt_lens: Sequence[int], completion_tokens: int, cached: int) -> Usage:
+    prompt = sum(prompt_lens)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def _bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8", "replace"))
+
+
+def chat_logprobs(items: Sequence[TokenLogprob]) -> ChatLogprobs:
+    return ChatLogprobs(content=[
+        ChatTokenLogprob(token=lp.token, logprob=lp.logprob, bytes=_bytes(lp.token),
+                         top_logprobs=[TopLogprob(token=t, logprob=v, bytes=_bytes(t)) for _, t, v in lp.top])
+        for lp in items])
+
+
+def completion_logprobs(items: Sequence[TokenLogprob], offset: int) -> CompletionLogprobs:
+    out = CompletionLogprobs()
+    for lp in items:
+        out.tokens.append(lp.token)
+        out.token_logprobs.append(lp.logprob)
+        out.top_logprobs.append({t: v for _, t, v in lp.top})
+        out.text_offset.append(offset)
+        offset += len(lp.token)
+    return out
+
+
+def _final(outputs: list[RequestOutput]) -> RequestOutput:
+    return outputs[-1]
+
+
+def _all_logprobs(outputs: list[RequestOutput]) -> list[TokenLogprob]:
+    return [lp for o in outputs for lp in (o.new_logprobs or [])]
+
+
+def chat_completion(rid: str, created: int, model: str, results: dict[int, list[RequestOutput]],
+                    want_logprobs: bool) -> ChatCompletion:
+    choices, completion, prompt_len, cached = [], 0, 0, 0
+    for index in sorted(results):
+        final = _final(results[index])
+        completion += len(final.token_ids)
+        prompt_len, cached = final.num_prompt_tokens, max(cached, final.num_cached_tokens)
+        choices.append(ChatChoice(index=index, message=AssistantMessage(content=final.text),
+                                  finish_reason=final.finish_reason,
+                                  logprobs=chat_logprobs(_all_logprobs(results[index])) if want_logprobs else None))
+    return ChatCompletion(id=rid, created=created, model=model, choices=choices,
+                          usage=usage([prompt_len], completion, cached))
+
+
+def completion(rid: str, created: int, model: str, results: dict[int, list[RequestOutput]], n: int,
+               want_logprobs: bool) -> Completion:
+    choices, completion_tokens, prompt_lens, cached = [], 0, {}, 0
+    for index in sorted(results):
+        final = _final(results[index])
+        completion_tokens += len(final.token_ids)
+        prompt_lens[index // n] = final.num_prompt_tokens
+        cached = max(cached, final.num_cached_tokens)
+        choices.append(CompletionChoice(index=index, text=final.text, finish_reason=final.finish_reason,
+                                        logprobs=completion_logprobs(_all_logprobs(results[index]), 0)
+                                        if want_logprobs else None))
+    return Completion(id=rid, created=created, model=model, choices=choices,
+                      usage=usage(list(prompt_lens.values()), completion_tokens, cached))
+
+
+async def chat_stream(gen: Generation, rid: str, created: int, model: str, want_logprobs: bool,
+                      include_usage: bool) -> AsyncIterator[bytes]:
+    """SSE events of a streamed chat completion; closing this iterator aborts the generation."""
+    tokens: dict[int, int] = {}
+    prompt_len = cached = 0
+    try:
+        for ch in gen.choices:
+            yield sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[ChatChunkChoice(
+                index=ch.index, delta=ChatDelta(role="assistant", content=""))]))
+        async for index, out in gen.outputs():
+            if out.finish_reason == "error":
+                yield sse(error_body(500, out.error or "engine error", None, "engine_error"))
+                return
+            tokens[index] = len(out.token_ids)
+            prompt_len, cached = out.num_prompt_tokens, max(cached, out.num_cached_tokens)
+            if not out.new_text and not out.finished:
+                continue
+            yield sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[ChatChunkChoice(
+                index=index, delta=ChatDelta(content=out.new_text), finish_reason=out.finish_reason,
+                logprobs=chat_logprobs(out.new_logprobs or []) if want_logprobs else None)]))
+        if include_usage:
+            yield sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
+                                          usage=usage([prompt_len], sum(tokens.values()), cached)))
+        yield SSE_DONE
+    finally:
+        await gen.close()
+
+
+async def completion_stream(gen: Generation, rid: str, created: int, model: str, n: int, want_logprobs: bool,
+                            include_usage: bool) -> AsyncIterator[bytes]:
+    tokens: dict[int, int] = {}
+    prompt_lens: dict[int, int] = {}
+    offsets: dict[int, int] = {}
+    cached = 0
+    try:
+        async for index, out in gen.outputs():
+            if out.finish_reason == "error":
+                yield sse(error_body(500, out.error or "engine error", None, "engine_error"))
+                return
+            tokens[index] = len(out.token_ids)
+            prompt_lens[index // n] = out.num_prompt_tokens
+            cached = max(cached, out.num_cached_tokens)
+            if not out.new_text and not out.finished:
+                continue
+            logprobs = completion_logprobs(out.new_logprobs or [], offsets.get(index, 0)) if want_logprobs else None
+            offsets[index] = offsets.get(index, 0) + len(out.new_text)
+            yield sse(Completion(id=rid, created=created, model=model, choices=[CompletionChoice(
+                index=index, text=out.new_text, finish_reason=out.finish_reason, logprobs=logprobs)]))
+        if include_usage:
+            yield sse(Completion(id=rid, created=created, model=model, choices=[],
+                                 usage=usage(list(prompt_lens.values()), sum(tokens.values()), cached)))
+        yield SSE_DONE
+    finally:
+        await gen.close()

@@ -1,0 +1,45 @@
+"""Shared fixtures: the real SmolLM2 directory and tiny random Llama directories."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def smol_dir() -> Path:
+    from loraplex.engine.model_files import prepare_default_model
+
+    return prepare_default_model()
+
+
+def make_tiny_llama(dest: Path, tokenizer_src: Path, *, hidden: int = 64, layers: int = 2, heads: int = 4,
+                    kv_heads: int = 2, inter: int = 128, tie: bool = True, seed: int = 0,
+                    rope_theta: float = 10000.0) -> Path:
+    """A random Llama checkpoint with SmolLM2's tokenizer (so real text works), saved as HF does."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = json.loads((tokenizer_src / "config.json").read_text())["vocab_size"]
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+                      tie_word_embeddings=tie, rope_theta=rope_theta, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=2)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # larger weights than the default init so logits differ clearly between tokens
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+    model.save_pretrained(dest, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tokenizer_src / name).exists():
+            shutil.copy(tokenizer_src / name, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, smol_dir) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smol_dir)
