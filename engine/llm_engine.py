@@ -135,6 +135,7 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     # ------------------------------------------------------------------ the step
+    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()

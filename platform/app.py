@@ -30,6 +30,7 @@ from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.container import Services
 from loraplex.platform.services.engine_adapters import EngineAdapters
+from loraplex.platform.services.openai_responses import TokenTexts
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenants import TenantService
@@ -55,6 +56,7 @@ async def build_services(settings: Settings, engine: Any | None = None) -> tuple
     db = Database(url, settings.database_schema)
     redis = RedisLink(settings.redis_url) if settings.redis_url else None
     cache = RegistryCache(settings.cache_ttl_s, redis)
+    owns_engine = engine is None
     try:
         await cache.start()
         store = BlobStore(settings.adapter_dir)
@@ -75,8 +77,10 @@ async def build_services(settings: Settings, engine: Any | None = None) -> tuple
         services = Services(settings=settings, db=db, redis=redis, cache=cache, store=store, tenants=tenants,
                             rate_limiter=RateLimiter(redis), adapters=adapters, engine=engine,
                             engine_adapters=engine_adapters, metrics=Metrics(engine.stats, engine_adapters.names),
-                            started=int(time.time()))
+                            token_texts=TokenTexts(engine.tokenizer), started=int(time.time()))
     except BaseException:
+        if owns_engine and engine is not None:
+            await asyncio.to_thread(engine.shutdown)
         await cache.close()
         if redis is not None:
             await redis.close()

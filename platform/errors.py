@@ -73,8 +73,7 @@ def _param_of(exc: ValidationException) -> str | None:
 def _message_of(exc: ValidationException) -> str:
     extra = exc.extra if isinstance(exc.extra, list) else []
     parts = [str(item.get("message")) for item in extra if isinstance(item, dict) and item.get("message")]
-    detail = str(exc.detail)
-    return detail + (": " + "; ".join(parts) if parts and "; ".join(parts) not in detail else "")
+    return "; ".join(parts) if parts else str(exc.detail)
 
 
 def handle_api_error(_: Request, exc: ApiError) -> Response[dict[str, Any]]:
@@ -84,12 +83,17 @@ def handle_api_error(_: Request, exc: ApiError) -> Response[dict[str, Any]]:
 def handle_http_exception(_: Request, exc: HTTPException) -> Response[dict[str, Any]]:
     status = exc.status_code
     if isinstance(exc, ValidationException):
-        return _response(400, _message_of(exc), _param_of(exc), "invalid_request")
+        param = _param_of(exc)
+        message = _message_of(exc)
+        return _response(400, f"{param}: {message}" if param else message, param, "invalid_request")
     codes = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
              429: "rate_limit_exceeded"}
     message = str(exc.detail)
     if status == 413 and message == "Request Entity Too Large":
         message = "request body too large"
+    elif status == 400:  # Litestar's body decoding errors carry msgspec's terse message
+        message = f"invalid request body: {message}"
+        codes[400] = "invalid_json"
     return _response(status, message, None, codes.get(status), dict(exc.headers or {}))
 
 

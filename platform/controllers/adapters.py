@@ -6,9 +6,9 @@ import shutil
 from dataclasses import dataclass
 
 from litestar import Controller, Request, delete, get, post
-from litestar.di import Provide
-from litestar.openapi.spec import OpenAPIMediaType
-from litestar.openapi.spec import OpenAPIFormat, OpenAPIType, Operation, RequestBody, Schema
+from litestar.di import NamedDependency, Provide
+from litestar.openapi.spec import OpenAPIFormat, OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
+from litestar.params import FromPath
 
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.multipart import receive_form
@@ -51,7 +51,8 @@ class AdapterController(Controller):
 
     @post("/", status_code=201, request_max_body_size=None, operation_class=UploadOperation,
           summary="Upload a PEFT LoRA adapter (a new version if the name exists)")
-    async def upload(self, request: Request, principal: Principal, services: Services) -> AdapterOut:
+    async def upload(self, request: Request, principal: NamedDependency[Principal],
+                     services: NamedDependency[Services]) -> AdapterOut:
         workdir = services.store.new_tmp_dir()
         try:
             form = await receive_form(request, workdir, services.settings.max_upload_bytes,
@@ -62,13 +63,16 @@ class AdapterController(Controller):
         return adapter_out(record)
 
     @get("/", summary="List the caller's adapters")
-    async def list_adapters(self, principal: Principal, services: Services) -> AdapterList:
+    async def list_adapters(self, principal: NamedDependency[Principal],
+                            services: NamedDependency[Services]) -> AdapterList:
         return AdapterList(data=[adapter_out(r) for r in await services.adapters.list(principal)])
 
     @get("/{name:str}", summary="Get one of the caller's adapters")
-    async def get_adapter(self, name: str, principal: Principal, services: Services) -> AdapterOut:
+    async def get_adapter(self, name: FromPath[str], principal: NamedDependency[Principal],
+                          services: NamedDependency[Services]) -> AdapterOut:
         return adapter_out(await services.adapters.get(principal, name))
 
     @delete("/{name:str}", status_code=200, summary="Delete one of the caller's adapters")
-    async def delete_adapter(self, name: str, principal: Principal, services: Services) -> AdapterOut:
+    async def delete_adapter(self, name: FromPath[str], principal: NamedDependency[Principal],
+                             services: NamedDependency[Services]) -> AdapterOut:
         return adapter_out(await services.adapters.delete(principal, name))

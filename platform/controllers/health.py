@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Response, get
+from litestar.di import NamedDependency
 
 from loraplex.platform.metrics import CONTENT_TYPE
 from loraplex.platform.schemas import Health
@@ -19,12 +20,12 @@ class HealthController(Controller):
     tags = ["operations"]
 
     @get("/health", summary="Liveness: the process and its engine thread are up")
-    async def health(self, services: Services) -> Response[Health]:
+    async def health(self, services: NamedDependency[Services]) -> Response[Health]:
         alive = engine_alive(services.engine)
         return Response(Health(status="ok" if alive else "engine_dead"), status_code=200 if alive else 503)
 
     @get("/ready", summary="Readiness: model loaded, database reachable (Redis is optional)")
-    async def ready(self, services: Services) -> Response[Health]:
+    async def ready(self, services: NamedDependency[Services]) -> Response[Health]:
         detail: dict[str, str] = {"engine": "ok" if engine_alive(services.engine) else "dead"}
         try:
             await services.db.ping()
@@ -38,5 +39,5 @@ class HealthController(Controller):
                         status_code=200 if ready else 503)
 
     @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE)
-    async def metrics(self, services: Services) -> Response[bytes]:
+    async def metrics(self, services: NamedDependency[Services]) -> Response[bytes]:
         return Response(services.metrics.exposition(), media_type=CONTENT_TYPE)

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 
 from litestar import Controller, Response, get, post
 from litestar.background_tasks import BackgroundTask
-from litestar.di import Provide
-from litestar.openapi.spec import OpenAPIMediaType
-from litestar.openapi.spec import Operation, Reference, Schema
+from litestar.di import NamedDependency, Provide
+from litestar.openapi.spec import OpenAPIMediaType, Operation, Reference, Schema
+from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
 from loraplex.engine import AdapterRef
@@ -76,7 +76,8 @@ class OpenAIController(Controller):
     dependencies = {"principal": Provide(provide_principal)}
 
     @get("/models", summary="The base model and the caller's adapters")
-    async def list_models(self, principal: Principal, services: Services) -> ModelList:
+    async def list_models(self, principal: NamedDependency[Principal],
+                          services: NamedDependency[Services]) -> ModelList:
         engine = services.engine
         base = ModelCard(id=engine.model_name, created=services.started, owned_by="loraplex",
                          root=engine.model_name, max_model_len=engine.max_model_len)
@@ -86,7 +87,8 @@ class OpenAIController(Controller):
         return ModelList(data=cards)
 
     @get("/models/{model:str}", summary="One model (base or one of the caller's adapters)")
-    async def get_model(self, model: str, principal: Principal, services: Services) -> ModelCard:
+    async def get_model(self, model: FromPath[str], principal: NamedDependency[Principal],
+                        services: NamedDependency[Services]) -> ModelCard:
         engine = services.engine
         if model == engine.model_name:
             return ModelCard(id=model, created=services.started, owned_by="loraplex", root=model,
@@ -98,8 +100,8 @@ class OpenAIController(Controller):
                          root=record.sha256, parent=engine.model_name, max_model_len=engine.max_model_len)
 
     @post("/completions", status_code=200, operation_class=_StreamingOperation, summary="Text completion")
-    async def completions(self, data: CompletionRequest, principal: Principal,
-                          services: Services) -> Response[Completion]:
+    async def completions(self, data: JSONBody[CompletionRequest], principal: NamedDependency[Principal],
+                          services: NamedDependency[Services]) -> Response[Completion]:
         arrival = time.perf_counter()
         reqs.refuse_unsupported(data)
         adapter = await resolve_adapter(services, principal, data.model)
@@ -120,14 +122,16 @@ class OpenAIController(Controller):
         want_logprobs = data.logprobs is not None
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return _sse(resp.completion_stream(gen, rid, created, data.model, data.n, want_logprobs, include_usage))
+            return _sse(resp.completion_stream(gen, rid, created, data.model, data.n, want_logprobs, include_usage,
+                                                  services.token_texts))
         results = await gen.collect()
         _engine_failure(results)
-        return Response(resp.completion(rid, created, data.model, results, data.n, want_logprobs))
+        return Response(resp.completion(rid, created, data.model, results, data.n, want_logprobs,
+                                        services.token_texts))
 
     @post("/chat/completions", status_code=200, operation_class=_StreamingOperation, summary="Chat completion")
-    async def chat_completions(self, data: ChatCompletionRequest, principal: Principal,
-                               services: Services) -> Response[ChatCompletion]:
+    async def chat_completions(self, data: JSONBody[ChatCompletionRequest], principal: NamedDependency[Principal],
+                               services: NamedDependency[Services]) -> Response[ChatCompletion]:
         arrival = time.perf_counter()
         reqs.refuse_unsupported(data)
         adapter = await resolve_adapter(services, principal, data.model)
@@ -147,7 +151,9 @@ class OpenAIController(Controller):
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return _sse(resp.chat_stream(gen, rid, created, data.model, data.logprobs, include_usage))
+            return _sse(resp.chat_stream(gen, rid, created, data.model, data.logprobs, include_usage,
+                                            services.token_texts))
         results = await gen.collect()
         _engine_failure(results)
-        return Response(resp.chat_completion(rid, created, data.model, results, data.logprobs))
+        return Response(resp.chat_completion(rid, created, data.model, results, data.logprobs,
+                                             services.token_texts))

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from litestar import Controller, delete, get, post
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
+from litestar.params import FromPath, JSONBody
 
 from loraplex.platform.auth import Caller, provide_caller, require_admin
-from loraplex.platform.db.models import ApiKey, Tenant
+from loraplex.platform.db.models import ApiKey, Tenant, as_utc
 from loraplex.platform.errors import not_found
 from loraplex.platform.schemas import ApiKeyList, ApiKeyOut, NewApiKey, TenantCreate, TenantCreated, TenantList, \
     TenantOut
@@ -15,15 +16,16 @@ from loraplex.platform.services.tenants import Quotas
 
 def tenant_out(t: Tenant) -> TenantOut:
     return TenantOut(id=str(t.id), name=t.name, max_adapters=t.max_adapters, max_adapter_bytes=t.max_adapter_bytes,
-                     rate_limit_per_minute=t.rate_limit_per_minute, created_at=t.created_at)
+                     rate_limit_per_minute=t.rate_limit_per_minute, created_at=as_utc(t.created_at))
 
 
 def key_out(k: ApiKey) -> ApiKeyOut:
-    return ApiKeyOut(id=str(k.id), prefix=k.prefix, created_at=k.created_at, revoked_at=k.revoked_at)
+    return ApiKeyOut(id=str(k.id), prefix=k.prefix, created_at=as_utc(k.created_at),
+                     revoked_at=as_utc(k.revoked_at) if k.revoked_at else None)
 
 
 def new_key(k: ApiKey, secret: str) -> NewApiKey:
-    return NewApiKey(id=str(k.id), prefix=k.prefix, key=secret, created_at=k.created_at)
+    return NewApiKey(id=str(k.id), prefix=k.prefix, key=secret, created_at=as_utc(k.created_at))
 
 
 class TenantController(Controller):
@@ -32,17 +34,17 @@ class TenantController(Controller):
     security = [{"BearerAuth": []}]
 
     @post("/", guards=[require_admin], summary="Create a tenant (admin); returns its first API key once")
-    async def create_tenant(self, data: TenantCreate, services: Services) -> TenantCreated:
+    async def create_tenant(self, data: JSONBody[TenantCreate], services: NamedDependency[Services]) -> TenantCreated:
         tenant, key, secret = await services.tenants.create_tenant(
             data.name, Quotas(data.max_adapters, data.max_adapter_bytes, data.rate_limit_per_minute))
         return TenantCreated(tenant=tenant_out(tenant), api_key=new_key(key, secret))
 
     @get("/", guards=[require_admin], summary="List tenants (admin)")
-    async def list_tenants(self, services: Services) -> TenantList:
+    async def list_tenants(self, services: NamedDependency[Services]) -> TenantList:
         return TenantList(data=[tenant_out(t) for t in await services.tenants.list_tenants()])
 
     @get("/{tenant:str}", guards=[require_admin], summary="Get a tenant (admin)")
-    async def get_tenant(self, tenant: str, services: Services) -> TenantOut:
+    async def get_tenant(self, tenant: FromPath[str], services: NamedDependency[Services]) -> TenantOut:
         return tenant_out(await services.tenants.get_tenant(tenant))
 
 
@@ -59,17 +61,20 @@ class ApiKeyController(Controller):
     dependencies = {"caller": Provide(provide_caller)}
 
     @post("/", summary="Create another API key (admin or the tenant itself); the key is shown once")
-    async def create_key(self, tenant: str, caller: Caller, services: Services) -> NewApiKey:
+    async def create_key(self, tenant: FromPath[str], caller: NamedDependency[Caller],
+                         services: NamedDependency[Services]) -> NewApiKey:
         _check_access(caller, tenant)
         key, secret = await services.tenants.create_key(tenant)
         return new_key(key, secret)
 
     @get("/", summary="List a tenant's keys (prefixes only)")
-    async def list_keys(self, tenant: str, caller: Caller, services: Services) -> ApiKeyList:
+    async def list_keys(self, tenant: FromPath[str], caller: NamedDependency[Caller],
+                        services: NamedDependency[Services]) -> ApiKeyList:
         _check_access(caller, tenant)
         return ApiKeyList(data=[key_out(k) for k in await services.tenants.list_keys(tenant)])
 
     @delete("/{key_id:str}", status_code=200, summary="Revoke a key by id or prefix")
-    async def revoke_key(self, tenant: str, key_id: str, caller: Caller, services: Services) -> ApiKeyOut:
+    async def revoke_key(self, tenant: FromPath[str], key_id: FromPath[str], caller: NamedDependency[Caller],
+                         services: NamedDependency[Services]) -> ApiKeyOut:
         _check_access(caller, tenant)
         return key_out(await services.tenants.revoke_key(tenant, key_id))

@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from loraplex.adapters import AdapterError, AdapterInfo, AdapterLimits, BaseModelSpec, extract_archive, \
     inspect_adapter
-from loraplex.platform.db.models import Adapter, Tenant, utcnow
+from loraplex.platform.db.models import Adapter, Tenant, as_utc, utcnow
 from loraplex.platform.db.session import Database
 from loraplex.platform.errors import ApiError, bad_request, not_found
 from loraplex.platform.multipart import UploadedForm
@@ -47,7 +47,7 @@ class AdapterRecord:
     @classmethod
     def from_row(cls, row: Adapter) -> "AdapterRecord":
         return cls(str(row.id), str(row.tenant_id), row.name, row.version, row.sha256, row.rank, row.alpha,
-                   list(row.target_modules), row.size_bytes, row.blob, row.created_at.isoformat())
+                   list(row.target_modules), row.size_bytes, row.blob, as_utc(row.created_at).isoformat())
 
     @property
     def created(self) -> datetime:

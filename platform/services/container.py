@@ -10,6 +10,7 @@ from loraplex.platform.services.adapters import AdapterService
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.engine_adapters import EngineAdapters
+from loraplex.platform.services.openai_responses import TokenTexts
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenants import TenantService
@@ -29,6 +30,7 @@ class Services:
     engine: Any  # loraplex.engine.AsyncEngine
     engine_adapters: EngineAdapters
     metrics: Metrics
+    token_texts: TokenTexts
     started: int  # unix time the server started (the base model's `created`)
 
     async def close(self) -> None:

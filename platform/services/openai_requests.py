@@ -107,7 +107,8 @@ def resolve_max_tokens(prompt_len: int, requested: int | None, default: int | No
 # ---------------------------------------------------------------------------------- parameters
 
 
-def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, structured: Any) -> list[SamplingParams]:
+def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
+                    structured: Any) -> list[SamplingParams]:
     """One SamplingParams per choice (n); with a seed, choice i uses seed + i so choices differ."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     params = []

@@ -1,7 +1,9 @@
 """Build OpenAI response bodies and SSE chunks from engine outputs."""
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import msgspec
 
@@ -28,25 +30,39 @@ def usage(prompt_lens: Sequence[int], completion_tokens: int, cached: int) -> Us
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
+class TokenTexts:
+    """Token id -> the text it decodes to (OpenAI reports text, not the vocabulary's byte-level form)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._text = functools.lru_cache(maxsize=65536)(
+            lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
+
+    def __call__(self, token_id: int) -> str:
+        return self._text(token_id)  # type: ignore[no-any-return]
+
+
 def _bytes(token: str) -> list[int]:
     return list(token.encode("utf-8", "replace"))
 
 
-def chat_logprobs(items: Sequence[TokenLogprob]) -> ChatLogprobs:
-    return ChatLogprobs(content=[
-        ChatTokenLogprob(token=lp.token, logprob=lp.logprob, bytes=_bytes(lp.token),
-                         top_logprobs=[TopLogprob(token=t, logprob=v, bytes=_bytes(t)) for _, t, v in lp.top])
-        for lp in items])
+def chat_logprobs(items: Sequence[TokenLogprob], text: TokenTexts) -> ChatLogprobs:
+    content = []
+    for lp in items:
+        tops = [TopLogprob(token=text(i), logprob=v, bytes=_bytes(text(i))) for i, _, v in lp.top]
+        content.append(ChatTokenLogprob(token=text(lp.token_id), logprob=lp.logprob, bytes=_bytes(text(lp.token_id)),
+                                        top_logprobs=tops))
+    return ChatLogprobs(content=content)
 
 
-def completion_logprobs(items: Sequence[TokenLogprob], offset: int) -> CompletionLogprobs:
+def completion_logprobs(items: Sequence[TokenLogprob], offset: int, text: TokenTexts) -> CompletionLogprobs:
     out = CompletionLogprobs()
     for lp in items:
-        out.tokens.append(lp.token)
+        token = text(lp.token_id)
+        out.tokens.append(token)
         out.token_logprobs.append(lp.logprob)
-        out.top_logprobs.append({t: v for _, t, v in lp.top})
+        out.top_logprobs.append({text(i): v for i, _, v in lp.top})
         out.text_offset.append(offset)
-        offset += len(lp.token)
+        offset += len(token)
     return out
 
 
@@ -59,7 +75,7 @@ def _all_logprobs(outputs: list[RequestOutput]) -> list[TokenLogprob]:
 
 
 def chat_completion(rid: str, created: int, model: str, results: dict[int, list[RequestOutput]],
-                    want_logprobs: bool) -> ChatCompletion:
+                    want_logprobs: bool, text: TokenTexts) -> ChatCompletion:
     choices, completion, prompt_len, cached = [], 0, 0, 0
     for index in sorted(results):
         final = _final(results[index])
@@ -67,13 +83,14 @@ def chat_completion(rid: str, created: int, model: str, results: dict[int, list[
         prompt_len, cached = final.num_prompt_tokens, max(cached, final.num_cached_tokens)
         choices.append(ChatChoice(index=index, message=AssistantMessage(content=final.text),
                                   finish_reason=final.finish_reason,
-                                  logprobs=chat_logprobs(_all_logprobs(results[index])) if want_logprobs else None))
+                                  logprobs=chat_logprobs(_all_logprobs(results[index]), text)
+                                  if want_logprobs else None))
     return ChatCompletion(id=rid, created=created, model=model, choices=choices,
                           usage=usage([prompt_len], completion, cached))
 
 
 def completion(rid: str, created: int, model: str, results: dict[int, list[RequestOutput]], n: int,
-               want_logprobs: bool) -> Completion:
+               want_logprobs: bool, text: TokenTexts) -> Completion:
     choices, completion_tokens, prompt_lens, cached = [], 0, {}, 0
     for index in sorted(results):
         final = _final(results[index])
@@ -81,14 +98,14 @@ def completion(rid: str, created: int, model: str, results: dict[int, list[Reque
         prompt_lens[index // n] = final.num_prompt_tokens
         cached = max(cached, final.num_cached_tokens)
         choices.append(CompletionChoice(index=index, text=final.text, finish_reason=final.finish_reason,
-                                        logprobs=completion_logprobs(_all_logprobs(results[index]), 0)
+                                        logprobs=completion_logprobs(_all_logprobs(results[index]), 0, text)
                                         if want_logprobs else None))
     return Completion(id=rid, created=created, model=model, choices=choices,
                       usage=usage(list(prompt_lens.values()), completion_tokens, cached))
 
 
 async def chat_stream(gen: Generation, rid: str, created: int, model: str, want_logprobs: bool,
-                      include_usage: bool) -> AsyncIterator[bytes]:
+                      include_usage: bool, text: TokenTexts) -> AsyncIterator[bytes]:
     """SSE events of a streamed chat completion; closing this iterator aborts the generation."""
     tokens: dict[int, int] = {}
     prompt_len = cached = 0
@@ -106,7 +123,7 @@ async def chat_stream(gen: Generation, rid: str, created: int, model: str, want_
                 continue
             yield sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[ChatChunkChoice(
                 index=index, delta=ChatDelta(content=out.new_text), finish_reason=out.finish_reason,
-                logprobs=chat_logprobs(out.new_logprobs or []) if want_logprobs else None)]))
+                logprobs=chat_logprobs(out.new_logprobs or [], text) if want_logprobs else None)]))
         if include_usage:
             yield sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
                                           usage=usage([prompt_len], sum(tokens.values()), cached)))
@@ -116,7 +133,7 @@ async def chat_stream(gen: Generation, rid: str, created: int, model: str, want_
 
 
 async def completion_stream(gen: Generation, rid: str, created: int, model: str, n: int, want_logprobs: bool,
-                            include_usage: bool) -> AsyncIterator[bytes]:
+                            include_usage: bool, text: TokenTexts) -> AsyncIterator[bytes]:
     tokens: dict[int, int] = {}
     prompt_lens: dict[int, int] = {}
     offsets: dict[int, int] = {}
@@ -131,7 +148,8 @@ async def completion_stream(gen: Generation, rid: str, created: int, model: str,
             cached = max(cached, out.num_cached_tokens)
             if not out.new_text and not out.finished:
                 continue
-            logprobs = completion_logprobs(out.new_logprobs or [], offsets.get(index, 0)) if want_logprobs else None
+            logprobs = (completion_logprobs(out.new_logprobs or [], offsets.get(index, 0), text) if want_logprobs
+                        else None)
             offsets[index] = offsets.get(index, 0) + len(out.new_text)
             yield sse(Completion(id=rid, created=created, model=model, choices=[CompletionChoice(
                 index=index, text=out.new_text, finish_reason=out.finish_reason, logprobs=logprobs)]))

@@ -63,10 +63,10 @@ class TenantService:
             tenant = Tenant(id=uuid.uuid4(), name=name, created_at=utcnow(), **asdict(quotas))
             key = ApiKey(id=uuid.uuid4(), tenant_id=tenant.id, prefix=new.prefix, key_hash=new.key_hash,
                          created_at=utcnow())
-            session.add(tenant)
-            await session.flush()
-            session.add(key)
             try:
+                session.add(tenant)
+                await session.flush()  # the tenant row must exist before its key (no relationship() here)
+                session.add(key)
                 await session.commit()
             except IntegrityError:
                 raise ApiError(409, f"tenant {name!r} already exists", param="name",

@@ -1,0 +1,129 @@
+"""Sampler and output processing: greedy equivalences, stop strings and ids, logprobs, detokenisation."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from loraplex.engine import LLMEngine, SamplingParams
+from loraplex.engine.detokenizer import IncrementalDetokenizer
+from tests.engine.helpers import run_to_completion
+
+PROMPT = [412, 9013, 77, 2044, 318, 5001, 12, 880]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir):
+    return LLMEngine(model=str(tiny_llama_dir), num_kv_blocks=128, block_size=8)
+
+
+def generate(engine, params: SamplingParams, prompt=PROMPT):
+    return run_to_completion(engine, {0: [(prompt, params, "x")]})["x"]
+
+
+def test_top_k_1_and_tiny_top_p_equal_greedy(engine):
+    greedy = generate(engine, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)).token_ids
+    assert generate(engine, SamplingParams(max_tokens=10, temperature=1.0, top_k=1, ignore_eos=True)).token_ids == greedy
+    assert generate(engine, SamplingParams(max_tokens=10, temperature=1.0, top_p=1e-6, ignore_eos=True)).token_ids == greedy
+    assert generate(engine, SamplingParams(max_tokens=10, temperature=1.0, min_p=1.0, ignore_eos=True)).token_ids == greedy
+
+
+def test_top_k_restricts_to_the_k_most_likely(engine):
+    seen = set()
+    first_logits = {}
+    engine.logits_observer = lambda ids, pos, logits: first_logits.setdefault("l", logits[0].clone())
+    for seed in range(30):
+        out = generate(engine, SamplingParams(max_tokens=1, temperature=5.0, top_k=3, seed=seed))
+        seen.add(out.token_ids[0])
+    engine.logits_observer = None
+    top3 = set(first_logits["l"].topk(3).indices.tolist())
+    assert seen <= top3 and len(seen) >= 2
+
+
+def test_stop_string_is_cut_and_never_streamed(engine):
+    base = generate(engine, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    text = base.text
+    assert len(text) > 10
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    engine.add_request(PROMPT, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop]), "s")
+    streamed = ""
+    final = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            streamed += out.new_text
+            final = out
+    assert final.finish_reason == "stop"
+    assert final.text == text[: text.index(stop)]
+    assert streamed == final.text and stop not in streamed
+
+
+def test_stop_token_ids_and_max_tokens(engine):
+    base = generate(engine, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    assert base.finish_reason == "length" and len(base.token_ids) == 12
+    target = base.token_ids[5]
+    stopped = generate(engine, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
+                                              stop_token_ids=[target]))
+    first = base.token_ids.index(target)
+    assert stopped.finish_reason == "stop" and stopped.token_ids == base.token_ids[: first + 1]
+
+
+def test_logprobs_are_consistent(engine):
+    captured = []
+    engine.logits_observer = lambda ids, pos, logits: captured.append(logits[0].clone())
+    out = generate(engine, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=4))
+    engine.logits_observer = None
+    assert len(out.logprobs) == 5
+    for lp, logits in zip(out.logprobs, captured):
+        ref = torch.log_softmax(logits, -1)
+        assert math.isclose(lp.logprob, ref[lp.token_id].item(), abs_tol=1e-5)
+        assert [t for t, _, _ in lp.top] == ref.topk(4).indices.tolist()
+        assert lp.top[0][0] == lp.token_id  # greedy picks the most likely
+        assert all(a[2] >= b[2] for a, b in zip(lp.top, lp.top[1:]))
+
+
+def test_seed_reproducible_and_temperature_changes_output(engine):
+    p = SamplingParams(max_tokens=10, temperature=1.0, seed=123, ignore_eos=True)
+    a = generate(engine, p).token_ids
+    b = generate(engine, SamplingParams(max_tokens=10, temperature=1.0, seed=123, ignore_eos=True)).token_ids
+    assert a == b
+
+
+def test_min_tokens_suppresses_eos(engine):
+    eos = next(iter(engine.eos_token_ids))
+    out = generate(engine, SamplingParams(max_tokens=8, min_tokens=8, temperature=0.0, stop_token_ids=[],
+                                          ignore_eos=False))
+    assert eos not in out.token_ids[:7]
+
+
+def test_detokenizer_never_splits_multibyte_characters(smol_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(smol_dir))
+    text = "naïve café — 日本語のテキスト ✓ 🎉 done"
+    ids = tok.encode(text, add_special_tokens=False)
+    d = IncrementalDetokenizer(tok, stop=[])
+    pieces = []
+    for t in ids:
+        d.add(t)
+        piece = d.release(final=False)
+        assert "\ufffd" not in piece
+        pieces.append(piece)
+    pieces.append(d.release(final=True))
+    assert "".join(pieces) == tok.decode(ids)
+
+
+def test_detokenizer_holds_back_possible_stop_prefix(smol_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(smol_dir))
+    d = IncrementalDetokenizer(tok, stop=["END!"])
+    streamed = ""
+    for t in tok.encode("alpha beta EN", add_special_tokens=False):
+        d.add(t)
+        streamed += d.release(final=False)
+    assert not streamed.endswith("EN")  # could still become END!
+    for t in tok.encode("D! tail", add_special_tokens=False):
+        d.add(t)
+        streamed += d.release(final=False)
+    assert d.stopped and d.text == "alpha beta " and streamed + d.release(final=True) == "alpha beta "

@@ -1,0 +1,194 @@
+"""Test helpers: a uvicorn server in a thread, `loraplex serve` in a subprocess, adapter builders."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+ADMIN_KEY = "lpx-admin.test-admin-key-for-the-platform-suite"
+PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """Run an ASGI app under uvicorn on a free port in a background thread (real HTTP)."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    lifespan="on", timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
+        self.settings: Any = None  # the Settings the app was built with (set by the fixture)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the server thread exited during start-up")
+            if time.monotonic() > deadline:
+                raise TimeoutError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+class ServerProcess:
+    """`loraplex serve` as a separate OS process."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        self.log = log
+        self._log_file = open(log, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "loraplex.platform.cli", "serve", "--port",
+                                      str(self.port), *args], env={**os.environ, **env}, stdout=self._log_file,
+                                     stderr=subprocess.STDOUT, cwd="/")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 180.0) -> "ServerProcess":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log_file.close()
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def create_tenant(url: str, name: str, **quotas: Any) -> str:
+    """Create a tenant with the admin key; return its first API key."""
+    r = httpx.post(f"{url}/v1/tenants", json={"name": name, **quotas}, headers=auth(ADMIN_KEY))
+    assert r.status_code == 201, r.text
+    return r.json()["api_key"]["key"]
+
+
+# ----------------------------------------------------------------------------------- adapters
+
+
+def make_peft_adapter(base_dir: Path, out: Path, *, r: int = 4, seed: int = 0,
+                      targets: tuple[str, ...] = ("q_proj", "v_proj", "down_proj"), config_overrides: dict | None
+                      = None) -> Path:
+    """A real peft LoRA adapter (random non-zero B) for the model in `base_dir` (or a variant of it)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    if config_overrides:
+        cfg = AutoConfig.from_pretrained(base_dir, **config_overrides)
+        model = AutoModelForCausalLM.from_config(cfg)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base_dir)
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(targets),
+                                                  init_lora_weights=False))
+    peft_model.save_pretrained(out)
+    (out / "README.md").unlink(missing_ok=True)
+    return out
+
+
+def zip_folder(folder: Path, extra: dict[str, bytes] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for f in sorted(folder.iterdir()):
+            zf.write(f, f"adapter/{f.name}")
+        for name, data in (extra or {}).items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def targz_folder(folder: Path, symlink: tuple[str, str] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for f in sorted(folder.iterdir()):
+            tf.add(f, arcname=f.name)
+        if symlink is not None:
+            info = tarfile.TarInfo(symlink[0])
+            info.type = tarfile.SYMTYPE
+            info.linkname = symlink[1]
+            tf.addfile(info)
+    return buf.getvalue()
+
+
+def upload(url: str, key: str, name: str, *, archive: bytes | None = None, filename: str = "adapter.zip",
+           folder: Path | None = None, model_file: tuple[str, bytes] | None = None) -> httpx.Response:
+    """POST /v1/adapters with either one archive or the two files of `folder`."""
+    files: dict[str, Any]
+    if archive is not None:
+        files = {"file": (filename, archive, "application/octet-stream")}
+    else:
+        assert folder is not None
+        weights = model_file or ("adapter_model.safetensors", (folder / "adapter_model.safetensors").read_bytes())
+        files = {"adapter_config": ("adapter_config.json", (folder / "adapter_config.json").read_bytes()),
+                 "adapter_model": (weights[0], weights[1])}
+    return httpx.post(f"{url}/v1/adapters", data={"name": name}, files=files, headers=auth(key), timeout=60)
+
+
+def stored_blobs(data_dir: Path) -> list[str]:
+    blobs = data_dir / "adapters" / "blobs"
+    return sorted(p.name for p in blobs.iterdir()) if blobs.exists() else []
+
+
+def leftover_tmp(data_dir: Path) -> list[str]:
+    tmp = data_dir / "adapters" / "tmp"
+    return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+def sse_events(text: str) -> list[Any]:
+    events = []
+    for block in text.split("\n\n"):
+        if block.startswith("data: "):
+            payload = block[len("data: "):]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
