@@ -56,6 +56,11 @@ class AsyncEngine:
             raise RuntimeError("the engine is shut down")
         prompt_token_ids = list(prompt_token_ids)
         self.engine.validate(prompt_token_ids, params)
+        if params.structured is not None:
+            # Compile (or hit the cache) before submitting, so a bad schema or a max_tokens too small for the
+            # shortest valid output is an error here; the engine thread keeps stepping meanwhile.
+            compiled = await asyncio.wrap_future(self.engine.structured.compiler.submit(params.structured))
+            self.engine.structured.check_budget(compiled, params.max_tokens)
         request_id = request_id or f"req-{uuid.uuid4().hex[:12]}"
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
@@ -78,6 +83,17 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> None:
         self._send("abort", request_id)
 
+    def add_adapter(self, path: str, name: str | None = None) -> AdapterRef:
+        """Check a PEFT adapter against the base model (AdapterError if refused); its ref by content hash.
+
+        Runs in the caller's thread (reads and hashes the files); engine state is untouched.
+        """
+        return self.engine.add_adapter(path, name)
+
+    def remove_adapter(self, adapter: AdapterRef | str) -> None:
+        """Drop the adapter's cached copies (on the engine thread); requests naming it later reload it."""
+        self._send("remove_adapter", adapter)
+
     def stats(self) -> dict:
         return dict(self._stats)
 
@@ -85,6 +101,7 @@ class AsyncEngine:
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=30)
+        self.engine.lora_manager.close()
 
     # ------------------------------------------------------------------ engine thread
     def _send(self, kind: str, payload: Any) -> None:
@@ -115,6 +132,8 @@ class AsyncEngine:
                 out = self.engine.abort(payload)
                 if out is not None:
                     self._deliver(payload, out)
+            elif kind == "remove_adapter":
+                self.engine.remove_adapter(payload)
 
     def _run(self) -> None:
         while not self._stopped:

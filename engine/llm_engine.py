@@ -10,17 +10,21 @@ from typing import Callable
 import torch
 from transformers import AutoTokenizer
 
+from loraplex.adapters import BaseModelSpec
 from loraplex.engine.adapter_ref import AdapterRef
 from loraplex.engine.block_manager import BlockManager
 from loraplex.engine.config import EngineArgs
 from loraplex.engine.detokenizer import IncrementalDetokenizer
 from loraplex.engine.llama import read_config
+from loraplex.engine.lora_admission import LoRAAdmission
+from loraplex.engine.lora_manager import LoRAManager
 from loraplex.engine.model_files import DEFAULT_MODEL_NAME, ModelLoadError, check_model_dir, resolve_model_dir
 from loraplex.engine.model_runner import ModelRunner
 from loraplex.engine.outputs import RequestOutput, TokenLogprob
 from loraplex.engine.sampler import Sampler
 from loraplex.engine.sampling_params import RequestError, SamplingParams
 from loraplex.engine.scheduler import ScheduledBatch, Scheduler
+from loraplex.engine.structured import StructuredOutputManager
 from loraplex.engine.sequence import Sequence, SequenceStatus
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,14 @@ class LLMEngine:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
+        self.lora_manager = LoRAManager(BaseModelSpec.from_hf_config(config), max_loras=args.max_loras,
+                                        max_cpu_loras=args.max_cpu_loras, max_lora_rank=args.max_lora_rank,
+                                        device=self.runner.device, dtype=self.runner.dtype)
+        self.scheduler.admission.append(LoRAAdmission(self.lora_manager, lambda: self.scheduler.waiting))
+        self.structured = StructuredOutputManager(
+            self.tokenizer, sorted(self.eos_token_ids), self.shape.vocab_size, args.grammar_compile_timeout_s,
+            args.grammar_cache_size, args.grammar_workers)
+        self.scheduler.admission.append(self.structured)
         self.sampler = Sampler(self.runner.device)
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
@@ -107,14 +119,48 @@ class LLMEngine:
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in use")
+        if adapter is not None and not isinstance(adapter, AdapterRef):
+            raise RequestError(f"adapter must be an AdapterRef or None, got {type(adapter).__name__}")
         adapter_hash = adapter.content_hash if adapter is not None else None
         seq = Sequence(request_id, prompt_token_ids, params, adapter_hash=adapter_hash, cache_salt=cache_salt)
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         self.requests[request_id] = _Request(seq, detok, [] if params.logprobs is not None else None)
+        self.structured.submit(seq)
+        if adapter is not None:
+            self.lora_manager.register(adapter)
         self.scheduler.add(seq)
         return request_id
+
+    def add_adapter(self, path: str, name: str | None = None) -> AdapterRef:
+        """Check a PEFT adapter against the base model (AdapterError if refused); its ref by content hash."""
+        return self.lora_manager.inspect(path, name)
+
+    def remove_adapter(self, adapter: AdapterRef | str) -> bool:
+        """Drop an adapter's cached copies; requests that still name it reload it from its path."""
+        content_hash = adapter.content_hash if isinstance(adapter, AdapterRef) else adapter
+        return self.lora_manager.remove(content_hash, self.scheduler.running)
+
+    def _fail_adapter_requests(self) -> list[RequestOutput]:
+        """Finish the waiting requests whose adapter failed to load; nothing else is touched."""
+        failed = self.lora_manager.take_failures()
+        outs = []
+        for seq in [s for s in self.scheduler.waiting if s.adapter_hash in failed]:
+            req = self.requests[seq.request_id]
+            req.error = f"cannot load LoRA adapter {seq.adapter_hash}: {failed[seq.adapter_hash]}"
+            outs.append(self._finish(req, "error"))
+        return outs
+
+    def _fail_grammar_requests(self) -> list[RequestOutput]:
+        """Finish the waiting requests whose grammar failed to compile (or cannot fit max_tokens)."""
+        outs = []
+        for request_id, message in self.structured.take_failures().items():
+            req = self.requests.get(request_id)
+            if req is not None:
+                req.error = message
+                outs.append(self._finish(req, "error"))
+        return outs
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.requests.get(request_id)
@@ -138,13 +184,16 @@ class LLMEngine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        failed = self._fail_adapter_requests() + self._fail_grammar_requests()
         batch = self.scheduler.schedule()
         if not batch.seqs:
-            return []
-        sample_idx, logits = self.runner.run(batch)
+            self.lora_manager.wait_for_loads(0.05)  # requests wait for adapter loads: don't spin meanwhile
+            return failed
+        lora = self.lora_manager.prepare(batch.seqs, batch.num_new_tokens, self.scheduler.running)
+        sample_idx, logits = self.runner.run(batch, lora=lora)
         outputs = self._process(batch, sample_idx, logits)
         self.last_step = StepStats(batch.total_tokens, len(batch), time.perf_counter() - t0)
-        return outputs
+        return failed + outputs
 
     def _process(self, batch: ScheduledBatch, sample_idx: list[int], logits: torch.Tensor) -> list[RequestOutput]:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
@@ -156,6 +205,7 @@ class LLMEngine:
         if self.logits_observer is not None:
             self.logits_observer([s.request_id for s in seqs], [s.num_output_tokens for s in seqs], logits)
         self._suppress_stops(seqs, logits)
+        self.structured.apply_masks(seqs, logits)
         result = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs])
         outputs: list[RequestOutput] = []
         now = time.monotonic()
@@ -178,6 +228,11 @@ class LLMEngine:
     def _check_stop(self, seq: Sequence, req: _Request, token: int) -> str | None:
         p = seq.params
         req.detok.add(token)
+        grammar_reason = self.structured.advance(seq, token)
+        if grammar_reason == "error":
+            req.error = "the structured-output matcher rejected a token its own mask allowed"
+        if grammar_reason:
+            return grammar_reason
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
             return "stop"
         if req.detok.stopped:
@@ -243,8 +298,10 @@ class LLMEngine:
             "prefix_cache_queries": bm.query_tokens,
             "prefix_cache_hits": bm.hit_tokens,
             "num_preemptions": self.num_preemptions,
+            **self.lora_manager.stats(self.scheduler.running, self.scheduler.waiting),
         }
 
     def check_invariants(self) -> None:
         live = [r.seq for r in self.requests.values()]
         self.block_manager.check_invariants(live)
+        self.lora_manager.check_invariants(self.scheduler.running)

@@ -1,0 +1,115 @@
+"""Structured output inside the batch: compile off the loop, wait in the scheduler, mask before sampling.
+
+Grammars compile in loraplex.grammar's worker pool; a constrained request stays in the waiting queue
+(without holding anyone else up) until its matcher is ready. Each step, every constrained row gets
+its allowed-token bitmask filled by its matcher and applied to its logits row; unconstrained rows are
+never touched. The matcher advances with each sampled token; when it reaches an accepting state with
+no continuation the sequence finishes, and when the remaining budget reaches the fewest tokens that
+complete the document, only tokens on a shortest completion path stay allowed.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import torch
+
+from loraplex.engine.sampling_params import RequestError
+from loraplex.engine.sequence import Sequence
+from loraplex.kernels.bitmask import apply_token_bitmask
+
+
+class StructuredOutputManager:
+    """Owns the grammar compiler, gates admission on compiled grammars, fills and applies bitmasks."""
+
+    def __init__(self, tokenizer, eos_token_ids: list[int], vocab_size: int, timeout_s: float, cache_size: int,
+                 workers: int) -> None:
+        self._tokenizer = tokenizer
+        self._eos = eos_token_ids
+        self.vocab_size = vocab_size
+        self._timeout = timeout_s
+        self._cache_size = cache_size
+        self._workers = workers
+        self._compiler = None  # created on first use: unconstrained deployments never start the pool
+        self._failed: dict[str, str] = {}  # request id -> error message
+
+    @property
+    def compiler(self):
+        if self._compiler is None:
+            from loraplex.grammar.compiler import GrammarCompiler
+
+            self._compiler = GrammarCompiler(self._tokenizer, eos_token_ids=self._eos, vocab_size=self.vocab_size,
+                                             timeout_s=self._timeout, cache_size=self._cache_size,
+                                             max_workers=self._workers)
+        return self._compiler
+
+    def submit(self, seq: Sequence) -> Future | None:
+        spec = seq.params.structured
+        if spec is None:
+            return None
+        seq.grammar_future = self.compiler.submit(spec)
+        return seq.grammar_future
+
+    @staticmethod
+    def check_budget(compiled, max_tokens: int | None) -> None:
+        """Refuse a request whose max_tokens cannot hold even the shortest valid output."""
+        if max_tokens is not None and compiled.min_tokens > max_tokens:
+            raise RequestError(f"max_tokens={max_tokens} is too small for this structured output: the shortest "
+                               f"valid output needs {compiled.min_tokens} tokens")
+
+    # ---------------------------------------------------------------- AdmissionPolicy
+    def begin_step(self, running: list[Sequence]) -> None:
+        pass
+
+    def can_admit(self, seq: Sequence) -> bool:
+        fut = seq.grammar_future
+        if fut is None or seq.grammar is not None:
+            return True
+        if not fut.done():
+            return False
+        try:
+            compiled = fut.result()
+            self.check_budget(compiled, seq.params.max_tokens)
+        except Exception as exc:  # GrammarError, RequestError, timeout: that request only
+            self._failed[seq.request_id] = str(exc)
+            return False
+        seq.grammar = compiled.new_matcher()
+        return True
+
+    def admitted(self, seq: Sequence) -> None:
+        pass
+
+    def take_failures(self) -> dict[str, str]:
+        failed, self._failed = self._failed, {}
+        return failed
+
+    # ---------------------------------------------------------------- per step
+    def apply_masks(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Mask the logits rows of constrained sequences (rows align with `seqs`)."""
+        rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        if not rows:
+            return
+        words = (self.vocab_size + 31) // 32
+        bitmask = torch.empty((len(rows), words), dtype=torch.int32)
+        for j, i in enumerate(rows):
+            seq = seqs[i]
+            remaining = seq.remaining_tokens if seq.params.structured.close_within_budget else None
+            seq.grammar.fill_bitmask(bitmask[j], remaining)
+        apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True),
+                            torch.tensor(rows, dtype=torch.long, device=logits.device))
+
+    @staticmethod
+    def advance(seq: Sequence, token: int) -> str | None:
+        """Feed the sampled token to the matcher; a finish reason when the grammar decides one."""
+        m = seq.grammar
+        if m is None:
+            return None
+        if not m.accept_token(token):
+            # The mask allowed only valid tokens, so this means the matcher and mask disagree: stop cleanly.
+            return "error"
+        if m.is_terminated():
+            return "stop"
+        remaining = seq.remaining_tokens
+        if remaining is not None and remaining <= 0:
+            return "stop" if m.is_accepting() else "length"
+        return None
+
