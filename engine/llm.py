@@ -1,16 +1,19 @@
 """Offline API: `LLM(model=...).generate(prompts, sampling_params)`, outputs in input order."""
 from __future__ import annotations
 
+import os
 from typing import Sequence as Seq
 
 from tqdm import tqdm
 
+from loraplex.engine.adapter_ref import AdapterRef
 from loraplex.engine.config import EngineArgs
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.outputs import RequestOutput
 from loraplex.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
+Adapter = AdapterRef | str | os.PathLike | None
 
 
 class LLM:
@@ -28,18 +31,24 @@ class LLM:
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 *, use_tqdm: bool = False) -> list[RequestOutput]:
-        """Run every prompt to completion; all are validated before any is submitted."""
+                 *, adapters: Adapter | Seq[Adapter] = None, use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run every prompt to completion; all are validated before any is submitted.
+
+        ``adapters``: one per prompt (or one for all): an AdapterRef, an adapter folder / archive path
+        (checked like ``add_adapter``), or None for the base model.
+        """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = sampling_params or SamplingParams()
         param_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(param_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(param_list)} sampling params")
+        adapter_list = self._adapter_list(adapters, len(prompts))
         encoded = [self._encode(p) for p in prompts]
         for ids, p in zip(encoded, param_list):
             self.engine.validate(ids, p)
-        order = {self.engine.add_request(ids, p): i for i, (ids, p) in enumerate(zip(encoded, param_list))}
+        order = {self.engine.add_request(ids, p, adapter=a): i
+                 for i, (ids, p, a) in enumerate(zip(encoded, param_list, adapter_list))}
         results: list[RequestOutput | None] = [None] * len(prompts)
         bar = tqdm(total=len(prompts), disable=not use_tqdm, desc="generate")
         while self.engine.has_unfinished():
@@ -49,3 +58,29 @@ class LLM:
                     bar.update(1)
         bar.close()
         return results  # type: ignore[return-value]
+
+    def add_adapter(self, path: str | os.PathLike, name: str | None = None) -> AdapterRef:
+        """Check a PEFT adapter (folder or archive) against the base model; raises AdapterError if refused."""
+        return self.engine.add_adapter(str(path), name)
+
+    def remove_adapter(self, adapter: AdapterRef | str) -> bool:
+        """Drop the adapter's cached copies (by ref or content hash)."""
+        return self.engine.remove_adapter(adapter)
+
+    def _adapter_list(self, adapters: Adapter | Seq[Adapter], n: int) -> list[AdapterRef | None]:
+        items = list(adapters) if isinstance(adapters, (list, tuple)) else [adapters] * n
+        if len(items) != n:
+            raise ValueError(f"{n} prompts but {len(items)} adapters")
+        by_path: dict[str, AdapterRef] = {}
+        out: list[AdapterRef | None] = []
+        for item in items:
+            if item is None or isinstance(item, AdapterRef):
+                out.append(item)
+            elif isinstance(item, (str, os.PathLike)):
+                path = str(item)
+                if path not in by_path:
+                    by_path[path] = self.add_adapter(path)
+                out.append(by_path[path])
+            else:
+                raise TypeError(f"an adapter must be an AdapterRef, a path or None, got {type(item).__name__}")
+        return out

@@ -1,0 +1,289 @@
+"""The LoRA manager: device slots, a host-memory LRU of loaded adapters, and loading from disk off the engine thread.
+
+Life of an adapter, by content hash:
+
+1. A request names it (``register``: hash -> path). While requests for it wait, ``plan_loads`` (once per
+   step, in waiting order) gives it room in the host LRU and a loader thread reads, checks and stacks it.
+   Host entries that waiting requests still need are never evicted, so loads cannot thrash.
+2. Once loaded (``is_ready``) the scheduler may admit its requests; ``prepare`` (after scheduling) copies
+   it into a device slot, evicting the least recently used slot that no running sequence uses.
+3. A failed load is kept until the engine takes it (``take_failures``) and fails the requests waiting
+   for that adapter; every other request goes on.
+
+All methods except the loader callbacks run on the engine thread; the host LRU and the loading /
+failure tables are shared with the loader threads under one lock.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from loraplex.adapters import (LORA_GROUPS, AdapterError, AdapterLimits, BaseModelSpec, inspect_adapter, load_adapter,
+                               stack_adapter)
+from loraplex.engine.adapter_ref import AdapterRef
+from loraplex.engine.lora_slots import BatchLoRAContext, HostAdapter, LoRASlots
+from loraplex.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+class LoRAManager:
+    def __init__(self, base: BaseModelSpec, *, max_loras: int, max_cpu_loras: int, max_lora_rank: int,
+                 device: torch.device, dtype: torch.dtype, loader_workers: int = 2,
+                 limits: AdapterLimits = AdapterLimits()) -> None:
+        if max_cpu_loras < max_loras:
+            raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be >= max_loras ({max_loras})")
+        self.base = base
+        self.max_loras = max_loras
+        self.max_cpu_loras = max_cpu_loras
+        self.max_lora_rank = max_lora_rank
+        self.device = device
+        self.dtype = dtype
+        self.limits = limits
+        self.slots = LoRASlots(base, max_loras, max_lora_rank, device, dtype)
+        self._slot_of: dict[str, int] = {}
+        self._slot_adapter: list[str | None] = [None] * max_loras
+        self._slot_used: list[int] = [0] * max_loras  # step number of last use, for LRU
+        self._step = 0
+        self._paths: dict[str, str] = {}
+        # shared with loader threads
+        self._lock = threading.Lock()
+        self._loaded = threading.Condition(self._lock)
+        self._host: OrderedDict[str, HostAdapter] = OrderedDict()  # LRU order, oldest first
+        self._loading: dict[str, Future] = {}
+        self._failed: dict[str, str] = {}
+        self._pool = ThreadPoolExecutor(max_workers=loader_workers, thread_name_prefix="loraplex-lora-loader")
+        # statistics
+        self.num_slot_loads = 0
+        self.num_slot_evictions = 0
+        self.num_disk_loads = 0
+        self.num_host_evictions = 0
+        self.num_load_failures = 0
+
+    # ------------------------------------------------------------------ adapter identity
+    def inspect(self, path: str | Path, name: str | None = None) -> AdapterRef:
+        """Read and check an adapter against the base model (raises AdapterError); its ref by content hash.
+
+        Thread-safe: touches no manager state (the ref carries the path the loader uses later).
+        """
+        info = inspect_adapter(path, self.base, max_lora_rank=self.max_lora_rank, limits=self.limits)
+        return AdapterRef(content_hash=info.content_hash, path=str(path), name=name or Path(path).name)
+
+    def register(self, ref: AdapterRef) -> None:
+        """Remember where to load ``ref`` from (the latest path wins)."""
+        self._paths[ref.content_hash] = ref.path
+
+    def remove(self, content_hash: str, running: Iterable[Sequence] = ()) -> bool:
+        """Drop an adapter's cached copies (host, and its device slot unless a running sequence uses it).
+
+        Requests that still name it load it again from their ref's path.
+        """
+        in_use = {s.adapter_hash for s in running}
+        with self._lock:
+            dropped = self._host.pop(content_hash, None) is not None
+        slot = self._slot_of.get(content_hash)
+        if slot is not None and content_hash not in in_use:
+            self._free_slot(slot)
+            dropped = True
+        elif slot is not None:
+            self._slot_used[slot] = -1  # evicted first once its sequences finish
+        return dropped
+
+    # ------------------------------------------------------------------ loading (host LRU)
+    def is_ready(self, content_hash: str) -> bool:
+        """Whether requests for this adapter can run now (in a device slot or loaded in host memory)."""
+        if content_hash in self._slot_of:
+            return True
+        with self._lock:
+            return content_hash in self._host
+
+    def plan_loads(self, wanted: list[str], keep: set[str]) -> None:
+        """Start loads for adapters that waiting requests need, in the order given, while host room allows.
+
+        ``wanted``: distinct adapters of the waiting requests, oldest request first. Host entries among
+        them are pinned; room for a new load comes from free host slots or from evicting the least
+        recently used unpinned entry. ``keep``: adapters of running sequences (their paths are kept).
+        """
+        with self._lock:
+            pinned: set[str] = set()
+            for h in wanted:
+                if h in self._slot_of or h in self._failed:
+                    continue
+                if h in self._host or h in self._loading:
+                    pinned.add(h)
+                    continue
+                if h not in self._paths:
+                    continue  # never registered: cannot happen through the engine
+                if len(self._host) + len(self._loading) >= self.max_cpu_loras:
+                    victim = next((v for v in self._host if v not in pinned), None)
+                    if victim is None:
+                        break  # host memory is full of adapters that waiting requests need
+                    del self._host[victim]
+                    self.num_host_evictions += 1
+                self._start_load(h, self._paths[h])
+                pinned.add(h)
+            live = set(wanted) | keep | set(self._slot_of) | set(self._host) | set(self._loading) | set(self._failed)
+        for h in [h for h in self._paths if h not in live]:
+            del self._paths[h]
+
+    def _start_load(self, content_hash: str, path: str) -> None:  # holds the lock
+        fut = self._pool.submit(self._load, content_hash, path)
+        self._loading[content_hash] = fut
+        fut.add_done_callback(lambda f: self._on_loaded(content_hash, f))
+
+    def _load(self, content_hash: str, path: str) -> HostAdapter:
+        """Loader thread: read, check and stack one adapter into the engine's layout in host memory."""
+        adapter = load_adapter(path, self.base, max_lora_rank=self.max_lora_rank, limits=self.limits)
+        if adapter.content_hash != content_hash:
+            raise AdapterError(f"the adapter at {path!r} has content hash {adapter.content_hash}, but the request "
+                               f"names {content_hash} (the file changed after it was registered)",
+                               code="hash_mismatch")
+        touched = set(adapter.weights)  # (layer, module) pairs with LoRA weights
+        stacked = stack_adapter(adapter, self.base, self.max_lora_rank, self.dtype, "cpu")
+        weights = {}
+        for (layer, group), (a, b) in stacked.items():
+            if any((layer, m) in touched for m in LORA_GROUPS[group]):
+                if self.device.type == "cuda":
+                    a, b = a.pin_memory(), b.pin_memory()
+                weights[(layer, group)] = (a, b)
+        nbytes = sum(a.nbytes + b.nbytes for a, b in weights.values())
+        return HostAdapter(content_hash, weights, nbytes)
+
+    def _on_loaded(self, content_hash: str, fut: Future) -> None:
+        exc = fut.exception()
+        with self._loaded:
+            self._loading.pop(content_hash, None)
+            if exc is None:
+                self._host[content_hash] = fut.result()
+                self.num_disk_loads += 1
+            else:
+                if not isinstance(exc, (AdapterError, OSError)):
+                    log.error("loading LoRA adapter %s failed", content_hash, exc_info=exc)
+                self._failed[content_hash] = str(exc) or type(exc).__name__
+                self.num_load_failures += 1
+            self._loaded.notify_all()
+
+    def take_failures(self) -> dict[str, str]:
+        """Adapters whose load failed since the last call: content hash -> error message."""
+        with self._lock:
+            failed, self._failed = self._failed, {}
+        return failed
+
+    def wait_for_loads(self, timeout: float) -> None:
+        """Block until some load finishes (or ``timeout``); returns at once when nothing is loading."""
+        with self._loaded:
+            if self._loading:
+                self._loaded.wait(timeout)
+
+    @property
+    def num_loading(self) -> int:
+        with self._lock:
+            return len(self._loading)
+
+    # ------------------------------------------------------------------ device slots
+    def _free_slot(self, slot: int) -> None:
+        old = self._slot_adapter[slot]
+        if old is not None:
+            del self._slot_of[old]
+        self._slot_adapter[slot] = None
+
+    def _pick_slot(self, running: set[str]) -> int:
+        free = [i for i, h in enumerate(self._slot_adapter) if h is None]
+        if free:
+            return free[0]
+        idle = [i for i, h in enumerate(self._slot_adapter) if h not in running]
+        if not idle:
+            raise RuntimeError(f"all {self.max_loras} LoRA slots hold adapters of running sequences "
+                               f"(the scheduler admitted more than max_loras distinct adapters)")
+        slot = min(idle, key=lambda i: self._slot_used[i])
+        self._free_slot(slot)
+        self.num_slot_evictions += 1
+        return slot
+
+    def _activate(self, content_hash: str, running: set[str]) -> int:
+        slot = self._slot_of.get(content_hash)
+        if slot is None:
+            with self._lock:
+                host = self._host.get(content_hash)
+                if host is not None:
+                    self._host.move_to_end(content_hash)
+            if host is None:
+                raise RuntimeError(f"LoRA adapter {content_hash} was scheduled before it was loaded")
+            slot = self._pick_slot(running)
+            self.slots.load(slot, host)
+            self._slot_of[content_hash] = slot
+            self._slot_adapter[slot] = content_hash
+            self.num_slot_loads += 1
+        self._slot_used[slot] = self._step
+        return slot
+
+    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int],
+                running: Iterable[Sequence]) -> BatchLoRAContext | None:
+        """Make the step's adapters resident and build its LoRA context; None when no sequence uses one.
+
+        Slots of adapters used by ``running`` sequences (which include every scheduled one) are pinned.
+        """
+        self._step += 1
+        if not any(s.adapter_hash for s in seqs):
+            return None
+        in_use = {s.adapter_hash for s in running if s.adapter_hash}
+        slot_of: dict[str, int] = {}
+        slots = []
+        for seq in seqs:
+            h = seq.adapter_hash
+            if h is None:
+                slots.append(-1)
+                continue
+            if h not in slot_of:
+                slot_of[h] = self._activate(h, in_use | {h})
+            slots.append(slot_of[h])
+        token_slots = torch.repeat_interleave(torch.tensor(slots, dtype=torch.long),
+                                              torch.tensor(num_new_tokens, dtype=torch.long))
+        return self.slots.context(token_slots, set(slot_of.values()))
+
+    # ------------------------------------------------------------------ introspection
+    def resident(self) -> list[str]:
+        return [h for h in self._slot_adapter if h is not None]
+
+    def stats(self, running: Iterable[Sequence] = (), waiting: Iterable[Sequence] = ()) -> dict:
+        """Counters and adapter lists (content hashes) for metrics and vLLM's lora_requests_info."""
+        with self._lock:
+            cpu = len(self._host)
+        return {
+            "running_adapters": sorted({s.adapter_hash for s in running if s.adapter_hash}),
+            "waiting_adapters": list(dict.fromkeys(s.adapter_hash for s in waiting if s.adapter_hash)),
+            "max_loras": self.max_loras,
+            "max_cpu_loras": self.max_cpu_loras,
+            "lora_loads": self.num_slot_loads,
+            "lora_evictions": self.num_slot_evictions,
+            "lora_disk_loads": self.num_disk_loads,
+            "lora_cpu_evictions": self.num_host_evictions,
+            "lora_load_failures": self.num_load_failures,
+            "resident_adapters": self.resident(),
+            "cpu_adapters": cpu,
+        }
+
+    def check_invariants(self, running: Iterable[Sequence]) -> None:
+        """At most max_loras distinct adapters run, each in a device slot; the slot tables agree."""
+        adapters = {s.adapter_hash for s in running if s.adapter_hash}
+        if len(adapters) > self.max_loras:
+            raise AssertionError(f"{len(adapters)} distinct adapters run, max_loras is {self.max_loras}")
+        missing = adapters - set(self._slot_of)
+        if missing:
+            raise AssertionError(f"running adapters without a device slot: {sorted(missing)}")
+        for h, slot in self._slot_of.items():
+            if self._slot_adapter[slot] != h:
+                raise AssertionError(f"slot {slot} holds {self._slot_adapter[slot]}, the index says {h}")
+        with self._lock:
+            if len(self._host) + len(self._loading) > self.max_cpu_loras:
+                raise AssertionError(f"{len(self._host)} loaded + {len(self._loading)} loading adapters exceed "
+                                     f"max_cpu_loras {self.max_cpu_loras}")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
