@@ -77,3 +77,20 @@ def machine_load() -> str:
         return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "load unknown"
+
+
+def run_vllm_peer(python: str, model_dir: Path, lora_dir: Path | None = None, max_loras: int = 16) -> dict | None:
+    """Run bench/peer_vllm.py under vLLM's interpreter; its JSON result, or None (with the reason printed)."""
+    import json
+    import subprocess
+
+    cmd = [python, str(Path(__file__).with_name("peer_vllm.py")), "--model", str(model_dir),
+           "--workload-dir", str(workload_dir())]
+    if lora_dir is not None:
+        cmd += ["--lora-dir", str(lora_dir), "--max-loras", str(max_loras)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        print(f"vLLM peer failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+        return None
+    return json.loads(lines[-1])

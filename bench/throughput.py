@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from bench.common import count_params, load_workload, machine_load, matmul_gflops, print_table
+from bench.common import count_params, load_workload, machine_load, matmul_gflops, print_table, run_vllm_peer
 from loraplex.engine import LLM, SamplingParams
 
 
@@ -64,6 +64,8 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument("--vllm-python", default=None,
+                    help="interpreter of a vLLM-CPU venv (see ../shared/bench/README.md) for a side-by-side run")
     args = ap.parse_args()
 
     wl = load_workload()
@@ -92,12 +94,19 @@ def main() -> None:
         hdt, hin, hout = run_hf(model_dir, reqs, wl.MAX_TOKENS, args.hf_batch, tok)
         rows.append([f"HF generate (batch {args.hf_batch})", hout / hdt, (hin + hout) / hdt,
                      (hin + hout) / hdt / ceiling, f"{hdt:.1f}"])
+    if args.vllm_python:
+        peer = run_vllm_peer(args.vllm_python, model_dir)
+        if peer:
+            pdt = peer["seconds"]
+            rows.append(["vLLM-CPU (side by side)", peer["output_tokens"] / pdt,
+                         (peer["prompt_tokens"] + peer["output_tokens"]) / pdt,
+                         (peer["prompt_tokens"] + peer["output_tokens"]) / pdt / ceiling, f"{pdt:.1f}"])
     print_table(["engine", "output tok/s", "total tok/s", "of ceiling", "seconds"], rows)
-    if len(rows) > 1:
-        print(f"ratio loraplex / HF: output {rows[0][1] / rows[1][1]:.2f}x, total {rows[0][2] / rows[1][2]:.2f}x")
-    print("peer reference (../shared/bench/README.md, same machine kind): vLLM-CPU 0.32 base 75.3 output / "
-          "283 total tok/s")
-    print(f"ratio loraplex / vLLM-CPU reference: output {rows[0][1] / 75.3:.2f}x, total {rows[0][2] / 283:.2f}x")
+    for peer_row in rows[1:]:
+        print(f"ratio loraplex / {peer_row[0]}: output {rows[0][1] / peer_row[1]:.2f}x, "
+              f"total {rows[0][2] / peer_row[2]:.2f}x")
+    print("reference (../shared/bench/README.md, same machine kind, idle): vLLM-CPU 0.32 base 75.3 output / "
+          f"283 total tok/s -> ratio output {rows[0][1] / 75.3:.2f}x, total {rows[0][2] / 283:.2f}x")
 
 
 if __name__ == "__main__":

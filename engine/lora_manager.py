@@ -56,7 +56,7 @@ class LoRAManager:
         self._lock = threading.Lock()
         self._loaded = threading.Condition(self._lock)
         self._host: OrderedDict[str, HostAdapter] = OrderedDict()  # LRU order, oldest first
-        self._loading: dict[str, Future] = {}
+        self._loading: set[str] = set()
         self._failed: dict[str, str] = {}
         self._pool = ThreadPoolExecutor(max_workers=loader_workers, thread_name_prefix="loraplex-lora-loader")
         # statistics
@@ -110,6 +110,7 @@ class LoRAManager:
         them are pinned; room for a new load comes from free host slots or from evicting the least
         recently used unpinned entry. ``keep``: adapters of running sequences (their paths are kept).
         """
+        start: list[str] = []
         with self._lock:
             pinned: set[str] = set()
             for h in wanted:
@@ -126,16 +127,16 @@ class LoRAManager:
                         break  # host memory is full of adapters that waiting requests need
                     del self._host[victim]
                     self.num_host_evictions += 1
-                self._start_load(h, self._paths[h])
+                self._loading.add(h)  # reserves the host room
+                start.append(h)
                 pinned.add(h)
-            live = set(wanted) | keep | set(self._slot_of) | set(self._host) | set(self._loading) | set(self._failed)
+            live = set(wanted) | keep | set(self._slot_of) | set(self._host) | self._loading | set(self._failed)
+        # Submitted outside the lock: a callback of an already finished future runs in this thread.
+        for h in start:
+            fut = self._pool.submit(self._load, h, self._paths[h])
+            fut.add_done_callback(lambda f, h=h: self._on_loaded(h, f))
         for h in [h for h in self._paths if h not in live]:
             del self._paths[h]
-
-    def _start_load(self, content_hash: str, path: str) -> None:  # holds the lock
-        fut = self._pool.submit(self._load, content_hash, path)
-        self._loading[content_hash] = fut
-        fut.add_done_callback(lambda f: self._on_loaded(content_hash, f))
 
     def _load(self, content_hash: str, path: str) -> HostAdapter:
         """Loader thread: read, check and stack one adapter into the engine's layout in host memory."""
@@ -158,7 +159,7 @@ class LoRAManager:
     def _on_loaded(self, content_hash: str, fut: Future) -> None:
         exc = fut.exception()
         with self._loaded:
-            self._loading.pop(content_hash, None)
+            self._loading.discard(content_hash)
             if exc is None:
                 self._host[content_hash] = fut.result()
                 self.num_disk_loads += 1

@@ -59,6 +59,11 @@ def add_server_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--revision", default="head", help="target revision (default: head)")
     p.set_defaults(func=_cmd_db_upgrade)
 
+    p = db.add_parser("downgrade", help="revert the registry schema to a revision ('base' drops every table)")
+    add_database_arguments(p)
+    p.add_argument("revision")
+    p.set_defaults(func=_cmd_db_downgrade)
+
     p = sub.add_parser("admin-key", help="create another admin key in the registry and print it once")
     add_database_arguments(p)
     p.set_defaults(func=_cmd_admin_key)
@@ -82,6 +87,19 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
     url = settings.resolved_database_url
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     asyncio.run(upgrade(url, settings.database_schema, args.revision))
+    print(f"registry at revision {asyncio.run(current_revision(url, settings.database_schema))}")
+    return 0
+
+
+def _cmd_db_downgrade(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from loraplex.platform.db.migrate import current_revision, downgrade
+    from loraplex.platform.settings import settings_from_args
+
+    settings = settings_from_args(args)
+    url = settings.resolved_database_url
+    asyncio.run(downgrade(url, args.revision, settings.database_schema))
     print(f"registry at revision {asyncio.run(current_revision(url, settings.database_schema))}")
     return 0
 

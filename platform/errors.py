@@ -7,6 +7,7 @@ from typing import Any
 
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi import ResponseSpec
 
 log = logging.getLogger("loraplex.platform")
 
@@ -74,6 +75,27 @@ def _message_of(exc: ValidationException) -> str:
     extra = exc.extra if isinstance(exc.extra, list) else []
     parts = [str(item.get("message")) for item in extra if isinstance(item, dict) and item.get("message")]
     return "; ".join(parts) if parts else str(exc.detail)
+
+
+_DESCRIPTIONS = {
+    400: "Invalid request (the field is named in `param`)",
+    401: "Missing, invalid or revoked API key",
+    403: "Not allowed (admin key required, or a quota exceeded)",
+    404: "Not found (another tenant's objects are indistinguishable from missing ones)",
+    409: "Conflict with an existing object",
+    413: "Request body over the size limit",
+    415: "Wrong content type",
+    429: "Rate limit exceeded (see Retry-After)",
+    500: "Internal or engine error",
+}
+
+
+def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
+    """OpenAPI entries documenting the error body for `statuses` (replacing Litestar's default 400)."""
+    from loraplex.platform.schemas import ErrorResponse
+
+    return {status: ResponseSpec(data_container=ErrorResponse, description=_DESCRIPTIONS[status],
+                                 generate_examples=False) for status in statuses}
 
 
 def handle_api_error(_: Request, exc: ApiError) -> Response[dict[str, Any]]:

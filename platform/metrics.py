@@ -67,15 +67,20 @@ class EngineCollector(Collector):
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=float(value))
+        # Cumulative engine counters; a key the engine does not report (e.g. no grammar support built in)
+        # is left out rather than shown as a misleading zero.
         counters = {
-            "loraplex_lora_loads": ("Adapters loaded into a device slot", s["lora_loads"]),
-            "loraplex_lora_evictions": ("Adapters evicted from a device slot", s["lora_evictions"]),
-            "loraplex_grammar_compile_seconds": ("Seconds spent compiling grammars",
-                                                 s["grammar_compile_seconds"]),
-            "loraplex_grammar_compiles": ("Grammars compiled (cache misses)", s["grammar_compiles"]),
+            "loraplex_lora_loads": ("lora_loads", "Adapters loaded into a device slot"),
+            "loraplex_lora_evictions": ("lora_evictions", "Adapters evicted from a device slot"),
+            "loraplex_lora_disk_loads": ("lora_disk_loads", "Adapters read from the store into host memory"),
+            "loraplex_lora_load_failures": ("lora_load_failures", "Adapter loads that failed"),
+            "loraplex_num_preemptions": ("num_preemptions", "Sequences preempted for lack of KV blocks"),
+            "loraplex_grammar_compile_seconds": ("grammar_compile_seconds", "Seconds spent compiling grammars"),
+            "loraplex_grammar_compiles": ("grammar_compiles", "Grammars compiled (cache misses)"),
         }
-        for name, (doc, value) in counters.items():
-            yield CounterMetricFamily(name, doc, value=float(value))
+        for name, (key, doc) in counters.items():
+            if key in s:
+                yield CounterMetricFamily(name, doc, value=float(s[key]))
         info = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on LoRA requests",
                                  labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
         info.add_metric([str(s["max_loras"]), ",".join(self.adapter_names(list(s["running_adapters"]))),

@@ -75,14 +75,17 @@ class AdapterList(Struct, kw_only=True):
     data: list[AdapterOut] = msgspec.field(default_factory=list)
 
 
-class AdapterUpload(Struct, kw_only=True):
-    """multipart/form-data: `name` plus either `file` (.zip / .tar.gz of the PEFT adapter folder) or
-    both `adapter_config` (adapter_config.json) and `adapter_model` (adapter_model.safetensors)."""
+class ErrorDetail(Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
 
-    name: str
-    file: bytes | None = None
-    adapter_config: bytes | None = None
-    adapter_model: bytes | None = None
+
+class ErrorResponse(Struct, kw_only=True):
+    """Every error, in OpenAI's format."""
+
+    error: ErrorDetail
 
 
 class Health(Struct, kw_only=True):

@@ -25,7 +25,8 @@ def default_data_dir(env: Mapping[str, str] = os.environ) -> Path:
     """$LORAPLEX_DATA_DIR, else $XDG_DATA_HOME/loraplex, else ~/.local/share/loraplex."""
     if env.get("LORAPLEX_DATA_DIR"):
         return Path(env["LORAPLEX_DATA_DIR"]).expanduser()
-    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    base = env.get("XDG_DATA_HOME") or str(home / ".local" / "share")
     return Path(base).expanduser() / "loraplex"
 
 
@@ -81,6 +82,7 @@ class Settings:
                        for spec in engine_arg_specs() if env.get(spec.env) not in (None, "")}
         engine_args.update(overrides.pop("engine_args", None) or {})
         values.update({k: v for k, v in overrides.items() if v is not None})
+        values.setdefault("data_dir", default_data_dir(env))
         return cls(engine_args=engine_args, **values)
 
     def build_engine_args(self) -> Any:

@@ -11,6 +11,7 @@ from litestar.openapi.spec import OpenAPIFormat, OpenAPIMediaType, OpenAPIType, 
 from litestar.params import FromPath
 
 from loraplex.platform.auth import provide_principal
+from loraplex.platform.errors import error_responses
 from loraplex.platform.multipart import receive_form
 from loraplex.platform.schemas import AdapterList, AdapterOut
 from loraplex.platform.services.adapters import AdapterRecord
@@ -50,6 +51,7 @@ class AdapterController(Controller):
     dependencies = {"principal": Provide(provide_principal)}
 
     @post("/", status_code=201, request_max_body_size=None, operation_class=UploadOperation,
+          responses=error_responses(400, 401, 403, 409, 413, 415, 429),
           summary="Upload a PEFT LoRA adapter (a new version if the name exists)")
     async def upload(self, request: Request, principal: NamedDependency[Principal],
                      services: NamedDependency[Services]) -> AdapterOut:
@@ -62,17 +64,18 @@ class AdapterController(Controller):
             await asyncio.to_thread(shutil.rmtree, workdir, True)
         return adapter_out(record)
 
-    @get("/", summary="List the caller's adapters")
+    @get("/", responses=error_responses(401, 429), summary="List the caller's adapters")
     async def list_adapters(self, principal: NamedDependency[Principal],
                             services: NamedDependency[Services]) -> AdapterList:
         return AdapterList(data=[adapter_out(r) for r in await services.adapters.list(principal)])
 
-    @get("/{name:str}", summary="Get one of the caller's adapters")
+    @get("/{name:str}", responses=error_responses(400, 401, 404, 429), summary="Get one of the caller's adapters")
     async def get_adapter(self, name: FromPath[str], principal: NamedDependency[Principal],
                           services: NamedDependency[Services]) -> AdapterOut:
         return adapter_out(await services.adapters.get(principal, name))
 
-    @delete("/{name:str}", status_code=200, summary="Delete one of the caller's adapters")
+    @delete("/{name:str}", status_code=200, responses=error_responses(400, 401, 404, 429),
+            summary="Delete one of the caller's adapters")
     async def delete_adapter(self, name: FromPath[str], principal: NamedDependency[Principal],
                              services: NamedDependency[Services]) -> AdapterOut:
         return adapter_out(await services.adapters.delete(principal, name))

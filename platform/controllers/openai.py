@@ -10,13 +10,13 @@ from typing import Any
 from litestar import Controller, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.di import NamedDependency, Provide
-from litestar.openapi.spec import OpenAPIMediaType, Operation, Reference, Schema
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Reference, Schema
 from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
 from loraplex.engine import AdapterRef
 from loraplex.platform.auth import provide_principal
-from loraplex.platform.errors import ApiError
+from loraplex.platform.errors import ApiError, error_responses
 from loraplex.platform.openai_schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, \
     ModelCard, ModelList
 from loraplex.platform.services import openai_requests as reqs
@@ -26,6 +26,7 @@ from loraplex.platform.services.generation import ChoiceInput, Generation
 from loraplex.platform.services.tenants import Principal
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+OPENAI_ERRORS = error_responses(400, 401, 404, 413, 429, 500)
 
 
 def _model_not_found(model: str) -> ApiError:
@@ -56,17 +57,19 @@ def _engine_failure(results: dict[int, list[Any]]) -> None:
             raise ApiError(500, outputs[-1].error or "the engine failed this request", code="engine_error")
 
 
-@dataclass
-class _StreamingOperation(Operation):
-    """Adds the `text/event-stream` alternative (stream: true) to the documented 200 response."""
+def _streaming_operation(chunk: str) -> type[Operation]:
+    """An Operation class that adds the `text/event-stream` alternative (stream: true) to the 200 response."""
 
-    def __post_init__(self) -> None:
-        ok = (self.responses or {}).get("200") or (self.responses or {}).get("201")
-        if ok is not None and not isinstance(ok, Reference) and ok.content:
-            schema = next(iter(ok.content.values())).schema
-            ok.content["text/event-stream"] = OpenAPIMediaType(schema=Schema(
-                description="with stream: true, server-sent events `data: <chunk JSON>` ending with "
-                            "`data: [DONE]`", one_of=[schema] if schema is not None else None))
+    @dataclass
+    class StreamingOperation(Operation):
+        def __post_init__(self) -> None:
+            ok = (self.responses or {}).get("200")
+            if ok is not None and not isinstance(ok, Reference) and ok.content is not None:
+                ok.content["text/event-stream"] = OpenAPIMediaType(schema=Schema(
+                    type=OpenAPIType.STRING, description=f"with stream: true, server-sent events: each `data:` "
+                    f"line holds one {chunk}; the stream ends with `data: [DONE]`"))
+
+    return StreamingOperation
 
 
 class OpenAIController(Controller):
@@ -75,7 +78,7 @@ class OpenAIController(Controller):
     security = [{"BearerAuth": []}]
     dependencies = {"principal": Provide(provide_principal)}
 
-    @get("/models", summary="The base model and the caller's adapters")
+    @get("/models", responses=error_responses(401, 429), summary="The base model and the caller's adapters")
     async def list_models(self, principal: NamedDependency[Principal],
                           services: NamedDependency[Services]) -> ModelList:
         engine = services.engine
@@ -86,7 +89,8 @@ class OpenAIController(Controller):
                           for r in await services.adapters.list(principal)]
         return ModelList(data=cards)
 
-    @get("/models/{model:str}", summary="One model (base or one of the caller's adapters)")
+    @get("/models/{model:str}", responses=error_responses(400, 401, 404, 429),
+         summary="One model (base or one of the caller's adapters)")
     async def get_model(self, model: FromPath[str], principal: NamedDependency[Principal],
                         services: NamedDependency[Services]) -> ModelCard:
         engine = services.engine
@@ -99,7 +103,9 @@ class OpenAIController(Controller):
         return ModelCard(id=record.name, created=int(record.created.timestamp()), owned_by=principal.tenant_name,
                          root=record.sha256, parent=engine.model_name, max_model_len=engine.max_model_len)
 
-    @post("/completions", status_code=200, operation_class=_StreamingOperation, summary="Text completion")
+    @post("/completions", status_code=200, summary="Text completion", responses=OPENAI_ERRORS,
+          operation_class=_streaming_operation("`text_completion` object with the new text of one choice "
+                                               "(the last one of a choice has its finish_reason)"))
     async def completions(self, data: JSONBody[CompletionRequest], principal: NamedDependency[Principal],
                           services: NamedDependency[Services]) -> Response[Completion]:
         arrival = time.perf_counter()
@@ -129,7 +135,10 @@ class OpenAIController(Controller):
         return Response(resp.completion(rid, created, data.model, results, data.n, want_logprobs,
                                         services.token_texts))
 
-    @post("/chat/completions", status_code=200, operation_class=_StreamingOperation, summary="Chat completion")
+    @post("/chat/completions", status_code=200, summary="Chat completion", responses=OPENAI_ERRORS,
+          operation_class=_streaming_operation("`chat.completion.chunk` object: {id, object, created, model, "
+                                               "choices: [{index, delta: {role, content}, finish_reason, "
+                                               "logprobs}], usage}"))
     async def chat_completions(self, data: JSONBody[ChatCompletionRequest], principal: NamedDependency[Principal],
                                services: NamedDependency[Services]) -> Response[ChatCompletion]:
         arrival = time.perf_counter()

@@ -1,6 +1,7 @@
 """Apply the Alembic migrations in `migrations/` programmatically (no alembic.ini needed)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -31,6 +32,15 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 async def upgrade(url: str, schema: str | None = None, revision: str = "head") -> None:
     """Bring the registry schema at `url` (and PostgreSQL `schema`, created if missing) up to `revision`."""
+    await _run(url, schema, lambda cfg: command.upgrade(cfg, revision))
+
+
+async def downgrade(url: str, revision: str, schema: str | None = None) -> None:
+    """Revert the registry schema to `revision` ("base": drop every table)."""
+    await _run(url, schema, lambda cfg: command.downgrade(cfg, revision))
+
+
+async def _run(url: str, schema: str | None, action: Callable[[Config], None]) -> None:
     engine = create_engine(url, schema)
     try:
         async with engine.begin() as conn:
@@ -38,7 +48,7 @@ async def upgrade(url: str, schema: str | None = None, revision: str = "head") -
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_ID})
                 if schema:
                     await conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
-            await conn.run_sync(lambda sync_conn: command.upgrade(alembic_config(sync_conn), revision))
+            await conn.run_sync(lambda sync_conn: action(alembic_config(sync_conn)))
     finally:
         await engine.dispose()
 

@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
 from loraplex.engine import AdapterRef, RequestError, RequestOutput, SamplingParams
+from loraplex.grammar.spec import GrammarError
 from loraplex.platform.errors import ApiError
 from loraplex.platform.metrics import Metrics
 
@@ -48,6 +49,7 @@ class Generation:
     metrics: Metrics
     labels: tuple[str, str]  # (tenant, model) for per-adapter request counts
     _closed: bool = field(default=False)
+    _merged: AsyncGenerator[tuple[int, RequestOutput], None] | None = field(default=None)
 
     @classmethod
     async def start(cls, engine: Any, inputs: list[ChoiceInput], adapter: AdapterRef | None, *, salt: str,
@@ -58,9 +60,12 @@ class Generation:
                                    cache_salt=salt) for c in inputs]
         firsts = await asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True)
         errors = [f for f in firsts if isinstance(f, BaseException)]
-        if errors:
+        failed = [f for f in firsts if isinstance(f, RequestOutput) and f.finish_reason == "error"]
+        if errors or failed:
             await _close_all(streams)
-            raise _api_error(errors[0], structured_param)
+            if errors:
+                raise _api_error(errors[0], structured_param)
+            raise ApiError(500, failed[0].error or "the engine failed this request", code="engine_error")
         now = time.perf_counter()
         choices = [_Choice(c.index, s, f, now) for c, s, f in zip(inputs, streams, firsts)]  # type: ignore[misc]
         for ch in choices:
@@ -82,8 +87,14 @@ class Generation:
             self.metrics.e2e.observe(now - self.arrival)
             self.metrics.requests.labels(*self.labels, out.finish_reason or "unknown").inc()
 
-    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(choice index, output) for every output of every choice, in arrival order."""
+    def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(choice index, output) for every output of every choice, in arrival order (one iteration only)."""
+        if self._merged is not None:
+            raise RuntimeError("Generation.outputs() can be iterated only once")
+        self._merged = self._iterate()
+        return self._merged
+
+    async def _iterate(self) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         if len(self.choices) == 1:
             ch = self.choices[0]
             yield ch.index, ch.first
@@ -140,6 +151,9 @@ class Generation:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
+            if self._merged is not None:
+                # Stops the per-choice pump tasks first: a stream cannot be closed while a task iterates it.
+                await self._merged.aclose()
             await _close_all([ch.stream for ch in self.choices])
 
 
@@ -150,13 +164,7 @@ async def _close_all(streams: list[AsyncIterator[RequestOutput]]) -> None:
 
 
 def _api_error(exc: BaseException, structured_param: str | None) -> BaseException:
-    if isinstance(exc, ApiError):
-        return exc
-    try:
-        from loraplex.grammar.spec import GrammarError
-    except ImportError:  # structured output not built into this engine
-        GrammarError = ()  # type: ignore[assignment,misc]
-    if GrammarError and isinstance(exc, GrammarError):
+    if isinstance(exc, GrammarError):
         return ApiError(400, f"invalid structured-output constraint: {exc}", param=structured_param,
                         code="invalid_schema")
     if isinstance(exc, RequestError):

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from loraplex.engine import RequestError, SamplingParams
+from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.platform.errors import ApiError, bad_request
 from loraplex.platform.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -177,11 +178,12 @@ def structured_request(req: SamplingFields) -> dict[str, Any] | None:
     return {"field": field, "kind": kind, "value": value}
 
 
-def structured_spec(structured: dict[str, Any] | None) -> Any:
+def structured_spec(structured: dict[str, Any] | None) -> StructuredSpec | None:
     """The engine's StructuredSpec for `structured_request`'s result (None: unconstrained)."""
     if structured is None:
         return None
-    from loraplex.grammar.spec import StructuredSpec
-
-    kind, value = structured["kind"], structured["value"]
-    return StructuredSpec(**{kind: value})
+    try:
+        return StructuredSpec(**{structured["kind"]: structured["value"]})
+    except GrammarError as exc:
+        raise bad_request(f"invalid structured-output constraint: {exc}", param=structured["field"],
+                          code="invalid_schema") from None

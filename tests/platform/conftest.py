@@ -21,7 +21,7 @@ MAX_UPLOAD = 256 * 1024  # small, so the oversized-upload test stays cheap
 def tiny_engine(tiny_llama_dir: Path) -> Iterator[Any]:
     from loraplex.engine import AsyncEngine, EngineArgs
 
-    engine = AsyncEngine(EngineArgs(model=str(tiny_llama_dir), max_model_len=512, num_kv_blocks=256,
+    engine = AsyncEngine(EngineArgs(model=str(tiny_llama_dir), max_model_len=1024, num_kv_blocks=2048,
                                     max_num_seqs=32, max_num_batched_tokens=512, max_loras=4, max_cpu_loras=8))
     yield engine
     engine.shutdown()

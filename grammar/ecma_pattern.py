@@ -1,0 +1,349 @@
+"""Translate a JSON-schema `pattern` (ECMA-262 syntax) into a regex over JSON string content.
+
+The pattern applies to the decoded string and is not anchored (it must match somewhere), while
+our matcher reads JSON text. So each character set becomes "its characters written raw, or the
+canonical escapes of its members that JSON must escape", and the pattern is wrapped in
+"any units" on the sides that are not anchored. Look-arounds, back-references and word
+boundaries cannot be enforced by an automaton and are refused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from loraplex.grammar.json_text import SPECIALS, UNIT, class_escape, rx_escape, special_escape_rx
+from loraplex.grammar.spec import GrammarError
+
+_SYNTAX = set("^$\\.*+?()[]{}|/")
+_ECMA_SPACE = "\t\n\x0b\x0c\r \xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009" \
+              "\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_LINE_TERMINATORS = "\n\r\u2028\u2029"
+
+
+@dataclass
+class CharSet:
+    """Ranges plus named classes (d, w, s, their negations) and Unicode properties, maybe negated."""
+
+    ranges: list[tuple[str, str]] = field(default_factory=list)
+    classes: list[str] = field(default_factory=list)
+    props: list[tuple[str, bool]] = field(default_factory=list)  # (name, negated)
+    negated: bool = False
+
+    def contains(self, ch: str) -> bool:
+        hit = any(lo <= ch <= hi for lo, hi in self.ranges) or any(_class_has(c, ch) for c in self.classes) \
+            or any(_prop_has(name, ch) != neg for name, neg in self.props)
+        return hit != self.negated
+
+    def rust(self) -> str:
+        items = []
+        for lo, hi in self.ranges:
+            items.append(class_escape(lo) if lo == hi else f"{class_escape(lo)}-{class_escape(hi)}")
+        for c in self.classes:
+            items.append(_class_rust(c))
+        for name, neg in self.props:
+            items.append(("\\P" if neg else "\\p") + "{" + name + "}")
+        if not items:
+            return "[^\\x00-\\x{10FFFF}]" if not self.negated else "[\\x00-\\x{10FFFF}]"
+        return ("[^" if self.negated else "[") + "".join(items) + "]"
+
+
+def _class_has(name: str, ch: str) -> bool:
+    base = name.lower()
+    if base == "d":
+        hit = "0" <= ch <= "9"
+    elif base == "w":
+        hit = ch.isascii() and (ch.isalnum() or ch == "_")
+    else:
+        hit = ch in _ECMA_SPACE
+    return hit if name.islower() else not hit
+
+
+def _class_rust(name: str) -> str:
+    body = {"d": "0-9", "w": "0-9A-Za-z_", "s": "".join(class_escape(c) for c in _ECMA_SPACE)}[name.lower()]
+    return body if name.islower() else f"[^{body}]"
+
+
+@lru_cache(maxsize=256)
+def _prop_regex(name: str):  # type: ignore[no-untyped-def]
+    import regex
+
+    try:
+        return regex.compile(r"\p{" + name + "}")
+    except regex.error:
+        raise GrammarError(f"unknown Unicode property \\p{{{name}}} in pattern") from None
+
+
+def _prop_has(name: str, ch: str) -> bool:
+    return _prop_regex(name).fullmatch(ch) is not None
+
+
+# AST: ("lit", ch) ("set", CharSet) ("seq", [..]) ("alt", [..]) ("rep", node, lo, hi) ("bol",) ("eol",)
+Node = tuple
+
+
+class _Parser:
+    def __init__(self, pattern: str) -> None:
+        self.src = pattern
+        self.i = 0
+
+    def fail(self, what: str) -> GrammarError:
+        return GrammarError(f"pattern {self.src!r}: {what} at offset {self.i}")
+
+    def peek(self) -> str | None:
+        return self.src[self.i] if self.i < len(self.src) else None
+
+    def take(self) -> str:
+        ch = self.src[self.i]
+        self.i += 1
+        return ch
+
+    def parse(self) -> Node:
+        node = self.alternation()
+        if self.i != len(self.src):
+            raise self.fail("unbalanced ')'")
+        return node
+
+    def alternation(self) -> Node:
+        alts = [self.sequence()]
+        while self.peek() == "|":
+            self.take()
+            alts.append(self.sequence())
+        return alts[0] if len(alts) == 1 else ("alt", alts)
+
+    def sequence(self) -> Node:
+        items: list[Node] = []
+        while self.peek() not in (None, "|", ")"):
+            atom = self.atom()
+            atom = self.quantified(atom)
+            items.append(atom)
+        return ("seq", items)
+
+    def quantified(self, atom: Node) -> Node:
+        ch = self.peek()
+        if ch in ("*", "+", "?"):
+            self.take()
+            lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[ch]
+        elif ch == "{" and self._brace_quantifier() is not None:
+            lo, hi, end = self._brace_quantifier()  # type: ignore[misc]
+            self.i = end
+        else:
+            return atom
+        if self.peek() == "?":  # lazy: same language
+            self.take()
+        if atom[0] in ("bol", "eol"):
+            raise self.fail("quantified anchor")
+        if hi is not None and lo > hi:
+            raise self.fail("quantifier range out of order")
+        return ("rep", atom, lo, hi)
+
+    def _brace_quantifier(self) -> tuple[int, int | None, int] | None:
+        j = self.src.find("}", self.i)
+        if j < 0:
+            return None
+        body = self.src[self.i + 1 : j]
+        lo_s, sep, hi_s = body.partition(",")
+        if not lo_s.isdigit() or (hi_s and not hi_s.isdigit()):
+            return None
+        return int(lo_s), (int(hi_s) if hi_s else (None if sep else int(lo_s))), j + 1
+
+    def atom(self) -> Node:
+        ch = self.take()
+        if ch == "^":
+            return ("bol",)
+        if ch == "$":
+            return ("eol",)
+        if ch == ".":
+            return ("set", CharSet(ranges=[(c, c) for c in _LINE_TERMINATORS], negated=True))
+        if ch == "(":
+            return self.group()
+        if ch == "[":
+            return ("set", self.char_class())
+        if ch == "\\":
+            return self.escape(in_class=False)
+        if ch in "*+?":
+            raise self.fail(f"nothing to repeat before '{ch}'")
+        if ch == "{" and self._brace_at(self.i - 1):
+            raise self.fail("nothing to repeat before '{'")
+        return ("lit", ch)
+
+    def _brace_at(self, pos: int) -> bool:
+        saved = self.i
+        self.i = pos
+        ok = self._brace_quantifier() is not None
+        self.i = saved
+        return ok
+
+    def group(self) -> Node:
+        if self.src.startswith("?:", self.i):
+            self.i += 2
+        elif self.src.startswith("?<", self.i) and not self.src.startswith(("?<=", "?<!"), self.i):
+            end = self.src.find(">", self.i)
+            if end < 0:
+                raise self.fail("unterminated group name")
+            self.i = end + 1
+        elif self.peek() == "?":
+            raise self.fail("look-around and inline modifiers cannot be enforced by an automaton")
+        node = self.alternation()
+        if self.peek() != ")":
+            raise self.fail("missing ')'")
+        self.take()
+        return node
+
+    def char_class(self) -> CharSet:
+        cs = CharSet()
+        if self.peek() == "^":
+            self.take()
+            cs.negated = True
+        while True:
+            ch = self.peek()
+            if ch is None:
+                raise self.fail("unterminated character class")
+            if ch == "]":
+                self.take()
+                return cs
+            lo = self.class_atom(cs)
+            if lo is None:
+                continue
+            if self.peek() == "-" and self.i + 1 < len(self.src) and self.src[self.i + 1] != "]":
+                self.take()
+                hi = self.class_atom(cs)
+                if hi is None:
+                    raise self.fail("class escape used as a range end")
+                if hi < lo:
+                    raise self.fail("character class range out of order")
+                cs.ranges.append((lo, hi))
+            else:
+                cs.ranges.append((lo, lo))
+
+    def class_atom(self, cs: CharSet) -> str | None:
+        """One character of a class, or None after adding a class escape (\\d, \\p{..}) to cs."""
+        ch = self.take()
+        if ch != "\\":
+            return ch
+        node = self.escape(in_class=True)
+        if node[0] == "lit":
+            return node[1]
+        inner: CharSet = node[1]
+        cs.classes += inner.classes
+        cs.props += inner.props
+        return None
+
+    def escape(self, in_class: bool) -> Node:
+        if self.peek() is None:
+            raise self.fail("pattern ends with '\\'")
+        ch = self.take()
+        if ch in "dDwWsS":
+            return ("set", CharSet(classes=[ch]))
+        if ch in "pP" and self.peek() == "{":
+            end = self.src.find("}", self.i)
+            if end < 0:
+                raise self.fail("unterminated \\p{...}")
+            name = self.src[self.i + 1 : end]
+            self.i = end + 1
+            _prop_regex(name)
+            return ("set", CharSet(props=[(name, ch == "P")]))
+        simple = {"t": "\t", "n": "\n", "v": "\x0b", "f": "\x0c", "r": "\r"}
+        if ch in simple:
+            return ("lit", simple[ch])
+        if ch == "b":
+            if in_class:
+                return ("lit", "\x08")
+            raise self.fail("word boundary \\b cannot be enforced")
+        if ch == "B":
+            raise self.fail("\\B cannot be enforced")
+        if ch == "0" and not (self.peek() or "").isdigit():
+            return ("lit", "\x00")
+        if ch.isdigit() or (ch == "k" and self.peek() == "<"):
+            raise self.fail("back-references cannot be enforced")
+        if ch == "c" and (self.peek() or "").isalpha():
+            return ("lit", chr(ord(self.take()) % 32))
+        if ch == "x":
+            return ("lit", chr(self._hex(2)))
+        if ch == "u":
+            return ("lit", self._unicode_escape())
+        if ch.isalnum():
+            raise self.fail(f"unknown escape '\\{ch}'")
+        return ("lit", ch)
+
+    def _hex(self, n: int) -> int:
+        digits = self.src[self.i : self.i + n]
+        if len(digits) != n or any(c not in "0123456789abcdefABCDEF" for c in digits):
+            raise self.fail("bad hexadecimal escape")
+        self.i += n
+        return int(digits, 16)
+
+    def _unicode_escape(self) -> str:
+        if self.peek() == "{":
+            end = self.src.find("}", self.i)
+            if end < 0:
+                raise self.fail("unterminated \\u{...}")
+            try:
+                code = int(self.src[self.i + 1 : end], 16)
+                ch = chr(code)
+            except ValueError:
+                raise self.fail("bad \\u{...} escape") from None
+            self.i = end + 1
+            return ch
+        code = self._hex(4)
+        if 0xD800 <= code < 0xDC00 and self.src.startswith("\\u", self.i):
+            saved = self.i
+            self.i += 2
+            low = self._hex(4)
+            if 0xDC00 <= low < 0xE000:
+                return chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00))
+            self.i = saved
+        if 0xD800 <= code < 0xE000:
+            raise self.fail("lone surrogate escape")
+        return chr(code)
+
+
+def _emit(node: Node) -> str:
+    kind = node[0]
+    if kind == "lit":
+        ch = node[1]
+        return special_escape_rx(ch) if ch in SPECIALS else rx_escape(ch)
+    if kind == "set":
+        cs: CharSet = node[1]
+        raw = f'[{cs.rust()}&&[^"\\\\\\x00-\\x1F]]'
+        escapes = [special_escape_rx(ch) for ch in sorted(SPECIALS) if cs.contains(ch)]
+        return "(?:" + "|".join([raw] + escapes) + ")"
+    if kind == "seq":
+        return "".join(_emit(n) for n in node[1])
+    if kind == "alt":
+        return "(?:" + "|".join(_emit(n) for n in node[1]) + ")"
+    if kind == "rep":
+        _, inner, lo, hi = node
+        q = {(0, None): "*", (1, None): "+", (0, 1): "?"}.get((lo, hi))
+        if q is None:
+            q = f"{{{lo},}}" if hi is None else (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
+        return f"(?:{_emit(inner)}){q}"
+    raise GrammarError("'^' or '$' inside a pattern (not at its start or end) cannot be enforced")
+
+
+def _top_alternatives(node: Node) -> list[Node]:
+    """The pattern's top-level alternatives, looking through a group that is the whole pattern."""
+    if node[0] == "alt":
+        out: list[Node] = []
+        for n in node[1]:
+            out += _top_alternatives(n)
+        return out
+    if node[0] == "seq" and len(node[1]) == 1 and node[1][0][0] in ("alt", "seq"):
+        return _top_alternatives(node[1][0])
+    return [node]
+
+
+def pattern_to_content_regex(pattern: str) -> str:
+    """Regex (Rust syntax) for the JSON string content of strings that contain a match of `pattern`."""
+    tree = _Parser(pattern).parse()
+    branches = []
+    for alt_node in _top_alternatives(tree):
+        items = list(alt_node[1]) if alt_node[0] == "seq" else [alt_node]
+        start = bool(items) and items[0][0] == "bol"
+        if start:
+            items = items[1:]
+        end = bool(items) and items[-1][0] == "eol"
+        if end:
+            items = items[:-1]
+        body = "".join(_emit(n) for n in items)
+        branches.append(("" if start else UNIT + "*") + body + ("" if end else UNIT + "*"))
+    return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"

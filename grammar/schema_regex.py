@@ -1,0 +1,210 @@
+"""JSON schema -> one regex for its compact JSON text (no whitespace anywhere).
+
+Objects list their declared properties in schema order (required ones always, optional ones
+maybe), then any additional properties (keys other than the declared names). Values without
+constraints ("any JSON") nest at most `any_depth` levels; recursive `$ref`s unroll at most
+`max_ref_depth` times. Both bounds only narrow what is generated.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from loraplex.grammar import json_text as jt
+from loraplex.grammar.ecma_pattern import pattern_to_content_regex
+from loraplex.grammar.formats import FORMATS
+from loraplex.grammar.numeric import decimal_range, integer_bounds, integer_range
+from loraplex.grammar.schema_norm import Ctx, Node, Normalizer, NotRegular, Sub
+from loraplex.grammar.spec import GrammarError
+
+MAX_REGEX_CHARS = 4_000_000
+
+
+def _number_literal(v: int | float) -> str:
+    if isinstance(v, float) and not v.is_integer():
+        text = repr(v)
+        return jt.rx_escape(text) if "e" in text else jt.rx_escape(text) + "0*"
+    n = int(v)
+    return ("-" if n < 0 else "") + str(abs(n)) + r"(?:\.0+)?"
+
+
+def const_regex(v: Any) -> str:
+    """Regex for the JSON value `v` (numbers in their equal spellings, objects in given key order)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return _number_literal(v)
+    if isinstance(v, str):
+        return jt.string_literal(v)
+    if isinstance(v, list):
+        return r"\[" + ",".join(const_regex(x) for x in v) + r"\]"
+    return r"\{" + ",".join(jt.string_literal(k) + ":" + const_regex(x) for k, x in v.items()) + r"\}"
+
+
+class SchemaRegex:
+    """Builds the regex of one schema; `build()` raises GrammarError or NotRegular."""
+
+    def __init__(self, root: Any, *, max_ref_depth: int = 3, any_depth: int = 2) -> None:
+        self.norm = Normalizer(root, max_ref_depth)
+        self.root = root
+        self.any_depth = any_depth
+        self._memo: dict[Any, str | None] = {}
+        self._any: dict[int, str] = {}
+
+    def build(self) -> str:
+        rx = self.value([(self.root, "")], Ctx())
+        if rx is None:
+            raise GrammarError("schema is unsatisfiable: no JSON value can match it")
+        if len(rx) > MAX_REGEX_CHARS:
+            raise NotRegular(f"regex of {len(rx)} characters is too large")
+        return rx
+
+    # ---- values --------------------------------------------------------------------------------
+    def value(self, subs: list[Sub], ctx: Ctx) -> str | None:
+        key = (tuple(ptr for _, ptr in subs), ctx.refs)
+        if key not in self._memo:
+            self._memo[key] = self._value(subs, ctx)
+        return self._memo[key]
+
+    def _value(self, subs: list[Sub], ctx: Ctx) -> str | None:
+        parts = []
+        for term in self.norm.dnf(subs, ctx):
+            if not term.parts:
+                return self.any_value(self.any_depth)
+            for node in self.norm.nodes(term):
+                rx = self.emit(node)
+                if rx is not None:
+                    parts.append(rx)
+        return jt.alt(parts) if parts else None
+
+    def any_value(self, depth: int) -> str:
+        """Any JSON value with at most `depth` levels of nested containers below this one."""
+        if depth not in self._any:
+            scalars = [jt.NULL, jt.BOOLEAN, jt.NUMBER, jt.STRING]
+            if depth <= 0:
+                self._any[depth] = jt.alt(scalars + [r"\[\]", r"\{\}"])
+            else:
+                inner = self.any_value(depth - 1)
+                pair = f"{jt.STRING}:{inner}"
+                arr = rf"\[(?:{inner}(?:,{inner})*)?\]"
+                obj = rf"\{{(?:{pair}(?:,{pair})*)?\}}"
+                self._any[depth] = jt.alt(scalars + [arr, obj])
+        return self._any[depth]
+
+    def emit(self, node: Node) -> str | None:
+        kind = node.kind
+        if kind == "null":
+            return jt.NULL
+        if kind == "boolean":
+            return jt.BOOLEAN
+        if kind == "const":
+            return jt.alt([const_regex(v) for v in node.values])
+        if kind == "number":
+            return self._number(node)
+        if kind == "string":
+            return self._string(node)
+        if kind == "array":
+            return self._array(node)
+        return self._object(node)
+
+    # ---- scalars -------------------------------------------------------------------------------
+    @staticmethod
+    def _number(node: Node) -> str | None:
+        bounded = node.lo is not None or node.hi is not None
+        if node.integer_only:
+            if not bounded:
+                return jt.INTEGER
+            lo, hi = integer_bounds(node.lo if not node.lo_strict else None, node.hi if not node.hi_strict else None,
+                                    node.lo if node.lo_strict else None, node.hi if node.hi_strict else None)
+            return integer_range(lo, hi)
+        if not bounded:
+            return jt.NUMBER
+        return decimal_range(node.lo, node.lo_strict, node.hi, node.hi_strict)
+
+    @staticmethod
+    def _string(node: Node) -> str | None:
+        ptr = node.term.parts[-1][1] if node.term.parts else ""
+        lengths = node.min_len > 0 or node.max_len is not None
+        if node.max_len is not None and node.min_len > node.max_len:
+            return None
+        if len(node.formats) > 1 or (node.formats and (node.patterns or lengths)):
+            raise NotRegular(f"string at {ptr or '/'} combines format with other string constraints")
+        if len(node.patterns) > 1 or (node.patterns and lengths):
+            raise NotRegular(f"string at {ptr or '/'} combines pattern with other string constraints")
+        if node.formats:
+            body = FORMATS[node.formats[0]]
+        elif node.patterns:
+            body = pattern_to_content_regex(node.patterns[0])
+        elif not lengths:
+            body = jt.UNIT + "*"
+        else:
+            hi = "" if node.max_len is None else str(node.max_len)
+            body = f"{jt.UNIT}{{{node.min_len},{hi}}}"
+        return f'"{body}"'
+
+    # ---- containers ----------------------------------------------------------------------------
+    def _child(self, subs: list[Sub], ctx: Ctx) -> str | None:
+        return self.value(subs, ctx)
+
+    def _array(self, node: Node) -> str | None:
+        ctx = node.term.ctx
+        items: list[str] = []
+        for subs in node.positions:
+            rx = self._child(subs, ctx)
+            if rx is None:
+                break
+            items.append(rx)
+        rest = None
+        if len(items) == len(node.positions):
+            rest = self._child(node.rest, ctx)
+        limit = node.max_items
+        if rest is None:
+            limit = len(items) if limit is None else min(limit, len(items))
+        lo = node.min_items
+        if limit is not None and lo > limit:
+            return None
+        if limit == 0:
+            return r"\[\]"
+        fixed = items if limit is None else items[:limit]
+        nf = len(fixed)
+        if nf == 0:  # every item comes from `items`
+            top = "" if limit is None else str(limit - 1)
+            body = f"{rest}(?:,{rest}){{{max(lo - 1, 0)},{top}}}"
+        else:
+            tail = ""
+            if rest is not None and (limit is None or limit > nf):
+                top = "" if limit is None else str(limit - nf)
+                tail = f"(?:,{rest}){{{max(lo - nf, 0)},{top}}}"
+            for i in range(nf - 1, 0, -1):  # position i is written only if i < lo or chosen
+                piece = f",{fixed[i]}{tail}"
+                tail = piece if i < lo else f"(?:{piece})?"
+            body = fixed[0] + tail
+        return rf"\[{body}\]" if lo > 0 else rf"\[(?:{body})?\]"
+
+    def _object(self, node: Node) -> str | None:
+        ctx = node.term.ctx
+        pairs: list[tuple[str, bool]] = []
+        for name, subs, required in node.keys:
+            rx = self._child(subs, ctx)
+            if rx is None:
+                if required:
+                    return None
+                continue
+            pairs.append((f"{jt.string_literal(name)}:{rx}", required))
+        extra_val = self._child(node.extra, ctx)
+        extra = None
+        if extra_val is not None:
+            extra = f'"{jt.content_not_in([name for name, _, _ in node.keys])}":{extra_val}'
+        # after[i]: the rest from pair i when something was written already (pieces start with ',')
+        # first[i]: the rest from pair i when nothing was written yet
+        after = f"(?:,{extra})*" if extra else ""
+        first = f"(?:{extra}(?:,{extra})*)?" if extra else ""
+        for pair, required in reversed(pairs):
+            if required:
+                first = f"{pair}{after}"
+                after = f",{pair}{after}"
+            else:
+                first = f"(?:{pair}{after}|{first})" if first else f"(?:{pair}{after})?"
+                after = f"(?:,{pair})?{after}"
+        return rf"\{{{first}\}}"

@@ -1,0 +1,105 @@
+"""What a request asks its output to look like, and the one error type for every refusal."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+class GrammarError(ValueError):
+    """A constraint that cannot be compiled; the message names the problem.
+
+    Examples: an unsupported keyword with its JSON pointer, an invalid schema, an unsatisfiable
+    schema, a regex or grammar syntax error, a compile that ran past its time limit.
+    """
+
+
+_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+# Where a schema holds sub-schemas (so their keys can be sorted) versus plain values (enum, const,
+# default, ...) whose key order is kept: a const object is generated in the order it is written.
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
+_SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SCHEMA_ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains",
+                         "propertyNames", "additionalItems", "unevaluatedItems", "unevaluatedProperties"})
+
+
+def canonical_schema(node: Any) -> Any:
+    """The schema with keyword order sorted but `properties` order kept (it fixes output order)."""
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key in sorted(node):
+        value = node[key]
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            value = {name: canonical_schema(sub) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            value = [canonical_schema(sub) for sub in value]
+        elif key in _SCHEMA_ONE:
+            value = [canonical_schema(s) for s in value] if isinstance(value, list) else canonical_schema(value)
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class StructuredSpec:
+    """Exactly one constraint on a request's output.
+
+    `json` is a JSON schema (a dict or its JSON text), `regex` must match the whole output,
+    `choice` makes the output exactly one of the strings, `grammar` is a Lark grammar
+    (llguidance's dialect), `json_object` asks for any JSON object. `close_within_budget`
+    makes the matcher steer onto a shortest completion once the token budget gets tight.
+    """
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    close_within_budget: bool = True
+
+    def __post_init__(self) -> None:
+        set_kinds = [k for k in _KINDS if self._value(k) not in (None, False)]
+        if len(set_kinds) != 1:
+            named = ", ".join(set_kinds) if set_kinds else "none"
+            raise GrammarError(f"exactly one constraint of {', '.join(_KINDS)} must be set (got: {named})")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise GrammarError(f"json must be a schema object or its JSON text, not {type(self.json).__name__}")
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise GrammarError("regex must be a string")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise GrammarError("grammar must be a non-empty Lark grammar string")
+        if self.choice is not None:
+            if not isinstance(self.choice, (list, tuple)) or not self.choice:
+                raise GrammarError("choice must be a non-empty list of strings")
+            if not all(isinstance(c, str) for c in self.choice):
+                raise GrammarError("choice must contain only strings")
+            if isinstance(self.choice, tuple):
+                object.__setattr__(self, "choice", list(self.choice))
+
+    def _value(self, kind: str) -> Any:
+        return getattr(self, kind)
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: json, regex, choice, grammar or json_object."""
+        return next(k for k in _KINDS if self._value(k) not in (None, False))
+
+    def schema(self) -> Any:
+        """The JSON schema as a Python value (parses JSON text); GrammarError if it is not JSON."""
+        if isinstance(self.json, str):
+            try:
+                return json.loads(self.json)
+            except json.JSONDecodeError as e:
+                raise GrammarError(f"json schema is not valid JSON: {e}") from None
+        return self.json
+
+    def cache_key(self) -> str:
+        """Canonical text of the constraint: equal constraints give equal keys."""
+        kind = self.kind
+        value: Any = canonical_schema(self.schema()) if kind == "json" else self._value(kind)
+        try:
+            body = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        except (TypeError, ValueError) as e:
+            raise GrammarError(f"{kind} constraint is not JSON-serialisable: {e}") from None
+        return f"{kind}:{int(self.close_within_budget)}:{body}"

@@ -1,0 +1,88 @@
+"""Helpers of the multi-LoRA engine tests: peft adapters saved like users save them, and peft as the oracle."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+
+def load_hf(model_dir: Path) -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+def save_adapter(base: PreTrainedModel, dest: Path, *, seed: int, b_scale: float = 1.0,
+                 **lora_kwargs: Any) -> PreTrainedModel:
+    """Save a peft LoRA adapter for ``base`` at ``dest`` and return the untouched base model.
+
+    ``init_lora_weights=False`` makes A and B random (non-zero); B is multiplied by ``b_scale``.
+    """
+    torch.manual_seed(seed)
+    model = get_peft_model(base, LoraConfig(init_lora_weights=False, **lora_kwargs))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(b_scale)
+    model.save_pretrained(dest)
+    return model.unload()
+
+
+class PeftOracle:
+    """peft as the reference: every adapter loaded into one PeftModel, one of them (or none) active."""
+
+    def __init__(self, base: PreTrainedModel, adapters: dict[str, Path]) -> None:
+        names = list(adapters)
+        self.model = PeftModel.from_pretrained(base, str(adapters[names[0]]), adapter_name=names[0])
+        for name in names[1:]:
+            self.model.load_adapter(str(adapters[name]), adapter_name=name)
+        self.model.eval()
+
+    def _forward_ctx(self, adapter: str | None):
+        if adapter is None:
+            return self.model.disable_adapter()
+        self.model.set_adapter(adapter)
+        return nullcontext()
+
+    @torch.inference_mode()
+    def greedy(self, adapter: str | None, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
+        with self._forward_ctx(adapter):
+            out = self.model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                                      eos_token_id=eos, pad_token_id=eos if eos is not None else 0)
+        return out[0, len(prompt):].tolist()
+
+    @torch.inference_mode()
+    def last_logits(self, adapter: str | None, prompt: list[int]) -> torch.Tensor:
+        with self._forward_ctx(adapter):
+            return self.model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+
+
+def drive(engine, arrivals: dict[int, list[dict]], *, max_steps: int = 5000, on_step=None) -> dict:
+    """Step the engine; at step k add ``arrivals[k]`` (add_request kwargs). Checks invariants every step.
+
+    Returns {request_id: final RequestOutput}; ``on_step(step, outputs)`` sees every step's outputs.
+    """
+    finished = {}
+    last = max(arrivals, default=0)
+    for step in range(max_steps):
+        for kwargs in arrivals.get(step, []):
+            engine.add_request(**kwargs)
+        if step > last and not engine.has_unfinished():
+            return finished
+        outs = engine.step()
+        if on_step is not None:
+            on_step(step, outs)
+        for out in outs:
+            if out.finished:
+                finished[out.request_id] = out
+        engine.check_invariants()
+    raise AssertionError(f"the engine did not finish within {max_steps} steps")
+
+
+def assert_no_leaks(engine) -> None:
+    engine.check_invariants()
+    bm = engine.block_manager
+    assert not engine.requests and not engine.has_unfinished()
+    assert bm.num_free_blocks == bm.num_blocks, f"{bm.num_blocks - bm.num_free_blocks} KV blocks leaked"

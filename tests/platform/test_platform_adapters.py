@@ -1,0 +1,238 @@
+"""Adapters over REST: both upload forms, versions, listing, deletion, quotas, isolation between
+tenants, and every kind of bad upload refused with a clear 4xx leaving neither row nor file."""
+from __future__ import annotations
+
+import io
+import json
+import socket
+import struct
+import zipfile
+
+import httpx
+import pytest
+import torch
+
+from tests.platform.conftest import MAX_UPLOAD
+from tests.platform.helpers import auth, create_tenant, error_of, leftover_tmp, stored_blobs, targz_folder, upload, \
+    zip_folder
+
+EXPECTED_FIELDS = {"id", "name", "model", "version", "sha256", "rank", "alpha", "target_modules", "size_bytes",
+                   "created_at"}
+
+
+def test_upload_archive_and_two_files_then_list_get_delete(server, adapter_factory) -> None:
+    key = create_tenant(server.url, "owner")
+    folder = adapter_factory("basic")
+    r = upload(server.url, key, "support-bot", archive=zip_folder(folder))
+    assert r.status_code == 201, r.text
+    first = r.json()
+    assert set(first) == EXPECTED_FIELDS
+    assert (first["name"], first["model"], first["version"], first["rank"], first["alpha"]) == \
+        ("support-bot", "support-bot", 1, 4, 8.0)
+    assert first["target_modules"] == ["q_proj", "v_proj", "down_proj"] and len(first["sha256"]) == 64
+    assert first["created_at"].endswith(("Z", "+00:00"))
+
+    # The same adapter as two files under a second name; a .tar.gz re-upload is version 2 of the first.
+    r = upload(server.url, key, "other", folder=folder)
+    assert r.status_code == 201 and r.json()["sha256"] == first["sha256"]
+    r = upload(server.url, key, "support-bot", archive=targz_folder(adapter_factory("basic-r8", r=8, seed=1)),
+               filename="a.tar.gz")
+    assert r.status_code == 201, r.text
+    second = r.json()
+    assert second["version"] == 2 and second["rank"] == 8 and second["sha256"] != first["sha256"]
+
+    listed = httpx.get(f"{server.url}/v1/adapters", headers=auth(key)).json()
+    assert [(a["name"], a["version"]) for a in listed["data"]] == [("other", 1), ("support-bot", 2)]
+    got = httpx.get(f"{server.url}/v1/adapters/support-bot", headers=auth(key)).json()
+    assert got["id"] == second["id"] and got["sha256"] == second["sha256"]
+    # The replaced version's blob is gone: one blob per live adapter.
+    assert len(stored_blobs(server.settings.data_dir)) == 2
+
+    r = httpx.delete(f"{server.url}/v1/adapters/support-bot", headers=auth(key))
+    assert r.status_code == 200 and r.json()["version"] == 2
+    assert httpx.get(f"{server.url}/v1/adapters/support-bot", headers=auth(key)).status_code == 404
+    assert httpx.delete(f"{server.url}/v1/adapters/support-bot", headers=auth(key)).status_code == 404
+    assert len(stored_blobs(server.settings.data_dir)) == 1
+    # Re-uploading after a delete continues the version sequence.
+    r = upload(server.url, key, "support-bot", archive=zip_folder(folder))
+    assert r.status_code == 201 and r.json()["version"] == 3
+    assert leftover_tmp(server.settings.data_dir) == []
+
+
+def test_isolation_between_tenants(server, adapter_factory) -> None:
+    key_a = create_tenant(server.url, "iso-a")
+    key_b = create_tenant(server.url, "iso-b")
+    r = httpx.post(f"{server.url}/v1/tenants/iso-b/keys", headers=auth(key_b))
+    keys_b = [key_b, r.json()["key"]]
+    assert upload(server.url, key_a, "secret-sauce", archive=zip_folder(adapter_factory("basic"))).status_code == 201
+    for kb in keys_b:
+        assert httpx.get(f"{server.url}/v1/adapters", headers=auth(kb)).json()["data"] == []
+        models = [m["id"] for m in httpx.get(f"{server.url}/v1/models", headers=auth(kb)).json()["data"]]
+        assert "secret-sauce" not in models
+        r_other = httpx.get(f"{server.url}/v1/adapters/secret-sauce", headers=auth(kb))
+        r_missing = httpx.get(f"{server.url}/v1/adapters/no-such-thing", headers=auth(kb))
+        assert r_other.status_code == r_missing.status_code == 404
+        assert error_of(r_other)["code"] == error_of(r_missing)["code"] == "adapter_not_found"
+        assert httpx.delete(f"{server.url}/v1/adapters/secret-sauce", headers=auth(kb)).status_code == 404
+        # Using it is a 404 exactly like a model that does not exist.
+        used = httpx.post(f"{server.url}/v1/completions", headers=auth(kb),
+                          json={"model": "secret-sauce", "prompt": "hi", "max_tokens": 2})
+        missing = httpx.post(f"{server.url}/v1/completions", headers=auth(kb),
+                             json={"model": "secret-saucf", "prompt": "hi", "max_tokens": 2})
+        assert used.status_code == missing.status_code == 404
+        assert error_of(used)["message"].replace("secret-sauce", "X") == \
+            error_of(missing)["message"].replace("secret-saucf", "X")
+        # B may upload its own adapter under the same name without touching A's.
+        assert upload(server.url, kb, "secret-sauce", archive=zip_folder(adapter_factory("basic-r8", r=8,
+                                                                                          seed=1))).status_code == 201
+        assert httpx.delete(f"{server.url}/v1/adapters/secret-sauce", headers=auth(kb)).status_code == 200
+    still = httpx.get(f"{server.url}/v1/adapters/secret-sauce", headers=auth(key_a))
+    assert still.status_code == 200 and still.json()["rank"] == 4
+
+
+def test_quotas(server, adapter_factory) -> None:
+    small = adapter_factory("basic")
+    key = create_tenant(server.url, "quota", max_adapters=2)
+    assert upload(server.url, key, "one", archive=zip_folder(small)).status_code == 201
+    assert upload(server.url, key, "two", archive=zip_folder(small)).status_code == 201
+    blobs = stored_blobs(server.settings.data_dir)
+    r = upload(server.url, key, "three", archive=zip_folder(small))
+    assert r.status_code == 403 and error_of(r)["code"] == "adapter_quota_exceeded"
+    assert "2 adapters" in error_of(r)["message"]
+    # Replacing an existing name is not a new adapter.
+    assert upload(server.url, key, "two", archive=zip_folder(small)).status_code == 201
+    assert len(stored_blobs(server.settings.data_dir)) == len(blobs)
+
+    size = upload(server.url, create_tenant(server.url, "probe"), "p", folder=small).json()["size_bytes"]
+    key = create_tenant(server.url, "bytes", max_adapter_bytes=size + size // 2)
+    assert upload(server.url, key, "fits", folder=small).status_code == 201
+    r = upload(server.url, key, "too-much", folder=small)
+    assert r.status_code == 403 and error_of(r)["code"] == "storage_quota_exceeded"
+    names = [a["name"] for a in httpx.get(f"{server.url}/v1/adapters", headers=auth(key)).json()["data"]]
+    assert names == ["fits"]
+
+
+# ------------------------------------------------------------------------------- bad uploads
+
+
+def _pickle_bytes() -> bytes:
+    buf = io.BytesIO()
+    torch.save({"weight": torch.zeros(2)}, buf)
+    return buf.getvalue()
+
+
+def _malformed_safetensors() -> bytes:
+    header = b'{"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": {"dtype": "F32", "shape": [4'
+    return struct.pack("<Q", len(header)) + header + b"\x00" * 64
+
+
+def _bad_uploads(adapter_factory) -> dict[str, tuple[dict, int, str]]:
+    good = adapter_factory("basic")
+    wrong = adapter_factory("wrong-shape", config_overrides={"hidden_size": 32, "intermediate_size": 96,
+                                                             "num_attention_heads": 2, "num_key_value_heads": 1})
+    config = (good / "adapter_config.json").read_bytes()
+    escaping = zip_folder(good, extra={"../../escape.txt": b"owned"})
+    return {
+        "dotdot-zip": ({"archive": escaping}, 400, "unsafe_archive"),
+        "symlink-tar": ({"archive": targz_folder(good, symlink=("adapter_model2.safetensors", "/etc/passwd")),
+                         "filename": "a.tar.gz"}, 400, "unsafe_archive"),
+        "pickle-two-files": ({"folder": good, "model_file": ("adapter_model.bin", _pickle_bytes())}, 400,
+                             "pickled_weights"),
+        "pickle-in-archive": ({"archive": zip_folder(good, extra={"adapter/adapter_model.bin": _pickle_bytes()})},
+                              400, "pickled_weights"),
+        "pickle-archive-name": ({"archive": _pickle_bytes(), "filename": "adapter.pt"}, 400, "pickled_weights"),
+        "wrong-shape": ({"folder": wrong}, 400, "wrong_base_model"),
+        "malformed-header": ({"folder": good, "model_file": ("adapter_model.safetensors",
+                                                             _malformed_safetensors())}, 400,
+                             "malformed_safetensors"),
+        "not-an-archive": ({"archive": b"just some text", "filename": "notes.txt"}, 400, "unsupported_archive"),
+        "bad-config-json": ({"archive": _zip({"adapter_config.json": b"{nope", "adapter_model.safetensors":
+                                              (good / "adapter_model.safetensors").read_bytes()})}, 400,
+                            "invalid_config"),
+        "oversized": ({"archive": b"\x00" * (MAX_UPLOAD + 1)}, 413, "request_too_large"),
+        "config-only-zip": ({"archive": _zip({"adapter_config.json": config})}, 400, "missing_file"),
+    }
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("case", ["dotdot-zip", "symlink-tar", "pickle-two-files", "pickle-in-archive",
+                                  "pickle-archive-name", "wrong-shape", "malformed-header", "not-an-archive",
+                                  "bad-config-json", "oversized", "config-only-zip"])
+def test_bad_uploads_are_refused_and_leave_nothing(start_server, adapter_factory, case) -> None:
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "victim")
+    kwargs, status, code = _bad_uploads(adapter_factory)[case]
+    r = upload(server.url, key, "bad", **kwargs)
+    assert r.status_code == status, r.text
+    err = error_of(r)
+    assert err["code"] == code, err
+    assert len(err["message"]) > 20
+    assert httpx.get(f"{server.url}/v1/adapters", headers=auth(key)).json()["data"] == []
+    assert stored_blobs(server.settings.data_dir) == []
+    assert leftover_tmp(server.settings.data_dir) == []
+    assert not (server.settings.data_dir.parent / "escape.txt").exists()
+
+
+def test_upload_size_limit_applies_while_streaming(start_server) -> None:
+    """A chunked upload (no Content-Length) over the limit gets its 413 while the client is still
+    sending: the server refuses at the limit instead of buffering the whole body first."""
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "streamer")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/adapters HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer " + key.encode()
+                     + b"\r\nContent-Type: multipart/form-data; boundary=xyz\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+        def chunk(data: bytes) -> None:
+            sock.sendall(b"%x\r\n" % len(data) + data + b"\r\n")
+
+        chunk(b'--xyz\r\nContent-Disposition: form-data; name="name"\r\n\r\nbig\r\n')
+        chunk(b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.zip"\r\n\r\n')
+        for _ in range(MAX_UPLOAD // 65536 + 2):  # just over the limit; the body is never finished
+            chunk(b"\x00" * 65536)
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert b"request_too_large" in reply
+    assert leftover_tmp(server.settings.data_dir) == [] and stored_blobs(server.settings.data_dir) == []
+
+
+def test_malformed_multipart_requests(start_server, adapter_factory) -> None:
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "forms")
+    good = adapter_factory("basic")
+    r = httpx.post(f"{server.url}/v1/adapters", json={"name": "x"}, headers=auth(key))
+    assert r.status_code == 415
+    r = httpx.post(f"{server.url}/v1/adapters", files={"file": ("a.zip", zip_folder(good))}, headers=auth(key))
+    assert r.status_code == 400 and error_of(r)["param"] == "name"
+    r = upload(server.url, key, "../../etc", archive=zip_folder(good))
+    assert r.status_code == 400 and error_of(r)["param"] == "name"
+    r = httpx.post(f"{server.url}/v1/adapters", data={"name": "x"}, headers=auth(key),
+                   files={"adapter_config": ("adapter_config.json", (good / "adapter_config.json").read_bytes())})
+    assert r.status_code == 400 and "adapter_model" in error_of(r)["message"]
+    r = httpx.post(f"{server.url}/v1/adapters", data={"name": "x"}, headers=auth(key),
+                   files={"weights": ("w.bin", b"123")})
+    assert r.status_code == 400 and error_of(r)["param"] == "weights"
+    r = httpx.post(f"{server.url}/v1/adapters", headers={**auth(key), "Content-Type":
+                                                          "multipart/form-data; boundary=zz"}, content=b"garbage")
+    assert r.status_code == 400
+    # Uploading under the base model's name would shadow it.
+    base = httpx.get(f"{server.url}/v1/models", headers=auth(key)).json()["data"][0]["id"]
+    r = upload(server.url, key, base, archive=zip_folder(good))
+    assert r.status_code == 400 and error_of(r)["param"] == "name"
+    assert stored_blobs(server.settings.data_dir) == [] and leftover_tmp(server.settings.data_dir) == []
+
+
+def test_adapter_config_without_weights_is_listed_nowhere(start_server, adapter_factory) -> None:
+    """A config JSON that is not an object is refused by the adapter checks, not by a crash."""
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "json")
+    good = adapter_factory("basic")
+    r = upload(server.url, key, "x", folder=good, model_file=("adapter_model.safetensors",
+                                                            json.dumps([1, 2]).encode()))
+    assert r.status_code == 400 and error_of(r)["code"] == "malformed_safetensors"

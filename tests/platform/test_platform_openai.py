@@ -1,0 +1,168 @@
+"""OpenAI-compatible serving over real HTTP with the official `openai` client (unchanged but for
+base_url and api_key), on the tiny random Llama behind the real AsyncEngine."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.platform.helpers import auth, create_tenant, error_of, sse_events, upload, zip_folder
+
+
+@pytest.fixture
+def tenant(start_server):
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "openai-user")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+    base = client.models.list().data[0].id
+    return server, key, client, base
+
+
+def test_models_and_chat_non_streaming(tenant) -> None:
+    server, key, client, base = tenant
+    models = client.models.list().data
+    assert [m.id for m in models] == [base] and models[0].owned_by == "loraplex"
+    assert client.models.retrieve(base).id == base
+    out = client.chat.completions.create(model=base, messages=[{"role": "user", "content": "Say hi"}],
+                                         max_tokens=6, temperature=0, seed=1)
+    assert out.object == "chat.completion" and out.model == base
+    choice = out.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    assert out.usage.completion_tokens <= 6 and out.usage.prompt_tokens > 5
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    # Greedy is deterministic: the same request gives the same text.
+    again = client.chat.completions.create(model=base, messages=[{"role": "user", "content": "Say hi"}],
+                                           max_completion_tokens=6, temperature=0)
+    assert again.choices[0].message.content == choice.message.content
+
+
+def test_chat_streaming_with_usage_and_logprobs(tenant) -> None:
+    server, key, client, base = tenant
+    stream = client.chat.completions.create(model=base, messages=[{"role": "user", "content": "Count"}],
+                                            max_tokens=5, temperature=0, stream=True, logprobs=True,
+                                            top_logprobs=2, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    text = "".join(c.choices[0].delta.content for c in content)
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5 and not chunks[-1].choices
+    lps = [lp for c in content for lp in c.choices[0].logprobs.content]
+    assert "".join(lp.token for lp in lps) == text
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in lps)
+    non_stream = client.chat.completions.create(model=base, messages=[{"role": "user", "content": "Count"}],
+                                                max_tokens=5, temperature=0)
+    assert non_stream.choices[0].message.content == text
+    # The raw SSE framing ends with data: [DONE].
+    r = httpx.post(f"{server.url}/v1/chat/completions", headers=auth(key), json={
+        "model": base, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert sse_events(r.text)[-1] == "[DONE]"
+
+
+def test_completions_stream_and_not_with_n_and_seed(tenant) -> None:
+    server, key, client, base = tenant
+    out = client.completions.create(model=base, prompt="Once upon a time", max_tokens=4, n=3, seed=7,
+                                    temperature=1.0, logprobs=1)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert out.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in out.choices)
+    again = client.completions.create(model=base, prompt="Once upon a time", max_tokens=4, n=3, seed=7,
+                                      temperature=1.0)
+    assert [c.text for c in again.choices] == [c.text for c in out.choices]
+    stream = client.completions.create(model=base, prompt=["a b c", "x y z"], max_tokens=3, temperature=0,
+                                       stream=True)
+    texts: dict[int, str] = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    plain = client.completions.create(model=base, prompt=["a b c", "x y z"], max_tokens=3, temperature=0)
+    assert texts == {c.index: c.text for c in plain.choices}
+    ids = client.completions.create(model=base, prompt=[1, 2, 3], max_tokens=2, temperature=0)
+    assert ids.usage.prompt_tokens == 3
+    stopped = client.completions.create(model=base, prompt="a b c", max_tokens=8, temperature=0,
+                                        stop=[plain.choices[0].text[1:3]] if len(plain.choices[0].text) > 2 else None)
+    assert stopped.choices[0].finish_reason in ("stop", "length")
+
+
+def test_adapter_by_model_name(start_server, adapter_factory, request) -> None:
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "lora-user")
+    assert upload(server.url, key, "my-lora", archive=zip_folder(adapter_factory("basic"))).status_code == 201
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+    ids = [m.id for m in client.models.list().data]
+    assert "my-lora" in ids
+    out = client.chat.completions.create(model="my-lora", messages=[{"role": "user", "content": "hello"}],
+                                         max_tokens=4, temperature=0)
+    assert out.model == "my-lora" and out.usage.completion_tokens >= 1
+    stream = client.completions.create(model="my-lora", prompt="hello", max_tokens=3, stream=True)
+    assert sum(len(c.choices[0].text) for c in stream if c.choices) >= 0
+
+
+def test_errors_in_openai_format(tenant) -> None:
+    server, key, client, base = tenant
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=base, prompt="x", max_tokens=-1)
+    assert e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=base, prompt="word " * 1100, max_tokens=4)
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=base, prompt="hello", max_tokens=10_000)
+    assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="lpx-bad.key", max_retries=0).models.list()
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=base, messages=[{"role": "user", "content": "x"}], temperature=5)
+    assert e.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=base, messages=[{"role": "user", "content": "x"}],
+                                       tools=[{"type": "function", "function": {"name": "f"}}])
+    assert e.value.body["param"] == "tools"
+    # Raw HTTP: invalid JSON, wrong types, empty messages, two constraints at once.
+    r = httpx.post(f"{server.url}/v1/chat/completions", headers={**auth(key), "Content-Type": "application/json"},
+                   content=b'{"model": "x", "messages": [')
+    assert r.status_code == 400 and error_of(r)["code"] == "invalid_json"
+    r = httpx.post(f"{server.url}/v1/chat/completions", headers=auth(key), json={"model": base, "messages": []})
+    assert r.status_code == 400 and error_of(r)["param"] == "messages"
+    r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), json={"model": base, "prompt": {"a": 1}})
+    assert r.status_code == 400 and error_of(r)["param"] == "prompt"
+    r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), json={
+        "model": base, "prompt": "x", "guided_regex": "a+", "guided_choice": ["a", "b"]})
+    assert r.status_code == 400 and error_of(r)["param"] == "guided_choice"
+    r = httpx.get(f"{server.url}/v1/nothing-here", headers=auth(key))
+    assert r.status_code == 404 and error_of(r)["type"] == "not_found_error"
+    r = httpx.put(f"{server.url}/v1/completions", headers=auth(key))
+    assert r.status_code == 405 and error_of(r)["code"] == "method_not_allowed"
+
+
+def test_oversized_json_body_is_413(tenant) -> None:
+    server, key, client, base = tenant
+    body = b'{"model": "x", "prompt": "' + b"a" * server.settings.max_request_bytes + b'"}'
+    r = httpx.post(f"{server.url}/v1/completions", headers={**auth(key), "Content-Type": "application/json"},
+                   content=body, timeout=60)
+    assert r.status_code == 413 and error_of(r)["code"] == "request_too_large"
+
+
+def test_engine_failure_is_a_500_in_openai_format(start_server, adapter_factory) -> None:
+    """An adapter whose stored files vanished (storage lost behind the registry's back) fails the request
+    with a 500 naming the problem, not a hang or a dropped connection."""
+    import shutil
+
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "unlucky")
+    folder = adapter_factory("lost", seed=11)  # content no other test loads, so the engine has no copy
+    assert upload(server.url, key, "lost", archive=zip_folder(folder)).status_code == 201
+    for blob in (server.settings.data_dir / "adapters" / "blobs").iterdir():
+        shutil.rmtree(blob)
+    r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), timeout=60,
+                   json={"model": "lost", "prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 500
+    err = error_of(r)
+    assert err["type"] == "server_error" and "adapter" in err["message"]
+    r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), timeout=60,
+                   json={"model": "lost", "prompt": "hi", "max_tokens": 2, "stream": True})
+    assert r.status_code == 500 and error_of(r)["type"] == "server_error"

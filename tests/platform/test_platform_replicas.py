@@ -1,0 +1,76 @@
+"""Two `loraplex serve` processes sharing PostgreSQL, Redis and the adapter store: an adapter uploaded
+through one is served by the other; after a delete through one, the other refuses it within a second."""
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.platform.helpers import ADMIN_KEY, PG_URL, REDIS_URL, ServerProcess, auth, create_tenant, upload, \
+    zip_folder
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, tiny_llama_dir: Path, pg_schema: str):
+    shared = tmp_path / "shared-data"
+    args = ["--model", str(tiny_llama_dir), "--database-url", PG_URL, "--database-schema", pg_schema,
+            "--redis-url", REDIS_URL, "--data-dir", str(shared), "--num-kv-blocks", "256", "--max-model-len", "512",
+            "--log-level", "warning"]
+    env = {"LORAPLEX_ADMIN_KEY": ADMIN_KEY}
+    procs = [ServerProcess(args, env, tmp_path / f"replica-{i}.log") for i in range(2)]
+    try:
+        yield [p.wait_ready() for p in procs]
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_upload_on_one_replica_is_served_by_the_other_and_delete_propagates(replicas, adapter_factory) -> None:
+    one, two = replicas
+    tenant = f"shared-{uuid.uuid4().hex[:6]}"
+    key = create_tenant(one.url, tenant)
+    chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, "temperature": 0}
+    r = httpx.post(f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat})
+    assert r.status_code == 404  # not there yet (and the miss is not cached)
+
+    assert upload(one.url, key, "roaming", archive=zip_folder(adapter_factory("basic"))).status_code == 201
+    r = httpx.post(f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "roaming"
+    assert httpx.get(f"{two.url}/v1/adapters/roaming", headers=auth(key)).json()["version"] == 1
+
+    # A re-upload through one is the version the other uses next.
+    r = upload(one.url, key, "roaming", archive=zip_folder(adapter_factory("basic-r8", r=8, seed=1)))
+    assert r.status_code == 201 and r.json()["version"] == 2
+    deadline = time.monotonic() + 1.0
+    while httpx.get(f"{two.url}/v1/adapters/roaming", headers=auth(key)).json()["version"] != 2:
+        assert time.monotonic() < deadline, "replica two still serves version 1 after a second"
+    assert httpx.post(f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat},
+                      timeout=60).status_code == 200
+
+    # Delete through one: two refuses it within a second (it had the record cached).
+    assert httpx.delete(f"{one.url}/v1/adapters/roaming", headers=auth(key)).status_code == 200
+    start = time.monotonic()
+    while True:
+        r = httpx.post(f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat},
+                       timeout=60)
+        if r.status_code == 404:
+            break
+        assert time.monotonic() - start < 1.0, "replica two still serves a deleted adapter after a second"
+    assert r.json()["error"]["code"] == "model_not_found"
+
+    # Keys are shared as well: a key revoked through two is refused by one.
+    new_key = httpx.post(f"{two.url}/v1/tenants/{tenant}/keys", headers=auth(ADMIN_KEY)).json()
+    assert httpx.get(f"{one.url}/v1/models", headers=auth(new_key["key"])).status_code == 200
+    assert httpx.delete(f"{two.url}/v1/tenants/{tenant}/keys/{new_key['id']}",
+                        headers=auth(ADMIN_KEY)).status_code == 200
+    start = time.monotonic()
+    while httpx.get(f"{one.url}/v1/models", headers=auth(new_key["key"])).status_code != 401:
+        assert time.monotonic() - start < 1.0, "replica one still accepts a revoked key after a second"
+

@@ -1,0 +1,116 @@
+"""The real SmolLM2-135M-Instruct behind the server, through the official `openai` client: chat and
+completions, JSON-schema constrained output that validates, and a tenant's LoRA adapter by model name
+(greedy output identical to the engine's own for the same adapter)."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from loraplex.platform.app import create_app
+from tests.platform.conftest import settings_for
+from tests.platform.helpers import ServerThread, create_tenant, make_peft_adapter, upload, zip_folder
+
+pytestmark = pytest.mark.slow
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0,
+                                                                         "maximum": 150},
+                   "city": {"type": "string", "enum": ["Paris", "Berlin", "Rome"]}},
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def smol(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    from loraplex.engine import AsyncEngine, EngineArgs
+
+    engine = AsyncEngine(EngineArgs(max_model_len=1024, kv_cache_bytes=256 * 1024 * 1024, max_num_seqs=16,
+                                    max_loras=2, max_cpu_loras=4))
+    data = tmp_path_factory.mktemp("smol-data")
+    settings = settings_for("sqlite", data, max_upload_bytes=64 * 1024 * 1024)
+    server = ServerThread(create_app(settings, engine=engine))
+    server.settings = settings
+    server.start()
+    key = create_tenant(server.url, "smol-user")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=300)
+    yield server, key, client, engine
+    server.stop()
+    engine.shutdown()
+
+
+def test_chat_and_completions(smol) -> None:
+    _, _, client, engine = smol
+    assert client.models.list().data[0].id == engine.model_name == "SmolLM2-135M-Instruct"
+    out = client.chat.completions.create(model=engine.model_name, temperature=0, max_tokens=24, messages=[
+        {"role": "user", "content": "What is the capital of France? Answer in one short sentence."}])
+    assert "Paris" in out.choices[0].message.content
+    stream = client.completions.create(model=engine.model_name, prompt="The capital of Germany is",
+                                       max_tokens=6, temperature=0, stream=True)
+    assert "Berlin" in "".join(c.choices[0].text for c in stream if c.choices)
+
+
+def test_json_schema_response_validates(smol) -> None:
+    _, _, client, engine = smol
+    out = client.chat.completions.create(
+        model=engine.model_name, temperature=0, max_tokens=80,
+        messages=[{"role": "user", "content": "Anna is 31 and lives in Rome. Give her details as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
+                                                                "strict": True}})
+    value = json.loads(out.choices[0].message.content)
+    jsonschema.validate(value, PERSON)
+    assert out.choices[0].finish_reason == "stop"
+    # The same constraint through vLLM's field, streamed.
+    stream = client.chat.completions.create(
+        model=engine.model_name, temperature=0, max_tokens=80, stream=True,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        extra_body={"structured_outputs": {"json": PERSON}})
+    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in stream if c.choices)), PERSON)
+    choice = client.completions.create(model=engine.model_name, prompt="Is the sky blue? Answer:", max_tokens=5,
+                                       temperature=0, extra_body={"guided_choice": ["yes", "no"]})
+    assert choice.choices[0].text in ("yes", "no")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=engine.model_name, messages=[{"role": "user", "content": "x"}],
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "bad", "schema": {"type": "object", "properties": {
+                                               "a": {"type": "no-such-type"}}}}})
+    assert e.value.body["param"] == "response_format" and e.value.body["code"] == "invalid_schema"
+
+
+def test_adapter_by_model_name_matches_the_engine(smol, smol_dir: Path, tmp_path: Path) -> None:
+    server, key, client, engine = smol
+    folder = make_peft_adapter(smol_dir, tmp_path / "smol-lora", r=8, seed=3,
+                               targets=("q_proj", "v_proj", "o_proj", "down_proj"))
+    r = upload(server.url, key, "smol-lora", archive=zip_folder(folder))
+    assert r.status_code == 201, r.text
+    messages = [{"role": "user", "content": "Write one sentence about the sea."}]
+    tuned = client.chat.completions.create(model="smol-lora", messages=messages, temperature=0, max_tokens=16)
+    base = client.chat.completions.create(model=engine.model_name, messages=messages, temperature=0, max_tokens=16)
+    assert tuned.choices[0].message.content != base.choices[0].message.content
+
+    from loraplex.engine import AdapterRef, SamplingParams
+
+    record = r.json()
+    ref = AdapterRef(record["sha256"], str(server.settings.adapter_dir / "blobs" / _blob_of(server)), "direct")
+    prompt = engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+
+    async def direct() -> Any:
+        last = None
+        async for out in engine.generate(ids, SamplingParams(max_tokens=16, temperature=0), adapter=ref):
+            last = out
+        return last
+
+    assert asyncio.run(direct()).text == tuned.choices[0].message.content
+
+
+def _blob_of(server: ServerThread) -> str:
+    (blob,) = [p.name for p in (server.settings.adapter_dir / "blobs").iterdir()]
+    return blob
