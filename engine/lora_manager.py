@@ -27,7 +27,8 @@ import torch
 from loraplex.adapters import (LORA_GROUPS, AdapterError, AdapterLimits, BaseModelSpec, inspect_adapter, load_adapter,
                                stack_adapter)
 from loraplex.engine.adapter_ref import AdapterRef
-from loraplex.engine.lora_slots import BatchLoRAContext, HostAdapter, LoRASlots
+from loraplex.engine.lora_context import StepLoRAContext
+from loraplex.engine.lora_slots import HostAdapter, LoRASlots
 from loraplex.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -150,11 +151,12 @@ class LoRAManager:
         weights = {}
         for (layer, group), (a, b) in stacked.items():
             if any((layer, m) in touched for m in LORA_GROUPS[group]):
+                b = b.t().contiguous()  # the slots hold B transposed (see lora_slots)
                 if self.device.type == "cuda":
                     a, b = a.pin_memory(), b.pin_memory()
                 weights[(layer, group)] = (a, b)
         nbytes = sum(a.nbytes + b.nbytes for a, b in weights.values())
-        return HostAdapter(content_hash, weights, nbytes)
+        return HostAdapter(content_hash, adapter.rank, weights, nbytes)
 
     def _on_loaded(self, content_hash: str, fut: Future) -> None:
         exc = fut.exception()
@@ -225,7 +227,7 @@ class LoRAManager:
         return slot
 
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int],
-                running: Iterable[Sequence]) -> BatchLoRAContext | None:
+                running: Iterable[Sequence]) -> StepLoRAContext | None:
         """Make the step's adapters resident and build its LoRA context; None when no sequence uses one.
 
         Slots of adapters used by ``running`` sequences (which include every scheduled one) are pinned.
@@ -244,9 +246,7 @@ class LoRAManager:
             if h not in slot_of:
                 slot_of[h] = self._activate(h, in_use | {h})
             slots.append(slot_of[h])
-        token_slots = torch.repeat_interleave(torch.tensor(slots, dtype=torch.long),
-                                              torch.tensor(num_new_tokens, dtype=torch.long))
-        return self.slots.context(token_slots, set(slot_of.values()))
+        return StepLoRAContext.build(self.slots, slots, list(num_new_tokens))
 
     # ------------------------------------------------------------------ introspection
     def resident(self) -> list[str]:

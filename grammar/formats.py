@@ -56,11 +56,18 @@ IPV6 = _ipv6()
 _ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\-]"
 _DOT_ATOM = rf"{_ATEXT}+(?:\.{_ATEXT}+)*"
 _QTEXT = r"[\x20\x21\x23-\x5B\x5D-\x7E]"
-_QPAIR = r'\\\\(?:[\x20\x21\x23-\x5B\x5D-\x7E]|\\"|\\\\)'
-_QUOTED = rf'\\"(?:{_QTEXT}|{_QPAIR})*\\"'
 _LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _DOMAIN = rf"{_LABEL}(?:\.{_LABEL})*"
-EMAIL = rf"(?:{_DOT_ATOM}|{_QUOTED})@(?:{_DOMAIN}|\[{IPV4}\]|\[IPv6:{IPV6}\])"
+
+
+def _email(quote: str, backslash: str) -> str:
+    """The mailbox regex with the given spellings of '"' and '\\' (raw or JSON-escaped)."""
+    qpair = rf"{backslash}(?:{_QTEXT}|{quote}|{backslash})"
+    quoted = rf"{quote}(?:{_QTEXT}|{qpair})*{quote}"
+    return rf"(?:{_DOT_ATOM}|{quoted})@(?:{_DOMAIN}|\[{IPV4}\]|\[IPv6:{IPV6}\])"
+
+
+EMAIL = _email(r'\\"', r"\\\\")
 
 # RFC 3986 URI (scheme required).
 _UNRESERVED = r"A-Za-z0-9\-._~"
@@ -85,3 +92,7 @@ FORMATS: dict[str, str] = {
     "uuid": UUID,
     "uri": URI,
 }
+"""Format regexes over JSON string content (what the automaton reads)."""
+
+DECODED_FORMATS: dict[str, str] = {**FORMATS, "email": _email('"', r"\\")}
+"""The same over the decoded string (what a JSON-schema `pattern` applies to)."""

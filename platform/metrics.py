@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -33,6 +33,8 @@ class Metrics:
         self.requests = Counter("loraplex_requests", "Finished generation requests by model (base or adapter) "
                                 "and finish reason", ["tenant", "model", "finish_reason"], registry=r)
         r.register(EngineCollector(stats, adapter_names))
+        ProcessCollector(registry=r)  # CPU, memory, open files of the server process
+        GCCollector(registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,6 +2,9 @@
 base_url and api_key), on the tiny random Llama behind the real AsyncEngine."""
 from __future__ import annotations
 
+import json
+import re
+
 import httpx
 import openai
 import pytest
@@ -166,3 +169,55 @@ def test_engine_failure_is_a_500_in_openai_format(start_server, adapter_factory)
     r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), timeout=60,
                    json={"model": "lost", "prompt": "hi", "max_tokens": 2, "stream": True})
     assert r.status_code == 500 and error_of(r)["type"] == "server_error"
+
+
+def test_structured_output_through_the_openai_client(tenant) -> None:
+    """Constrained decoding holds even on a random model: every output validates."""
+    import jsonschema
+    from pydantic import BaseModel, Field
+
+    server, key, client, base = tenant
+
+    class Person(BaseModel):
+        name: str = Field(max_length=12)
+        age: int = Field(ge=0, le=120)
+
+    parsed = client.chat.completions.parse(model=base, messages=[{"role": "user", "content": "A person"}],
+                                           response_format=Person, max_tokens=60, temperature=0.7, seed=3)
+    person = parsed.choices[0].message.parsed
+    assert isinstance(person, Person) and parsed.choices[0].finish_reason == "stop"
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    stream = client.chat.completions.create(model=base, messages=[{"role": "user", "content": "x"}], stream=True,
+                                            max_tokens=20, response_format={"type": "json_schema", "json_schema": {
+                                                "name": "flag", "schema": schema}})
+    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in stream if c.choices)), schema)
+    obj = client.completions.create(model=base, prompt="{", max_tokens=40, temperature=0.8, seed=5,
+                                    extra_body={"response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(obj.choices[0].text), dict) or obj.choices[0].finish_reason == "length"
+    regex = client.completions.create(model=base, prompt="code:", max_tokens=10,
+                                      extra_body={"structured_outputs": {"regex": "[A-Z]{3}-[0-9]{2}"}})
+    assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}", regex.choices[0].text)
+    choice = client.completions.create(model=base, prompt="pick:", max_tokens=5,
+                                       extra_body={"guided_choice": ["red", "green"]})
+    assert choice.choices[0].text in ("red", "green")
+
+
+def test_invalid_structured_constraints_are_400(tenant) -> None:
+    server, key, client, base = tenant
+    bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=base, messages=[{"role": "user", "content": "x"}], stream=stream,
+                                           response_format=bad_schema)
+        assert e.value.body["param"] == "response_format" and e.value.body["code"] == "invalid_schema"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=base, prompt="x", extra_body={"guided_regex": "(unclosed"})
+    assert e.value.body["param"] == "guided_regex"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=base, prompt="x", extra_body={"structured_outputs": {"json": "{not json"}})
+    assert e.value.body["param"] == "structured_outputs.json"
+    with pytest.raises(openai.BadRequestError) as e:  # no valid output fits in 2 tokens
+        client.completions.create(model=base, prompt="x", max_tokens=2, extra_body={"guided_choice": [
+            "a rather long answer that takes many tokens", "another long answer, also many tokens long"]})
+    assert "max_tokens" in e.value.body["message"]

@@ -90,12 +90,11 @@ def test_disconnecting_streams_free_every_kv_block(start_server, tiny_engine) ->
             async with http.stream("POST", f"{server.url}/v1/chat/completions", json=body,
                                    headers=auth(key)) as r:
                 assert r.status_code == 200
+                lines = r.aiter_lines()  # held open (a dropped iterator would close the connection early)
                 events = 0
-                async for line in r.aiter_lines():
-                    if line.startswith("data: "):
+                while events < 3:
+                    if (await lines.__anext__()).startswith("data: "):
                         events += 1
-                    if events >= 3:
-                        break
                 if await barrier.wait() == 0:  # every client is mid-stream: look at the engine once
                     in_flight.append(tiny_engine.stats())
                 await barrier.wait()  # nobody hangs up before that look
@@ -106,7 +105,9 @@ def test_disconnecting_streams_free_every_kv_block(start_server, tiny_engine) ->
         return await asyncio.gather(*(client(i, barrier) for i in range(20)))
 
     assert all(n >= 3 for n in asyncio.run(run()))
-    assert in_flight[0]["num_running"] + in_flight[0]["num_waiting"] == 30, in_flight
+    finished = [line for line in httpx.get(f"{server.url}/metrics").text.splitlines()
+                if line.startswith("loraplex_requests_total")]
+    assert in_flight[0]["num_running"] + in_flight[0]["num_waiting"] == 30, (in_flight, finished)
     assert in_flight[0]["kv_blocks_used"] > 0
     deadline = time.monotonic() + 30
     stats = tiny_engine.stats()

@@ -1,0 +1,159 @@
+"""Multi-LoRA throughput on Workload A (../shared/bench): loraplex base vs loraplex multi-LoRA vs HF + peft.
+
+64 chat requests (100-200 prompt tokens), 64 greedy output tokens each (ignore_eos), a uniform random
+adapter per request out of 32 (rank 8 / 16 on all seven projections, made by the workload's
+make_adapters.py). In one run:
+
+  (a) loraplex, base model only             LLM.generate(prompts)
+  (b) loraplex, multi-LoRA                  LLM.generate(prompts, adapters=[...]) (cold: loads from disk)
+  (c) Hugging Face + peft, all 32 adapters  generate(adapter_names=[...]) in mixed batches of 64
+
+Usage: python -m bench.lora [--bench-dir ../shared/bench] [--adapters DIR] [--max-loras 32] [--repeats 1]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_BENCH_DIR = REPO.parent / "shared" / "bench"
+DEFAULT_ADAPTERS = Path.home() / ".cache" / "loraplex" / "bench" / "workload-a-adapters"
+
+
+def load_workload(bench_dir: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("workload_a", bench_dir / "workload.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"no workload.py in {bench_dir}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def ensure_adapters(bench_dir: Path, base_dir: Path, out: Path, n: int) -> list[Path]:
+    """The workload's adapters a0..a{n-1}, made with its make_adapters.py when any is missing."""
+    dirs = [out / f"a{i}" for i in range(n)]
+    if not all((d / "adapter_model.safetensors").is_file() for d in dirs):
+        print(f"making {n} adapters in {out} ...", flush=True)
+        subprocess.run([sys.executable, str(bench_dir / "make_adapters.py"), "--base", str(base_dir), "--out",
+                        str(out), "--n", str(n)], check=True, stdout=subprocess.DEVNULL)
+    return dirs
+
+
+def run_loraplex(llm, prompts: list[list[int]], adapters, max_tokens: int) -> tuple[float, list[list[int]]]:
+    from loraplex.engine import SamplingParams
+
+    llm.engine.block_manager.reset_prefix_cache()  # every run starts from the same (empty) cache
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, adapters=adapters)
+    seconds = time.perf_counter() - t0
+    assert all(len(o.token_ids) == max_tokens and o.error is None for o in outs)
+    return seconds, [o.token_ids for o in outs]
+
+
+@torch.inference_mode()
+def run_hf_peft(model_dir: Path, prompts: list[list[int]], adapter_dirs: list[Path], adapter_idx: list[int],
+                batch_size: int, max_tokens: int, pad_id: int) -> tuple[float, list[list[int]]]:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = PeftModel.from_pretrained(base, str(adapter_dirs[0]), adapter_name="a0")
+    for i, d in enumerate(adapter_dirs[1:], 1):
+        model.load_adapter(str(d), adapter_name=f"a{i}")
+    model.eval()
+    outputs: list[list[int]] = []
+    t0 = time.perf_counter()
+    for lo in range(0, len(prompts), batch_size):
+        batch = prompts[lo:lo + batch_size]
+        width = max(map(len, batch))
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        out = model.generate(input_ids=ids, attention_mask=mask, adapter_names=[f"a{i}" for i in
+                                                                                  adapter_idx[lo:lo + batch_size]],
+                             max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                             pad_token_id=pad_id)
+        outputs += out[:, width:].tolist()
+    return time.perf_counter() - t0, outputs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bench-dir", type=Path, default=DEFAULT_BENCH_DIR)
+    ap.add_argument("--adapters", type=Path, default=DEFAULT_ADAPTERS, help="where a0..a31 are (made if missing)")
+    ap.add_argument("--model", default=None, help="HF model directory (default: the bundled SmolLM2)")
+    ap.add_argument("--max-loras", type=int, default=32)
+    ap.add_argument("--max-cpu-loras", type=int, default=32)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--hf-batch-size", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1, help="runs of (a) and (b), alternating; medians reported")
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+
+    from loraplex.engine import LLM
+    from loraplex.engine.model_files import resolve_model_dir
+
+    wl = load_workload(args.bench_dir)
+    model_dir = resolve_model_dir(args.model)
+    load_before = os.getloadavg()
+    llm = LLM(model=args.model, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    reqs = wl.build_requests(llm.tokenizer)
+    prompts = [r["prompt_token_ids"] for r in reqs]
+    adapter_dirs = ensure_adapters(args.bench_dir, model_dir, args.adapters, wl.N_ADAPTERS)
+    refs = [llm.add_adapter(d) for d in adapter_dirs]  # validation + content hash, not timed
+    per_request = [refs[r["adapter"]] for r in reqs]
+    n_out = len(prompts) * wl.MAX_TOKENS
+    n_total = n_out + sum(map(len, prompts))
+    print(f"Workload A {wl.fingerprint(reqs)}: {len(prompts)} requests, {wl.N_ADAPTERS} adapters, "
+          f"{sum(map(len, prompts)) / len(prompts):.0f} prompt tokens on average, {wl.MAX_TOKENS} output tokens each")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, max_loras={args.max_loras}, "
+          f"max_cpu_loras={args.max_cpu_loras}, max_num_seqs={args.max_num_seqs}, "
+          f"max_num_batched_tokens={args.max_num_batched_tokens}", flush=True)
+
+    run_loraplex(llm, prompts[:2], None, 4)  # warm-up
+    secs_a, secs_b, out_b = [], [], []
+    for rep in range(args.repeats):
+        if rep:  # later repeats start cold as well
+            for ref in refs:
+                llm.remove_adapter(ref)
+        s, _ = run_loraplex(llm, prompts, None, wl.MAX_TOKENS)
+        secs_a.append(s)
+        print(f"  (a) run {rep + 1}: {s:.1f} s", flush=True)
+        s, out_b = run_loraplex(llm, prompts, per_request, wl.MAX_TOKENS)
+        secs_b.append(s)
+        print(f"  (b) run {rep + 1}: {s:.1f} s  {llm.engine.stats()['lora_disk_loads']} disk loads so far", flush=True)
+    rows = [("(a) loraplex, base model", statistics.median(secs_a)),
+            ("(b) loraplex, multi-LoRA", statistics.median(secs_b))]
+    if not args.skip_hf:
+        pad = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else llm.tokenizer.eos_token_id
+        s, out_c = run_hf_peft(model_dir, prompts, adapter_dirs, [r["adapter"] for r in reqs], args.hf_batch_size,
+                               wl.MAX_TOKENS, pad)
+        rows.append((f"(c) HF + peft, mixed batches of {args.hf_batch_size}", s))
+        same = sum(b == c for b, c in zip(out_b, out_c))
+    load_after = os.getloadavg()
+
+    print(f"\n{'scenario':<40} {'seconds':>8} {'output tok/s':>13} {'total tok/s':>12}")
+    for name, s in rows:
+        print(f"{name:<40} {s:>8.1f} {n_out / s:>13.1f} {n_total / s:>12.1f}")
+    a, b = rows[0][1], rows[1][1]
+    print(f"\nb / a = {a / b:.2f}   (target >= 0.85)")
+    if not args.skip_hf:
+        print(f"b / c = {rows[2][1] / b:.2f}   (target >= 2)")
+        print(f"(b) and (c) agree on {same}/{len(out_b)} greedy outputs (HF pads left, so a few may differ)")
+    print(f"load average (1/5/15 min): before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
+          f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}; {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()

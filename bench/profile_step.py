@@ -1,0 +1,66 @@
+"""Where a step's time goes on Workload A: matmuls, attention (KV gather/store + SDPA), other ops, Python.
+
+    .venv/bin/python -m bench.profile_step
+
+Profiles one prefill step (a full token budget of prompt chunks) and one decode step (64 sequences at
+~200 tokens of context) with torch.profiler and groups the operators.
+"""
+from __future__ import annotations
+
+import time
+
+from torch.profiler import ProfilerActivity, profile
+
+from bench.common import load_workload, print_table
+from loraplex.engine import LLM, SamplingParams
+
+GROUPS = {
+    "matmuls": ("aten::mm", "aten::addmm", "aten::bmm"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::index", "aten::_index_put_impl_",
+                  "aten::index_copy_", "aten::_scaled_dot_product_attention_math"),
+}
+
+
+def profile_step(engine) -> dict[str, float]:
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.step()
+    wall = (time.perf_counter() - t) * 1e3
+    out = {name: 0.0 for name in GROUPS}
+    total_ops = 0.0
+    for evt in prof.key_averages():
+        ms = evt.self_cpu_time_total / 1e3
+        total_ops += ms
+        for name, ops in GROUPS.items():
+            if evt.key in ops:
+                out[name] += ms
+    out["other ops"] = total_ops - sum(out[n] for n in GROUPS)
+    out["python + framework"] = max(0.0, wall - total_ops)
+    out["wall"] = wall
+    out["tokens"] = engine.last_step.num_tokens
+    return out
+
+
+def main() -> None:
+    llm = LLM(max_num_batched_tokens=2048, max_num_seqs=128)
+    eng = llm.engine
+    reqs = load_workload().build_requests(llm.tokenizer)
+    for r in reqs:
+        eng.add_request(r["prompt_token_ids"], SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
+    eng.step()  # warm-up
+    prefill = profile_step(eng)
+    while eng.scheduler.waiting or any(s.num_output_tokens == 0 for s in eng.scheduler.running):
+        eng.step()
+    for _ in range(20):
+        eng.step()
+    decode = profile_step(eng)
+    rows = []
+    for key in ("matmuls", "attention", "other ops", "python + framework"):
+        rows.append([key, prefill[key], prefill[key] / prefill["wall"], decode[key], decode[key] / decode["wall"]])
+    rows.append(["wall", prefill["wall"], 1.0, decode["wall"], 1.0])
+    print(f"prefill step: {prefill['tokens']} tokens; decode step: {decode['tokens']} sequences")
+    print_table(["where", "prefill ms", "share", "decode ms", "share"], rows)
+
+
+if __name__ == "__main__":
+    main()

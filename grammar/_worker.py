@@ -1,0 +1,57 @@
+"""A compile worker process: `python -m loraplex.grammar._worker`, driven over stdin/stdout.
+
+First frame: (VocabInfo, CompileOptions, memory limit in bytes). Then jobs (job_id, kind,
+payload), each answered by ("ok", job_id, artifact, recycle) or ("err", job_id, message, recycle);
+recycle=True means this process exits after the reply (a stuck thread, a memory error). The parent kills
+the process when a job passes its deadline; the address-space limit makes a runaway automaton
+fail here instead of exhausting the machine.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import sys
+
+
+def main() -> None:
+    from loraplex.grammar.ipc import PipeClosed, read_frame, write_frame
+
+    fd_in, fd_out = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the frames
+    try:
+        info, options, memory_limit = read_frame(fd_in)
+    except PipeClosed:
+        return
+    if memory_limit:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    from loraplex.grammar.compile_job import WorkerContext, run_job
+    from loraplex.grammar.spec import GrammarError
+
+    ctx = WorkerContext(info, options)
+    write_frame(fd_out, ("ready",))
+    while True:
+        try:
+            job_id, kind, payload = read_frame(fd_in)
+        except PipeClosed:
+            return
+        recycle = False
+        try:
+            result = run_job(ctx, kind, payload)
+            recycle = bool(result.pop("recycle", False))
+            reply: tuple = ("ok", job_id, result)
+        except GrammarError as e:
+            reply = ("err", job_id, str(e))
+        except MemoryError:
+            reply, recycle = ("err", job_id, "compile ran out of memory (worker memory limit)"), True
+        except Exception as e:  # noqa: BLE001 - reported to the parent, never fatal to it
+            reply = ("err", job_id, f"internal compile error: {type(e).__name__}: {e}")
+        try:
+            write_frame(fd_out, reply + (recycle,))
+        except PipeClosed:
+            return
+        if recycle:
+            os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

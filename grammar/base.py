@@ -1,0 +1,51 @@
+"""The interface the engine codes against: a compiled constraint and its per-sequence matcher."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class GrammarMatcher(ABC):
+    """Where one sequence is inside its constraint. Used from one thread (the engine loop)."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) if the token is not allowed here.
+
+        An EOS id is accepted exactly when the text so far is complete; afterwards the matcher is
+        terminated and accepts nothing more.
+        """
+
+    @abstractmethod
+    def fill_bitmask(self, out: torch.Tensor, remaining_tokens: int | None = None) -> None:
+        """Write the allowed-token bitmask into `out` (int32 [ceil(vocab_size / 32)], any device).
+
+        Bit b of word w set = token 32*w+b allowed (LSB first). EOS ids are allowed exactly when
+        accepting; special tokens never. When `remaining_tokens` is given and is at most
+        `min_tokens_to_accept()` (and the spec's close_within_budget is on), only tokens on a
+        shortest completion path are allowed, so the output ends complete within the budget.
+        """
+
+    @abstractmethod
+    def is_accepting(self) -> bool:
+        """The text so far is a complete valid output."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """Accepting and nothing more can follow (or EOS was accepted)."""
+
+    @abstractmethod
+    def min_tokens_to_accept(self) -> int:
+        """Fewest tokens from here to a complete output (0 when accepting)."""
+
+
+class CompiledGrammar(ABC):
+    """A constraint compiled for one tokenizer; shared by every request that uses it."""
+
+    min_tokens: int  # fewest tokens from the start to a complete valid output
+    backend: str  # "outlines" (token automaton) or "llguidance"
+
+    @abstractmethod
+    def new_matcher(self) -> GrammarMatcher:
+        """A fresh matcher at the start of the output."""

@@ -1,0 +1,192 @@
+"""GrammarCompiler: compiles StructuredSpecs off the engine loop, with an LRU cache.
+
+`submit` never blocks: a cache hit returns an already-done future, an identical spec already
+compiling returns that compile's future, anything else is queued to the worker pool. The cache
+key is (tokenizer identity, spec.cache_key()). Refusals are cached; timeouts and worker crashes
+are not. When llguidance serves a constraint whose token automaton is merely too large to build
+inside the request, the automaton is built by a background worker and replaces the cache entry,
+so later requests get the faster backend.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Any
+
+from loraplex.grammar.base import CompiledGrammar
+from loraplex.grammar.compile_job import CompileOptions
+from loraplex.grammar.pool import JobFailed, WorkerPool
+from loraplex.grammar.spec import GrammarError, StructuredSpec
+from loraplex.grammar.vocab import vocab_from_hf
+
+UPGRADE_TIMEOUT_S = 120.0
+DEFAULT_MEMORY_LIMIT = 4 << 30
+
+
+class GrammarCompiler:
+    def __init__(self, tokenizer: Any, *, eos_token_ids: list[int], vocab_size: int, timeout_s: float = 10.0,
+                 cache_size: int = 256, max_workers: int = 1, backend: str = "auto",
+                 upgrade_in_background: bool = True, memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT,
+                 max_ref_depth: int = 3, any_depth: int = 2) -> None:
+        if backend not in ("auto", "outlines", "llguidance"):
+            raise ValueError(f"backend must be auto, outlines or llguidance, not {backend!r}")
+        self.vocab = vocab_from_hf(tokenizer, list(eos_token_ids), vocab_size)
+        self.timeout_s = timeout_s
+        self.cache_size = cache_size
+        self.backend = backend
+        options = CompileOptions(backend=backend, max_ref_depth=max_ref_depth, any_depth=any_depth)
+        self._init = (self.vocab, options, memory_limit_bytes)
+        self._pool = WorkerPool(self._init, max_workers, "grammar-compile")
+        self._upgrade_pool: WorkerPool | None = None
+        self._upgrades = upgrade_in_background and backend == "auto"
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self._inflight: dict[tuple[str, str], Future] = {}
+        self._stats = {"compiles": 0, "cache_hits": 0, "inflight_joins": 0, "compile_seconds": 0.0, "errors": 0,
+                       "timeouts": 0, "outlines": 0, "llguidance": 0, "upgrades": 0}
+        self._ll_tokenizer: Any = None
+        self._search: Any = None
+        self._ll_lock = threading.Lock()  # building the llguidance tokenizer takes ~0.3 s: not under _lock
+        self._closed = False
+
+    # ---- public API ------------------------------------------------------------------------------
+    def submit(self, spec: StructuredSpec) -> "Future[CompiledGrammar]":
+        """A future of the compiled grammar; fails with GrammarError (refusal or timeout)."""
+        try:
+            key = (self.vocab.identity, spec.cache_key())
+        except GrammarError as e:
+            fut: Future = Future()
+            fut.set_exception(e)
+            return fut
+        with self._lock:
+            if self._closed:
+                fut = Future()
+                fut.set_exception(GrammarError("grammar compiler is closed"))
+                return fut
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self._stats["cache_hits"] += 1
+                return hit
+            running = self._inflight.get(key)
+            if running is not None:
+                self._stats["inflight_joins"] += 1
+                return running
+            fut = Future()
+            fut.set_running_or_notify_cancel()
+            self._inflight[key] = fut
+        started = time.perf_counter()
+        payload = {"json": spec.json, "regex": spec.regex, "choice": spec.choice, "grammar": spec.grammar,
+                   "json_object": spec.json_object, "close_within_budget": spec.close_within_budget}
+        self._pool.submit("compile", payload, self.timeout_s,
+                          lambda art, err: self._finish(key, spec, fut, started, art, err))
+        return fut
+
+    def compile(self, spec: StructuredSpec) -> CompiledGrammar:
+        """Blocking convenience: submit(spec).result()."""
+        return self.submit(spec).result()
+
+    def stats(self) -> dict[str, float]:
+        """Counters for metrics: compiles, cache_hits, compile_seconds, errors, timeouts, per backend."""
+        with self._lock:
+            return {**self._stats, "cache_entries": len(self._cache), "inflight": len(self._inflight)}
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._pool.close()
+        if self._upgrade_pool is not None:
+            self._upgrade_pool.close()
+
+    def __enter__(self) -> "GrammarCompiler":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- completion (runs on a pool thread) --------------------------------------------------------
+    def _finish(self, key: tuple[str, str], spec: StructuredSpec, fut: Future, started: float,
+                artifact: dict | None, failure: JobFailed | None) -> None:
+        grammar: CompiledGrammar | None = None
+        error: GrammarError | None = None
+        cacheable = True
+        if failure is not None:
+            error, cacheable = GrammarError(str(failure)), not failure.transient
+        else:
+            try:
+                grammar = self._materialize(artifact, spec.close_within_budget)  # type: ignore[arg-type]
+            except GrammarError as e:
+                error = e
+        with self._lock:
+            self._stats["compiles"] += 1
+            self._stats["compile_seconds"] += time.perf_counter() - started
+            if error is not None:
+                self._stats["errors"] += 1
+                self._stats["timeouts"] += "timed out" in str(error)
+            else:
+                self._stats[grammar.backend] += 1  # type: ignore[union-attr]
+            self._inflight.pop(key, None)
+            if cacheable and not self._closed:
+                self._store(key, fut)
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(grammar)
+            if self._upgrades and artifact and artifact.get("upgrade"):
+                self._schedule_upgrade(key, artifact["upgrade"], spec.close_within_budget)
+
+    def _store(self, key: tuple[str, str], fut: Future) -> None:
+        self._cache[key] = fut
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def _materialize(self, artifact: dict, close_within_budget: bool) -> CompiledGrammar:
+        if artifact["kind"] == "dfa":
+            from loraplex.grammar.dfa_grammar import AutomatonGrammar
+
+            return AutomatonGrammar(artifact["data"], self.vocab.eos_ids, close_within_budget)
+        from loraplex.grammar.llg_grammar import LLGuidanceGrammar
+
+        ll_tokenizer, search = self._llguidance_parts()
+        plan = artifact["plan"]
+        return LLGuidanceGrammar(artifact["grammar"], ll_tokenizer, self.vocab, search, len(plan), plan,
+                                 close_within_budget)
+
+    def _llguidance_parts(self) -> tuple[Any, Any]:
+        with self._ll_lock:
+            if self._ll_tokenizer is None:
+                from llguidance import LLTokenizer
+
+                from loraplex.grammar.llg_search import CompletionSearch
+
+                v = self.vocab
+                self._ll_tokenizer = LLTokenizer(v.tokenizer_json, n_vocab=v.vocab_size, eos_token=list(v.eos_ids))
+                self._search = CompletionSearch(v)
+            return self._ll_tokenizer, self._search
+
+    def _schedule_upgrade(self, key: tuple[str, str], regex: str, close_within_budget: bool) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self._upgrade_pool is None:
+                self._upgrade_pool = WorkerPool(self._init, 1, "grammar-upgrade")
+            pool = self._upgrade_pool
+
+        def done(artifact: dict | None, failure: JobFailed | None) -> None:
+            if failure is not None or artifact is None:
+                return  # the llguidance grammar keeps serving
+            try:
+                grammar = self._materialize(artifact, close_within_budget)
+            except GrammarError:
+                return
+            upgraded: Future = Future()
+            upgraded.set_result(grammar)
+            with self._lock:
+                if key in self._cache:
+                    self._cache[key] = upgraded
+                    self._stats["upgrades"] += 1
+
+        pool.submit("automaton", regex, UPGRADE_TIMEOUT_S, done)

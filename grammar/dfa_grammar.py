@@ -1,0 +1,107 @@
+"""CompiledGrammar/GrammarMatcher over a precomputed token automaton (the outlines_core backend).
+
+A matcher is one integer state: accepting a token is a binary search in that state's sorted
+token list, a mask fill is a copy of that state's precomputed row. Budget mode allows exactly the
+tokens whose next state is one step closer to acceptance (rows built on first use, cached).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from loraplex.grammar.automaton import AutomatonData, token_row
+from loraplex.grammar.base import CompiledGrammar, GrammarMatcher
+
+
+class AutomatonGrammar(CompiledGrammar):
+    backend = "outlines"
+
+    def __init__(self, data: AutomatonData, eos_ids: tuple[int, ...], close_within_budget: bool) -> None:
+        self.data = data
+        self.eos_ids = frozenset(eos_ids)
+        self.close_within_budget = close_within_budget
+        self.rows = torch.from_numpy(data.rows)
+        self.offsets = data.offsets.tolist()
+        self.dist = data.dist.tolist()
+        self.accepting = data.accepting.tolist()
+        self.min_tokens = self.dist[0]
+        words = data.rows.shape[1]
+        self.eos_row = torch.from_numpy(token_row(np.asarray(sorted(eos_ids)), words))
+        self._short: dict[int, torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def num_states(self) -> int:
+        return len(self.dist)
+
+    def new_matcher(self) -> "AutomatonMatcher":
+        return AutomatonMatcher(self)
+
+    def next_state(self, state: int, token_id: int) -> int | None:
+        lo, hi = self.offsets[state], self.offsets[state + 1]
+        toks = self.data.tokens[lo:hi]
+        i = int(np.searchsorted(toks, token_id))
+        if i < len(toks) and toks[i] == token_id:
+            return int(self.data.nexts[lo + i])
+        return None
+
+    def shortest_row(self, state: int) -> torch.Tensor:
+        """Tokens that move one step closer to acceptance (EOS only when accepting)."""
+        row = self._short.get(state)
+        if row is None:
+            if self.dist[state] == 0:
+                row = self.eos_row
+            else:
+                lo, hi = self.offsets[state], self.offsets[state + 1]
+                nxt = self.data.nexts[lo:hi]
+                on_path = self.data.dist[nxt] == self.dist[state] - 1
+                row = torch.from_numpy(token_row(self.data.tokens[lo:hi][on_path], self.rows.shape[1]))
+            with self._lock:
+                self._short[state] = row
+        return row
+
+
+class AutomatonMatcher(GrammarMatcher):
+    __slots__ = ("_g", "state", "_terminated")
+
+    def __init__(self, grammar: AutomatonGrammar) -> None:
+        self._g = grammar
+        self.state = 0
+        self._terminated = False
+
+    def accept_token(self, token_id: int) -> bool:
+        g = self._g
+        if self._terminated:
+            return False
+        if token_id in g.eos_ids:
+            if g.accepting[self.state]:
+                self._terminated = True
+                return True
+            return False
+        nxt = g.next_state(self.state, token_id)
+        if nxt is None:
+            return False
+        self.state = nxt
+        return True
+
+    def fill_bitmask(self, out: torch.Tensor, remaining_tokens: int | None = None) -> None:
+        g = self._g
+        if self._terminated:
+            out.copy_(g.eos_row)
+        elif (remaining_tokens is not None and g.close_within_budget
+              and remaining_tokens <= g.dist[self.state]):
+            out.copy_(g.shortest_row(self.state))
+        else:
+            out.copy_(g.rows[self.state])
+
+    def is_accepting(self) -> bool:
+        return self._terminated or self._g.accepting[self.state]
+
+    def is_terminated(self) -> bool:
+        g = self._g
+        return self._terminated or (g.accepting[self.state] and g.offsets[self.state] == g.offsets[self.state + 1])
+
+    def min_tokens_to_accept(self) -> int:
+        return 0 if self._terminated else self._g.dist[self.state]

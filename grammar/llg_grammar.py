@@ -1,0 +1,139 @@
+"""CompiledGrammar/GrammarMatcher over llguidance (Lark grammars, and constraints whose token
+automaton would be too large to build quickly).
+
+Masks are computed by llguidance each step. Distances come from CompletionSearch as a plan (a
+token path to acceptance); budget mode follows the plan token by token, so the promised number
+of tokens is exactly what it takes. Planning is skipped while the budget is clearly larger than
+the distance: after a plan of length d at position p, the distance at position q is assumed to be
+at most d + GROWTH * (q - p), and a new plan is made once the budget comes within MARGIN of that.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from loraplex.grammar.automaton import token_row
+from loraplex.grammar.base import CompiledGrammar, GrammarMatcher
+from loraplex.grammar.llg_search import CompletionSearch
+from loraplex.grammar.spec import GrammarError
+from loraplex.grammar.vocab import VocabInfo
+
+GROWTH = 4
+MARGIN = 8
+
+
+class LLGuidanceGrammar(CompiledGrammar):
+    backend = "llguidance"
+
+    def __init__(self, grammar: str, ll_tokenizer: Any, info: VocabInfo, search: CompletionSearch,
+                 min_tokens: int, plan: list[int], close_within_budget: bool) -> None:
+        from llguidance import LLMatcher
+
+        template = LLMatcher(ll_tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise GrammarError(f"llguidance rejected the grammar: {template.get_error()}")
+        self._template = template
+        self.grammar = grammar
+        self.search = search
+        self.min_tokens = min_tokens
+        self.plan = list(plan)
+        self.close_within_budget = close_within_budget
+        self.eos_ids = frozenset(info.eos_ids)
+        self.words = info.words
+        real = np.asarray([t for t, b in enumerate(info.token_bytes) if b is not None], dtype=np.int64)
+        self.allowed_row = torch.from_numpy(token_row(real, self.words))
+        self.eos_row = torch.from_numpy(token_row(np.asarray(sorted(self.eos_ids)), self.words))
+        self.special = frozenset(t for t, b in enumerate(info.token_bytes) if b is None) - self.eos_ids
+
+    def new_matcher(self) -> "LLGuidanceMatcher":
+        return LLGuidanceMatcher(self, self._template.deep_copy())
+
+
+class LLGuidanceMatcher(GrammarMatcher):
+    def __init__(self, grammar: LLGuidanceGrammar, matcher: Any) -> None:
+        self._g = grammar
+        self._m = matcher
+        self._pos = 0
+        self._terminated = False
+        self._plan: list[int] | None = list(grammar.plan)
+        self._plan_pos = 0
+        self._known: tuple[int, int] = (0, grammar.min_tokens)  # (position, distance) of the last plan
+        self._buf = torch.zeros(grammar.words, dtype=torch.int32)
+
+    # ---- state -----------------------------------------------------------------------------------
+    def accept_token(self, token_id: int) -> bool:
+        g = self._g
+        if self._terminated:
+            return False
+        if token_id in g.eos_ids:
+            if self._m.is_accepting():
+                self._terminated = True
+                return True
+            return False
+        if token_id in g.special or self._m.validate_tokens([token_id]) != 1:
+            return False
+        if not self._m.consume_token(token_id):  # pragma: no cover - validate_tokens said yes
+            raise GrammarError(f"llguidance matcher failed: {self._m.get_error()}")
+        plan = self._current_plan()
+        self._pos += 1
+        if plan and plan[0] == token_id:
+            self._plan, self._plan_pos = plan[1:], self._pos
+        else:
+            self._plan = None
+        return True
+
+    def is_accepting(self) -> bool:
+        return self._terminated or self._m.is_accepting()
+
+    def is_terminated(self) -> bool:
+        return self._terminated or (self._m.is_accepting() and self._m.is_stopped())
+
+    # ---- distances -------------------------------------------------------------------------------
+    def _current_plan(self) -> list[int] | None:
+        return self._plan if self._plan is not None and self._plan_pos == self._pos else None
+
+    def _make_plan(self) -> list[int]:
+        plan = self._current_plan()
+        if plan is None:
+            plan = self._g.search.plan(self._m)
+            if plan is None:
+                raise GrammarError("no completion found within the search bounds")
+            self._plan, self._plan_pos = plan, self._pos
+            self._known = (self._pos, len(plan))
+        return plan
+
+    def min_tokens_to_accept(self) -> int:
+        if self.is_accepting():
+            return 0
+        return len(self._make_plan())
+
+    def _near_budget(self, remaining: int) -> bool:
+        plan = self._current_plan()
+        if plan is not None:
+            return remaining <= len(plan)
+        pos, dist = self._known
+        if remaining > dist + GROWTH * (self._pos - pos) + MARGIN:
+            return False
+        return remaining <= len(self._make_plan())
+
+    # ---- masks -----------------------------------------------------------------------------------
+    def fill_bitmask(self, out: torch.Tensor, remaining_tokens: int | None = None) -> None:
+        g = self._g
+        if self._terminated:
+            out.copy_(g.eos_row)
+            return
+        if remaining_tokens is not None and g.close_within_budget and not self._m.is_accepting() \
+                and self._near_budget(remaining_tokens):
+            out.copy_(torch.from_numpy(token_row(np.asarray(self._make_plan()[:1]), g.words)))
+            return
+        if remaining_tokens is not None and g.close_within_budget and remaining_tokens <= 0:
+            out.copy_(g.eos_row)
+            return
+        buf = self._buf
+        self._m.unsafe_compute_mask_ptr(buf.data_ptr(), g.words * 4)
+        buf.bitwise_and_(g.allowed_row)
+        if self._m.is_accepting():
+            buf.bitwise_or_(g.eos_row)
+        out.copy_(buf)

@@ -1,0 +1,153 @@
+"""A pool of compile worker processes with per-job deadlines.
+
+Processes, not threads: a compile that runs past its deadline (or past the memory limit) is
+ended by killing its process, and a fresh one takes its place, so one runaway constraint fails
+only its own request and can never wedge the pool. Each pool thread owns one worker process and
+takes jobs from a shared queue in order.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any, Callable
+
+from loraplex.grammar.ipc import Deadline, PipeClosed, read_frame, write_frame
+
+log = logging.getLogger(__name__)
+
+STARTUP_SECONDS = 120.0  # a worker that cannot even start is a broken install, not a slow compile
+
+
+class JobFailed(Exception):
+    """A job ended without an artifact; `transient` failures (timeout, crash) are not cached."""
+
+    def __init__(self, message: str, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+@dataclass
+class _Job:
+    kind: str
+    payload: Any
+    deadline: float  # time.monotonic()
+    timeout_s: float
+    done: Callable[[dict | None, JobFailed | None], None]
+    id: int = field(default_factory=count().__next__)
+
+
+class _Worker:
+    def __init__(self, init: tuple) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "loraplex.grammar._worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.fd_in = self.proc.stdin.fileno()
+        self.fd_out = self.proc.stdout.fileno()
+        write_frame(self.fd_in, init)
+        ready = read_frame(self.fd_out, time.monotonic() + STARTUP_SECONDS)
+        if ready != ("ready",):
+            raise PipeClosed(f"unexpected worker greeting {ready!r}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()
+
+
+class WorkerPool:
+    def __init__(self, init: tuple, size: int, name: str) -> None:
+        self._init = init
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._closed = False
+        self._workers: list[_Worker | None] = [None] * size
+        self._threads = [threading.Thread(target=self._serve, args=(i,), name=f"{name}-{i}", daemon=True)
+                         for i in range(size)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, kind: str, payload: Any, timeout_s: float,
+               done: Callable[[dict | None, JobFailed | None], None], deadline: float | None = None) -> None:
+        """Queue a job; `done(artifact, None)` or `done(None, JobFailed)` runs on a pool thread."""
+        if self._closed:
+            done(None, JobFailed("grammar compiler is closed", transient=True))
+            return
+        when = deadline if deadline is not None else time.monotonic() + timeout_s
+        self._jobs.put(_Job(kind, payload, when, timeout_s, done))
+
+    def _serve(self, slot: int) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                break
+            artifact, failure = None, None
+            try:
+                artifact = self._run(slot, job)
+            except JobFailed as e:
+                failure = e
+            try:
+                job.done(artifact, failure)
+            except Exception:  # noqa: BLE001 - a callback bug must not kill the pool thread
+                log.exception("grammar compile callback failed")
+        worker = self._workers[slot]
+        if worker is not None:
+            worker.kill()
+
+    def _run(self, slot: int, job: _Job) -> dict:
+        timeout = JobFailed(f"compile timed out after {job.timeout_s:g} s", transient=True)
+        if time.monotonic() >= job.deadline:
+            raise timeout
+        worker = self._workers[slot]
+        deadline = job.deadline
+        try:
+            if worker is None or worker.proc.poll() is not None:
+                if worker is not None:
+                    worker.kill()
+                started = time.monotonic()
+                worker = self._workers[slot] = _Worker(self._init)
+                deadline += time.monotonic() - started  # starting a process is not compile time
+            write_frame(worker.fd_in, (job.id, job.kind, job.payload))
+            status, job_id, body, recycle = read_frame(worker.fd_out, deadline)
+        except Deadline:
+            self._discard(slot)
+            raise timeout from None
+        except (PipeClosed, OSError, EOFError) as e:
+            self._discard(slot)
+            raise JobFailed(f"compile worker crashed ({e}); it may have hit its memory limit",
+                            transient=True) from None
+        assert job_id == job.id
+        if recycle:  # the worker exits after this reply (a stuck thread or a memory error)
+            self._discard(slot)
+        if status != "ok":
+            raise JobFailed(body, transient=False)
+        return body
+
+    def _discard(self, slot: int) -> None:
+        worker = self._workers[slot]
+        self._workers[slot] = None
+        if worker is not None:
+            worker.kill()
+
+    def close(self) -> None:
+        self._closed = True
+        while True:  # fail what is still queued
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.done(None, JobFailed("grammar compiler is closed", transient=True))
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+        for slot in range(len(self._workers)):
+            self._discard(slot)
