@@ -38,6 +38,8 @@ class AsyncEngine:
         self.tokenizer = self.engine.tokenizer
         self.model_name = self.engine.model_name
         self.max_model_len = self.engine.max_model_len
+        self.model_dir = self.engine.model_dir
+        self.args = self.engine.args
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -97,11 +99,16 @@ class AsyncEngine:
     def stats(self) -> dict:
         return dict(self._stats)
 
+    def is_alive(self) -> bool:
+        """True while the engine thread runs (what /health reports)."""
+        return self._thread.is_alive() and not self._stopped
+
     def shutdown(self) -> None:
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=30)
         self.engine.lora_manager.close()
+        self.engine.structured.close()
 
     # ------------------------------------------------------------------ engine thread
     def _send(self, kind: str, payload: Any) -> None:

@@ -299,6 +299,7 @@ class LLMEngine:
             "prefix_cache_hits": bm.hit_tokens,
             "num_preemptions": self.num_preemptions,
             **self.lora_manager.stats(self.scheduler.running, self.scheduler.waiting),
+            **self.structured.stats(),
         }
 
     def check_invariants(self) -> None:

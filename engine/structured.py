@@ -42,6 +42,16 @@ class StructuredOutputManager:
                                              max_workers=self._workers)
         return self._compiler
 
+    def stats(self) -> dict:
+        """Compile counters for metrics (zeros until the first constrained request starts the compiler)."""
+        st = self._compiler.stats() if self._compiler is not None else {}
+        return {"grammar_compiles": st.get("compiles", 0), "grammar_compile_seconds": st.get("compile_seconds", 0.0),
+                "grammar_cache_hits": st.get("cache_hits", 0)}
+
+    def close(self) -> None:
+        if self._compiler is not None:
+            self._compiler.close()
+
     def submit(self, seq: Sequence) -> Future | None:
         spec = seq.params.structured
         if spec is None:

@@ -65,12 +65,11 @@ async def build_services(settings: Settings, engine: Any | None = None) -> tuple
             from loraplex.engine import AsyncEngine
 
             engine = await asyncio.to_thread(AsyncEngine, settings.build_engine_args())
-        core = engine.engine  # the LLMEngine: where the model came from and its LoRA limits
-        base = BaseModelSpec.from_hf_config(json.loads((core.model_dir / "config.json").read_text()))
+        base = BaseModelSpec.from_hf_config(json.loads((engine.model_dir / "config.json").read_text()))
         tenants = TenantService(db, cache, settings.admin_key)
         new_admin_key = await tenants.ensure_admin_key()
         adapters = AdapterService(
-            db, store, cache, base, base_model_name=engine.model_name, max_lora_rank=core.args.max_lora_rank,
+            db, store, cache, base, base_model_name=engine.model_name, max_lora_rank=engine.args.max_lora_rank,
             limits=AdapterLimits(max_archive_bytes=settings.max_upload_bytes),
             quotas=QuotaDefaults(settings.default_max_adapters, settings.default_max_adapter_bytes))
         engine_adapters = EngineAdapters(store)

@@ -13,7 +13,7 @@ from loraplex.platform.services.container import Services
 
 def engine_alive(engine: Any) -> bool:
     """Whether the engine's step thread is running."""
-    return bool(engine._thread.is_alive())
+    return engine.is_alive()
 
 
 class HealthController(Controller):
