@@ -1,0 +1,232 @@
+"""Serving benchmark: concurrent OpenAI clients against `loraplex serve`, and the same requests offline.
+
+    .venv/bin/python -m bench.serve [--rate 2] [--requests 48] [--adapters 4] [--max-tokens 64]
+
+Starts a server on a free port (temporary data dir), creates a tenant, uploads adapters made by the
+workload's make_adapters.py, then replays Workload A chat requests as a Poisson stream at `--rate`
+requests/s: a third on the base model, a third on an adapter, a third JSON-schema constrained, all
+streamed through the official `openai` client. The server is then stopped and the SAME requests are
+replayed on the same schedule straight into an in-process AsyncEngine. Prints requests/s, output
+tokens/s, time-to-first-token and inter-token latency p50/p99 for both, and the HTTP layer's share of TTFT.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bench.common import load_workload, machine_load, print_table
+from bench.lora import ensure_adapters
+
+ADMIN_KEY = "lpx-admin.bench-serve-admin-key"
+
+
+@dataclass
+class Result:
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    ok: bool = True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, data_dir: Path, max_loras: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "loraplex.platform.cli", "serve", "--port", str(port), "--data-dir", str(data_dir),
+           "--admin-key", ADMIN_KEY, "--max-loras", str(max_loras), "--default-rate-limit-per-minute", "0",
+           "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(data_dir / "server.log", "w"))
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            sys.exit(f"server exited: see {data_dir / 'server.log'}")
+        time.sleep(0.5)
+    proc.kill()
+    sys.exit("server did not become ready")
+
+
+def setup_tenant(url: str, adapter_dirs: list[Path]) -> tuple[str, list[str]]:
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    r = httpx.post(f"{url}/v1/tenants", json={"name": "bench"}, headers=headers, timeout=30)
+    r.raise_for_status()
+    key = r.json()["api_key"]["key"]
+    models = []
+    for i, d in enumerate(adapter_dirs):
+        files = {"adapter_config": ("adapter_config.json", (d / "adapter_config.json").read_bytes()),
+                 "adapter_model": ("adapter_model.safetensors", (d / "adapter_model.safetensors").read_bytes())}
+        r = httpx.post(f"{url}/v1/adapters", data={"name": f"bench-a{i}"}, files=files,
+                       headers={"Authorization": f"Bearer {key}"}, timeout=120)
+        r.raise_for_status()
+        models.append(r.json()["model"])
+    return key, models
+
+
+def plan(reqs: list[dict], n: int, n_adapters: int, rate: float, seed: int = 0) -> list[tuple[float, dict, str, int]]:
+    """(arrival offset, request, kind, adapter index) for each request, reproducible."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i in range(n):
+        kind = ("base", "adapter", "json")[i % 3]
+        out.append((t, reqs[i % len(reqs)], kind, rng.randrange(n_adapters)))
+        t += rng.expovariate(rate)
+    return out
+
+
+async def run_http(url: str, key: str, base_model: str, adapter_models: list[str], schedule, schema: dict,
+                   max_tokens: int) -> tuple[list[Result], float]:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key=key, timeout=600, max_retries=0)
+
+    async def one(offset: float, req: dict, kind: str, a: int, t0: float) -> Result:
+        await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
+        extra = {}
+        if kind == "json":
+            extra["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+        model = adapter_models[a] if kind == "adapter" else base_model
+        res = Result()
+        start = time.perf_counter()
+        last = None
+        stream = await client.chat.completions.create(model=model, messages=req["messages"], max_tokens=max_tokens,
+                                                      temperature=0.0, stream=True,
+                                                      stream_options={"include_usage": True}, **extra)
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                now = time.perf_counter()
+                if last is None:
+                    res.ttft = now - start
+                else:
+                    res.itl.append(now - last)
+                last = now
+            if chunk.usage:
+                res.output_tokens = chunk.usage.completion_tokens
+        return res
+
+    await warm_up(one, schedule)
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(o, r, k, a, t0) for o, r, k, a in schedule))
+    return list(results), time.perf_counter() - t0
+
+
+async def warm_up(one, schedule) -> None:
+    """One request of each kind and adapter first (grammar compile, adapter loads), outside the timing."""
+    seen = {}
+    for o, r, k, a in schedule:
+        seen.setdefault((k, a if k == "adapter" else 0), (0.0, r, k, a))
+    await asyncio.gather(*(one(*item, time.perf_counter()) for item in seen.values()))
+
+
+async def run_offline(schedule, adapter_dirs: list[Path], schema: dict, max_tokens: int,
+                      max_loras: int) -> tuple[list[Result], float]:
+    from loraplex.engine import AsyncEngine, SamplingParams
+    from loraplex.grammar.spec import StructuredSpec
+
+    engine = await asyncio.to_thread(AsyncEngine, max_loras=max_loras)
+    refs = [engine.add_adapter(str(d)) for d in adapter_dirs]
+    tok = engine.tokenizer
+
+    async def one(offset: float, req: dict, kind: str, a: int, t0: float) -> Result:
+        await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
+        ids = tok.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                structured=StructuredSpec(json=schema) if kind == "json" else None)
+        res = Result()
+        start = time.perf_counter()
+        last = None
+        async for out in engine.generate(ids, params, adapter=refs[a] if kind == "adapter" else None):
+            if out.new_text:
+                now = time.perf_counter()
+                if last is None:
+                    res.ttft = now - start
+                else:
+                    res.itl.append(now - last)
+                last = now
+            res.output_tokens = len(out.token_ids)
+        return res
+
+    t0 = time.perf_counter()
+    try:
+        await warm_up(one, schedule)
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(one(o, r, k, a, t0) for o, r, k, a in schedule))
+    finally:
+        engine.shutdown()
+    return list(results), time.perf_counter() - t0
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+def summarise(name: str, results: list[Result], seconds: float) -> list:
+    ttft = [r.ttft for r in results]
+    itl = [x for r in results for x in r.itl]
+    out_tokens = sum(r.output_tokens for r in results)
+    return [name, len(results) / seconds, out_tokens / seconds, pct(ttft, 50) * 1e3, pct(ttft, 99) * 1e3,
+            pct(itl, 50) * 1e3, pct(itl, 99) * 1e3]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rate", type=float, default=2.0, help="requests per second (Poisson)")
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--adapters", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-loras", type=int, default=8)
+    args = ap.parse_args()
+
+    from loraplex.engine.model_files import DEFAULT_MODEL_NAME, prepare_default_model
+    from transformers import AutoTokenizer
+
+    wl = load_workload()
+    model_dir = prepare_default_model()
+    reqs = wl.build_requests(AutoTokenizer.from_pretrained(str(model_dir)))
+    bench_dir = Path(wl.__file__).parent
+    adapter_dirs = ensure_adapters(bench_dir, model_dir,
+                                   Path.home() / ".cache" / "loraplex" / "bench" / "workload-a-adapters", 32)
+    adapter_dirs = adapter_dirs[: args.adapters]
+    schedule = plan(reqs, args.requests, len(adapter_dirs), args.rate)
+    print(f"{args.requests} requests at {args.rate}/s (base / adapter / JSON schema, a third each), "
+          f"{args.max_tokens} max tokens; {machine_load()}")
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = start_server(port, Path(tmp), args.max_loras)
+        try:
+            key, models = setup_tenant(url, adapter_dirs)
+            http, http_s = asyncio.run(run_http(url, key, DEFAULT_MODEL_NAME, models, schedule, wl.SCHEMA,
+                                                args.max_tokens))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    offline, off_s = asyncio.run(run_offline(schedule, adapter_dirs, wl.SCHEMA, args.max_tokens, args.max_loras))
+    rows = [summarise("HTTP (openai client, SSE)", http, http_s), summarise("offline AsyncEngine", offline, off_s)]
+    print_table(["path", "req/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"], rows)
+    added = rows[0][3] / rows[1][3] - 1
+    print(f"HTTP layer adds {added:+.1%} to TTFT p50 (target < +10%)")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
