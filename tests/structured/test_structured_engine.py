@@ -1,0 +1,113 @@
+"""Structured output inside the engine's batch, on the real SmolLM2 model."""
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+import pytest
+
+from loraplex.engine import LLM, RequestError, SamplingParams
+from loraplex.grammar.spec import GrammarError, StructuredSpec
+from tests.structured.schemas import TASKS, messages
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=1500)
+
+
+def prompts(llm) -> list[list[int]]:
+    return [llm.chat_prompt(messages(text, schema)) for text, schema in TASKS]
+
+
+def assert_all_valid(outs, finish_reasons=("stop",)) -> None:
+    for (text, schema), out in zip(TASKS, outs):
+        assert out.finish_reason in finish_reasons, (text, out.text, out.finish_reason, out.error)
+        jsonschema.validate(json.loads(out.text), schema)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_extraction_parses_and_validates(llm, temperature):
+    assert len(TASKS) >= 30
+    params = [SamplingParams(max_tokens=200, temperature=temperature, seed=i,
+                             structured=StructuredSpec(json=schema)) for i, (_, schema) in enumerate(TASKS)]
+    assert_all_valid(llm.generate(prompts(llm), params))
+
+
+def test_budget_of_one_and_a_half_times_the_shortest_document_still_closes(llm):
+    compiler = llm.engine.structured.compiler
+    params = []
+    for i, (_, schema) in enumerate(TASKS):
+        shortest = compiler.compile(StructuredSpec(json=schema)).min_tokens
+        params.append(SamplingParams(max_tokens=math.ceil(1.5 * shortest), temperature=1.0, seed=100 + i,
+                                     structured=StructuredSpec(json=schema)))
+    outs = llm.generate(prompts(llm), params)
+    assert_all_valid(outs)
+    assert all(len(o.token_ids) <= p.max_tokens for o, p in zip(outs, params))
+
+
+def test_unconstrained_neighbour_is_unchanged(llm):
+    free = llm.chat_prompt([{"role": "user", "content": "Name three rivers in Europe."}])
+    alone = llm.generate([free], SamplingParams(max_tokens=24, temperature=0.0))[0].token_ids
+    text, schema = TASKS[0]
+    outs = llm.generate([llm.chat_prompt(messages(text, schema)), free],
+                        [SamplingParams(max_tokens=60, temperature=0.0, structured=StructuredSpec(json=schema)),
+                         SamplingParams(max_tokens=24, temperature=0.0)])
+    assert outs[1].token_ids == alone
+    jsonschema.validate(json.loads(outs[0].text), schema)
+
+
+def test_regex_and_choice_constraints(llm):
+    p = llm.chat_prompt([{"role": "user", "content": "Give me a date."}])
+    outs = llm.generate([p, p], [
+        SamplingParams(max_tokens=20, temperature=0.0, structured=StructuredSpec(regex=r"[0-9]{4}-[0-9]{2}-[0-9]{2}")),
+        SamplingParams(max_tokens=20, temperature=0.0, structured=StructuredSpec(choice=["yes", "no", "maybe"])),
+    ])
+    import re
+
+    assert re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", outs[0].text) and outs[0].finish_reason == "stop"
+    assert outs[1].text in ("yes", "no", "maybe") and outs[1].finish_reason == "stop"
+
+
+def test_too_small_budget_is_refused_with_the_number(llm):
+    eng = llm.engine
+    shortest = eng.structured.compiler.compile(StructuredSpec(json=TASKS[0][1])).min_tokens
+    eng.add_request([1, 2, 3], SamplingParams(max_tokens=2, structured=StructuredSpec(json=TASKS[0][1])), "tiny")
+    eng.add_request([5, 6, 7], SamplingParams(max_tokens=4, temperature=0.0), "other")
+    done = {}
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert done["tiny"].finish_reason == "error"
+    assert f"needs {shortest} tokens" in done["tiny"].error
+    assert done["other"].finish_reason == "length"
+
+
+@pytest.mark.parametrize("spec, message", [
+    (dict(json={"type": "object", "properties": {"a": {"type": "strng"}}}), "strng"),
+    (dict(json={"type": "integer", "multipleOf": 3}), "multipleOf"),
+    (dict(json={"type": "integer", "minimum": 5, "maximum": 2}), ""),
+    (dict(regex="([a-z"), ""),
+    (dict(grammar="start: ( 'a' "), ""),
+])
+def test_bad_constraints_fail_only_their_request(llm, spec, message):
+    eng = llm.engine
+    try:
+        structured = StructuredSpec(**spec)
+    except GrammarError as exc:  # refused while building the spec: the clearest possible error
+        assert message in str(exc)
+        return
+    eng.add_request([1, 2, 3], SamplingParams(max_tokens=30, structured=structured), "bad")
+    eng.add_request([5, 6, 7], SamplingParams(max_tokens=4, temperature=0.0), "neighbour")
+    done = {}
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert done["bad"].finish_reason == "error" and message in done["bad"].error, done["bad"].error
+    assert done["neighbour"].finish_reason == "length"
+    eng.check_invariants()
