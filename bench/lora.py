@@ -98,7 +98,10 @@ def main() -> None:
     ap.add_argument("--hf-batch-size", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=1, help="runs of (a) and (b), alternating; medians reported")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from loraplex.engine import LLM
     from loraplex.engine.model_files import resolve_model_dir

@@ -1,16 +1,16 @@
 """The per-step LoRA context (llama.LoRAContext): adds each scheduled token's adapter delta in place.
 
-Built once per step from the batch layout (a slot and a token count per scheduled sequence, in batch
-order, which is the order of their tokens in the flat batch). Two paths:
+Built once per step from the batch layout: a slot (pool, index) and a token count per scheduled sequence,
+in batch order, which is the order of their tokens in the flat batch. Per slot pool (see lora_slots),
+two paths:
 
 * the batched kernels (``kernels.lora``: Triton SGMV on CUDA, grouped bmm on CPU) for tokens spread over
-  many adapters, typically decodes;
+  many adapters, typically decodes; one ``LoRABatchMapping`` per pool and step;
 * on CPU only, runs of at least ``DENSE_MIN_TOKENS`` consecutive tokens under one adapter (prefill chunks)
   as dense in-place GEMMs on their row range at the adapter's own rank. The grouped CPU path materialises
   the full-width delta of every token several times (padding, slice concatenation, row selection,
-  scatter-add), which made a 2048-token prefill step of Workload A ~40% slower than the base model's;
-  as dense runs the LoRA work of such a step is a few percent. The Triton kernels handle segments
-  natively, so on CUDA everything goes through them.
+  scatter-add): a 2048-token prefill step of Workload A cost ~30% more than the base model's that way,
+  ~5% as dense runs. The Triton kernels handle segments natively, so on CUDA all tokens go through them.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplex.engine.lora_device import SlotId
 from loraplex.engine.lora_slots import LayerGroup, LoRASlots
 from loraplex.kernels.lora import LoRABatchMapping, lora_expand, lora_shrink
 
@@ -31,42 +32,42 @@ class DenseRun:
     slot: int
 
 
-class StepLoRAContext:
-    def __init__(self, slots: LoRASlots, mapping: LoRABatchMapping | None, runs: list[DenseRun],
-                 active: frozenset[LayerGroup]) -> None:
-        self.slots = slots
-        self.mapping = mapping  # kernel path (None: no token left for it)
-        self.runs = runs  # dense path
-        self.active = active  # (layer, group) pairs some adapter of this step touches
+class _PoolStep:
+    """One pool's share of a step: dense runs and a kernel mapping over the remaining tokens."""
 
-    @classmethod
-    def build(cls, slots: LoRASlots, seq_slots: list[int], seq_lens: list[int]) -> StepLoRAContext:
-        """``seq_slots[i]``: slot of the i-th scheduled sequence (-1 = base model); ``seq_lens[i]``: its tokens."""
+    def __init__(self, slots: LoRASlots, seq_slots: list[int], seq_lens: list[int]) -> None:
+        self.slots = slots
         dense_ok = slots.device.type == "cpu"
-        runs: list[DenseRun] = []
+        self.runs: list[DenseRun] = []
         token_slots: list[int] = []
-        pos = 0
-        i = 0
-        while i < len(seq_slots):  # merge neighbours with the same slot into one run
+        pos = i = 0
+        while i < len(seq_slots):  # neighbours with the same slot form one run
             j, end = i, pos + seq_lens[i]
             while j + 1 < len(seq_slots) and seq_slots[j + 1] == seq_slots[i]:
                 j += 1
                 end += seq_lens[j]
             slot = seq_slots[i]
             if slot >= 0 and dense_ok and end - pos >= DENSE_MIN_TOKENS:
-                runs.append(DenseRun(pos, end, slot))
+                self.runs.append(DenseRun(pos, end, slot))
                 token_slots.extend([-1] * (end - pos))
             else:
                 token_slots.extend([slot] * (end - pos))
             pos, i = end, j + 1
-        mapping = None
-        if any(s >= 0 for s in token_slots):
-            mapping = LoRABatchMapping.build(torch.tensor(token_slots, dtype=torch.long), slots.num_slots,
-                                             device=slots.device)
+        # Kernel-path tokens; when they are a strict subset of the step's (a mixed step, or another pool's
+        # tokens present) the kernels run on those rows only and the result is added back as whole rows.
+        rows = [t for t, s in enumerate(token_slots) if s >= 0]
+        self.mapping: LoRABatchMapping | None = None
+        self.rows: torch.Tensor | None = None
+        if rows:
+            if len(rows) < len(token_slots):
+                self.rows = torch.tensor(rows, dtype=torch.long, device=slots.device)
+                token_slots = [token_slots[t] for t in rows]
+            self.mapping = LoRABatchMapping.build(torch.tensor(token_slots, dtype=torch.long), slots.num_slots,
+                                                  device=slots.device)
         active: set[LayerGroup] = set()
         for slot in {s for s in seq_slots if s >= 0}:
             active |= slots.touched[slot]
-        return cls(slots, mapping, runs, frozenset(active))
+        self.active = frozenset(active)  # (layer, group) pairs some adapter of this pool and step touches
 
     def apply(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> None:
         if (layer, group) not in self.active:
@@ -78,15 +79,44 @@ class StepLoRAContext:
             if (layer, group) not in s.touched[run.slot]:
                 continue
             r = s.ranks[run.slot]
-            # one GEMM for all slices (A at rank r: a small copy when r < max_rank), one per slice back
+            # one GEMM for all slices (A at rank r: a small copy when r < the pool's rank), one per slice back
             shrunk = torch.mm(x[run.start:run.end], a[run.slot, :, :r].reshape(-1, a.shape[-1]).t())
             out = y[run.start:run.end]
             for k, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:])):
                 out[:, lo:hi].addmm_(shrunk[:, k * r:(k + 1) * r], bt[run.slot, :r, lo:hi])
         if self.mapping is not None:
-            buf = lora_shrink(x, a, self.mapping)
-            if y.is_cuda or len(offsets) == 2:
-                lora_expand(y, buf, bt.transpose(1, 2), self.mapping, offsets)
-            else:  # one slice at a time: the CPU path would otherwise concatenate the slices' padded outputs
-                for k, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:])):
-                    lora_expand(y[:, lo:hi], buf[k:k + 1], bt[:, :, lo:hi].transpose(1, 2), self.mapping, (0, hi - lo))
+            if self.rows is None:
+                self._kernels(x, y, a, bt, offsets)
+            else:
+                delta = y.new_zeros(self.rows.shape[0], y.shape[1])
+                self._kernels(x.index_select(0, self.rows), delta, a, bt, offsets)
+                y.index_add_(0, self.rows, delta)
+
+    def _kernels(self, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
+                 offsets: tuple[int, ...]) -> None:
+        buf = lora_shrink(x, a, self.mapping)
+        if y.is_cuda or len(offsets) == 2:
+            lora_expand(y, buf, bt.transpose(1, 2), self.mapping, offsets)
+        else:  # one slice at a time: the CPU path would otherwise concatenate the slices' padded outputs
+            for k, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:])):
+                lora_expand(y[:, lo:hi], buf[k:k + 1], bt[:, :, lo:hi].transpose(1, 2), self.mapping, (0, hi - lo))
+
+
+class StepLoRAContext:
+    def __init__(self, parts: list[_PoolStep]) -> None:
+        self.parts = parts
+
+    @classmethod
+    def build(cls, pools: list[LoRASlots], seq_slots: list[SlotId | None], seq_lens: list[int]) -> StepLoRAContext:
+        """``seq_slots[i]``: the slot of the i-th scheduled sequence (None = base model); ``seq_lens[i]``: its
+        number of tokens in this step."""
+        parts = []
+        for p, slots in enumerate(pools):
+            mine = [s[1] if s is not None and s[0] == p else -1 for s in seq_slots]
+            if any(s >= 0 for s in mine):
+                parts.append(_PoolStep(slots, mine, seq_lens))
+        return cls(parts)
+
+    def apply(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        for part in self.parts:
+            part.apply(layer, group, x, y)

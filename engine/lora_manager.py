@@ -28,7 +28,8 @@ from loraplex.adapters import (LORA_GROUPS, AdapterError, AdapterLimits, BaseMod
                                stack_adapter)
 from loraplex.engine.adapter_ref import AdapterRef
 from loraplex.engine.lora_context import StepLoRAContext
-from loraplex.engine.lora_slots import HostAdapter, LoRASlots
+from loraplex.engine.lora_device import DeviceSlots, SlotId
+from loraplex.engine.lora_slots import HostAdapter
 from loraplex.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,7 @@ class LoRAManager:
         self.device = device
         self.dtype = dtype
         self.limits = limits
-        self.slots = LoRASlots(base, max_loras, max_lora_rank, device, dtype)
-        self._slot_of: dict[str, int] = {}
-        self._slot_adapter: list[str | None] = [None] * max_loras
-        self._slot_used: list[int] = [0] * max_loras  # step number of last use, for LRU
+        self.slots = DeviceSlots(base, max_loras, max_lora_rank, device, dtype)
         self._step = 0
         self._paths: dict[str, str] = {}
         # shared with loader threads
@@ -60,9 +58,7 @@ class LoRAManager:
         self._loading: set[str] = set()
         self._failed: dict[str, str] = {}
         self._pool = ThreadPoolExecutor(max_workers=loader_workers, thread_name_prefix="loraplex-lora-loader")
-        # statistics
-        self.num_slot_loads = 0
-        self.num_slot_evictions = 0
+        # statistics (device slot loads and evictions: self.slots)
         self.num_disk_loads = 0
         self.num_host_evictions = 0
         self.num_load_failures = 0
@@ -88,18 +84,16 @@ class LoRAManager:
         in_use = {s.adapter_hash for s in running}
         with self._lock:
             dropped = self._host.pop(content_hash, None) is not None
-        slot = self._slot_of.get(content_hash)
-        if slot is not None and content_hash not in in_use:
-            self._free_slot(slot)
-            dropped = True
-        elif slot is not None:
-            self._slot_used[slot] = -1  # evicted first once its sequences finish
+        if content_hash in self.slots and content_hash not in in_use:
+            dropped = self.slots.release(content_hash) or dropped
+        else:
+            self.slots.demote(content_hash)  # evicted first once its sequences finish
         return dropped
 
     # ------------------------------------------------------------------ loading (host LRU)
     def is_ready(self, content_hash: str) -> bool:
         """Whether requests for this adapter can run now (in a device slot or loaded in host memory)."""
-        if content_hash in self._slot_of:
+        if content_hash in self.slots:
             return True
         with self._lock:
             return content_hash in self._host
@@ -115,7 +109,7 @@ class LoRAManager:
         with self._lock:
             pinned: set[str] = set()
             for h in wanted:
-                if h in self._slot_of or h in self._failed:
+                if h in self.slots or h in self._failed:
                     continue
                 if h in self._host or h in self._loading:
                     pinned.add(h)
@@ -131,7 +125,7 @@ class LoRAManager:
                 self._loading.add(h)  # reserves the host room
                 start.append(h)
                 pinned.add(h)
-            live = set(wanted) | keep | set(self._slot_of) | set(self._host) | self._loading | set(self._failed)
+            live = set(wanted) | keep | set(self.slots.resident()) | set(self._host) | self._loading | set(self._failed)
         # Submitted outside the lock: a callback of an already finished future runs in this thread.
         for h in start:
             fut = self._pool.submit(self._load, h, self._paths[h])
@@ -147,7 +141,7 @@ class LoRAManager:
                                f"names {content_hash} (the file changed after it was registered)",
                                code="hash_mismatch")
         touched = set(adapter.weights)  # (layer, module) pairs with LoRA weights
-        stacked = stack_adapter(adapter, self.base, self.max_lora_rank, self.dtype, "cpu")
+        stacked = stack_adapter(adapter, self.base, self.slots.pool_rank(adapter.rank), self.dtype, "cpu")
         weights = {}
         for (layer, group), (a, b) in stacked.items():
             if any((layer, m) in touched for m in LORA_GROUPS[group]):
@@ -190,41 +184,12 @@ class LoRAManager:
             return len(self._loading)
 
     # ------------------------------------------------------------------ device slots
-    def _free_slot(self, slot: int) -> None:
-        old = self._slot_adapter[slot]
-        if old is not None:
-            del self._slot_of[old]
-        self._slot_adapter[slot] = None
-
-    def _pick_slot(self, running: set[str]) -> int:
-        free = [i for i, h in enumerate(self._slot_adapter) if h is None]
-        if free:
-            return free[0]
-        idle = [i for i, h in enumerate(self._slot_adapter) if h not in running]
-        if not idle:
-            raise RuntimeError(f"all {self.max_loras} LoRA slots hold adapters of running sequences "
-                               f"(the scheduler admitted more than max_loras distinct adapters)")
-        slot = min(idle, key=lambda i: self._slot_used[i])
-        self._free_slot(slot)
-        self.num_slot_evictions += 1
-        return slot
-
-    def _activate(self, content_hash: str, running: set[str]) -> int:
-        slot = self._slot_of.get(content_hash)
-        if slot is None:
-            with self._lock:
-                host = self._host.get(content_hash)
-                if host is not None:
-                    self._host.move_to_end(content_hash)
-            if host is None:
-                raise RuntimeError(f"LoRA adapter {content_hash} was scheduled before it was loaded")
-            slot = self._pick_slot(running)
-            self.slots.load(slot, host)
-            self._slot_of[content_hash] = slot
-            self._slot_adapter[slot] = content_hash
-            self.num_slot_loads += 1
-        self._slot_used[slot] = self._step
-        return slot
+    def _host_copy(self, content_hash: str) -> HostAdapter | None:
+        with self._lock:
+            host = self._host.get(content_hash)
+            if host is not None:
+                self._host.move_to_end(content_hash)
+        return host
 
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int],
                 running: Iterable[Sequence]) -> StepLoRAContext | None:
@@ -236,21 +201,19 @@ class LoRAManager:
         if not any(s.adapter_hash for s in seqs):
             return None
         in_use = {s.adapter_hash for s in running if s.adapter_hash}
-        slot_of: dict[str, int] = {}
-        slots = []
+        slot_of: dict[str, SlotId] = {}
+        slots: list[SlotId | None] = []
         for seq in seqs:
             h = seq.adapter_hash
-            if h is None:
-                slots.append(-1)
-                continue
-            if h not in slot_of:
-                slot_of[h] = self._activate(h, in_use | {h})
-            slots.append(slot_of[h])
-        return StepLoRAContext.build(self.slots, slots, list(num_new_tokens))
+            if h is not None and h not in slot_of:
+                host = None if h in self.slots else self._host_copy(h)
+                slot_of[h] = self.slots.activate(h, host, in_use | {h}, self._step)
+            slots.append(slot_of[h] if h is not None else None)
+        return StepLoRAContext.build(self.slots.pools, slots, list(num_new_tokens))
 
     # ------------------------------------------------------------------ introspection
     def resident(self) -> list[str]:
-        return [h for h in self._slot_adapter if h is not None]
+        return self.slots.resident()
 
     def stats(self, running: Iterable[Sequence] = (), waiting: Iterable[Sequence] = ()) -> dict:
         """Counters and adapter lists (content hashes) for metrics and vLLM's lora_requests_info."""
@@ -261,8 +224,8 @@ class LoRAManager:
             "waiting_adapters": list(dict.fromkeys(s.adapter_hash for s in waiting if s.adapter_hash)),
             "max_loras": self.max_loras,
             "max_cpu_loras": self.max_cpu_loras,
-            "lora_loads": self.num_slot_loads,
-            "lora_evictions": self.num_slot_evictions,
+            "lora_loads": self.slots.num_loads,
+            "lora_evictions": self.slots.num_evictions,
             "lora_disk_loads": self.num_disk_loads,
             "lora_cpu_evictions": self.num_host_evictions,
             "lora_load_failures": self.num_load_failures,
@@ -275,12 +238,7 @@ class LoRAManager:
         adapters = {s.adapter_hash for s in running if s.adapter_hash}
         if len(adapters) > self.max_loras:
             raise AssertionError(f"{len(adapters)} distinct adapters run, max_loras is {self.max_loras}")
-        missing = adapters - set(self._slot_of)
-        if missing:
-            raise AssertionError(f"running adapters without a device slot: {sorted(missing)}")
-        for h, slot in self._slot_of.items():
-            if self._slot_adapter[slot] != h:
-                raise AssertionError(f"slot {slot} holds {self._slot_adapter[slot]}, the index says {h}")
+        self.slots.check_invariants(adapters)
         with self._lock:
             if len(self._host) + len(self._loading) > self.max_cpu_loras:
                 raise AssertionError(f"{len(self._host)} loaded + {len(self._loading)} loading adapters exceed "

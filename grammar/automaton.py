@@ -7,10 +7,9 @@ before the sentinel, every token is indexed, and "accepting" is "the sentinel le
 state". Real tokens containing byte 0xF4 (the sentinel's lead byte; U+100000..U+10FFFF, private
 use) are left out of the vocabulary.
 
-From the Index we keep: per state the allowed tokens and their next states (CSR arrays),
-which states accept, each state's distance in tokens to acceptance (backwards BFS), and one
-int32 bitmask row per state, so a mask fill is a row copy. Tokens into states that cannot reach
-acceptance are dropped.
+From the Index we keep: a transition table over token classes, which states accept, each
+state's distance in tokens to acceptance (backwards BFS), and one int32 bitmask row per state, so
+a mask fill is a row copy. Tokens into states that cannot reach acceptance are dropped.
 """
 from __future__ import annotations
 
@@ -29,11 +28,15 @@ UNREACHABLE = np.iinfo(np.int32).max
 
 @dataclass
 class AutomatonData:
-    """A deterministic token automaton; state 0 is the start."""
+    """A deterministic token automaton; state 0 is the start.
 
-    offsets: np.ndarray  # int64 [S+1]: tokens of state s are tokens[offsets[s]:offsets[s+1]]
-    tokens: np.ndarray  # int32, sorted within each state
-    nexts: np.ndarray  # int32, next state for each entry of `tokens`
+    Tokens that behave alike in every state share a class, so transitions are a small
+    [states, classes] table: next state of token t in state s is table[s, token_class[t]]
+    (-1: not allowed).
+    """
+
+    token_class: np.ndarray  # int32 [vocab_size]
+    table: np.ndarray  # int32 [S, C]
     accepting: np.ndarray  # bool [S]
     dist: np.ndarray  # int32 [S]: fewest tokens to an accepting state
     rows: np.ndarray  # int32 [S, words]: allowed tokens (EOS bits set where accepting)
@@ -69,6 +72,8 @@ def _index(regex: str, vocabulary) -> "object":  # type: ignore[no-untyped-def]
     try:
         return Index(f"(?:{regex}){SENTINEL_CHAR}", vocabulary)
     except ValueError as e:
+        if "incompatible with the regex" in str(e):  # no way to the end: nothing matches
+            raise GrammarError("the constraint matches no output this tokenizer can produce") from None
         raise GrammarError(f"regex cannot be compiled into an automaton: {e}") from None
 
 
@@ -80,57 +85,72 @@ def count_states(regex: str, vocab: OutlinesVocab) -> int:
 def build_automaton(regex: str, vocab: OutlinesVocab) -> AutomatonData:
     """Compile `regex` (full match of the output) into an AutomatonData for the tokenizer."""
     index = _index(regex, vocab.full)
-    raw = index.get_transitions()
-    finals = set(index.get_final_states())
+    raw: dict[int, dict[int, int]] = index.get_transitions()
+    finals = set(index.get_final_states())  # states after the sentinel: outside the output
     sentinel = vocab.sentinel_id
     start = index.get_initial_state()
-    # number states by BFS from the start, skipping the sentinel edge (it leaves the output)
-    number = {start: 0}
     order = [start]
+    number = {start: 0}
     queue = deque([start])
     while queue:
-        s = queue.popleft()
-        for tid, nxt in raw.get(s, {}).items():
-            if tid != sentinel and tid < vocab.info.vocab_size and nxt not in number:
+        for nxt in set(raw.get(queue.popleft(), {}).values()):
+            if nxt not in finals and nxt not in number:
                 number[nxt] = len(order)
                 order.append(nxt)
                 queue.append(nxt)
     n = len(order)
     accepting = np.array([raw.get(s, {}).get(sentinel) in finals for s in order], dtype=bool)
-    if not accepting.any():
-        raise GrammarError("the constraint matches no output")
-    src_l, tok_l, dst_l = [], [], []
-    for i, s in enumerate(order):
-        edges = [(t, number[d]) for t, d in raw.get(s, {}).items() if t != sentinel and t < vocab.info.vocab_size]
-        if edges:
-            t_arr, d_arr = zip(*edges)
-            src_l.append(np.full(len(edges), i, dtype=np.int32))
-            tok_l.append(np.asarray(t_arr, dtype=np.int32))
-            dst_l.append(np.asarray(d_arr, dtype=np.int32))
-    src = np.concatenate(src_l) if src_l else np.zeros(0, np.int32)
-    tok = np.concatenate(tok_l) if tok_l else np.zeros(0, np.int32)
-    dst = np.concatenate(dst_l) if dst_l else np.zeros(0, np.int32)
-    dist = _distances(n, src, dst, accepting)
+    succ = [[number[d] for d in set(raw.get(s, {}).values()) if d in number] for s in order]
+    dist = _distances(n, succ, accepting)
     if dist[0] == UNREACHABLE:
         raise GrammarError("the constraint matches no output")
-    keep = dist[dst] != UNREACHABLE
-    src, tok, dst = src[keep], tok[keep], dst[keep]
-    order_idx = np.lexsort((tok, src))
-    src, tok, dst = src[order_idx], tok[order_idx], dst[order_idx]
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=offsets[1:])
-    rows = _rows(n, src, tok, accepting, vocab.info)
-    return AutomatonData(offsets, tok, dst, accepting, dist, rows)
+    lookup = np.full(max(max(number), max(finals, default=0)) + 1, -1, dtype=np.int64)
+    lookup[list(number)] = list(number.values())
+    vocab_size = vocab.info.vocab_size
+
+    def dense(i: int) -> np.ndarray:
+        """Next state (or -1) of every token in state i, without tokens into dead states."""
+        trans = raw.get(order[i], {})
+        toks = np.fromiter(trans.keys(), dtype=np.int64, count=len(trans))
+        nxts = lookup[np.fromiter(trans.values(), dtype=np.int64, count=len(trans))]
+        ok = (toks < vocab_size) & (nxts >= 0)
+        toks, nxts = toks[ok], nxts[ok]
+        live = dist[nxts] != UNREACHABLE
+        out = np.full(vocab_size, -1, dtype=np.int64)
+        out[toks[live]] = nxts[live]
+        return out
+
+    words = vocab.info.words
+    rows = np.zeros((n, words), dtype=np.int32)
+    signature = np.zeros(vocab_size, dtype=np.uint64)
+    eos = np.asarray(vocab.info.eos_ids, dtype=np.int64)
+    for i in range(n):
+        nxt = dense(i)
+        signature = signature * np.uint64(1_000_003) + (nxt + 2).astype(np.uint64)
+        allowed = np.flatnonzero(nxt >= 0)
+        if accepting[i]:
+            allowed = np.concatenate([allowed, eos])
+        rows[i] = token_row(allowed, words)
+    _, rep, token_class = np.unique(signature, return_index=True, return_inverse=True)
+    token_class = token_class.astype(np.int32)
+    table = np.empty((n, len(rep)), dtype=np.int32)
+    for i in range(n):
+        nxt = dense(i)
+        table[i] = nxt[rep]
+        if not np.array_equal(table[i][token_class], nxt):  # a hash collision merged two classes
+            token_class = np.arange(vocab_size, dtype=np.int32)
+            table = np.stack([dense(j) for j in range(n)]).astype(np.int32)
+            break
+    return AutomatonData(token_class, table, accepting, dist.astype(np.int32), rows)
 
 
-def _distances(n: int, src: np.ndarray, dst: np.ndarray, accepting: np.ndarray) -> np.ndarray:
-    """Fewest tokens from each state to an accepting one: BFS backwards over distinct edges."""
-    pairs = np.unique(src.astype(np.int64) * n + dst)
-    e_src, e_dst = pairs // n, pairs % n
+def _distances(n: int, succ: list[list[int]], accepting: np.ndarray) -> np.ndarray:
+    """Fewest tokens from each state to an accepting one: BFS backwards over the state graph."""
     incoming: list[list[int]] = [[] for _ in range(n)]
-    for a, b in zip(e_src.tolist(), e_dst.tolist()):
-        incoming[b].append(a)
-    dist = np.full(n, UNREACHABLE, dtype=np.int32)
+    for a, outs in enumerate(succ):
+        for b in outs:
+            incoming[b].append(a)
+    dist = np.full(n, UNREACHABLE, dtype=np.int64)
     queue = deque(np.flatnonzero(accepting).tolist())
     dist[accepting] = 0
     while queue:
@@ -147,20 +167,3 @@ def token_row(token_ids: np.ndarray, words: int) -> np.ndarray:
     bits = np.zeros(words * 32, dtype=bool)
     bits[token_ids] = True
     return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32, copy=False)
-
-
-def _rows(n: int, src: np.ndarray, tok: np.ndarray, accepting: np.ndarray, info: VocabInfo) -> np.ndarray:
-    words = info.words
-    rows = np.zeros((n, words), dtype=np.int32)
-    chunk = max(1, (64 << 20) // (words * 32))  # bound the temporary bool matrix to ~64 MB
-    eos = np.asarray(info.eos_ids, dtype=np.int64)
-    for lo in range(0, n, chunk):
-        hi = min(n, lo + chunk)
-        bits = np.zeros((hi - lo, words * 32), dtype=bool)
-        sel = (src >= lo) & (src < hi)
-        bits[src[sel] - lo, tok[sel]] = True
-        acc = np.flatnonzero(accepting[lo:hi])
-        if len(acc):
-            bits[np.repeat(acc, len(eos)), np.tile(eos, len(acc))] = True
-        rows[lo:hi] = np.packbits(bits, axis=1, bitorder="little").view("<i4")
-    return rows

@@ -29,14 +29,15 @@ class GrammarCompiler:
     def __init__(self, tokenizer: Any, *, eos_token_ids: list[int], vocab_size: int, timeout_s: float = 10.0,
                  cache_size: int = 256, max_workers: int = 1, backend: str = "auto",
                  upgrade_in_background: bool = True, memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT,
-                 max_ref_depth: int = 3, any_depth: int = 2) -> None:
+                 strict_objects: bool = True, max_ref_depth: int = 3, any_depth: int = 2) -> None:
         if backend not in ("auto", "outlines", "llguidance"):
             raise ValueError(f"backend must be auto, outlines or llguidance, not {backend!r}")
         self.vocab = vocab_from_hf(tokenizer, list(eos_token_ids), vocab_size)
         self.timeout_s = timeout_s
         self.cache_size = cache_size
         self.backend = backend
-        options = CompileOptions(backend=backend, max_ref_depth=max_ref_depth, any_depth=any_depth)
+        options = CompileOptions(backend=backend, strict_objects=strict_objects, max_ref_depth=max_ref_depth,
+                                 any_depth=any_depth)
         self._init = (self.vocab, options, memory_limit_bytes)
         self._pool = WorkerPool(self._init, max_workers, "grammar-compile")
         self._upgrade_pool: WorkerPool | None = None
@@ -50,6 +51,7 @@ class GrammarCompiler:
         self._search: Any = None
         self._ll_lock = threading.Lock()  # building the llguidance tokenizer takes ~0.3 s: not under _lock
         self._closed = False
+        threading.Thread(target=self._llguidance_parts, name="grammar-llg-init", daemon=True).start()
 
     # ---- public API ------------------------------------------------------------------------------
     def submit(self, spec: StructuredSpec) -> "Future[CompiledGrammar]":

@@ -1,7 +1,7 @@
 """CompiledGrammar/GrammarMatcher over a precomputed token automaton (the outlines_core backend).
 
-A matcher is one integer state: accepting a token is a binary search in that state's sorted
-token list, a mask fill is a copy of that state's precomputed row. Budget mode allows exactly the
+A matcher is one integer state: accepting a token is two table lookups (token -> class, then
+[state, class] -> next state), a mask fill is a copy of that state's precomputed row. Budget mode allows exactly the
 tokens whose next state is one step closer to acceptance (rows built on first use, cached).
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ class AutomatonGrammar(CompiledGrammar):
         self.eos_ids = frozenset(eos_ids)
         self.close_within_budget = close_within_budget
         self.rows = torch.from_numpy(data.rows)
-        self.offsets = data.offsets.tolist()
+        self.token_class = data.token_class.tolist()
+        self.table = data.table.tolist()
         self.dist = data.dist.tolist()
         self.accepting = data.accepting.tolist()
         self.min_tokens = self.dist[0]
@@ -40,12 +41,13 @@ class AutomatonGrammar(CompiledGrammar):
         return AutomatonMatcher(self)
 
     def next_state(self, state: int, token_id: int) -> int | None:
-        lo, hi = self.offsets[state], self.offsets[state + 1]
-        toks = self.data.tokens[lo:hi]
-        i = int(np.searchsorted(toks, token_id))
-        if i < len(toks) and toks[i] == token_id:
-            return int(self.data.nexts[lo + i])
-        return None
+        if not 0 <= token_id < len(self.token_class):
+            return None
+        nxt = self.table[state][self.token_class[token_id]]
+        return None if nxt < 0 else nxt
+
+    def has_continuation(self, state: int) -> bool:
+        return any(n >= 0 for n in self.table[state])
 
     def shortest_row(self, state: int) -> torch.Tensor:
         """Tokens that move one step closer to acceptance (EOS only when accepting)."""
@@ -54,10 +56,10 @@ class AutomatonGrammar(CompiledGrammar):
             if self.dist[state] == 0:
                 row = self.eos_row
             else:
-                lo, hi = self.offsets[state], self.offsets[state + 1]
-                nxt = self.data.nexts[lo:hi]
-                on_path = self.data.dist[nxt] == self.dist[state] - 1
-                row = torch.from_numpy(token_row(self.data.tokens[lo:hi][on_path], self.rows.shape[1]))
+                nxt = self.data.table[state]
+                on_path = (nxt >= 0) & (self.data.dist[np.maximum(nxt, 0)] == self.dist[state] - 1)
+                tokens = np.flatnonzero(on_path[self.data.token_class])
+                row = torch.from_numpy(token_row(tokens, self.rows.shape[1]))
             with self._lock:
                 self._short[state] = row
         return row
@@ -101,7 +103,7 @@ class AutomatonMatcher(GrammarMatcher):
 
     def is_terminated(self) -> bool:
         g = self._g
-        return self._terminated or (g.accepting[self.state] and g.offsets[self.state] == g.offsets[self.state + 1])
+        return self._terminated or (g.accepting[self.state] and not g.has_continuation(self.state))
 
     def min_tokens_to_accept(self) -> int:
         return 0 if self._terminated else self._g.dist[self.state]

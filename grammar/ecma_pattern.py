@@ -297,26 +297,34 @@ class _Parser:
         return chr(code)
 
 
-def _emit(node: Node) -> str:
+def _emit(node: Node, encoded: bool = True) -> str:
+    """Rust regex for `node`: over JSON string content (`encoded`), or over the decoded string
+    with ECMA's meaning of \\d, \\w, \\s and . spelled out (Rust's own are Unicode-wide)."""
     kind = node[0]
     if kind == "lit":
         ch = node[1]
-        return special_escape_rx(ch) if ch in SPECIALS else rx_escape(ch)
+        if encoded and ch in SPECIALS:
+            return special_escape_rx(ch)
+        return rx_escape(ch) if ch.isprintable() else f"\\x{{{ord(ch):X}}}"
     if kind == "set":
         cs: CharSet = node[1]
+        if not encoded:
+            return cs.rust()
         raw = f'[{cs.rust()}&&[^"\\\\\\x00-\\x1F]]'
         escapes = [special_escape_rx(ch) for ch in sorted(SPECIALS) if cs.contains(ch)]
         return "(?:" + "|".join([raw] + escapes) + ")"
     if kind == "seq":
-        return "".join(_emit(n) for n in node[1])
+        return "".join(_emit(n, encoded) for n in node[1])
     if kind == "alt":
-        return "(?:" + "|".join(_emit(n) for n in node[1]) + ")"
+        return "(?:" + "|".join(_emit(n, encoded) for n in node[1]) + ")"
     if kind == "rep":
         _, inner, lo, hi = node
         q = {(0, None): "*", (1, None): "+", (0, 1): "?"}.get((lo, hi))
         if q is None:
             q = f"{{{lo},}}" if hi is None else (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
-        return f"(?:{_emit(inner)}){q}"
+        return f"(?:{_emit(inner, encoded)}){q}"
+    if not encoded:
+        return "^" if kind == "bol" else "$"
     raise GrammarError("'^' or '$' inside a pattern (not at its start or end) cannot be enforced")
 
 
@@ -330,6 +338,12 @@ def _top_alternatives(node: Node) -> list[Node]:
     if node[0] == "seq" and len(node[1]) == 1 and node[1][0][0] in ("alt", "seq"):
         return _top_alternatives(node[1][0])
     return [node]
+
+
+def pattern_to_rust(pattern: str) -> str:
+    """The pattern in Rust regex syntax with ECMA semantics, still a search (for llguidance,
+    which applies `pattern` to the decoded string itself)."""
+    return _emit(_Parser(pattern).parse(), encoded=False)
 
 
 def pattern_to_content_regex(pattern: str) -> str:

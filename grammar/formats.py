@@ -1,6 +1,7 @@
 """Regexes for the string formats we enforce, spelled as JSON string content (quotes excluded).
 
-date, time and date-time follow RFC 3339 (days per month and leap years exact). A leap second
+date, time and date-time follow RFC 3339 (days per month and leap years exact; year 0000 left
+out, as Python and most parsers reject it). A leap second
 (:60) is exact for UTC offsets (only 23:59:60) but accepted at any minute with a non-zero offset,
 a deliberate superset. email follows RFC 5321 (dot-atom or quoted local part; host name or an
 address literal); uri is an RFC 3986 absolute URI.
@@ -11,8 +12,10 @@ _HEX = "[0-9a-fA-F]"
 _DAY_31 = "(?:0[1-9]|[12][0-9]|3[01])"
 _DAY_30 = "(?:0[1-9]|[12][0-9]|30)"
 _DAY_28 = "(?:0[1-9]|1[0-9]|2[0-8])"
-_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)"
-DATE = (f"(?:[0-9]{{4}}-(?:(?:0[13578]|1[02])-{_DAY_31}|(?:0[469]|11)-{_DAY_30}|02-{_DAY_28})"
+# Year 0000 is valid RFC 3339 but not a year Python (and most parsers) accept: left out.
+_YEAR = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-{_DAY_31}|(?:0[469]|11)-{_DAY_30}|02-{_DAY_28})"
         f"|{_LEAP_YEAR}-02-29)")
 
 _FRAC = r"(?:\.[0-9]+)?"

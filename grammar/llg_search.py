@@ -1,11 +1,12 @@
 """Bounded search for a short completion from an llguidance matcher's state.
 
-llguidance exposes no states, so distances cannot be precomputed. We search breadth-first over
-single bytes (every byte has a one-byte token), following forced bytes in one jump and keeping,
-per depth, one matcher for each distinct next-token mask (states that allow the same tokens are
-treated as the same). The first accepting byte string found is then split into as few tokens as
-the matcher allows (dynamic programming over the vocabulary). The result is a concrete plan:
-achievable, usually the shortest, always an upper bound on the true distance.
+llguidance exposes no states, so distances cannot be precomputed. Over byte strings (every byte
+has a one-byte token) we first walk greedily to acceptance (forced bytes, else the first allowed
+byte of CLOSING_ORDER), then try to beat that length with a bounded uniform-cost search (shortest
+first, forced bytes in one jump, per length one matcher per distinct next-token mask, at most
+`beam` per length). The best byte string is split into as few tokens as the matcher allows
+(dynamic programming over the vocabulary). The result is a concrete plan: achievable, usually
+short, always an upper bound on the true distance.
 """
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ import numpy as np
 from loraplex.grammar.vocab import VocabInfo
 
 MAX_TOKEN_BYTES = 48
+# Greedy completion prefers bytes that close what is open, then short values.
+REPEAT = 32
+CLOSING_ORDER = '"}])>,0123456789' + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" + " -+.:;_'!?#$%&*/=@^`|~<({[\\\n\t"
 
 
 class CompletionSearch:
-    def __init__(self, info: VocabInfo, *, max_expansions: int = 400, beam: int = 24, max_bytes: int = 2048) -> None:
+    def __init__(self, info: VocabInfo, *, max_expansions: int = 120, beam: int = 16, max_bytes: int = 2048) -> None:
         self.words = info.words
         self.max_expansions = max_expansions
         self.beam = beam
@@ -36,6 +40,7 @@ class CompletionSearch:
         ids = self.byte_token[self._bytes]
         self._word, self._bit = ids >> 5, ids & 31
         self._buf = np.zeros(self.words, dtype=np.int32)
+        self._order = [ord(c) for c in CLOSING_ORDER] + [b for b in range(256) if chr(b) not in CLOSING_ORDER]
 
     def _mask(self, m: Any) -> np.ndarray:
         m.unsafe_compute_mask_ptr(self._buf.ctypes.data, self.words * 4)
@@ -45,35 +50,72 @@ class CompletionSearch:
         """Tokens from `matcher`'s state to an accepting one, or None if none found in bounds."""
         if matcher.is_accepting():
             return []
-        frontier: list[tuple[Any, bytes]] = [(matcher.deep_copy(), b"")]
+        greedy = self._greedy(matcher)
+        limit = len(greedy) if greedy is not None else self.max_bytes
+        best = self._shortest(matcher, limit)
+        path = best if best is not None else greedy
+        return None if path is None else self.tokenize(matcher, path)
+
+    def _greedy(self, matcher: Any) -> bytes | None:
+        """Close as soon as possible: forced bytes, else the first allowed byte in CLOSING_ORDER.
+
+        A byte chosen REPEAT times in states with the same mask is passed over afterwards, so a
+        choice that loops (digits of a number, `"a"+`) gives way to the next one.
+        """
+        node = matcher.deep_copy()
+        path = b""
+        used: dict[tuple[int, int], int] = {}
+        while not node.is_accepting():
+            if len(path) >= self.max_bytes:
+                return None
+            forced = node.compute_ff_bytes()
+            if forced:
+                if not self._consume_bytes(node, forced):
+                    return None
+                path += forced
+                continue
+            allowed = set(self._next_bytes(node).tolist())
+            sig = hash(self._buf.tobytes())  # the mask _next_bytes just computed
+            b = next((c for c in self._order if c in allowed and used.get((sig, c), 0) < REPEAT), None)
+            if b is None or not node.consume_token(int(self.byte_token[b])):
+                return None
+            used[(sig, b)] = used.get((sig, b), 0) + 1
+            path += bytes([b])
+        return path
+
+    def _shortest(self, matcher: Any, limit: int) -> bytes | None:
+        """Uniform-cost search for an accepting byte string shorter than `limit`."""
+        buckets: dict[int, dict[int, tuple[Any, bytes]]] = {0: {0: (matcher.deep_copy(), b"")}}
         expansions = 0
-        while frontier and expansions < self.max_expansions:
-            level: dict[int, tuple[Any, bytes]] = {}
-            for node, path in frontier:
+        while buckets and expansions < self.max_expansions:
+            length = min(buckets)
+            if length >= limit:
+                return None
+            for node, path in list(buckets.pop(length).values())[: self.beam]:
+                if node.is_accepting():
+                    return path
                 forced = node.compute_ff_bytes()
                 if forced:
-                    node, path = node.deep_copy(), path + forced
-                    if not self._consume_bytes(node, forced):
-                        continue
-                    if node.is_accepting():
-                        return self.tokenize(matcher, path)
-                if len(path) >= self.max_bytes:
+                    child = node.deep_copy()
+                    if self._consume_bytes(child, forced):
+                        self._push(buckets, child, path + forced)
                     continue
                 expansions += 1
-                mask = self._mask(node)
-                allowed = self._bytes[((mask[self._word] >> self._bit) & 1).astype(bool)]
-                for b in allowed.tolist():
+                for b in self._next_bytes(node).tolist():
                     child = node.deep_copy()
-                    if not child.consume_token(int(self.byte_token[b])):
-                        continue
-                    child_path = path + bytes([b])
-                    if child.is_accepting():
-                        return self.tokenize(matcher, child_path)
-                    sig = hash(self._mask(child).tobytes())
-                    if sig not in level:
-                        level[sig] = (child, child_path)
-            frontier = list(level.values())[: self.beam]
+                    if child.consume_token(int(self.byte_token[b])):
+                        self._push(buckets, child, path + bytes([b]))
         return None
+
+    def _next_bytes(self, node: Any) -> np.ndarray:
+        """The bytes whose one-byte token `node` allows next."""
+        mask = self._mask(node)
+        return self._bytes[((mask[self._word] >> self._bit) & 1).astype(bool)]
+
+    def _push(self, buckets: dict[int, dict[int, tuple[Any, bytes]]], node: Any, path: bytes) -> None:
+        bucket = buckets.setdefault(len(path), {})
+        sig = -1 if node.is_accepting() else hash(self._mask(node).tobytes())
+        bucket.setdefault(sig, (node, path))
 
     def _consume_bytes(self, m: Any, data: bytes) -> bool:
         for b in data:

@@ -3,13 +3,15 @@
 JSON schemas go to llguidance's own JSON compiler in strict mode (no lenient keyword skipping,
 no oneOf-as-anyOf, compact separators). String formats are rewritten into our exact format
 regexes as patterns, so both backends enforce the same formats (llguidance's own `date` does not
-check days per month).
+check days per month), and patterns are rewritten with ECMA's meaning of \d, \w, \s and `.`
+(Rust's, which llguidance would use, match all Unicode digits, letters and spaces).
 """
 from __future__ import annotations
 
 import copy
 from typing import Any
 
+from loraplex.grammar.ecma_pattern import pattern_to_rust
 from loraplex.grammar.formats import DECODED_FORMATS
 from loraplex.grammar.spec import GrammarError
 
@@ -19,19 +21,29 @@ _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SUBSCHEMA_ONE = ("items", "additionalProperties")
 
 
-def _formats_as_patterns(node: Any) -> Any:
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
+
+
+def _prepare(node: Any) -> Any:
+    """Formats as our regexes, patterns with ECMA semantics, integral counts (2.0) as integers,
+    vendor keys (x-...) dropped."""
     if not isinstance(node, dict):
         return node
     out = {k: v for k, v in node.items() if not k.startswith("x-")}
+    for key in _COUNTS:
+        if isinstance(out.get(key), float):
+            out[key] = int(out[key])
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {name: _formats_as_patterns(sub) for name, sub in out[key].items()}
+            out[key] = {name: _prepare(sub) for name, sub in out[key].items()}
     for key in _SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [_formats_as_patterns(sub) for sub in out[key]]
+            out[key] = [_prepare(sub) for sub in out[key]]
     for key in _SUBSCHEMA_ONE:
         if key in out:
-            out[key] = _formats_as_patterns(out[key])
+            out[key] = _prepare(out[key])
+    if isinstance(out.get("pattern"), str):
+        out["pattern"] = pattern_to_rust(out["pattern"])
     fmt = out.pop("format", None)
     if fmt is not None:
         pattern = f"^(?:{DECODED_FORMATS[fmt]})$"
@@ -46,7 +58,7 @@ def json_schema_grammar(schema: Any) -> str:
     """llguidance grammar for a checked JSON schema (formats enforced via our regexes)."""
     from llguidance import LLMatcher
 
-    prepared = _formats_as_patterns(copy.deepcopy(schema))
+    prepared = _prepare(copy.deepcopy(schema))
     return LLMatcher.grammar_from_json_schema(prepared, overrides=_JSON_OPTIONS)
 
 

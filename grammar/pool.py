@@ -36,8 +36,7 @@ class JobFailed(Exception):
 class _Job:
     kind: str
     payload: Any
-    deadline: float  # time.monotonic()
-    timeout_s: float
+    timeout_s: float  # counted from when a worker starts on the job
     done: Callable[[dict | None, JobFailed | None], None]
     id: int = field(default_factory=count().__next__)
 
@@ -75,13 +74,16 @@ class WorkerPool:
             t.start()
 
     def submit(self, kind: str, payload: Any, timeout_s: float,
-               done: Callable[[dict | None, JobFailed | None], None], deadline: float | None = None) -> None:
-        """Queue a job; `done(artifact, None)` or `done(None, JobFailed)` runs on a pool thread."""
+               done: Callable[[dict | None, JobFailed | None], None]) -> None:
+        """Queue a job; `done(artifact, None)` or `done(None, JobFailed)` runs on a pool thread.
+
+        The time limit counts from when a worker starts the job, so a runaway compile fails only
+        its own request, never the ones queued behind it.
+        """
         if self._closed:
             done(None, JobFailed("grammar compiler is closed", transient=True))
             return
-        when = deadline if deadline is not None else time.monotonic() + timeout_s
-        self._jobs.put(_Job(kind, payload, when, timeout_s, done))
+        self._jobs.put(_Job(kind, payload, timeout_s, done))
 
     def _serve(self, slot: int) -> None:
         while True:
@@ -103,10 +105,8 @@ class WorkerPool:
 
     def _run(self, slot: int, job: _Job) -> dict:
         timeout = JobFailed(f"compile timed out after {job.timeout_s:g} s", transient=True)
-        if time.monotonic() >= job.deadline:
-            raise timeout
         worker = self._workers[slot]
-        deadline = job.deadline
+        deadline = time.monotonic() + job.timeout_s
         try:
             if worker is None or worker.proc.poll() is not None:
                 if worker is not None:

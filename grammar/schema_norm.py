@@ -164,22 +164,20 @@ class Normalizer:
         return out
 
     def _one_of(self, terms: list[Term], branches: list[Any], ptr: str) -> list[Term]:
-        """oneOf is a union when its branches cannot overlap; prove that or give up."""
-        if not terms:
-            return []
-        ctx = terms[0].ctx
-        nodes_per_branch = []
-        for i, sub in enumerate(branches):
-            nodes = [n for t in self.dnf([(sub, f"{ptr}/{i}")], ctx) for n in self.nodes(t)]
-            nodes_per_branch.append(nodes)
-        live = [i for i, nodes in enumerate(nodes_per_branch) if nodes]
-        for x in range(len(live)):
-            for y in range(x + 1, len(live)):
-                a, b = nodes_per_branch[live[x]], nodes_per_branch[live[y]]
-                if not all(self.disjoint(n, m, 2) for n in a for m in b):
-                    raise NotRegular(f"oneOf at {ptr}: cannot prove branches {live[x]} and {live[y]} "
-                                     "are mutually exclusive")
-        return [t2 for t in terms for i in live for t2 in self._conjoin(t, branches[i], f"{ptr}/{i}")]
+        """oneOf is a union when its branches cannot overlap (given what they are combined with);
+        prove that or give up."""
+        out: list[Term] = []
+        for t in terms:
+            per_branch = [self._conjoin(t, sub, f"{ptr}/{i}") for i, sub in enumerate(branches)]
+            nodes = [[n for bt in bts for n in self.nodes(bt)] for bts in per_branch]
+            live = [i for i, ns in enumerate(nodes) if ns]
+            for x in range(len(live)):
+                for y in range(x + 1, len(live)):
+                    if not all(self.disjoint(n, m, 2) for n in nodes[live[x]] for m in nodes[live[y]]):
+                        raise NotRegular(f"oneOf at {ptr}: cannot prove branches {live[x]} and {live[y]} "
+                                         "are mutually exclusive")
+            out += [bt for i in live for bt in per_branch[i]]
+        return out
 
     # ---- split a conjunction by type ---------------------------------------------------------
     def nodes(self, term: Term) -> list[Node]:

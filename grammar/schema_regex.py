@@ -20,15 +20,14 @@ MAX_REGEX_CHARS = 4_000_000
 
 
 def _number_literal(v: int | float) -> str:
+    """The canonical spelling of a number: integral values without a fraction (as llguidance)."""
     if isinstance(v, float) and not v.is_integer():
-        text = repr(v)
-        return jt.rx_escape(text) if "e" in text else jt.rx_escape(text) + "0*"
-    n = int(v)
-    return ("-" if n < 0 else "") + str(abs(n)) + r"(?:\.0+)?"
+        return jt.rx_escape(repr(v))
+    return jt.rx_escape(str(int(v)))
 
 
 def const_regex(v: Any) -> str:
-    """Regex for the JSON value `v` (numbers in their equal spellings, objects in given key order)."""
+    """Regex for the JSON value `v` (canonical number spelling, objects in the given key order)."""
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -47,7 +46,7 @@ class SchemaRegex:
 
     def __init__(self, root: Any, *, max_ref_depth: int = 3, any_depth: int = 2) -> None:
         self.norm = Normalizer(root, max_ref_depth)
-        self.root = root
+        self.root = root  # the schema whose regex build() returns
         self.any_depth = any_depth
         self._memo: dict[Any, str | None] = {}
         self._any: dict[int, str] = {}
@@ -144,20 +143,17 @@ class SchemaRegex:
         return f'"{body}"'
 
     # ---- containers ----------------------------------------------------------------------------
-    def _child(self, subs: list[Sub], ctx: Ctx) -> str | None:
-        return self.value(subs, ctx)
-
     def _array(self, node: Node) -> str | None:
         ctx = node.term.ctx
         items: list[str] = []
         for subs in node.positions:
-            rx = self._child(subs, ctx)
+            rx = self.value(subs, ctx)
             if rx is None:
                 break
             items.append(rx)
         rest = None
         if len(items) == len(node.positions):
-            rest = self._child(node.rest, ctx)
+            rest = self.value(node.rest, ctx)
         limit = node.max_items
         if rest is None:
             limit = len(items) if limit is None else min(limit, len(items))
@@ -186,13 +182,13 @@ class SchemaRegex:
         ctx = node.term.ctx
         pairs: list[tuple[str, bool]] = []
         for name, subs, required in node.keys:
-            rx = self._child(subs, ctx)
+            rx = self.value(subs, ctx)
             if rx is None:
                 if required:
                     return None
                 continue
             pairs.append((f"{jt.string_literal(name)}:{rx}", required))
-        extra_val = self._child(node.extra, ctx)
+        extra_val = self.value(node.extra, ctx)
         extra = None
         if extra_val is not None:
             extra = f'"{jt.content_not_in([name for name, _, _ in node.keys])}":{extra_val}'
