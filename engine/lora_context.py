@@ -1,11 +1,10 @@
 """The per-step LoRA context (llama.LoRAContext): adds each scheduled token's adapter delta in place.
 
-Built once per step from the batch layout: a slot (pool, index) and a token count per scheduled sequence,
-in batch order, which is the order of their tokens in the flat batch. Per slot pool (see lora_slots),
-two paths:
+Built once per step from the batch layout: a slot and a token count per scheduled sequence, in batch
+order, which is the order of their tokens in the flat batch. Two paths:
 
 * the batched kernels (``kernels.lora``: Triton SGMV on CUDA, grouped bmm on CPU) for tokens spread over
-  many adapters, typically decodes; one ``LoRABatchMapping`` per pool and step;
+  many adapters, typically decodes, with one ``LoRABatchMapping`` per step;
 * on CPU only, runs of at least ``DENSE_MIN_TOKENS`` consecutive tokens under one adapter (prefill chunks)
   as dense in-place GEMMs on their row range at the adapter's own rank. The grouped CPU path materialises
   the full-width delta of every token several times (padding, slice concatenation, row selection,
@@ -18,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex.engine.lora_device import SlotId
 from loraplex.engine.lora_slots import LayerGroup, LoRASlots
 from loraplex.kernels.lora import LoRABatchMapping, lora_expand, lora_shrink
 
@@ -32,10 +30,12 @@ class DenseRun:
     slot: int
 
 
-class _PoolStep:
-    """One pool's share of a step: dense runs and a kernel mapping over the remaining tokens."""
+class StepLoRAContext:
+    """Dense runs and a kernel mapping over the remaining tokens of one step."""
 
     def __init__(self, slots: LoRASlots, seq_slots: list[int], seq_lens: list[int]) -> None:
+        """``seq_slots[i]``: the slot of the i-th scheduled sequence (-1 = base model); ``seq_lens[i]``: its
+        number of tokens in this step."""
         self.slots = slots
         dense_ok = slots.device.type == "cpu"
         self.runs: list[DenseRun] = []
@@ -53,8 +53,8 @@ class _PoolStep:
             else:
                 token_slots.extend([slot] * (end - pos))
             pos, i = end, j + 1
-        # Kernel-path tokens; when they are a strict subset of the step's (a mixed step, or another pool's
-        # tokens present) the kernels run on those rows only and the result is added back as whole rows.
+        # Kernel-path tokens; when they are a strict subset of the step's (prefill runs or base tokens
+        # present) the kernels run on those rows only and the result is added back as whole rows.
         rows = [t for t, s in enumerate(token_slots) if s >= 0]
         self.mapping: LoRABatchMapping | None = None
         self.rows: torch.Tensor | None = None
@@ -67,7 +67,7 @@ class _PoolStep:
         active: set[LayerGroup] = set()
         for slot in {s for s in seq_slots if s >= 0}:
             active |= slots.touched[slot]
-        self.active = frozenset(active)  # (layer, group) pairs some adapter of this pool and step touches
+        self.active = frozenset(active)  # (layer, group) pairs some adapter of this step touches
 
     def apply(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> None:
         if (layer, group) not in self.active:
@@ -79,7 +79,7 @@ class _PoolStep:
             if (layer, group) not in s.touched[run.slot]:
                 continue
             r = s.ranks[run.slot]
-            # one GEMM for all slices (A at rank r: a small copy when r < the pool's rank), one per slice back
+            # one GEMM for all slices (A at rank r: a small copy when r < max_rank), one per slice back
             shrunk = torch.mm(x[run.start:run.end], a[run.slot, :, :r].reshape(-1, a.shape[-1]).t())
             out = y[run.start:run.end]
             for k, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:])):
@@ -100,23 +100,3 @@ class _PoolStep:
         else:  # one slice at a time: the CPU path would otherwise concatenate the slices' padded outputs
             for k, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:])):
                 lora_expand(y[:, lo:hi], buf[k:k + 1], bt[:, :, lo:hi].transpose(1, 2), self.mapping, (0, hi - lo))
-
-
-class StepLoRAContext:
-    def __init__(self, parts: list[_PoolStep]) -> None:
-        self.parts = parts
-
-    @classmethod
-    def build(cls, pools: list[LoRASlots], seq_slots: list[SlotId | None], seq_lens: list[int]) -> StepLoRAContext:
-        """``seq_slots[i]``: the slot of the i-th scheduled sequence (None = base model); ``seq_lens[i]``: its
-        number of tokens in this step."""
-        parts = []
-        for p, slots in enumerate(pools):
-            mine = [s[1] if s is not None and s[0] == p else -1 for s in seq_slots]
-            if any(s >= 0 for s in mine):
-                parts.append(_PoolStep(slots, mine, seq_lens))
-        return cls(parts)
-
-    def apply(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> None:
-        for part in self.parts:
-            part.apply(layer, group, x, y)

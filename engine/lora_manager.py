@@ -28,7 +28,7 @@ from loraplex.adapters import (LORA_GROUPS, AdapterError, AdapterLimits, BaseMod
                                stack_adapter)
 from loraplex.engine.adapter_ref import AdapterRef
 from loraplex.engine.lora_context import StepLoRAContext
-from loraplex.engine.lora_device import DeviceSlots, SlotId
+from loraplex.engine.lora_device import DeviceSlots
 from loraplex.engine.lora_slots import HostAdapter
 from loraplex.engine.sequence import Sequence
 
@@ -141,7 +141,7 @@ class LoRAManager:
                                f"names {content_hash} (the file changed after it was registered)",
                                code="hash_mismatch")
         touched = set(adapter.weights)  # (layer, module) pairs with LoRA weights
-        stacked = stack_adapter(adapter, self.base, self.slots.pool_rank(adapter.rank), self.dtype, "cpu")
+        stacked = stack_adapter(adapter, self.base, self.max_lora_rank, self.dtype, "cpu")
         weights = {}
         for (layer, group), (a, b) in stacked.items():
             if any((layer, m) in touched for m in LORA_GROUPS[group]):
@@ -201,15 +201,15 @@ class LoRAManager:
         if not any(s.adapter_hash for s in seqs):
             return None
         in_use = {s.adapter_hash for s in running if s.adapter_hash}
-        slot_of: dict[str, SlotId] = {}
-        slots: list[SlotId | None] = []
+        slot_of: dict[str, int] = {}
+        slots: list[int] = []
         for seq in seqs:
             h = seq.adapter_hash
             if h is not None and h not in slot_of:
                 host = None if h in self.slots else self._host_copy(h)
                 slot_of[h] = self.slots.activate(h, host, in_use | {h}, self._step)
-            slots.append(slot_of[h] if h is not None else None)
-        return StepLoRAContext.build(self.slots.pools, slots, list(num_new_tokens))
+            slots.append(slot_of[h] if h is not None else -1)
+        return StepLoRAContext(self.slots.weights, slots, list(num_new_tokens))
 
     # ------------------------------------------------------------------ introspection
     def resident(self) -> list[str]:

@@ -37,13 +37,18 @@ class GrammarMatcher(ABC):
 
     @abstractmethod
     def min_tokens_to_accept(self) -> int:
-        """Fewest tokens from here to a complete output (0 when accepting)."""
+        """Fewest tokens from here to a complete output (0 when accepting).
+
+        Exact on the automaton backend; on llguidance the length of a concrete completion found
+        by a bounded search (achievable, so budget mode still ends complete, but not always the
+        minimum).
+        """
 
 
 class CompiledGrammar(ABC):
     """A constraint compiled for one tokenizer; shared by every request that uses it."""
 
-    min_tokens: int  # fewest tokens from the start to a complete valid output
+    min_tokens: int  # fewest tokens from the start to a complete output (see min_tokens_to_accept)
     backend: str  # "outlines" (token automaton) or "llguidance"
 
     @abstractmethod

@@ -6,6 +6,12 @@ key is (tokenizer identity, spec.cache_key()). Refusals are cached; timeouts and
 are not. When llguidance serves a constraint whose token automaton is merely too large to build
 inside the request, the automaton is built by a background worker and replaces the cache entry,
 so later requests get the faster backend.
+
+Engine use: `fut = compiler.submit(spec)` when the request arrives (GrammarError -> 400); schedule
+the request once `fut.done()`; refuse it if max_tokens < grammar.min_tokens; per step
+`matcher.fill_bitmask(row, remaining_tokens=max_tokens - generated)` (best into a pinned CPU
+buffer moved to the device once per step), then `matcher.accept_token(sampled)`; the output is
+finished when `matcher.is_terminated()` (EOS accepted, or nothing can follow).
 """
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
 """Bounded search for a short completion from an llguidance matcher's state.
 
 llguidance exposes no states, so distances cannot be precomputed. Over byte strings (every byte
-has a one-byte token) we first walk greedily to acceptance (forced bytes, else the first allowed
-byte of CLOSING_ORDER), then try to beat that length with a bounded uniform-cost search (shortest
-first, forced bytes in one jump, per length one matcher per distinct next-token mask, at most
-`beam` per length). The best byte string is split into as few tokens as the matcher allows
-(dynamic programming over the vocabulary). The result is a concrete plan: achievable, usually
-short, always an upper bound on the true distance.
+has a one-byte token) we walk greedily to acceptance: forced bytes, else the first allowed byte
+of CLOSING_ORDER (~1 ms for a JSON schema). Only if that fails, a bounded uniform-cost search
+runs (shortest first, forced bytes in one jump, per length one matcher per distinct next-token
+mask, at most `beam` per length); measured on JSON schemas it cost 0.2-1 s and rarely beat the
+greedy walk, so it is not used to refine it. The byte string is split into as few tokens as the
+matcher allows (dynamic programming over the vocabulary). The result is a concrete plan:
+achievable and short, an upper bound on the true distance (not always the minimum).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from loraplex.grammar.vocab import VocabInfo
 
 MAX_TOKEN_BYTES = 48
 # Greedy completion prefers bytes that close what is open, then short values.
-REPEAT = 32
+REPEAT = 8
 CLOSING_ORDER = '"}])>,0123456789' + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" + " -+.:;_'!?#$%&*/=@^`|~<({[\\\n\t"
 
 
@@ -50,10 +51,9 @@ class CompletionSearch:
         """Tokens from `matcher`'s state to an accepting one, or None if none found in bounds."""
         if matcher.is_accepting():
             return []
-        greedy = self._greedy(matcher)
-        limit = len(greedy) if greedy is not None else self.max_bytes
-        best = self._shortest(matcher, limit)
-        path = best if best is not None else greedy
+        path = self._greedy(matcher)
+        if path is None:
+            path = self._shortest(matcher, self.max_bytes)
         return None if path is None else self.tokenize(matcher, path)
 
     def _greedy(self, matcher: Any) -> bytes | None:

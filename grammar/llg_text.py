@@ -1,4 +1,4 @@
-"""llguidance grammar texts for each kind of constraint, validated with clear errors.
+r"""llguidance grammar texts for each kind of constraint, validated with clear errors.
 
 JSON schemas go to llguidance's own JSON compiler in strict mode (no lenient keyword skipping,
 no oneOf-as-anyOf, compact separators). String formats are rewritten into our exact format
