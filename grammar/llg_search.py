@@ -59,12 +59,15 @@ class CompletionSearch:
     def _greedy(self, matcher: Any) -> bytes | None:
         """Close as soon as possible: forced bytes, else the first allowed byte in CLOSING_ORDER.
 
-        A byte chosen REPEAT times in states with the same mask is passed over afterwards, so a
-        choice that loops (digits of a number, `"a"+`) gives way to the next one.
+        Back in a state whose mask was seen before means the walk is looping (digits of a number,
+        the local part of an email): then the first byte whose successor has an unseen mask (or
+        accepts) wins, so loops are left after one turn instead of spelling out CLOSING_ORDER. A byte
+        chosen REPEAT times in states with the same mask is passed over as a last resort.
         """
         node = matcher.deep_copy()
         path = b""
         used: dict[tuple[int, int], int] = {}
+        seen: set[int] = set()
         while not node.is_accepting():
             if len(path) >= self.max_bytes:
                 return None
@@ -76,12 +79,26 @@ class CompletionSearch:
                 continue
             allowed = set(self._next_bytes(node).tolist())
             sig = hash(self._buf.tobytes())  # the mask _next_bytes just computed
-            b = next((c for c in self._order if c in allowed and used.get((sig, c), 0) < REPEAT), None)
+            candidates = [c for c in self._order if c in allowed]
+            b = self._leave_loop(node, candidates, seen) if sig in seen else None
+            seen.add(sig)
+            if b is None:
+                b = next((c for c in candidates if used.get((sig, c), 0) < REPEAT), None)
             if b is None or not node.consume_token(int(self.byte_token[b])):
                 return None
             used[(sig, b)] = used.get((sig, b), 0) + 1
             path += bytes([b])
         return path
+
+    def _leave_loop(self, node: Any, candidates: list[int], seen: set[int]) -> int | None:
+        """The first candidate byte leading to an accepting state or a mask not seen yet."""
+        for c in candidates:
+            child = node.deep_copy()
+            if not child.consume_token(int(self.byte_token[c])):
+                continue
+            if child.is_accepting() or hash(self._mask(child).tobytes()) not in seen:
+                return c
+        return None
 
     def _shortest(self, matcher: Any, limit: int) -> bytes | None:
         """Uniform-cost search for an accepting byte string shorter than `limit`."""

@@ -52,7 +52,7 @@ ADDRESS_BOOK = {
 TAGS = {
     "type": "object",
     "properties": {"tags": {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 12},
-                            "maxItems": 5, "uniqueItems": False},
+                            "maxItems": 5},
                    "id": {"type": "string", "format": "uuid"}},
     "required": ["tags"], "additionalProperties": False,
 }
