@@ -9,6 +9,8 @@ complete the document, only tokens on a shortest completion path stay allowed.
 """
 from __future__ import annotations
 
+import time
+from collections import deque
 from concurrent.futures import Future
 
 import torch
@@ -31,6 +33,7 @@ class StructuredOutputManager:
         self._workers = workers
         self._compiler = None  # created on first use: unconstrained deployments never start the pool
         self._failed: dict[str, str] = {}  # request id -> error message
+        self.mask_seconds: deque[float] = deque(maxlen=100_000)  # per constrained sequence-step fill time
 
     @property
     def compiler(self):
@@ -103,7 +106,9 @@ class StructuredOutputManager:
         for j, i in enumerate(rows):
             seq = seqs[i]
             remaining = seq.remaining_tokens if seq.params.structured.close_within_budget else None
+            t = time.perf_counter()
             seq.grammar.fill_bitmask(bitmask[j], remaining)
+            self.mask_seconds.append(time.perf_counter() - t)
         apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True),
                             torch.tensor(rows, dtype=torch.long, device=logits.device))
 

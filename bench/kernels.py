@@ -1,4 +1,4 @@
-"""CPU cost of the torch paths on SmolLM2-135M shapes: ``python -m loraplex.kernels.benchmark``.
+"""CPU cost of the torch paths on SmolLM2-135M shapes: ``python -m bench.kernels``.
 
 Prints, per LoRA projection group, the base matmul of the projection versus the grouped
 multi-LoRA path (shrink + expand) and the per-token reference, for a decode step of
