@@ -31,6 +31,9 @@ class AutomatonGrammar(CompiledGrammar):
         words = data.rows.shape[1]
         self.eos_row = torch.from_numpy(token_row(np.asarray(sorted(eos_ids)), words))
         self._short: dict[int, torch.Tensor] = {}
+        self._budget: dict[tuple[int, int], torch.Tensor] = {}
+        # per state, the largest distance any allowed token leads to: below it a budget row is needed
+        self.max_next_dist = [max((self.dist[n] for n in row if n >= 0), default=0) for row in self.table]
         self._lock = threading.Lock()
 
     @property
@@ -65,6 +68,27 @@ class AutomatonGrammar(CompiledGrammar):
         return row
 
 
+    def budget_row(self, state: int, limit: int) -> torch.Tensor:
+        """Tokens after which acceptance stays reachable within `limit` more tokens (EOS when accepting).
+
+        Masking only when the budget equals the distance is not enough: with one token of slack a
+        token that starts a longer structure (`,` before another property) would make the document
+        impossible to close, so every budget-bound step keeps exactly the tokens that still fit.
+        """
+        key = (state, limit)
+        row = self._budget.get(key)
+        if row is None:
+            nxt = self.data.table[state]
+            fits = (nxt >= 0) & (self.data.dist[np.maximum(nxt, 0)] <= limit)
+            tokens = np.flatnonzero(fits[self.data.token_class])
+            if self.accepting[state]:
+                tokens = np.concatenate([tokens, np.asarray(sorted(self.eos_ids), dtype=np.int64)])
+            row = torch.from_numpy(token_row(tokens, self.rows.shape[1]))
+            with self._lock:
+                self._budget[key] = row
+        return row
+
+
 class AutomatonMatcher(GrammarMatcher):
     __slots__ = ("_g", "state", "_terminated")
 
@@ -95,6 +119,9 @@ class AutomatonMatcher(GrammarMatcher):
         elif (remaining_tokens is not None and g.close_within_budget
               and remaining_tokens <= g.dist[self.state]):
             out.copy_(g.shortest_row(self.state))
+        elif (remaining_tokens is not None and g.close_within_budget
+              and remaining_tokens - 1 < g.max_next_dist[self.state]):
+            out.copy_(g.budget_row(self.state, remaining_tokens - 1))
         else:
             out.copy_(g.rows[self.state])
 

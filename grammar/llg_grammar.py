@@ -22,6 +22,7 @@ from loraplex.grammar.vocab import VocabInfo
 
 GROWTH = 4
 MARGIN = 8
+ENGAGE_SLACK = 4
 
 
 class LLGuidanceGrammar(CompiledGrammar):
@@ -110,13 +111,16 @@ class LLGuidanceMatcher(GrammarMatcher):
         return len(self._make_plan())
 
     def _near_budget(self, remaining: int) -> bool:
+        # The plan is a greedy upper bound, not the true distance: a free token taken with only a token
+        # or two of slack can land where the next greedy plan no longer fits. So the plan is followed
+        # once the budget comes within ENGAGE_SLACK of its length, leaving room for that overestimate.
         plan = self._current_plan()
         if plan is not None:
-            return remaining <= len(plan)
+            return remaining <= len(plan) + ENGAGE_SLACK
         pos, dist = self._known
-        if remaining > dist + GROWTH * (self._pos - pos) + MARGIN:
+        if remaining > dist + GROWTH * (self._pos - pos) + MARGIN + ENGAGE_SLACK:
             return False
-        return remaining <= len(self._make_plan())
+        return remaining <= len(self._make_plan()) + ENGAGE_SLACK
 
     # ---- masks -----------------------------------------------------------------------------------
     def fill_bitmask(self, out: torch.Tensor, remaining_tokens: int | None = None) -> None:
