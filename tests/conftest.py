@@ -1,6 +1,13 @@
 """Shared fixtures: the real SmolLM2 directory and tiny random Llama directories."""
 from __future__ import annotations
 
+import os
+
+# The Triton kernels are compared with their torch references under the interpreter on CPU. Triton
+# reads this when it is first imported, and other suites (grammar, engine) may import it before the
+# kernel tests do, so it is set here, before anything else loads.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import json
 import shutil
 from pathlib import Path
