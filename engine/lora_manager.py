@@ -153,18 +153,20 @@ class LoRAManager:
         return HostAdapter(content_hash, adapter.rank, weights, nbytes)
 
     def _on_loaded(self, content_hash: str, fut: Future) -> None:
-        exc = fut.exception()
         with self._loaded:
             self._loading.discard(content_hash)
+            self._loaded.notify_all()
+            if fut.cancelled():  # the manager is closing
+                return
+            exc = fut.exception()
             if exc is None:
                 self._host[content_hash] = fut.result()
                 self.num_disk_loads += 1
-            else:
-                if not isinstance(exc, (AdapterError, OSError)):
-                    log.error("loading LoRA adapter %s failed", content_hash, exc_info=exc)
-                self._failed[content_hash] = str(exc) or type(exc).__name__
-                self.num_load_failures += 1
-            self._loaded.notify_all()
+                return
+            if not isinstance(exc, (AdapterError, OSError)):
+                log.error("loading LoRA adapter %s failed", content_hash, exc_info=exc)
+            self._failed[content_hash] = str(exc) or type(exc).__name__
+            self.num_load_failures += 1
 
     def take_failures(self) -> dict[str, str]:
         """Adapters whose load failed since the last call: content hash -> error message."""

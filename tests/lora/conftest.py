@@ -1,9 +1,18 @@
-"""The multi-LoRA engine tests run torch on one thread: on the shared 2-core machines two threads contend
-with other jobs and tiny matmuls get several times slower; results do not depend on it."""
+"""Fixtures of the multi-LoRA engine tests.
+
+torch runs on one thread here: on the shared 2-core machines two threads contend with other jobs and tiny
+matmuls get several times slower; results do not depend on it. test_lora_context runs the Triton kernels
+through the interpreter, which must be chosen before triton.language is first imported (peft and
+transformers import it): hence the variable is set here, before any test module of this folder loads.
+"""
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")

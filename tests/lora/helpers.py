@@ -14,18 +14,14 @@ def load_hf(model_dir: Path) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
 
-def save_adapter(base: PreTrainedModel, dest: Path, *, seed: int, b_scale: float = 1.0,
-                 **lora_kwargs: Any) -> PreTrainedModel:
+def save_adapter(base: PreTrainedModel, dest: Path, *, seed: int, **lora_kwargs: Any) -> PreTrainedModel:
     """Save a peft LoRA adapter for ``base`` at ``dest`` and return the untouched base model.
 
-    ``init_lora_weights=False`` makes A and B random (non-zero); B is multiplied by ``b_scale``.
+    ``init_lora_weights=False`` leaves A and B at nn.Linear's random init: B is non-zero and the deltas
+    are large enough to change greedy outputs.
     """
     torch.manual_seed(seed)
     model = get_peft_model(base, LoraConfig(init_lora_weights=False, **lora_kwargs))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.mul_(b_scale)
     model.save_pretrained(dest)
     return model.unload()
 

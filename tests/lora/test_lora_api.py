@@ -80,3 +80,23 @@ async def test_async_engine_adapters(tiny_llama_dir, tiny_adapters):
         assert engine.engine.lora_manager.num_disk_loads == 2
     finally:
         engine.shutdown()
+
+
+def test_base_only_steps_get_no_lora_context(tiny_llama_dir, tiny_adapters):
+    dirs, _ = tiny_adapters
+    eng = LLMEngine(model=str(tiny_llama_dir), max_loras=2, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64,
+                    block_size=8)
+    ref = eng.add_adapter(str(dirs["a15"]))
+    contexts = []
+    run = eng.runner.run
+
+    def spy(batch, lora=None):
+        contexts.append((any(s.adapter_hash for s in batch.seqs), lora))
+        return run(batch, lora=lora)
+
+    eng.runner.run = spy
+    params = SamplingParams(max_tokens=3, **GREEDY)
+    drive(eng, {0: [dict(prompt_token_ids=PROMPTS[0], params=params)],
+                4: [dict(prompt_token_ids=PROMPTS[1], params=params, adapter=ref)]})
+    assert any(uses for uses, _ in contexts) and not all(uses for uses, _ in contexts)
+    assert all((lora is not None) == uses for uses, lora in contexts)

@@ -37,7 +37,7 @@ def setup(smol_dir, tmp_path_factory):
     dirs = {}
     for i, (name, cfg) in enumerate(ADAPTERS.items()):
         dirs[name] = root / name
-        base = save_adapter(base, dirs[name], seed=100 + i, b_scale=1.0, **cfg)
+        base = save_adapter(base, dirs[name], seed=100 + i, **cfg)
     return dirs, PeftOracle(base, dirs)
 
 
@@ -74,7 +74,7 @@ def test_mixed_batch_matches_peft_per_adapter(smol_dir, setup):
         assert diff < 1e-3, f"{name}: last-position logits differ by {diff}"
         if name is not None and tuple(prompt) in base_out:
             changed += ref != base_out[tuple(prompt)]
-    assert changed >= 6, f"the adapters barely change greedy outputs; the test would not catch a dropped delta ({changed})"
+    assert changed >= 6, f"only {changed} adapter outputs differ from the base model's: too weak to catch a lost delta"
     assert_no_leaks(eng)
 
 

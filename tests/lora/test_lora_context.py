@@ -1,0 +1,91 @@
+"""The per-step LoRA context against plain per-token math: CPU paths (dense prefill runs + grouped kernels)
+and the CUDA routing (everything through the Triton kernels, run here by the Triton interpreter)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loraplex.adapters import LORA_GROUPS, BaseModelSpec
+from loraplex.engine import lora_context
+from loraplex.engine.lora_context import DENSE_MIN_TOKENS, StepLoRAContext
+from loraplex.engine.lora_slots import HostAdapter, LoRASlots
+from loraplex.kernels import lora as kernels
+
+BASE = BaseModelSpec(architecture="LlamaForCausalLM", model_type="llama", hidden_size=24, intermediate_size=40,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=64)
+MAX_RANK = 8
+RANKS = [8, 3, 5, 1]  # per slot; slot 3 touches layer 1's qkv only
+
+
+def make_slots(gen: torch.Generator) -> tuple[LoRASlots, dict]:
+    slots = LoRASlots(BASE, len(RANKS), MAX_RANK, torch.device("cpu"), torch.float32)
+    dense = {}  # (slot, layer, group) -> (A [slices, r, in], B [out_total, r]) for the reference
+    for slot, r in enumerate(RANKS):
+        weights = {}
+        for layer in range(BASE.num_hidden_layers):
+            for group, modules in LORA_GROUPS.items():
+                if slot == 3 and (layer, group) != (1, "qkv"):
+                    continue
+                in_f = BASE.module_shape(modules[0])[0]
+                out_total = sum(BASE.module_shape(m)[1] for m in modules)
+                a = torch.zeros(len(modules), MAX_RANK, in_f)
+                bt = torch.zeros(MAX_RANK, out_total)
+                a[:, :r] = torch.randn(len(modules), r, in_f, generator=gen)
+                bt[:r] = torch.randn(r, out_total, generator=gen)
+                weights[(layer, group)] = (a, bt)
+                dense[(slot, layer, group)] = (a[:, :r], bt[:r].t())
+        slots.load(slot, HostAdapter(f"h{slot}", r, weights, 0))
+    return slots, dense
+
+
+def reference(dense, layer: int, group: str, x: torch.Tensor, y: torch.Tensor, token_slots: list[int]) -> torch.Tensor:
+    out = y.clone()
+    offsets = [0]
+    for m in LORA_GROUPS[group]:
+        offsets.append(offsets[-1] + BASE.module_shape(m)[1])
+    for t, slot in enumerate(token_slots):
+        if slot < 0 or (slot, layer, group) not in dense:
+            continue
+        a, b = dense[(slot, layer, group)]
+        for k, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:])):
+            out[t, lo:hi] += b[lo:hi] @ (a[k] @ x[t])
+    return out
+
+
+# a prefill chunk, a base prefill, decodes of several adapters and the base, two neighbours of one adapter
+SEQ_SLOTS = [0, -1, 1, 2, -1, 0, 3, 1, 1, 2]
+SEQ_LENS = [DENSE_MIN_TOKENS + 5, 20, 1, 1, 1, 1, 1, 9, 9, 3]
+
+
+@pytest.mark.parametrize("triton", [False, True], ids=["cpu-paths", "triton-interpreter"])
+def test_step_context_matches_per_token_math(triton, monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    slots, dense = make_slots(gen)
+    if triton:  # what the context does on CUDA: no dense runs, every token through the Triton kernels
+        monkeypatch.setattr(lora_context, "lora_shrink", kernels.lora_shrink_triton)
+        monkeypatch.setattr(lora_context, "lora_expand", kernels.lora_expand_triton)
+    ctx = StepLoRAContext(slots, SEQ_SLOTS, SEQ_LENS, cpu_paths=not triton)
+    if triton:
+        assert not ctx.runs and ctx.rows is not None
+    else:  # the prefill chunk and the two neighbouring 9-token chunks of slot 1 become dense runs
+        assert [(r.slot, r.end - r.start) for r in ctx.runs] == [(0, DENSE_MIN_TOKENS + 5), (1, 18)]
+    token_slots = [s for s, n in zip(SEQ_SLOTS, SEQ_LENS) for _ in range(n)]
+    num_tokens = len(token_slots)
+    for layer in range(BASE.num_hidden_layers):
+        for group, modules in LORA_GROUPS.items():
+            in_f = BASE.module_shape(modules[0])[0]
+            out_total = sum(BASE.module_shape(m)[1] for m in modules)
+            x = torch.randn(num_tokens, in_f, generator=gen)
+            y = torch.randn(num_tokens, out_total, generator=gen)
+            expected = reference(dense, layer, group, x, y, token_slots)
+            ctx.apply(layer, group, x, y)
+            torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_base_only_layers_are_skipped():
+    slots, _ = make_slots(torch.Generator().manual_seed(1))
+    ctx = StepLoRAContext(slots, [3, -1], [1, 4])
+    assert ctx.active == frozenset({(1, "qkv")})
+    x, y = torch.randn(5, 24), torch.zeros(5, 24)
+    ctx.apply(0, "o", x, y)  # slot 3 has no o projection: nothing happens
+    assert not y.any()
