@@ -125,6 +125,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of (a) and (b), alternating; the best counts")
     ap.add_argument("--interleaved", action="store_true", help="also compare (a) and (b) step by step under equal load")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--no-prefix-caching", action="store_true",
+                    help="(a) shares the chat template's prefix across all requests, (b) only within an adapter")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
     if args.threads:
@@ -137,7 +139,8 @@ def main() -> None:
     model_dir = resolve_model_dir(args.model)
     load_before = os.getloadavg()
     llm = LLM(model=args.model, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              enable_prefix_caching=not args.no_prefix_caching)
     reqs = wl.build_requests(llm.tokenizer)
     prompts = [r["prompt_token_ids"] for r in reqs]
     adapter_dirs = ensure_adapters(args.bench_dir, model_dir, args.adapters, wl.N_ADAPTERS)
@@ -149,7 +152,8 @@ def main() -> None:
           f"{sum(map(len, prompts)) / len(prompts):.0f} prompt tokens on average, {wl.MAX_TOKENS} output tokens each")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, max_loras={args.max_loras}, "
           f"max_cpu_loras={args.max_cpu_loras}, max_num_seqs={args.max_num_seqs}, "
-          f"max_num_batched_tokens={args.max_num_batched_tokens}", flush=True)
+          f"max_num_batched_tokens={args.max_num_batched_tokens}, prefix caching "
+          f"{'off' if args.no_prefix_caching else 'on'}", flush=True)
 
     run_loraplex(llm, prompts[:2], None, 4)  # warm-up
     secs_a, secs_b, out_b = [], [], []
@@ -171,7 +175,8 @@ def main() -> None:
         same = sum(b == c for b, c in zip(out_b, out_c))
     if args.interleaved:
         llm_base = LLM(model=args.model, max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens)
+                       max_num_batched_tokens=args.max_num_batched_tokens,
+                       enable_prefix_caching=not args.no_prefix_caching)
         for ref in refs:
             llm.remove_adapter(ref)
         busy_a, busy_b = run_interleaved(llm_base, llm, prompts, per_request, wl.MAX_TOKENS)

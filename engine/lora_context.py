@@ -14,6 +14,8 @@ order, which is the order of their tokens in the flat batch. Two paths:
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +24,26 @@ from loraplex.engine.lora_slots import LayerGroup, LoRASlots
 from loraplex.kernels.lora import LoRABatchMapping, lora_expand, lora_shrink
 
 DENSE_MIN_TOKENS = 16
+
+
+@contextmanager
+def _one_thread(enabled: bool) -> Iterator[None]:
+    """Run the enclosed CPU ops on one intra-op thread.
+
+    LoRA work is many small ops per layer; on two OpenMP threads each pays a fork/join and index_add_
+    takes a parallel path that is ~20x slower when the other core is busy: a Workload A decode step's
+    LoRA work took 120 ms on two threads and 56 ms on one on the shared 2-core machine, and a whole
+    Workload A run was ~3% faster with the prefill runs' GEMMs on one thread as well.
+    """
+    threads = torch.get_num_threads()
+    if not enabled or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)
@@ -79,6 +101,20 @@ class StepLoRAContext:
         s = self.slots
         a, bt = s.a[group][layer], s.bt[group][layer]
         offsets = s.slice_offsets[group]
+        with _one_thread(self.cpu_paths):
+            self._dense(layer, group, x, y, a, bt, offsets)
+            if self.mapping is None:
+                return
+            if self.rows is None:
+                self._kernels(x, y, a, bt, offsets)
+            else:
+                delta = y.new_zeros(self.rows.shape[0], y.shape[1])
+                self._kernels(x.index_select(0, self.rows), delta, a, bt, offsets)
+                y.index_add_(0, self.rows, delta)
+
+    def _dense(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
+               offsets: tuple[int, ...]) -> None:
+        s = self.slots
         for run in self.runs:
             if (layer, group) not in s.touched[run.slot]:
                 continue
@@ -88,13 +124,6 @@ class StepLoRAContext:
             out = y[run.start:run.end]
             for k, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:])):
                 out[:, lo:hi].addmm_(shrunk[:, k * r:(k + 1) * r], bt[run.slot, :r, lo:hi])
-        if self.mapping is not None:
-            if self.rows is None:
-                self._kernels(x, y, a, bt, offsets)
-            else:
-                delta = y.new_zeros(self.rows.shape[0], y.shape[1])
-                self._kernels(x.index_select(0, self.rows), delta, a, bt, offsets)
-                y.index_add_(0, self.rows, delta)
 
     def _kernels(self, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
                  offsets: tuple[int, ...]) -> None:
