@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -128,6 +127,3 @@ class ModelShape:
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         return 2 * self.num_layers * self.kv_size * torch.empty((), dtype=dtype).element_size()
 
-
-def config_path_name(model_dir: Path) -> str:
-    return model_dir.name
