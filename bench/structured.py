@@ -3,8 +3,11 @@
     .venv/bin/python -m bench.structured [--skip-compile]
 
 Each run is the core benchmark's batch (64 requests, greedy, max_tokens 64; unconstrained rows use
-ignore_eos) with the workload's extraction SCHEMA on a share of the requests. Prints tokens/s of each
-run, the share of constrained outputs that validate, the mask time per constrained sequence-step
+ignore_eos) with the workload's extraction SCHEMA on a share of the requests. Constrained outputs end
+with their JSON, so the 100% run has fewer output tokens and more of its time is prefill; a last run,
+"0% (matched lengths)", repeats the unconstrained batch with each request's max_tokens set to the length
+its constrained output had, so the two runs do the same model work and their ratio is the cost of the
+constraint itself. Prints tokens/s of each run, the share of constrained outputs that validate, the mask time per constrained sequence-step
 (p50/p99, measured inside the engine) and compile times over ../shared/schemas (bench.grammar_backends).
 """
 from __future__ import annotations
@@ -36,11 +39,16 @@ def main() -> None:
     llm.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0.0))
     print(f"Workload A, {len(prompts)} requests; {machine_load()}")
     rows = []
-    for share in (0.0, 0.5, 1.0):
-        n_constrained = int(round(share * len(prompts)))
-        params = [SamplingParams(max_tokens=wl.MAX_TOKENS, temperature=0.0, structured=spec) if i < n_constrained
-                  else SamplingParams(max_tokens=wl.MAX_TOKENS, temperature=0.0, ignore_eos=True)
-                  for i in range(len(prompts))]
+    constrained_lens: list[int] = []
+    for share in (0.0, 0.5, 1.0, None):
+        n_constrained = int(round(share * len(prompts))) if share is not None else 0
+        if share is None:  # the unconstrained batch, each output as long as its constrained counterpart
+            params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in constrained_lens]
+        else:
+            params = [SamplingParams(max_tokens=wl.MAX_TOKENS, temperature=0.0, structured=spec)
+                      if i < n_constrained else SamplingParams(max_tokens=wl.MAX_TOKENS, temperature=0.0,
+                                                               ignore_eos=True)
+                      for i in range(len(prompts))]
         llm.engine.block_manager.reset_prefix_cache()
         llm.engine.structured.mask_seconds.clear()
         t = time.perf_counter()
@@ -50,10 +58,14 @@ def main() -> None:
         n_in = sum(len(p) for p in prompts)
         valid = sum(wl.validate(o.text)[1] for o in outs[:n_constrained])
         masks = list(llm.engine.structured.mask_seconds)
-        rows.append([f"{share:.0%} constrained", n_out / dt, (n_in + n_out) / dt,
+        if share == 1.0:
+            constrained_lens = [len(o.token_ids) for o in outs]
+        label = "0% (matched lengths)" if share is None else f"{share:.0%} constrained"
+        rows.append([label, n_out / dt, (n_in + n_out) / dt,
                      f"{valid}/{n_constrained}", pct(masks, 0.5) * 1e6, pct(masks, 0.99) * 1e6, f"{dt:.1f}"])
     print_table(["run", "output tok/s", "total tok/s", "valid", "mask p50 us", "mask p99 us", "seconds"], rows)
-    print(f"100% / 0% constrained: output {rows[2][1] / rows[0][1]:.2f}x, total {rows[2][2] / rows[0][2]:.2f}x")
+    print(f"100% / 0% constrained: output {rows[2][1] / rows[0][1]:.2f}x, total {rows[2][2] / rows[0][2]:.2f}x; "
+          f"100% / matched-length 0%: output {rows[2][1] / rows[3][1]:.2f}x, total {rows[2][2] / rows[3][2]:.2f}x")
     if not args.skip_compile:
         from transformers import AutoTokenizer
 

@@ -2,8 +2,11 @@
 
 The metadata is built once per step (not per layer). On CUDA the Triton paged-attention kernel reads
 the block tables directly. On CPU the batch is split into two vectorised groups — single-token
-decodes and multi-token prefill chunks — each gathering its sequences' blocks once per layer and
-running one masked scaled-dot-product attention over the whole group (no loop over sequences).
+decodes and multi-token prefill chunks. With float32 on the CPU the decodes go to the C kernel of
+``kernels.cpu_attention``, which reads the paged cache in place (decode attention is bound by memory
+traffic, and the gathered copy triples it); otherwise each group gathers its sequences' blocks once
+per layer and runs one masked scaled-dot-product attention over the whole group (no loop over
+sequences).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from loraplex.kernels.attention import paged_attention, store_kv
+from loraplex.kernels.cpu_attention import paged_decode_attention_c
 
 
 @dataclass
@@ -24,6 +28,9 @@ class GroupPlan:
     blocks: torch.Tensor  # [B, nblk] physical blocks to gather
     mask: torch.Tensor  # [B, 1, Q, nblk*block_size] bool, True = attend
     flat_rows: torch.Tensor  # [num valid] rows of the output to write
+    # decode groups run by the C kernel: block tables [B, nblk] int32 and context lengths [B] int32
+    c_tables: torch.Tensor | None = None
+    c_seq_lens: torch.Tensor | None = None
 
 
 @dataclass
@@ -38,8 +45,9 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, q_lens: list[int], ctx_lens: list[int], block_tables: list[list[int]], block_size: int,
-              device: torch.device, use_triton: bool) -> "AttentionMetadata":
-        """q_lens: new tokens per sequence; ctx_lens: tokens already cached before this step."""
+              device: torch.device, use_triton: bool, c_decode: bool = False) -> "AttentionMetadata":
+        """q_lens: new tokens per sequence; ctx_lens: tokens already cached before this step;
+        c_decode: run the decode group with the C kernel (float32 CPU caches, kernel built)."""
         num_seqs = len(q_lens)
         seq_lens = [c + q for c, q in zip(ctx_lens, q_lens)]
         starts = [0]
@@ -63,11 +71,23 @@ class AttentionMetadata:
         if not use_triton:
             decode = [i for i in range(num_seqs) if q_lens[i] == 1]
             prefill = [i for i in range(num_seqs) if q_lens[i] > 1]
-            for members in (decode, prefill):
-                if members:
-                    meta.groups.append(_group_plan(members, q_lens, seq_lens, starts, block_tables,
-                                                   block_size, device))
+            if decode and c_decode:
+                meta.groups.append(_c_decode_plan(decode, seq_lens, starts, block_tables, block_size, device))
+            elif decode:
+                meta.groups.append(_group_plan(decode, q_lens, seq_lens, starts, block_tables, block_size, device))
+            if prefill:
+                meta.groups.append(_group_plan(prefill, q_lens, seq_lens, starts, block_tables, block_size, device))
         return meta
+
+
+def _c_decode_plan(members: list[int], seq_lens: list[int], starts: list[int], block_tables: list[list[int]],
+                   block_size: int, device: torch.device) -> GroupPlan:
+    nblk = max(-(-seq_lens[i] // block_size) for i in members)
+    tables = [block_tables[i][:nblk] + [0] * (nblk - min(nblk, len(block_tables[i]))) for i in members]
+    rows = torch.tensor([starts[i] for i in members], dtype=torch.long, device=device)
+    return GroupPlan(rows=rows[:, None], valid=None, blocks=rows.new_empty(0), mask=rows.new_empty(0),
+                     flat_rows=rows, c_tables=torch.tensor(tables, dtype=torch.int32, device=device),
+                     c_seq_lens=torch.tensor([seq_lens[i] for i in members], dtype=torch.int32, device=device))
 
 
 def _group_plan(members: list[int], q_lens: list[int], seq_lens: list[int], starts: list[int],
@@ -108,6 +128,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.
     out = torch.empty_like(q)
     _, bs, kvh, d = k_cache.shape
     for g in meta.groups:
+        if g.c_tables is not None:
+            out[g.flat_rows] = paged_decode_attention_c(q[g.flat_rows], k_cache, v_cache, g.c_tables, g.c_seq_lens,
+                                                        scale)
+            continue
         b, qn = g.rows.shape
         keys = k_cache[g.blocks].view(b, -1, kvh, d).transpose(1, 2)
         vals = v_cache[g.blocks].view(b, -1, kvh, d).transpose(1, 2)

@@ -34,6 +34,8 @@ def test_wheel_contains_every_module(wheel):
     assert not missing, f"modules missing from the wheel (add their packages to pyproject.toml): {missing}"
     assert not any(n.startswith("platform/") or n == "loraplex/platform/__init__.py" for n in names)
     assert "loraplex/migrations/script.py.mako" in names
+    for src in (REPO / "kernels" / "csrc").glob("*.c"):  # the C kernels are compiled on first use
+        assert f"loraplex/kernels/csrc/{src.name}" in names
 
 
 def test_no_init_in_platform_and_stdlib_platform_still_imports():

@@ -1,0 +1,105 @@
+"""Decode attention on the CPU: a C kernel that reads the paged cache in place, beside its torch reference.
+
+``paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)`` handles a batch of
+single-token decodes (``q``: ``[num_seqs, num_heads, head_dim]``, one row per sequence; the cache layout
+and ``seq_lens`` as in :mod:`kernels.attention`, this step's K/V already stored). The C path
+(``csrc/paged_decode_attention.c``) serves float32 CPU tensors; the reference — the general torch paged
+attention with one query per sequence — serves everything else and is what the tests compare it with.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from .attention import paged_attention_ref
+from .cpu_build import load
+
+__all__ = ["cpu_decode_kernel_available", "paged_decode_attention", "paged_decode_attention_c",
+           "paged_decode_attention_ref"]
+
+_i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+def _library() -> ctypes.CDLL | None:
+    lib = load("paged_decode_attention")
+    if lib is not None and not hasattr(lib, "_loraplex_typed"):
+        fn = lib.loraplex_paged_decode_attention_f32
+        fn.restype = ctypes.c_int
+        fn.argtypes = [_ptr] * 6 + [_i64] * 6 + [_f32, ctypes.c_int]
+        lib._loraplex_typed = True
+    return lib
+
+
+def cpu_decode_kernel_available() -> bool:
+    return _library() is not None
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+           seq_lens: torch.Tensor) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"q must be [num_seqs, heads, head_dim] and the caches [blocks, block_size, kv_heads, "
+                         f"head_dim]; got {tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2] != 0:
+        raise ValueError(f"q {tuple(q.shape)} does not fit a cache of {k_cache.shape[2]} kv heads x "
+                         f"{k_cache.shape[3]} dims")
+    if seq_lens.shape != (q.shape[0],) or block_tables.dim() != 2 or block_tables.shape[0] != q.shape[0]:
+        raise ValueError(f"need one seq_len and one block-table row per query row ({q.shape[0]}), got "
+                         f"{tuple(seq_lens.shape)} and {tuple(block_tables.shape)}")
+
+
+def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Torch reference: the general paged attention with a one-token chunk per sequence."""
+    _check(q, k_cache, v_cache, block_tables, seq_lens)
+    starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, starts, scale)
+
+
+def paged_decode_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """The C kernel; raises when it cannot serve these tensors (not float32 CPU, or not built)."""
+    _check(q, k_cache, v_cache, block_tables, seq_lens)
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the C decode-attention kernel is not available on this machine")
+    if q.device.type != "cpu" or not all(t.dtype == torch.float32 for t in (q, k_cache, v_cache)):
+        raise ValueError("the C decode-attention kernel takes float32 CPU tensors")
+    if q.shape[2] % 8 != 0:
+        raise ValueError(f"the C decode-attention kernel needs head_dim to be a multiple of 8, got {q.shape[2]}")
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    num_seqs, num_heads = q.shape[0], q.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float32)
+    if num_seqs == 0:
+        return out
+    q = q.contiguous()
+    lens = seq_lens.to(torch.int32).contiguous()
+    if int(lens.min()) < 1:
+        raise ValueError("every decode sequence needs a context of at least one token")
+    used = -(-int(lens.max()) // block_size)
+    if used > block_tables.shape[1]:
+        raise ValueError(f"seq_lens need {used} blocks, the block tables hold {block_tables.shape[1]}")
+    tables = block_tables.to(torch.int32).contiguous()
+    # Memory safety: every block the kernel reads must lie inside the cache.
+    pos = torch.arange(block_tables.shape[1], device=tables.device)
+    read = tables.masked_select(pos[None, :] * block_size < lens[:, None])
+    if int(read.min()) < 0 or int(read.max()) >= num_blocks:
+        raise ValueError(f"block table entries must lie in [0, {num_blocks})")
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    rc = lib.loraplex_paged_decode_attention_f32(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
+        num_seqs, num_heads, kv_heads, head_dim, block_size, tables.shape[1], float(scale), torch.get_num_threads())
+    if rc == -2:
+        raise ValueError("the C decode-attention kernel refused the shapes (head_dim or GQA ratio)")
+    if rc != 0:
+        raise MemoryError("the C decode-attention kernel could not allocate its scratch buffers")
+    return out
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """The C kernel for float32 CPU tensors when it is built, the torch reference otherwise."""
+    if (q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and q.shape[-1] % 8 == 0
+            and cpu_decode_kernel_available()):
+        return paged_decode_attention_c(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)

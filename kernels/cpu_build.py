@@ -1,0 +1,86 @@
+"""Compiles the C kernels in ``csrc/`` once per machine and loads them with ctypes.
+
+The shared object lands in ``$LORAPLEX_KERNEL_CACHE`` (default ``~/.cache/loraplex/kernels``) under a name
+that hashes the source, the compiler command and the CPU's feature flags, so an edited source or a
+different CPU gets its own build (``-march=native``), and a half-written file is never loaded (it is
+renamed into place only once the compiler succeeds). Without a working C compiler, or with
+``LORAPLEX_CPU_KERNELS=0``, :func:`load` returns None and callers use their torch paths.
+
+OpenMP: the objects link ``libgomp.so.1``; torch's CPU wheel has already loaded its own copy under that
+soname, so the dynamic linker binds ours to it and the kernels share torch's thread pool rather than
+starting a second one that would spin against it.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LORAPLEX_KERNEL_CACHE", Path.home() / ".cache" / "loraplex" / "kernels"))
+
+
+def _cpu_signature() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def load(name: str) -> ctypes.CDLL | None:
+    """The compiled ``csrc/<name>.c``, built on first use; None when C kernels are off or cannot build."""
+    with _lock:
+        if name not in _loaded:
+            _loaded[name] = _build_and_load(name)
+        return _loaded[name]
+
+
+def _build_and_load(name: str) -> ctypes.CDLL | None:
+    if os.environ.get("LORAPLEX_CPU_KERNELS", "1") == "0":
+        return None
+    cc = _compiler()
+    if cc is None:
+        logger.warning("no C compiler found: CPU attention falls back to the torch path")
+        return None
+    source = CSRC / f"{name}.c"
+    key = hashlib.sha256(source.read_bytes() + " ".join([cc, *FLAGS]).encode() + _cpu_signature().encode())
+    target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+        os.close(fd)
+        try:
+            proc = subprocess.run([cc, *FLAGS, str(source), "-o", tmp, "-lm"], capture_output=True, text=True)
+            if proc.returncode != 0:
+                logger.warning("building %s failed, using the torch path:\n%s", source.name, proc.stderr[-2000:])
+                return None
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as exc:
+        logger.warning("loading %s failed, using the torch path: %s", target, exc)
+        return None
