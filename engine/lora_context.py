@@ -1,7 +1,7 @@
 """The per-step LoRA context (llama.LoRAContext): adds each scheduled token's adapter delta in place.
 
 Built once per step from the batch layout: a slot and a token count per scheduled sequence, in batch
-order, which is the order of their tokens in the flat batch. Two paths:
+order, which is the order of their tokens in the flat batch. Three paths:
 
 * the batched kernels (``kernels.lora``: Triton SGMV on CUDA, grouped bmm on CPU) for tokens spread over
   many adapters, typically decodes, with one ``LoRABatchMapping`` per step;
@@ -11,6 +11,11 @@ order, which is the order of their tokens in the flat batch. Two paths:
   scatter-add): for a 2048-token prefill step of Workload A (12 adapters) that costs ~27% of the base
   model's projection matmuls, dense runs ~8% (one thread). The Triton kernels handle segments natively,
   so on CUDA all tokens go through them.
+* on CPU with float32 weights, the tokens outside dense runs go to the C kernel of ``kernels.cpu_lora``
+  instead of the grouped bmm: a decode step spreads ~64 tokens over ~28 adapters, so its cost is reading
+  the adapters' weights, which the C kernel does once per slot at the slot's own rank and without the
+  grouped path's padding, strided slice GEMMs and scatter copies (Workload A decode step: ~130 ms of
+  LoRA work on the grouped path).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.engine.lora_slots import LayerGroup, LoRASlots
+from loraplex.kernels.cpu_lora import cpu_lora_kernel_available, lora_apply_c
 from loraplex.kernels.lora import LoRABatchMapping, lora_expand, lora_shrink
 
 DENSE_MIN_TOKENS = 16
@@ -80,11 +86,18 @@ class StepLoRAContext:
                 token_slots.extend([slot] * (end - pos))
             pos, i = end, j + 1
         # Kernel-path tokens; when they are a strict subset of the step's (prefill runs or base tokens
-        # present) the kernels run on those rows only and the result is added back as whole rows.
+        # present) the kernels run on those rows only and the result is added back as whole rows. The C
+        # kernel addresses rows itself and takes the mapping over all tokens (-1 = not on this path).
         rows = [t for t, s in enumerate(token_slots) if s >= 0]
         self.mapping: LoRABatchMapping | None = None
         self.rows: torch.Tensor | None = None
-        if rows:
+        self.c_ranks: torch.Tensor | None = None
+        use_c = (self.cpu_paths and slots.device.type == "cpu" and slots.a["qkv"].dtype == torch.float32
+                 and cpu_lora_kernel_available())
+        if rows and use_c:
+            self.mapping = LoRABatchMapping.build(token_slots, slots.num_slots)
+            self.c_ranks = torch.tensor(slots.ranks, dtype=torch.int32)
+        elif rows:
             if len(rows) < len(token_slots):
                 self.rows = torch.tensor(rows, dtype=torch.long, device=slots.device)
                 token_slots = [token_slots[t] for t in rows]
@@ -101,9 +114,11 @@ class StepLoRAContext:
         s = self.slots
         a, bt = s.a[group][layer], s.bt[group][layer]
         offsets = s.slice_offsets[group]
+        if self.c_ranks is not None:  # the C kernel runs its own threads (all of torch's)
+            lora_apply_c(x, y, a, bt, self.mapping, offsets, self.c_ranks)
         with _one_thread(self.cpu_paths):
             self._dense(layer, group, x, y, a, bt, offsets)
-            if self.mapping is None:
+            if self.mapping is None or self.c_ranks is not None:
                 return
             if self.rows is None:
                 self._kernels(x, y, a, bt, offsets)

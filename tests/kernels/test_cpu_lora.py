@@ -1,0 +1,60 @@
+"""The C multi-LoRA kernel against its torch reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loraplex.kernels.cpu_lora import cpu_lora_kernel_available, lora_apply_c, lora_apply_ref
+from loraplex.kernels.lora_mapping import LoRABatchMapping
+
+pytestmark = pytest.mark.skipif(not cpu_lora_kernel_available(), reason="needs a C compiler")
+
+
+def _weights(num_slots: int, widths: list[int], in_features: int, max_rank: int, ranks: list[int], seed: int):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(num_slots, len(widths), max_rank, in_features, generator=g)
+    bt = torch.randn(num_slots, max_rank, sum(widths), generator=g)
+    for slot, r in enumerate(ranks):  # rows past a slot's rank are zero, as the LoRA manager leaves them
+        a[slot, :, r:] = 0
+        bt[slot, r:] = 0
+    offsets = [0]
+    for w in widths:
+        offsets.append(offsets[-1] + w)
+    return a, bt, offsets, torch.tensor(ranks, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("widths,in_features,indices", [
+    ([576, 192, 192], 576, [3, -1, 0, 3, 3, 1, -1, 2, 0]),      # qkv slices, mixed, rows without adapter
+    ([1536, 1536], 576, [1] * 7 + [2] * 20),                   # gate_up, long segments
+    ([576], 1536, [-1, -1, 0]),                                 # down, mostly base rows
+    ([40, 13], 37, [0, 1, 2, 3, 0, 1]),                         # widths and in_features off the vector width
+])
+def test_matches_reference(widths, in_features, indices):
+    a, bt, offsets, ranks = _weights(4, widths, in_features, 16, [16, 8, 3, 0], seed=len(indices))
+    x = torch.randn(len(indices), in_features)
+    y0 = torch.randn(len(indices), sum(widths))
+    mapping = LoRABatchMapping.build(indices, 4)
+    ref = lora_apply_ref(x, y0.clone(), a, bt, mapping, offsets, ranks)
+    out = lora_apply_c(x, y0.clone(), a, bt, mapping, offsets, ranks)
+    assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4), (out - ref).abs().max()
+    base_rows = torch.tensor(indices) < 0
+    assert torch.equal(out[base_rows], y0[base_rows])  # rows without adapter untouched
+
+
+def test_no_adapter_tokens_is_a_no_op():
+    a, bt, offsets, ranks = _weights(2, [8], 8, 4, [4, 4], seed=1)
+    y = torch.randn(3, 8)
+    out = lora_apply_c(torch.randn(3, 8), y.clone(), a, bt, LoRABatchMapping.build([-1, -1, -1], 2), offsets, ranks)
+    assert torch.equal(out, y)
+
+
+def test_refusals():
+    a, bt, offsets, ranks = _weights(2, [8], 8, 4, [4, 4], seed=1)
+    mapping = LoRABatchMapping.build([0, 1], 2)
+    with pytest.raises(ValueError, match="float32"):
+        lora_apply_c(torch.randn(2, 8).double(), torch.randn(2, 8).double(), a.double(), bt.double(), mapping,
+                     offsets, ranks)
+    with pytest.raises(ValueError, match="slot_ranks"):
+        lora_apply_c(torch.randn(2, 8), torch.randn(2, 8), a, bt, mapping, offsets, ranks[:1])
+    with pytest.raises(ValueError, match="contiguous"):
+        lora_apply_c(torch.randn(2, 8), torch.randn(8, 2).t(), a, bt, mapping, offsets, ranks)
