@@ -36,7 +36,9 @@ def test_matches_reference(widths, in_features, indices):
     mapping = LoRABatchMapping.build(indices, 4)
     ref = lora_apply_ref(x, y0.clone(), a, bt, mapping, offsets, ranks)
     out = lora_apply_c(x, y0.clone(), a, bt, mapping, offsets, ranks)
-    assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4), (out - ref).abs().max()
+    # relative to the output's scale (LoRA deltas reach ~1e2 here; the reference's own summation order varies)
+    rel = (out - ref).abs().max() / ref.abs().max()
+    assert rel < 1e-5, rel
     base_rows = torch.tensor(indices) < 0
     assert torch.equal(out[base_rows], y0[base_rows])  # rows without adapter untouched
 

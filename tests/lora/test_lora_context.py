@@ -1,5 +1,6 @@
-"""The per-step LoRA context against plain per-token math: CPU paths (dense prefill runs + grouped kernels)
-and the CUDA routing (everything through the Triton kernels, run here by the Triton interpreter)."""
+"""The per-step LoRA context against plain per-token math: the C kernel (CPU, float32), the torch CPU paths
+(dense prefill runs + grouped kernels, where no C compiler is found) and the CUDA routing (everything
+through the Triton kernels, run here by the Triton interpreter)."""
 from __future__ import annotations
 
 import pytest
@@ -57,16 +58,23 @@ SEQ_SLOTS = [0, -1, 1, 2, -1, 0, 3, 1, 1, 2]
 SEQ_LENS = [DENSE_MIN_TOKENS + 5, 20, 1, 1, 1, 1, 1, 9, 9, 3]
 
 
-@pytest.mark.parametrize("triton", [False, True], ids=["cpu-paths", "triton-interpreter"])
-def test_step_context_matches_per_token_math(triton, monkeypatch):
+@pytest.mark.parametrize("mode", ["c-kernel", "torch-cpu-paths", "triton-interpreter"])
+def test_step_context_matches_per_token_math(mode, monkeypatch):
+    triton = mode == "triton-interpreter"
     gen = torch.Generator().manual_seed(0)
     slots, dense = make_slots(gen)
+    if mode == "c-kernel" and not lora_context.cpu_lora_kernel_available():
+        pytest.skip("needs a C compiler")
+    if mode == "torch-cpu-paths":
+        monkeypatch.setattr(lora_context, "cpu_lora_kernel_available", lambda: False)
     if triton:  # what the context does on CUDA: no dense runs, every token through the Triton kernels
         monkeypatch.setattr(lora_context, "lora_shrink", kernels.lora_shrink_triton)
         monkeypatch.setattr(lora_context, "lora_expand", kernels.lora_expand_triton)
     ctx = StepLoRAContext(slots, SEQ_SLOTS, SEQ_LENS, cpu_paths=not triton)
     if triton:
         assert not ctx.runs and ctx.rows is not None
+    elif mode == "c-kernel":  # every token through the C kernel, in place
+        assert not ctx.runs and ctx.rows is None and ctx.c_ranks is not None
     else:  # the prefill chunk and the two neighbouring 9-token chunks of slot 1 become dense runs
         assert [(r.slot, r.end - r.start) for r in ctx.runs] == [(0, DENSE_MIN_TOKENS + 5), (1, 18)]
     token_slots = [s for s, n in zip(SEQ_SLOTS, SEQ_LENS) for _ in range(n)]
