@@ -31,6 +31,7 @@ class GroupPlan:
     # decode groups run by the C kernel: block tables [B, nblk] int32 and context lengths [B] int32
     c_tables: torch.Tensor | None = None
     c_seq_lens: torch.Tensor | None = None
+    c_checked: bool = False  # the tables passed the kernel's bounds check (first layer); later layers skip it
 
 
 @dataclass
@@ -130,7 +131,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.
     for g in meta.groups:
         if g.c_tables is not None:
             out[g.flat_rows] = paged_decode_attention_c(q[g.flat_rows], k_cache, v_cache, g.c_tables, g.c_seq_lens,
-                                                        scale)
+                                                        scale, check_tables=not g.c_checked)
+            g.c_checked = True  # every layer's cache has the same number of blocks
             continue
         b, qn = g.rows.shape
         keys = k_cache[g.blocks].view(b, -1, kvh, d).transpose(1, 2)

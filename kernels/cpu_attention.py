@@ -57,8 +57,12 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 
 def paged_decode_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                             block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """The C kernel; raises when it cannot serve these tensors (not float32 CPU, or not built)."""
+                             block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                             check_tables: bool = True) -> torch.Tensor:
+    """The C kernel; raises when it cannot serve these tensors (not float32 CPU, or not built).
+
+    ``check_tables=False`` skips the bounds check of the table entries, for a caller that already checked
+    the same tables against a cache of the same size (the engine checks once per step, not per layer)."""
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     lib = _library()
     if lib is None:
@@ -74,17 +78,17 @@ def paged_decode_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         return out
     q = q.contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
-    if int(lens.min()) < 1:
+    if check_tables and int(lens.min()) < 1:
         raise ValueError("every decode sequence needs a context of at least one token")
-    used = -(-int(lens.max()) // block_size)
-    if used > block_tables.shape[1]:
-        raise ValueError(f"seq_lens need {used} blocks, the block tables hold {block_tables.shape[1]}")
     tables = block_tables.to(torch.int32).contiguous()
-    # Memory safety: every block the kernel reads must lie inside the cache.
-    pos = torch.arange(block_tables.shape[1], device=tables.device)
-    read = tables.masked_select(pos[None, :] * block_size < lens[:, None])
-    if int(read.min()) < 0 or int(read.max()) >= num_blocks:
-        raise ValueError(f"block table entries must lie in [0, {num_blocks})")
+    if check_tables:  # memory safety: every block the kernel reads must lie inside the cache
+        used = -(-int(lens.max()) // block_size)
+        if used > block_tables.shape[1]:
+            raise ValueError(f"seq_lens need {used} blocks, the block tables hold {block_tables.shape[1]}")
+        pos = torch.arange(block_tables.shape[1], device=tables.device)
+        read = tables.masked_select(pos[None, :] * block_size < lens[:, None])
+        if int(read.min()) < 0 or int(read.max()) >= num_blocks:
+            raise ValueError(f"block table entries must lie in [0, {num_blocks})")
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     rc = lib.loraplex_paged_decode_attention_f32(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),

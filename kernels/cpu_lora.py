@@ -10,6 +10,7 @@ tensors and reads each active slot's weights once at its own rank; the reference
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -47,6 +48,11 @@ def _check(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt: torc
         raise ValueError(f"slot_ranks must hold one rank per slot ({lora_a.shape[0]}), got {tuple(slot_ranks.shape)}")
 
 
+@functools.lru_cache(maxsize=64)
+def _offsets_tensor(offsets: tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor(offsets, dtype=torch.int64)
+
+
 def lora_apply_ref(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt: torch.Tensor,
                    mapping: LoRABatchMapping, slice_offsets: Sequence[int], slot_ranks: torch.Tensor) -> torch.Tensor:
     """Torch reference: per-token shrink, then per-token expand (ranks are implied by the zero padding)."""
@@ -70,10 +76,9 @@ def lora_apply_c(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt
     if mapping.num_active_tokens == 0:
         return y
     x, lora_a, lora_bt = x.contiguous(), lora_a.contiguous(), lora_bt.contiguous()
-    offsets = torch.tensor(list(slice_offsets), dtype=torch.int64)
+    offsets = _offsets_tensor(tuple(slice_offsets))
     ranks = slot_ranks.to(torch.int32).contiguous()
-    slots, starts, lens, tokens = (t.to(torch.int64).contiguous() for t in (
-        mapping.active_slots, mapping.seg_starts, mapping.seg_lens, mapping.sorted_token_ids))
+    tokens, slots, lens, starts = mapping.host_segments  # built once per step, shared by every layer
     rc = lib.loraplex_lora_apply_f32(
         x.data_ptr(), y.data_ptr(), lora_a.data_ptr(), lora_bt.data_ptr(), offsets.data_ptr(), lora_a.shape[1],
         lora_a.shape[3], y.shape[1], lora_a.shape[2], slots.data_ptr(), starts.data_ptr(), lens.data_ptr(),

@@ -165,6 +165,11 @@ class LoRABatchMapping:
         )
 
     @cached_property
+    def host_segments(self) -> tuple[torch.Tensor, ...]:
+        """(sorted_token_ids, active_slots, seg_lens, seg_starts) as contiguous int64 CPU tensors."""
+        return tuple(t.contiguous() for t in self._host_segments)
+
+    @cached_property
     def grouped_plan(self) -> GroupedPlan | None:
         """Padded-batch plan of the CPU path (None when no token uses an adapter)."""
         if self.num_active_tokens == 0:
