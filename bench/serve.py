@@ -5,9 +5,10 @@
 Starts a server on a free port (temporary data dir), creates a tenant, uploads adapters made by the
 workload's make_adapters.py, then replays Workload A chat requests as a Poisson stream at `--rate`
 requests/s: a third on the base model, a third on an adapter, a third JSON-schema constrained, all
-streamed through the official `openai` client. The server is then stopped and the SAME requests are
-replayed on the same schedule straight into an in-process AsyncEngine. Prints requests/s, output
-tokens/s, time-to-first-token and inter-token latency p50/p99 for both, and the HTTP layer's share of TTFT.
+streamed through the official `openai` client, and the SAME requests on the same schedule straight into
+an in-process AsyncEngine. The two take turns over `--rounds` slices of the schedule (on a shared machine
+a whole-run comparison mostly measures which run hit a slow phase). Prints requests/s, output tokens/s,
+time-to-first-token and inter-token latency p50/p99 for both, and the HTTP layer's share of TTFT.
 """
 from __future__ import annotations
 
@@ -90,24 +91,28 @@ def plan(reqs: list[dict], n: int, n_adapters: int, rate: float, seed: int = 0) 
     return out
 
 
-async def run_http(url: str, key: str, base_model: str, adapter_models: list[str], schedule, schema: dict,
-                   max_tokens: int) -> tuple[list[Result], float]:
-    from openai import AsyncOpenAI
+class HttpRunner:
+    """Streams requests through the official openai client to a running `loraplex serve`."""
 
-    client = AsyncOpenAI(base_url=f"{url}/v1", api_key=key, timeout=600, max_retries=0)
+    def __init__(self, url: str, key: str, base_model: str, adapter_models: list[str], schema: dict,
+                 max_tokens: int) -> None:
+        from openai import AsyncOpenAI
 
-    async def one(offset: float, req: dict, kind: str, a: int, t0: float) -> Result:
+        self.client = AsyncOpenAI(base_url=f"{url}/v1", api_key=key, timeout=600, max_retries=0)
+        self.base_model, self.adapter_models, self.schema, self.max_tokens = base_model, adapter_models, schema, max_tokens
+
+    async def one(self, offset: float, req: dict, kind: str, a: int, t0: float) -> Result:
         await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
         extra = {}
         if kind == "json":
-            extra["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
-        model = adapter_models[a] if kind == "adapter" else base_model
+            extra["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": self.schema}}
+        model = self.adapter_models[a] if kind == "adapter" else self.base_model
         res = Result()
         start = time.perf_counter()
         last = None
-        stream = await client.chat.completions.create(model=model, messages=req["messages"], max_tokens=max_tokens,
-                                                      temperature=0.0, stream=True,
-                                                      stream_options={"include_usage": True}, **extra)
+        stream = await self.client.chat.completions.create(
+            model=model, messages=req["messages"], max_tokens=self.max_tokens, temperature=0.0, stream=True,
+            stream_options={"include_usage": True}, **extra)
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 now = time.perf_counter()
@@ -120,39 +125,26 @@ async def run_http(url: str, key: str, base_model: str, adapter_models: list[str
                 res.output_tokens = chunk.usage.completion_tokens
         return res
 
-    await warm_up(one, schedule)
-    t0 = time.perf_counter()
-    results = await asyncio.gather(*(one(o, r, k, a, t0) for o, r, k, a in schedule))
-    return list(results), time.perf_counter() - t0
 
+class OfflineRunner:
+    """The same requests straight into an in-process AsyncEngine (chat template applied before the clock starts)."""
 
-async def warm_up(one, schedule) -> None:
-    """One request of each kind and adapter first (grammar compile, adapter loads), outside the timing."""
-    seen = {}
-    for o, r, k, a in schedule:
-        seen.setdefault((k, a if k == "adapter" else 0), (0.0, r, k, a))
-    await asyncio.gather(*(one(*item, time.perf_counter()) for item in seen.values()))
+    def __init__(self, engine, adapter_refs: list, schema: dict, max_tokens: int) -> None:
+        self.engine, self.refs, self.schema, self.max_tokens = engine, adapter_refs, schema, max_tokens
 
+    async def one(self, offset: float, req: dict, kind: str, a: int, t0: float) -> Result:
+        from loraplex.engine import SamplingParams
+        from loraplex.grammar.spec import StructuredSpec
 
-async def run_offline(schedule, adapter_dirs: list[Path], schema: dict, max_tokens: int,
-                      max_loras: int) -> tuple[list[Result], float]:
-    from loraplex.engine import AsyncEngine, SamplingParams
-    from loraplex.grammar.spec import StructuredSpec
-
-    engine = await asyncio.to_thread(AsyncEngine, max_loras=max_loras)
-    refs = [engine.add_adapter(str(d)) for d in adapter_dirs]
-    tok = engine.tokenizer
-
-    async def one(offset: float, req: dict, kind: str, a: int, t0: float) -> Result:
         await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
-        ids = tok.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=True)
+        ids = self.engine.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                structured=StructuredSpec(json=schema) if kind == "json" else None)
+        params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0,
+                                structured=StructuredSpec(json=self.schema) if kind == "json" else None)
         res = Result()
         start = time.perf_counter()
         last = None
-        async for out in engine.generate(ids, params, adapter=refs[a] if kind == "adapter" else None):
+        async for out in self.engine.generate(ids, params, adapter=self.refs[a] if kind == "adapter" else None):
             if out.new_text:
                 now = time.perf_counter()
                 if last is None:
@@ -163,14 +155,51 @@ async def run_offline(schedule, adapter_dirs: list[Path], schema: dict, max_toke
             res.output_tokens = len(out.token_ids)
         return res
 
+
+async def warm_up(runner, schedule) -> None:
+    """One request of each kind and adapter first (grammar compile, adapter loads), outside the timing."""
+    seen = {}
+    for o, r, k, a in schedule:
+        seen.setdefault((k, a if k == "adapter" else 0), (0.0, r, k, a))
+    await asyncio.gather(*(runner.one(*item, time.perf_counter()) for item in seen.values()))
+
+
+async def run_round(runner, schedule) -> tuple[list[Result], float]:
+    base = schedule[0][0]
     t0 = time.perf_counter()
+    results = await asyncio.gather(*(runner.one(o - base, r, k, a, t0) for o, r, k, a in schedule))
+    return list(results), time.perf_counter() - t0
+
+
+async def compare(url: str, key: str, base_model: str, adapter_models: list[str], adapter_dirs: list[Path],
+                  schedule, schema: dict, max_tokens: int, max_loras: int, rounds: int):
+    """HTTP and offline take turns round by round on consecutive slices of the schedule (the server's engine
+    idles while the offline one runs and the other way round), so slow phases of a shared machine hit both."""
+    from loraplex.engine import AsyncEngine
+
+    engine = await asyncio.to_thread(AsyncEngine, max_loras=max_loras)
     try:
-        await warm_up(one, schedule)
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(one(o, r, k, a, t0) for o, r, k, a in schedule))
+        runners = {"http": HttpRunner(url, key, base_model, adapter_models, schema, max_tokens),
+                   "offline": OfflineRunner(engine, [engine.add_adapter(str(d)) for d in adapter_dirs], schema,
+                                            max_tokens)}
+        for runner in runners.values():
+            await warm_up(runner, schedule)
+        results: dict[str, list[Result]] = {"http": [], "offline": []}
+        seconds = {"http": 0.0, "offline": 0.0}
+        size = -(-len(schedule) // rounds)
+        for i in range(rounds):
+            part = schedule[i * size:(i + 1) * size]
+            if not part:
+                break
+            order = ("http", "offline") if i % 2 == 0 else ("offline", "http")
+            for name in order:
+                res, secs = await run_round(runners[name], part)
+                results[name] += res
+                seconds[name] += secs
+            print(f"  round {i + 1}/{rounds}: {len(part)} requests each way", flush=True)
+        return results, seconds
     finally:
         engine.shutdown()
-    return list(results), time.perf_counter() - t0
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -193,6 +222,7 @@ def main() -> None:
     ap.add_argument("--adapters", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-loras", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=4, help="HTTP and offline alternate over this many slices")
     args = ap.parse_args()
 
     from loraplex.engine.model_files import DEFAULT_MODEL_NAME, prepare_default_model
@@ -215,12 +245,12 @@ def main() -> None:
         proc = start_server(port, Path(tmp), args.max_loras)
         try:
             key, models = setup_tenant(url, adapter_dirs)
-            http, http_s = asyncio.run(run_http(url, key, DEFAULT_MODEL_NAME, models, schedule, wl.SCHEMA,
-                                                args.max_tokens))
+            results, seconds = asyncio.run(compare(url, key, DEFAULT_MODEL_NAME, models, adapter_dirs, schedule,
+                                                   wl.SCHEMA, args.max_tokens, args.max_loras, args.rounds))
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-    offline, off_s = asyncio.run(run_offline(schedule, adapter_dirs, wl.SCHEMA, args.max_tokens, args.max_loras))
+    http, http_s, offline, off_s = results["http"], seconds["http"], results["offline"], seconds["offline"]
     rows = [summarise("HTTP (openai client, SSE)", http, http_s), summarise("offline AsyncEngine", offline, off_s)]
     print_table(["path", "req/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"], rows)
     added = rows[0][3] / rows[1][3] - 1
