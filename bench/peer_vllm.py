@@ -11,8 +11,13 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 import time
 from pathlib import Path
+
+# Run as a script, this folder is sys.path[0]; its modules (kernels.py, common.py, ...) would shadow
+# top-level packages of the same names that vLLM imports.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 
 def load_workload(path: Path):
