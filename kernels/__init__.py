@@ -1,11 +1,16 @@
-"""loraplex.kernels: Triton kernels, each beside a torch reference with the same signature.
+"""loraplex.kernels: Triton kernels for CUDA and C kernels for the CPU, each beside a torch reference
+with the same signature.
 
 Dispatchers (``paged_attention``, ``lora_shrink``, ``lora_expand``, ``apply_token_bitmask``)
 run Triton on CUDA tensors and torch elsewhere. Triton is imported only on the first
 Triton call, so CPU-only use never needs it and tests can enable ``TRITON_INTERPRET``.
+The C kernels (``csrc/``: decode attention, the multi-LoRA delta) serve float32 CPU tensors; they are
+compiled on first use (``cpu_build``), and the engine falls back to the torch paths without a compiler.
 """
 
 from .attention import paged_attention, paged_attention_ref, paged_attention_triton, store_kv
+from .cpu_attention import paged_decode_attention, paged_decode_attention_c, paged_decode_attention_ref
+from .cpu_lora import lora_apply_c, lora_apply_ref
 from .bitmask import apply_token_bitmask, apply_token_bitmask_ref, apply_token_bitmask_triton
 from .lora import (
     LoRABatchMapping,
@@ -24,6 +29,8 @@ __all__ = [
     "apply_token_bitmask",
     "apply_token_bitmask_ref",
     "apply_token_bitmask_triton",
+    "lora_apply_c",
+    "lora_apply_ref",
     "lora_expand",
     "lora_expand_grouped",
     "lora_expand_ref",
@@ -35,5 +42,8 @@ __all__ = [
     "paged_attention",
     "paged_attention_ref",
     "paged_attention_triton",
+    "paged_decode_attention",
+    "paged_decode_attention_c",
+    "paged_decode_attention_ref",
     "store_kv",
 ]
