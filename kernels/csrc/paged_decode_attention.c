@@ -28,6 +28,31 @@ static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v
 static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 static inline float hsum8(v8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* e^x for x <= 0 (softmax arguments), 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6
+ * polynomial (relative error ~2e-7, like expf's), 2^n through the exponent bits; x < -87 gives 0. */
+static inline v8 exp8_nonpositive(v8 x)
+{
+    const v8i tiny = x < -87.0f;  /* lanes of all ones where e^x underflows */
+    const v8 floor87 = {-87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f};
+    x = (v8)(((v8i)x & ~tiny) | ((v8i)floor87 & tiny));
+    const v8 n = __builtin_convertvector(__builtin_convertvector(x * 1.44269504088896341f - 0.5f, v8i), v8);
+    const v8 r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  /* ln2 split in two for exactness */
+    v8 p = (v8){1.9875691500e-4f, 1.9875691500e-4f, 1.9875691500e-4f, 1.9875691500e-4f, 1.9875691500e-4f,
+                1.9875691500e-4f, 1.9875691500e-4f, 1.9875691500e-4f};
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+    v8 scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return (v8)((v8i)(p * scale) & ~tiny);
+}
+
 /* One sequence, all kv heads (a cache slot's heads are one contiguous row, read once).
  * scratch: scores [num_heads * max_len], qs [num_heads * head_dim] (q pre-scaled), row_max / inv_sum
  * [num_heads]. Heads h*group .. h*group+group-1 share kv head h. */
@@ -63,9 +88,18 @@ static inline __attribute__((always_inline)) void attend(
         }
     }
     for (int64_t j = 0; j < num_heads; ++j) {
-        float sum = 0.0f, *sj = scores + j * len;
-        for (int64_t t = 0; t < len; ++t) {
-            sj[t] = expf(sj[t] - row_max[j]);
+        float *sj = scores + j * len;
+        const float m = row_max[j];
+        v8 vsum = {0};
+        int64_t t = 0;
+        for (; t + 8 <= len; t += 8) {
+            const v8 e = exp8_nonpositive(load8(sj + t) - m);
+            store8(sj + t, e);
+            vsum += e;
+        }
+        float sum = hsum8(vsum);
+        for (; t < len; ++t) {
+            sj[t] = expf(sj[t] - m);
             sum += sj[t];
         }
         inv_sum[j] = 1.0f / sum;
