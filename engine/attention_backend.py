@@ -28,10 +28,16 @@ class GroupPlan:
     blocks: torch.Tensor  # [B, nblk] physical blocks to gather
     mask: torch.Tensor  # [B, 1, Q, nblk*block_size] bool, True = attend
     flat_rows: torch.Tensor  # [num valid] rows of the output to write
-    # decode groups run by the C kernel: block tables [B, nblk] int32 and context lengths [B] int32
-    c_tables: torch.Tensor | None = None
-    c_seq_lens: torch.Tensor | None = None
-    c_checked: bool = False  # the tables passed the kernel's bounds check (first layer); later layers skip it
+
+
+@dataclass
+class CDecodePlan:
+    """The decode group on the C kernel: it reads the paged cache through the block tables itself."""
+
+    rows: torch.Tensor  # [B] token row of each decode in the flat batch
+    tables: torch.Tensor  # [B, nblk] int32
+    seq_lens: torch.Tensor  # [B] int32
+    checked: bool = False  # the tables passed the kernel's bounds check (first layer); later layers skip it
 
 
 @dataclass
@@ -42,7 +48,7 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [S+1] int32
     num_tokens: int
     use_triton: bool
-    groups: list[GroupPlan]
+    groups: list[GroupPlan | CDecodePlan]
 
     @classmethod
     def build(cls, q_lens: list[int], ctx_lens: list[int], block_tables: list[list[int]], block_size: int,
@@ -82,13 +88,12 @@ class AttentionMetadata:
 
 
 def _c_decode_plan(members: list[int], seq_lens: list[int], starts: list[int], block_tables: list[list[int]],
-                   block_size: int, device: torch.device) -> GroupPlan:
+                   block_size: int, device: torch.device) -> CDecodePlan:
     nblk = max(-(-seq_lens[i] // block_size) for i in members)
     tables = [block_tables[i][:nblk] + [0] * (nblk - min(nblk, len(block_tables[i]))) for i in members]
-    rows = torch.tensor([starts[i] for i in members], dtype=torch.long, device=device)
-    return GroupPlan(rows=rows[:, None], valid=None, blocks=rows.new_empty(0), mask=rows.new_empty(0),
-                     flat_rows=rows, c_tables=torch.tensor(tables, dtype=torch.int32, device=device),
-                     c_seq_lens=torch.tensor([seq_lens[i] for i in members], dtype=torch.int32, device=device))
+    return CDecodePlan(rows=torch.tensor([starts[i] for i in members], dtype=torch.long, device=device),
+                       tables=torch.tensor(tables, dtype=torch.int32, device=device),
+                       seq_lens=torch.tensor([seq_lens[i] for i in members], dtype=torch.int32, device=device))
 
 
 def _group_plan(members: list[int], q_lens: list[int], seq_lens: list[int], starts: list[int],
@@ -129,10 +134,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.
     out = torch.empty_like(q)
     _, bs, kvh, d = k_cache.shape
     for g in meta.groups:
-        if g.c_tables is not None:
-            out[g.flat_rows] = paged_decode_attention_c(q[g.flat_rows], k_cache, v_cache, g.c_tables, g.c_seq_lens,
-                                                        scale, check_tables=not g.c_checked)
-            g.c_checked = True  # every layer's cache has the same number of blocks
+        if isinstance(g, CDecodePlan):
+            out[g.rows] = paged_decode_attention_c(q[g.rows], k_cache, v_cache, g.tables, g.seq_lens, scale,
+                                                   check_tables=not g.checked)
+            g.checked = True  # every layer's cache has the same number of blocks
             continue
         b, qn = g.rows.shape
         keys = k_cache[g.blocks].view(b, -1, kvh, d).transpose(1, 2)

@@ -115,11 +115,12 @@ class StepLoRAContext:
         s = self.slots
         a, bt = s.a[group][layer], s.bt[group][layer]
         offsets = s.slice_offsets[group]
-        if self.c_ranks is not None:  # the C kernel runs its own threads (all of torch's)
+        if self.c_ranks is not None:  # every token on the C kernel, which runs all of torch's threads
             lora_apply_c(x, y, a, bt, self.mapping, offsets, self.c_ranks)
+            return
         with _one_thread(self.cpu_paths):
             self._dense(layer, group, x, y, a, bt, offsets)
-            if self.mapping is None or self.c_ranks is not None:
+            if self.mapping is None:
                 return
             if self.rows is None:
                 self._kernels(x, y, a, bt, offsets)

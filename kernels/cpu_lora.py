@@ -40,8 +40,7 @@ def cpu_lora_kernel_available() -> bool:
 def _check(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt: torch.Tensor,
            mapping: LoRABatchMapping, slice_offsets: Sequence[int], slot_ranks: torch.Tensor) -> None:
     _check_shrink(x, lora_a, mapping)
-    buf_shape = torch.empty(lora_a.shape[1], x.shape[0], lora_a.shape[2], device="meta")
-    _check_expand(y, buf_shape, lora_bt.transpose(1, 2), mapping, slice_offsets)
+    _check_expand(y, (lora_a.shape[1], x.shape[0], lora_a.shape[2]), lora_bt.transpose(1, 2), mapping, slice_offsets)
     if lora_bt.shape[:2] != (lora_a.shape[0], lora_a.shape[2]):
         raise ValueError(f"lora_bt {tuple(lora_bt.shape)} does not match lora_a {tuple(lora_a.shape)}")
     if slot_ranks.shape != (lora_a.shape[0],):

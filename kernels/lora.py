@@ -49,7 +49,7 @@ def _check_shrink(x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRABatchMappi
 
 def _check_expand(
     y: torch.Tensor,
-    buf: torch.Tensor,
+    buf_shape: Sequence[int],
     lora_b: torch.Tensor,
     mapping: LoRABatchMapping,
     slice_offsets: Sequence[int],
@@ -70,8 +70,8 @@ def _check_expand(
     if y.dim() != 2 or y.shape[1] != out_total:
         raise ValueError(f"y must be [num_tokens, {out_total}], got {tuple(y.shape)}")
     expected = (len(offsets) - 1, y.shape[0], rank)
-    if tuple(buf.shape) != expected:
-        raise ValueError(f"buf must be [num_slices, num_tokens, max_rank] = {expected}, got {tuple(buf.shape)}")
+    if tuple(buf_shape) != expected:
+        raise ValueError(f"buf must be [num_slices, num_tokens, max_rank] = {expected}, got {tuple(buf_shape)}")
     _check_mapping(y.shape[0], num_slots, mapping)
 
 
@@ -103,7 +103,7 @@ def lora_expand_ref(
     slice_offsets: Sequence[int],
 ) -> torch.Tensor:
     """Per-token gather: ``y[t, slice s] += buf[s, t] @ lora_b[idx[t], slice s].T``."""
-    _check_expand(y, buf, lora_b, mapping, slice_offsets)
+    _check_expand(y, buf.shape, lora_b, mapping, slice_offsets)
     idx = mapping.token_lora_indices
     tokens = torch.nonzero(idx >= 0).flatten()
     slots = idx[tokens]
@@ -152,7 +152,7 @@ def lora_expand_grouped(
     The slices' outputs are joined into full rows first: ``index_add_`` over whole
     contiguous rows is several times faster on CPU than over column slices of ``y``.
     """
-    _check_expand(y, buf, lora_b, mapping, slice_offsets)
+    _check_expand(y, buf.shape, lora_b, mapping, slice_offsets)
     plan = mapping.grouped_plan
     if plan is None:
         return y
@@ -192,7 +192,7 @@ def lora_expand_triton(
     slice_offsets: Sequence[int],
 ) -> torch.Tensor:
     """Segment-based (SGMV) Triton expand, in place on ``y``."""
-    _check_expand(y, buf, lora_b, mapping, slice_offsets)
+    _check_expand(y, buf.shape, lora_b, mapping, slice_offsets)
     if mapping.num_active_tokens == 0:
         return y
     from ._triton_lora import launch_expand

@@ -107,8 +107,9 @@ class LoRABatchMapping:
     seg_lens: torch.Tensor  # [num_active]
     seg_starts: torch.Tensor  # [num_active]
     max_seg_len: int
-    # The segment tensors on the CPU, input of the lazily built plan.
-    _host_segments: tuple[torch.Tensor, ...] = field(repr=False, compare=False)
+    # (sorted_token_ids, active_slots, seg_lens, seg_starts) on the CPU, contiguous int64: input of the
+    # lazily built plan, read directly by the C kernel.
+    host_segments: tuple[torch.Tensor, ...] = field(repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -161,20 +162,15 @@ class LoRABatchMapping:
             seg_lens=dev[3],
             seg_starts=dev[4],
             max_seg_len=int(seg_lens.max()) if seg_lens.numel() else 0,
-            _host_segments=host,
+            host_segments=host,
         )
-
-    @cached_property
-    def host_segments(self) -> tuple[torch.Tensor, ...]:
-        """(sorted_token_ids, active_slots, seg_lens, seg_starts) as contiguous int64 CPU tensors."""
-        return tuple(t.contiguous() for t in self._host_segments)
 
     @cached_property
     def grouped_plan(self) -> GroupedPlan | None:
         """Padded-batch plan of the CPU path (None when no token uses an adapter)."""
         if self.num_active_tokens == 0:
             return None
-        plan = _grouped_plan(*self._host_segments)
+        plan = _grouped_plan(*self.host_segments)
         if self.device.type == "cpu":
             return plan
         move = lambda t: None if t is None else t.to(self.device)  # noqa: E731
