@@ -21,8 +21,12 @@ def workload_dir() -> Path:
     sys.exit("Workload A not found: set LORAPLEX_WORKLOAD_DIR to the folder holding workload.py")
 
 
-def load_workload():
-    spec = importlib.util.spec_from_file_location("workload_a", workload_dir() / "workload.py")
+def load_workload(bench_dir: Path | None = None):
+    """Workload A's workload.py from ``bench_dir`` (default: :func:`workload_dir`)."""
+    path = (bench_dir or workload_dir()) / "workload.py"
+    if not path.is_file():
+        sys.exit(f"no workload.py in {path.parent}")
+    spec = importlib.util.spec_from_file_location("workload_a", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod

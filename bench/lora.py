@@ -19,29 +19,18 @@ Usage: python -m bench.lora [--bench-dir ../shared/bench] [--adapters DIR] [--ma
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_BENCH_DIR = REPO.parent / "shared" / "bench"
+from bench.common import load_workload, workload_dir
+
 DEFAULT_ADAPTERS = Path.home() / ".cache" / "loraplex" / "bench" / "workload-a-adapters"
-
-
-def load_workload(bench_dir: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("workload_a", bench_dir / "workload.py")
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"no workload.py in {bench_dir}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def ensure_adapters(bench_dir: Path, base_dir: Path, out: Path, n: int) -> list[Path]:
@@ -115,7 +104,7 @@ def run_hf_peft(model_dir: Path, prompts: list[list[int]], adapter_dirs: list[Pa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bench-dir", type=Path, default=DEFAULT_BENCH_DIR)
+    ap.add_argument("--bench-dir", type=Path, default=None, help="Workload A's folder (default: ../shared/bench)")
     ap.add_argument("--adapters", type=Path, default=DEFAULT_ADAPTERS, help="where a0..a31 are (made if missing)")
     ap.add_argument("--model", default=None, help="HF model directory (default: the bundled SmolLM2)")
     ap.add_argument("--max-loras", type=int, default=32)
@@ -136,6 +125,7 @@ def main() -> None:
     from loraplex.engine import LLM
     from loraplex.engine.model_files import resolve_model_dir
 
+    args.bench_dir = args.bench_dir or workload_dir()
     wl = load_workload(args.bench_dir)
     model_dir = resolve_model_dir(args.model)
     load_before = os.getloadavg()
