@@ -206,7 +206,8 @@ class LLMEngine:
             self.logits_observer([s.request_id for s in seqs], [s.num_output_tokens for s in seqs], logits)
         self._suppress_stops(seqs, logits)
         self.structured.apply_masks(seqs, logits)
-        result = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        result = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                              self.structured.budget_check(seqs))
         outputs: list[RequestOutput] = []
         now = time.monotonic()
         for r, seq in enumerate(seqs):

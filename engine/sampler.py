@@ -3,10 +3,15 @@
 All rows are processed together; the only per-row Python work is drawing the random numbers of
 seeded requests from their own generators, so a request's output depends on its seed alone and not
 on whatever else shares the batch.
+
+Sampling is an exponential race (argmax of p / E, E ~ Exp(1)); the runners-up of the same race are
+draws without replacement. A `TokenCheck` uses that: a row whose sampled token fails the check takes
+the next runner-up, which is a draw from the distribution with the rejected tokens removed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -20,22 +25,36 @@ class SampleResult:
     top: list[list[tuple[int, float]]] | None  # per row, top-n (token, logprob)
 
 
+class TokenCheck(Protocol):
+    """Rows whose sampled token must pass `fits` (e.g. structured output under a tight budget)."""
+
+    rows: list[int]
+
+    def fits(self, row: int, token: int) -> bool: ...
+
+    def fallback(self, row: int) -> int:
+        """A token that always passes, for when no runner-up among the candidates does."""
+
+
+CHECK_CANDIDATES = 8
+
+
 class Sampler:
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> SampleResult:
+                 generators: list[torch.Generator | None], check: TokenCheck | None = None) -> SampleResult:
         """logits: [N, V] float32, already grammar-masked; one params/generator per row."""
         n = logits.shape[0]
         want_logprobs = any(p.logprobs is not None for p in params)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
 
         greedy = [p.greedy for p in params]
-        if all(greedy):
-            sampled = logits.argmax(dim=-1)
-        else:
-            sampled = self._sample(logits, params, generators, greedy)
+        keys = logits if all(greedy) else self._race_keys(logits, params, generators, greedy)
+        sampled = keys.argmax(dim=-1)
+        if check is not None and check.rows:
+            sampled = self._apply_check(keys, sampled, check)
 
         token_ids = sampled.tolist()
         lp = top = None
@@ -51,8 +70,26 @@ class Sampler:
                     top[r] = list(zip(idx_l[r][:m], vals_l[r][:m]))
         return SampleResult(token_ids, lp, top)
 
-    def _sample(self, logits: torch.Tensor, params: list[SamplingParams],
-                generators: list[torch.Generator | None], greedy: list[bool]) -> torch.Tensor:
+    @staticmethod
+    def _apply_check(keys: torch.Tensor, sampled: torch.Tensor, check: TokenCheck) -> torch.Tensor:
+        """Each checked row takes its best-ranked candidate that passes, else the check's fallback."""
+        rows = check.rows
+        k = min(CHECK_CANDIDATES, keys.shape[1])
+        vals, idx = keys[rows].topk(k, dim=-1)
+        vals_l, idx_l = vals.tolist(), idx.tolist()
+        chosen = sampled.clone()
+        for j, r in enumerate(rows):
+            token = next((t for t, v in zip(idx_l[j], vals_l[j]) if v > float("-inf") and check.fits(r, t)), None)
+            chosen[r] = check.fallback(r) if token is None else token
+        return chosen
+
+    def _race_keys(self, logits: torch.Tensor, params: list[SamplingParams],
+                   generators: list[torch.Generator | None], greedy: list[bool]) -> torch.Tensor:
+        """Per row, scores whose argmax is the sampled token and whose order ranks the runners-up.
+
+        -inf marks tokens a row cannot draw (masked, or cut by top-k/top-p/min-p); greedy rows score
+        by their logits.
+        """
         dev = logits.device
         temps = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], device=dev)
         x = logits / temps.unsqueeze(1)
@@ -73,11 +110,11 @@ class Sampler:
             q[unseeded] = torch.empty((len(unseeded), probs.shape[1]), device=dev).exponential_()
         for i in seeded:
             q[i].exponential_(generator=generators[i])
-        sampled = (probs / q).argmax(dim=-1)
+        keys = (probs / q).masked_fill_(probs == 0, float("-inf"))
         if any(greedy):
-            g_rows = torch.tensor(greedy, device=dev)
-            sampled = torch.where(g_rows, logits.argmax(dim=-1), sampled)
-        return sampled
+            g_rows = torch.tensor(greedy, device=dev).unsqueeze(1)
+            keys = torch.where(g_rows, logits, keys)
+        return keys
 
 
 def _top_k_top_p(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

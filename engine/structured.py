@@ -5,7 +5,9 @@ Grammars compile in loraplex.grammar's worker pool; a constrained request stays 
 its allowed-token bitmask filled by its matcher and applied to its logits row; unconstrained rows are
 never touched. The matcher advances with each sampled token; when it reaches an accepting state with
 no continuation the sequence finishes, and when the remaining budget reaches the fewest tokens that
-complete the document, only tokens on a shortest completion path stay allowed.
+complete the document, only tokens on a shortest completion path stay allowed. Where a mask cannot
+guarantee that by itself (llguidance), the sampled token of that row is checked before it is taken
+(`budget_check`: the sampler then falls back to the runner-up of the same draw).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class StructuredOutputManager:
         self._compiler = None  # created on first use: unconstrained deployments never start the pool
         self._failed: dict[str, str] = {}  # request id -> error message
         self.mask_seconds: deque[float] = deque(maxlen=100_000)  # per constrained sequence-step fill time
+        self.check_seconds: deque[float] = deque(maxlen=100_000)  # per checked sequence-step budget check
 
     @property
     def compiler(self):
@@ -112,6 +115,11 @@ class StructuredOutputManager:
         apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True),
                             torch.tensor(rows, dtype=torch.long, device=logits.device))
 
+    def budget_check(self, seqs: list[Sequence]) -> "BudgetCheck | None":
+        """The rows (aligned with `seqs`) whose sampled token must be checked against the budget."""
+        rows = [i for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.needs_budget_check()]
+        return BudgetCheck(seqs, rows, self.check_seconds) if rows else None
+
     @staticmethod
     def advance(seq: Sequence, token: int) -> str | None:
         """Feed the sampled token to the matcher; a finish reason when the grammar decides one."""
@@ -128,3 +136,22 @@ class StructuredOutputManager:
             return "stop" if m.is_accepting() else "length"
         return None
 
+
+
+class BudgetCheck:
+    """The sampler's TokenCheck for constrained rows: the output must stay closable within max_tokens."""
+
+    def __init__(self, seqs: list[Sequence], rows: list[int], seconds: deque[float]) -> None:
+        self._seqs = seqs
+        self.rows = rows
+        self._seconds = seconds
+
+    def fits(self, row: int, token: int) -> bool:
+        seq = self._seqs[row]
+        t = time.perf_counter()
+        ok = seq.grammar.fits_budget(token, seq.remaining_tokens - 1)
+        self._seconds.append(time.perf_counter() - t)
+        return ok
+
+    def fallback(self, row: int) -> int:
+        return self._seqs[row].grammar.budget_fallback()

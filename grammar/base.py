@@ -35,6 +35,22 @@ class GrammarMatcher(ABC):
     def is_terminated(self) -> bool:
         """Accepting and nothing more can follow (or EOS was accepted)."""
 
+    def needs_budget_check(self) -> bool:
+        """Whether the token sampled under the last `fill_bitmask` must pass `fits_budget`.
+
+        True where the mask alone cannot keep the output closable within the budget (llguidance:
+        one free token can commit to a long required part). Exact automaton masks never need it.
+        """
+        return False
+
+    def fits_budget(self, token_id: int, remaining_after: int) -> bool:
+        """Whether, after `token_id`, a complete output is still reachable in `remaining_after` tokens."""
+        return True
+
+    def budget_fallback(self) -> int:
+        """A token that always fits the budget (the next one on a known completion path)."""
+        raise NotImplementedError
+
     @abstractmethod
     def min_tokens_to_accept(self) -> int:
         """Fewest tokens from here to a complete output (0 when accepting).

@@ -3,9 +3,16 @@ automaton would be too large to build quickly).
 
 Masks are computed by llguidance each step. Distances come from CompletionSearch as a plan (a
 token path to acceptance); budget mode follows the plan token by token, so the promised number
-of tokens is exactly what it takes. Planning is skipped while the budget is clearly larger than
-the distance: after a plan of length d at position p, the distance at position q is assumed to be
-at most d + GROWTH * (q - p), and a new plan is made once the budget comes within MARGIN of that.
+of tokens is exactly what it takes. Under a budget, a freely sampled token must also pass
+`fits_budget` (the engine's sampler takes the next runner-up otherwise): one token can commit the
+output to a long required part (an optional key whose value is a date-time: +20 tokens), so
+"distance grows slowly" is not assumed anywhere. The check keeps the invariant that a completion of
+at most the remaining budget is known, which makes the plan the always-safe fallback.
+
+Planning before the budget is near is skipped: after a plan of length d at position p, the distance
+at position q is estimated as d + GROWTH * (q - p), and a new plan is made once the budget comes
+within MARGIN of that. That estimate only decides when to start following the plan; correctness
+rests on the per-token check.
 """
 from __future__ import annotations
 
@@ -62,6 +69,7 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._plan_pos = 0
         self._known: tuple[int, int] = (0, grammar.min_tokens)  # (position, distance) of the last plan
         self._buf = torch.zeros(grammar.words, dtype=torch.int32)
+        self._check = False  # the last mask was free under a budget: the sampled token needs fits_budget
 
     # ---- state -----------------------------------------------------------------------------------
     def accept_token(self, token_id: int) -> bool:
@@ -122,9 +130,30 @@ class LLGuidanceMatcher(GrammarMatcher):
             return False
         return remaining <= len(self._make_plan()) + ENGAGE_SLACK
 
+    def needs_budget_check(self) -> bool:
+        return self._check
+
+    def fits_budget(self, token_id: int, remaining_after: int) -> bool:
+        g = self._g
+        if token_id in g.eos_ids:
+            return self._m.is_accepting()
+        if remaining_after < 0 or token_id in g.special or not self._m.consume_token(token_id):
+            return False
+        try:
+            plan = self._current_plan()
+            if plan and plan[0] == token_id:
+                return len(plan) - 1 <= remaining_after
+            return g.search.fits(self._m, remaining_after)
+        finally:
+            self._m.rollback(1)
+
+    def budget_fallback(self) -> int:
+        return self._make_plan()[0]
+
     # ---- masks -----------------------------------------------------------------------------------
     def fill_bitmask(self, out: torch.Tensor, remaining_tokens: int | None = None) -> None:
         g = self._g
+        self._check = False
         if self._terminated:
             out.copy_(g.eos_row)
             return
@@ -135,6 +164,7 @@ class LLGuidanceMatcher(GrammarMatcher):
         if remaining_tokens is not None and g.close_within_budget and remaining_tokens <= 0:
             out.copy_(g.eos_row)
             return
+        self._check = remaining_tokens is not None and g.close_within_budget
         buf = self._buf
         self._m.unsafe_compute_mask_ptr(buf.data_ptr(), g.words * 4)
         buf.bitwise_and_(g.allowed_row)

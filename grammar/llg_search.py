@@ -56,6 +56,18 @@ class CompletionSearch:
             path = self._shortest(matcher, self.max_bytes)
         return None if path is None else self.tokenize(matcher, path)
 
+    def fits(self, matcher: Any, budget: int) -> bool:
+        """Whether `plan(matcher)` would be at most `budget` tokens (cheaper: it skips tokenizing when
+        the byte string alone is short enough, since no token is shorter than one byte)."""
+        if matcher.is_accepting():
+            return True
+        path = self._greedy(matcher)
+        if path is None:
+            path = self._shortest(matcher, self.max_bytes)
+        if path is None:
+            return False
+        return len(path) <= budget or len(self.tokenize(matcher, path)) <= budget
+
     def _greedy(self, matcher: Any) -> bytes | None:
         """Close as soon as possible: forced bytes, else the first allowed byte in CLOSING_ORDER.
 

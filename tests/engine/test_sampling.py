@@ -127,3 +127,49 @@ def test_detokenizer_holds_back_possible_stop_prefix(smol_dir):
         d.add(t)
         streamed += d.release(final=False)
     assert d.stopped and d.text == "alpha beta " and streamed + d.release(final=True) == "alpha beta "
+
+
+class _RejectSome:
+    """A TokenCheck that rejects a fixed set of tokens on the checked rows."""
+
+    def __init__(self, rows: list[int], rejected: set[int], fallback: int) -> None:
+        self.rows, self.rejected, self._fallback, self.asked = rows, rejected, fallback, []
+
+    def fits(self, row: int, token: int) -> bool:
+        self.asked.append((row, token))
+        return token not in self.rejected
+
+    def fallback(self, row: int) -> int:
+        return self._fallback
+
+
+def test_token_check_takes_the_runner_up_of_the_same_draw():
+    from loraplex.engine.sampler import Sampler
+
+    sampler = Sampler(torch.device("cpu"))
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=7), SamplingParams(temperature=1.0, seed=8)]
+
+    def draw(check=None):
+        gens = [None] + [torch.Generator().manual_seed(p.seed) for p in params[1:]]
+        return sampler(logits, params, gens, check).token_ids
+
+    free = draw()
+    first = draw(_RejectSome([0, 1], {free[0], free[1]}, fallback=-1))
+    assert first[2] == free[2]  # unchecked row: untouched
+    assert first[0] == logits[0].topk(2).indices[1].item()  # greedy row: the second-best logit
+    assert first[1] not in (free[1], -1)
+    again = draw(_RejectSome([0, 1], {free[0], free[1]}, fallback=-1))
+    assert again == first  # the runner-up comes from the row's own seeded draw: reproducible
+
+
+def test_token_check_falls_back_when_no_candidate_fits():
+    from loraplex.engine.sampler import Sampler
+
+    logits = torch.full((1, 20), float("-inf"))
+    logits[0, [3, 4]] = 0.0  # two allowed tokens, both rejected
+    check = _RejectSome([0], {3, 4}, fallback=11)
+    out = Sampler(torch.device("cpu"))(logits, [SamplingParams(temperature=1.0, seed=1)],
+                                       [torch.Generator().manual_seed(1)], check)
+    assert out.token_ids == [11]
+    assert {t for _, t in check.asked} == {3, 4}  # masked tokens are never offered

@@ -3,10 +3,15 @@
 A random walk (random allowed tokens, no EOS) goes some way into the output, then the budget is
 set to min_tokens_to_accept() and random allowed tokens are taken in budget mode: the output must
 be complete after exactly that many tokens, and (for JSON) validate with jsonschema.
+
+With slack (a budget of 1.5x the shortest output from the start), tokens are drawn freely the way the
+engine's sampler does: a token the matcher wants checked must pass fits_budget, else a runner-up,
+else the matcher's fallback. The output must still end complete within the budget.
 """
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import jsonschema
@@ -42,6 +47,11 @@ SPECS = {
                                   "required": ["to"]}),
     "regex": StructuredSpec(regex=r"[A-Z][a-z]{2,8}( [A-Z][a-z]{2,8}){0,2}\."),
     "choice": StructuredSpec(choice=["alpha", "beta", "gamma delta"]),
+    # one token ("when") commits to an optional key whose value alone takes ~20 tokens
+    "optional_long": StructuredSpec(json={
+        "type": "object", "additionalProperties": False, "required": ["people"],
+        "properties": {"when": {"type": "string", "format": "date-time"},
+                       "people": {"type": "array", "items": {"type": "string"}, "minItems": 1}}}),
     "grammar": StructuredSpec(grammar='start: expr\nexpr: term (("+" | "-") term)*\nterm: NUMBER | "(" expr ")"\n'
                                       '%import common.NUMBER\n'),
 }
@@ -109,3 +119,32 @@ def test_without_close_within_budget_the_mask_is_never_narrowed(compiler, tokeni
     m.fill_bitmask(a)
     m.fill_bitmask(b, remaining_tokens=0)
     assert torch.equal(a, b)
+
+
+def _draw_like_the_sampler(m, choices: list[int], remaining: int, rng: random.Random) -> int:
+    candidates = rng.sample(choices, min(8, len(choices)))
+    if not m.needs_budget_check():
+        return candidates[0]
+    return next((t for t in candidates if m.fits_budget(t, remaining - 1)), None) or m.budget_fallback()
+
+
+@pytest.mark.parametrize("backend", ["compiler", "llg_compiler"])
+@pytest.mark.parametrize("name", ["person", "optional_long", "email", "tree", "grammar"])
+def test_free_draws_under_one_and_a_half_times_the_shortest_budget_end_complete(request, tokenizer, backend, name):
+    grammar = request.getfixturevalue(backend).compile(SPECS[name])
+    budget = math.ceil(1.5 * grammar.min_tokens)
+    schema = _schema(SPECS[name])
+    out = torch.zeros((VOCAB + 31) // 32, dtype=torch.int32)
+    for seed in range(12):
+        rng = random.Random(f"{backend}-{name}-{seed}")
+        m = grammar.new_matcher()
+        tokens: list[int] = []
+        while not m.is_terminated() and len(tokens) < budget:
+            m.fill_bitmask(out, remaining_tokens=budget - len(tokens))
+            t = _draw_like_the_sampler(m, allowed_ids(out), budget - len(tokens), rng)
+            assert m.accept_token(t)
+            tokens.append(t)
+        assert m.is_accepting(), (seed, tokenizer.decode(tokens))
+        text = tokenizer.decode([t for t in tokens if t != EOS])
+        if schema is not None:
+            jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
