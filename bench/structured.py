@@ -51,6 +51,7 @@ def main() -> None:
                       for i in range(len(prompts))]
         llm.engine.block_manager.reset_prefix_cache()
         llm.engine.structured.mask_seconds.clear()
+        llm.engine.structured.check_seconds.clear()
         t = time.perf_counter()
         outs = llm.generate(prompts, params)
         dt = time.perf_counter() - t
@@ -58,12 +59,15 @@ def main() -> None:
         n_in = sum(len(p) for p in prompts)
         valid = sum(wl.validate(o.text)[1] for o in outs[:n_constrained])
         masks = list(llm.engine.structured.mask_seconds)
+        checks = list(llm.engine.structured.check_seconds)  # llguidance rows only: budget check per sampled token
         if share == 1.0:
             constrained_lens = [len(o.token_ids) for o in outs]
         label = "0% (matched lengths)" if share is None else f"{share:.0%} constrained"
         rows.append([label, n_out / dt, (n_in + n_out) / dt,
-                     f"{valid}/{n_constrained}", pct(masks, 0.5) * 1e6, pct(masks, 0.99) * 1e6, f"{dt:.1f}"])
-    print_table(["run", "output tok/s", "total tok/s", "valid", "mask p50 us", "mask p99 us", "seconds"], rows)
+                     f"{valid}/{n_constrained}", pct(masks, 0.5) * 1e6, pct(masks, 0.99) * 1e6,
+                     len(checks), pct(checks, 0.5) * 1e6, f"{dt:.1f}"])
+    print_table(["run", "output tok/s", "total tok/s", "valid", "mask p50 us", "mask p99 us", "budget checks",
+                 "check p50 us", "seconds"], rows)
     print(f"100% / 0% constrained: output {rows[2][1] / rows[0][1]:.2f}x, total {rows[2][2] / rows[0][2]:.2f}x; "
           f"100% / matched-length 0%: output {rows[2][1] / rows[3][1]:.2f}x, total {rows[2][2] / rows[3][2]:.2f}x")
     if not args.skip_compile:
