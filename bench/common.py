@@ -32,16 +32,27 @@ def load_workload(bench_dir: Path | None = None):
     return mod
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """The machine's float32 matmul rate with the current thread count (best of `repeats`)."""
+def matmul_rates(n: int = 2048, repeats: int = 5) -> dict[str, float]:
+    """The machine's float32 matmul rates (GFLOP/s, best of `repeats`) with the current thread count:
+    torch.mm (MKL on x86) and, where it works, oneDNN's packed linear (what the engine uses on CPU).
+    The ceiling is the faster of the two: on AMD processors MKL runs AVX2 code and oneDNN AVX-512."""
+    from loraplex.engine.linear import Linear
+
     a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best / 1e9
+    lin = Linear(b.t().contiguous())
+    runs = {"torch.mm": lambda: a @ b}
+    if lin.packed:
+        runs["oneDNN linear"] = lambda: lin(a)
+    rates = {}
+    for name, fn in runs.items():
+        fn()
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        rates[name] = 2 * n**3 / best / 1e9
+    return rates
 
 
 def count_params(model_dir: Path) -> int:
@@ -83,18 +94,47 @@ def machine_load() -> str:
         return "load unknown"
 
 
+PEER_TIMEOUT_S = 1800
+PEER_EXIT_WAIT_S = 20
+
+
 def run_vllm_peer(python: str, model_dir: Path, lora_dir: Path | None = None, max_loras: int = 16) -> dict | None:
-    """Run bench/peer_vllm.py under vLLM's interpreter; its JSON result, or None (with the reason printed)."""
+    """Run bench/peer_vllm.py under vLLM's interpreter; its JSON result, or None (with the reason printed).
+
+    vLLM 0.32's CPU engine can hang in shutdown after the result is printed, so the process group is
+    killed once the result line is in (or after PEER_TIMEOUT_S).
+    """
     import json
+    import os
+    import signal
     import subprocess
+    import tempfile
+    import threading
 
     cmd = [python, str(Path(__file__).with_name("peer_vllm.py")), "--model", str(model_dir),
            "--workload-dir", str(workload_dir())]
     if lora_dir is not None:
         cmd += ["--lora-dir", str(lora_dir), "--max-loras", str(max_loras)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp")
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        print(f"vLLM peer failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
-        return None
-    return json.loads(lines[-1])
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd="/tmp",
+                                start_new_session=True)
+        result = None
+        watchdog = threading.Timer(PEER_TIMEOUT_S, lambda: os.killpg(proc.pid, signal.SIGKILL))
+        watchdog.start()
+        try:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                if line.startswith("{"):
+                    result = json.loads(line)
+                    break
+            proc.wait(timeout=PEER_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if result is None:
+            err.seek(0)
+            print(f"vLLM peer failed (exit {proc.returncode}): {err.read().strip().splitlines()[-1:]}")
+        return result

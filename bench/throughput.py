@@ -3,7 +3,8 @@
     .venv/bin/python bench/throughput.py [--hf-batch 64] [--skip-hf]
 
 Prints output and total (prompt + output) tokens/s of each, their ratio, and the fraction of the
-machine's float32 ceiling: the matmul rate measured first, divided by 2 x parameters FLOPs per token.
+machine's float32 ceiling: the matmul rate measured first (the faster of torch.mm and oneDNN's packed
+linear), divided by 2 x parameters FLOPs per token.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 
 import torch
 
-from bench.common import count_params, load_workload, machine_load, matmul_gflops, print_table, run_vllm_peer
+from bench.common import count_params, load_workload, machine_load, matmul_rates, print_table, run_vllm_peer
 from loraplex.engine import LLM, SamplingParams
 
 
@@ -69,7 +70,8 @@ def main() -> None:
     args = ap.parse_args()
 
     wl = load_workload()
-    gflops = matmul_gflops()
+    rates = matmul_rates()
+    gflops = max(rates.values())
     engine_args = dict(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                        enable_prefix_caching=not args.no_prefix_caching)
     from transformers import AutoTokenizer
@@ -82,8 +84,9 @@ def main() -> None:
     ceiling = gflops * 1e9 / (2 * params)
     print(f"Workload A: {len(reqs)} requests, fingerprint {wl.fingerprint(reqs)}, "
           f"{sum(len(r['prompt_token_ids']) for r in reqs)} prompt tokens, {wl.MAX_TOKENS} output tokens each")
-    print(f"float32 matmul rate {gflops:.0f} GFLOP/s x {torch.get_num_threads()} threads; {params / 1e6:.1f} M "
-          f"parameters -> ceiling {ceiling:.0f} tokens/s; {machine_load()}")
+    measured = ", ".join(f"{name} {r:.0f}" for name, r in rates.items())
+    print(f"float32 matmul rate {gflops:.0f} GFLOP/s ({measured}) x {torch.get_num_threads()} threads; "
+          f"{params / 1e6:.1f} M parameters -> ceiling {ceiling:.0f} tokens/s; {machine_load()}")
 
     dt, n_in, n_out, llm = run_loraplex(reqs, wl.MAX_TOKENS, engine_args)
     rows = [["loraplex LLM.generate", n_out / dt, (n_in + n_out) / dt, (n_in + n_out) / dt / ceiling, f"{dt:.1f}"]]

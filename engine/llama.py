@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from loraplex.engine.attention_backend import AttentionMetadata, attention
 from loraplex.engine.config import ModelShape
+from loraplex.engine.linear import Linear
 from loraplex.engine.model_files import ModelLoadError
 from loraplex.engine.rotary import RotaryEmbedding
 
@@ -39,10 +40,10 @@ class LlamaLayer:
         self.shape = shape
         self.input_norm = w["input_layernorm"]
         self.post_norm = w["post_attention_layernorm"]
-        self.qkv = w["qkv"]
-        self.o = w["o"]
-        self.gate_up = w["gate_up"]
-        self.down = w["down"]
+        self.qkv = Linear(w["qkv"])
+        self.o = Linear(w["o"])
+        self.gate_up = Linear(w["gate_up"])
+        self.down = Linear(w["down"])
 
 
 class LlamaModel:
@@ -52,7 +53,7 @@ class LlamaModel:
         self.embed = embed
         self.layers = layers
         self.norm = norm
-        self.lm_head = lm_head
+        self.lm_head = Linear(lm_head)
         self.rotary = rotary
         self.scale = shape.head_dim ** -0.5
 
@@ -74,7 +75,7 @@ class LlamaModel:
         inter = s.intermediate_size
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, s.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv)
+            qkv = layer.qkv(x)
             if lora is not None:
                 lora.apply(i, "qkv", x, qkv)
             q = qkv[:, :q_size].view(-1, s.num_heads, s.head_dim)
@@ -84,23 +85,23 @@ class LlamaModel:
             k = self.rotary.apply(k, cos, sin)
             k_cache, v_cache = kv_caches[i]
             a = attention(q, k, v, k_cache, v_cache, meta, self.scale).view(-1, q_size)
-            o = F.linear(a, layer.o)
+            o = layer.o(a)
             if lora is not None:
                 lora.apply(i, "o", a, o)
             h = h + o
             x = rms_norm(h, layer.post_norm, s.rms_norm_eps)
-            gu = F.linear(x, layer.gate_up)
+            gu = layer.gate_up(x)
             if lora is not None:
                 lora.apply(i, "gate_up", x, gu)
             m = F.silu(gu[:, :inter]) * gu[:, inter:]
-            d = F.linear(m, layer.down)
+            d = layer.down(m)
             if lora is not None:
                 lora.apply(i, "down", m, d)
             h = h + d
         return rms_norm(h, self.norm, s.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
 
 
 # ------------------------------------------------------------------------------------------ loading
