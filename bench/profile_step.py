@@ -15,7 +15,7 @@ from bench.common import load_workload, print_table
 from loraplex.engine import LLM, SamplingParams
 
 GROUPS = {
-    "matmuls": ("aten::mm", "aten::addmm", "aten::bmm"),
+    "matmuls": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise"),
     "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::index", "aten::_index_put_impl_",
                   "aten::index_copy_", "aten::_scaled_dot_product_attention_math"),
 }

@@ -34,20 +34,27 @@ class _Stream:
 
 class AsyncEngine:
     def __init__(self, args: EngineArgs | None = None, **kwargs: Any) -> None:
-        self.engine = LLMEngine(args or EngineArgs(**kwargs))
+        """Builds the engine on its own thread (see `_main`) and returns once it is ready; a failing build
+        raises here."""
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._stopped = False
+        self._ids = itertools.count()
+        self._ready = threading.Event()
+        self._init_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, args=(args or EngineArgs(**kwargs),),
+                                        name="loraplex-engine", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._init_error is not None:
+            self._thread.join()
+            raise self._init_error
         self.tokenizer = self.engine.tokenizer
         self.model_name = self.engine.model_name
         self.max_model_len = self.engine.max_model_len
         self.model_dir = self.engine.model_dir
         self.args = self.engine.args
-        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._streams: dict[str, _Stream] = {}
-        self._stats: dict = self.engine.stats()
-        self._stopped = False
-        self._ids = itertools.count()
-        self._thread = threading.Thread(target=self._run, name="loraplex-engine", daemon=True)
-        self._thread.start()
 
     # ------------------------------------------------------------------ asyncio side
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
@@ -141,6 +148,20 @@ class AsyncEngine:
                     self._deliver(payload, out)
             elif kind == "remove_adapter":
                 self.engine.remove_adapter(payload)
+
+    def _main(self, args: EngineArgs) -> None:
+        """The engine thread. The engine is built here too, so all of its torch work (loading included)
+        runs on this thread's OpenMP team: a second team left by a loading thread would slow every later
+        step (engine.threads)."""
+        try:
+            self.engine = LLMEngine(args)
+            self._stats: dict = self.engine.stats()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by __init__ in the caller's thread
+            self._init_error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._run()
 
     def _run(self) -> None:
         while not self._stopped:

@@ -84,6 +84,7 @@ class LLMEngine:
             args.grammar_cache_size, args.grammar_workers)
         self.scheduler.admission.append(self.structured)
         self.sampler = Sampler(self.runner.device)
+        self.torch_threads = torch.get_num_threads()  # the intra-op threads steps run with
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self.last_step = StepStats()
@@ -184,6 +185,10 @@ class LLMEngine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        if torch.get_num_threads() != self.torch_threads:
+            # a thread's first torch op adopts the process-wide count last set anywhere, e.g. by a helper
+            # thread's single_threaded_torch() (engine.threads); the stepping thread keeps the engine's count
+            torch.set_num_threads(self.torch_threads)
         failed = self._fail_adapter_requests() + self._fail_grammar_requests()
         batch = self.scheduler.schedule()
         if not batch.seqs:

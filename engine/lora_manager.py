@@ -31,6 +31,7 @@ from loraplex.engine.lora_context import StepLoRAContext
 from loraplex.engine.lora_device import DeviceSlots
 from loraplex.engine.lora_slots import HostAdapter
 from loraplex.engine.sequence import Sequence
+from loraplex.engine.threads import single_threaded_torch
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,8 @@ class LoRAManager:
         self._host: OrderedDict[str, HostAdapter] = OrderedDict()  # LRU order, oldest first
         self._loading: set[str] = set()
         self._failed: dict[str, str] = {}
-        self._pool = ThreadPoolExecutor(max_workers=loader_workers, thread_name_prefix="loraplex-lora-loader")
+        self._pool = ThreadPoolExecutor(max_workers=loader_workers, thread_name_prefix="loraplex-lora-loader",
+                                        initializer=single_threaded_torch)
         # statistics (device slot loads and evictions: self.slots)
         self.num_disk_loads = 0
         self.num_host_evictions = 0

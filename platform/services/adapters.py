@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from loraplex.adapters import AdapterError, AdapterInfo, AdapterLimits, BaseModelSpec, extract_archive, \
     inspect_adapter
+from loraplex.engine.threads import single_threaded_torch
 from loraplex.platform.db.models import Adapter, Tenant, as_utc, utcnow
 from loraplex.platform.db.session import Database
 from loraplex.platform.errors import ApiError, bad_request, not_found
@@ -99,7 +100,11 @@ class AdapterService:
         return record
 
     def _validated_files(self, form: UploadedForm, workdir: Path) -> tuple[AdapterInfo, dict[str, Path]]:
-        """Check the upload with loraplex.adapters; return what it learned and the two files to store."""
+        """Check the upload with loraplex.adapters; return what it learned and the two files to store.
+
+        Runs in a worker thread: its torch work stays on that thread (engine.threads).
+        """
+        single_threaded_torch()
         parts = set(form.files)
         if parts == {"file"}:
             upload = form.files["file"]

@@ -1,0 +1,41 @@
+"""Helper threads run torch on one thread without changing anybody else's thread count (engine.threads)."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from loraplex.engine.threads import single_threaded_torch
+
+
+def _in_fresh_thread(fn):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_helper_thread_is_single_threaded_and_others_keep_their_count():
+    before = torch.get_num_threads()
+
+    def helper():
+        single_threaded_torch()
+        a = torch.randn(300, 300)
+        torch.isfinite(a * a).all()
+        return torch.get_num_threads()
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(helper).result() == 1
+    assert torch.get_num_threads() == before
+    assert _in_fresh_thread(torch.get_num_threads) == before  # a thread started later is not affected
+
+
+def test_lora_loader_threads_are_single_threaded(tiny_llama_dir):
+    from loraplex.engine import LLMEngine
+
+    engine = LLMEngine(model=str(tiny_llama_dir), num_kv_blocks=32, block_size=8)
+    pool = engine.lora_manager._pool
+    assert pool.submit(torch.get_num_threads).result() == 1
+    assert torch.get_num_threads() == engine.torch_threads
