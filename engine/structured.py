@@ -137,7 +137,6 @@ class StructuredOutputManager:
         return None
 
 
-
 class BudgetCheck:
     """The sampler's TokenCheck for constrained rows: the output must stay closable within max_tokens."""
 
