@@ -139,8 +139,22 @@ int loraplex_lora_apply_f32(
                             buf[j * bstride + s * max_rank + r] = dot(arow, xs[j], in_features);
                     }
                 }
-            /* expand: full tiles in registers, 8 columns at a time; otherwise column chunks, so the tile's y
-             * chunk and B's rows of it stay in L1 across the ranks */
+            if (n < TILE) {
+                /* a few tokens (decodes): B's used rows are one contiguous block (rank x out_total), read
+                 * front to back in a single stream, every slice's columns of a row with that slice's
+                 * coefficient; short per-slice sweeps instead left the prefetchers idle (~2x slower) */
+                for (int64_t r = 0; r < rank; ++r) {
+                    const float *brow = bt + (slot * max_rank + r) * out_total;
+                    for (int64_t s = 0; s < num_slices; ++s) {
+                        const int64_t lo = slice_offsets[s], hi = slice_offsets[s + 1];
+                        for (int64_t j = 0; j < n; ++j)
+                            axpy(ys[j] + lo, brow + lo, buf[j * bstride + s * max_rank + r], hi - lo);
+                    }
+                }
+                continue;
+            }
+            /* expand, full tiles: in registers, 8 columns at a time, so the tile's y rows are read and
+             * written once per strip */
             for (int64_t s = 0; s < num_slices; ++s) {
                 const int64_t lo = slice_offsets[s], hi = slice_offsets[s + 1];
                 const float *bslice = bt + slot * max_rank * out_total + lo;
