@@ -1,12 +1,17 @@
 """Per-step attention metadata and the attention call the model makes in every layer.
 
 The metadata is built once per step (not per layer). On CUDA the Triton paged-attention kernel reads
-the block tables directly. On CPU the batch is split into two vectorised groups — single-token
-decodes and multi-token prefill chunks. With float32 on the CPU the decodes go to the C kernel of
-``kernels.cpu_attention``, which reads the paged cache in place (decode attention is bound by memory
-traffic, and the gathered copy triples it); otherwise each group gathers its sequences' blocks once
-per layer and runs one masked scaled-dot-product attention over the whole group (no loop over
-sequences).
+the block tables directly. On CPU the batch is split into vectorised groups (no loop over sequences):
+
+* single-token decodes: with float32, the C kernel of ``kernels.cpu_attention``, which reads the paged
+  cache in place (decode attention is bound by memory traffic, and the gathered copy triples it);
+  otherwise like the chunks below;
+* prefill chunks with nothing cached before them: one causal scaled-dot-product attention over this
+  step's own keys and values, right-padded to the longest chunk (padded keys sit after every real
+  query, so the causal mask hides them). No gather from the cache, and the flash kernel skips the
+  masked upper triangle: about half the work of the masked path;
+* prefill chunks that continue a cached context: their blocks are gathered once per layer and one
+  scaled-dot-product attention runs with an explicit position mask.
 """
 from __future__ import annotations
 
@@ -31,6 +36,15 @@ class GroupPlan:
 
 
 @dataclass
+class CausalPlan:
+    """Prefill chunks starting at position 0: causal attention over the step's own keys and values."""
+
+    rows: torch.Tensor  # [B, Q] token rows in the flat batch, right-padded by repeating the last row
+    valid: torch.Tensor | None  # [B*Q] bool, None when no padding
+    flat_rows: torch.Tensor  # [num valid] rows of the output to write
+
+
+@dataclass
 class CDecodePlan:
     """The decode group on the C kernel: it reads the paged cache through the block tables itself."""
 
@@ -48,7 +62,7 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [S+1] int32
     num_tokens: int
     use_triton: bool
-    groups: list[GroupPlan | CDecodePlan]
+    groups: list[GroupPlan | CDecodePlan | CausalPlan]
 
     @classmethod
     def build(cls, q_lens: list[int], ctx_lens: list[int], block_tables: list[list[int]], block_size: int,
@@ -77,13 +91,17 @@ class AttentionMetadata:
         )
         if not use_triton:
             decode = [i for i in range(num_seqs) if q_lens[i] == 1]
-            prefill = [i for i in range(num_seqs) if q_lens[i] > 1]
+            fresh = [i for i in range(num_seqs) if q_lens[i] > 1 and ctx_lens[i] == 0]
+            continued = [i for i in range(num_seqs) if q_lens[i] > 1 and ctx_lens[i] > 0]
             if decode and c_decode:
                 meta.groups.append(_c_decode_plan(decode, seq_lens, starts, block_tables, block_size, device))
             elif decode:
                 meta.groups.append(_group_plan(decode, q_lens, seq_lens, starts, block_tables, block_size, device))
-            if prefill:
-                meta.groups.append(_group_plan(prefill, q_lens, seq_lens, starts, block_tables, block_size, device))
+            if fresh:
+                meta.groups.append(_causal_plan(fresh, q_lens, starts, device))
+            if continued:
+                meta.groups.append(_group_plan(continued, q_lens, seq_lens, starts, block_tables, block_size,
+                                               device))
         return meta
 
 
@@ -96,16 +114,33 @@ def _c_decode_plan(members: list[int], seq_lens: list[int], starts: list[int], b
                        seq_lens=torch.tensor([seq_lens[i] for i in members], dtype=torch.int32, device=device))
 
 
-def _group_plan(members: list[int], q_lens: list[int], seq_lens: list[int], starts: list[int],
-                block_tables: list[list[int]], block_size: int, device: torch.device) -> GroupPlan:
+def _padded_rows(members: list[int], q_lens: list[int], starts: list[int]
+                 ) -> tuple[list[list[int]], list[bool], list[int]]:
+    """Each member's token rows right-padded (repeating its last row) to the longest; validity; flat rows."""
     qmax = max(q_lens[i] for i in members)
-    nblk = max(-(-seq_lens[i] // block_size) for i in members)
-    rows, valid, blocks, flat_rows = [], [], [], []
+    rows, valid, flat_rows = [], [], []
     for i in members:
         r = list(range(starts[i], starts[i] + q_lens[i]))
         flat_rows.extend(r)
         rows.append(r + [r[-1]] * (qmax - len(r)))
         valid.extend([True] * len(r) + [False] * (qmax - len(r)))
+    return rows, valid, flat_rows
+
+
+def _causal_plan(members: list[int], q_lens: list[int], starts: list[int], device: torch.device) -> CausalPlan:
+    rows, valid, flat_rows = _padded_rows(members, q_lens, starts)
+    return CausalPlan(rows=torch.tensor(rows, dtype=torch.long, device=device),
+                      valid=None if all(valid) else torch.tensor(valid, dtype=torch.bool, device=device),
+                      flat_rows=torch.tensor(flat_rows, dtype=torch.long, device=device))
+
+
+def _group_plan(members: list[int], q_lens: list[int], seq_lens: list[int], starts: list[int],
+                block_tables: list[list[int]], block_size: int, device: torch.device) -> GroupPlan:
+    qmax = max(q_lens[i] for i in members)
+    nblk = max(-(-seq_lens[i] // block_size) for i in members)
+    rows, valid, flat_rows = _padded_rows(members, q_lens, starts)
+    blocks = []
+    for i in members:
         table = block_tables[i][:nblk]
         blocks.append(table + [table[-1]] * (nblk - len(table)))
     L = nblk * block_size
@@ -138,6 +173,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.
             out[g.rows] = paged_decode_attention_c(q[g.rows], k_cache, v_cache, g.tables, g.seq_lens, scale,
                                                    check_tables=not g.checked)
             g.checked = True  # every layer's cache has the same number of blocks
+            continue
+        if isinstance(g, CausalPlan):
+            b, qn = g.rows.shape
+            qg, kg, vg = (t[g.rows].transpose(1, 2) for t in (q, k, v))  # [B, heads, Q, D]
+            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale, enable_gqa=True)
+            o = o.transpose(1, 2).reshape(b * qn, -1, d)
+            out[g.flat_rows] = o if g.valid is None else o[g.valid]
             continue
         b, qn = g.rows.shape
         keys = k_cache[g.blocks].view(b, -1, kvh, d).transpose(1, 2)
