@@ -22,7 +22,7 @@
 
 typedef float v8 __attribute__((vector_size(32)));
 
-enum { TILE = 8, CHUNK = 256 }; /* tokens per task; y columns per expand pass */
+enum { TILE = 8 }; /* tokens per task */
 
 static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
@@ -142,7 +142,7 @@ int loraplex_lora_apply_f32(
             if (n < TILE) {
                 /* a few tokens (decodes): B's used rows are one contiguous block (rank x out_total), read
                  * front to back in a single stream, every slice's columns of a row with that slice's
-                 * coefficient; short per-slice sweeps instead left the prefetchers idle (~2x slower) */
+                 * coefficient; short per-slice sweeps instead left the prefetchers idle (~1.5x slower) */
                 for (int64_t r = 0; r < rank; ++r) {
                     const float *brow = bt + (slot * max_rank + r) * out_total;
                     for (int64_t s = 0; s < num_slices; ++s) {
@@ -153,27 +153,19 @@ int loraplex_lora_apply_f32(
                 }
                 continue;
             }
-            /* expand, full tiles: in registers, 8 columns at a time, so the tile's y rows are read and
-             * written once per strip */
+            /* expand, full tiles: in registers 8 columns at a time, so the tile's y rows are read and
+             * written once per strip; a slice's last (hi - lo) % 8 columns row by row */
             for (int64_t s = 0; s < num_slices; ++s) {
                 const int64_t lo = slice_offsets[s], hi = slice_offsets[s + 1];
                 const float *bslice = bt + slot * max_rank * out_total + lo;
-                int64_t c0 = lo;
-                if (n == TILE) {
-                    float *yl[TILE];
-                    for (int j = 0; j < TILE; ++j) yl[j] = ys[j] + lo;
-                    const int64_t width = (hi - lo) / 8 * 8;
-                    expand_tile(yl, bslice, out_total, buf + s * max_rank, bstride, rank, width);
-                    c0 = lo + width;
-                }
-                for (; c0 < hi; c0 += CHUNK) {
-                    const int64_t width = hi - c0 < CHUNK ? hi - c0 : CHUNK;
-                    for (int64_t r = 0; r < rank; ++r) {
-                        const float *bchunk = bt + (slot * max_rank + r) * out_total + c0;
-                        for (int64_t j = 0; j < n; ++j)
-                            axpy(ys[j] + c0, bchunk, buf[j * bstride + s * max_rank + r], width);
-                    }
-                }
+                const float *c = buf + s * max_rank;
+                float *yl[TILE];
+                for (int j = 0; j < TILE; ++j) yl[j] = ys[j] + lo;
+                const int64_t width = (hi - lo) / 8 * 8;
+                expand_tile(yl, bslice, out_total, c, bstride, rank, width);
+                for (int64_t r = 0; r < rank; ++r)
+                    for (int j = 0; j < TILE; ++j)
+                        axpy(yl[j] + width, bslice + r * out_total + width, c[j * bstride + r], hi - lo - width);
             }
         }
         free(buf);

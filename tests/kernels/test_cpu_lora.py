@@ -28,6 +28,7 @@ def _weights(num_slots: int, widths: list[int], in_features: int, max_rank: int,
     ([1536, 1536], 576, [1] * 7 + [2] * 20),                   # gate_up, long segments
     ([576], 1536, [-1, -1, 0]),                                 # down, mostly base rows
     ([40, 13], 37, [0, 1, 2, 3, 0, 1]),                         # widths and in_features off the vector width
+    ([40, 13], 37, [0] * 9 + [1] * 8 + [2] * 16),               # the same with full tiles of 8 tokens
 ])
 def test_matches_reference(widths, in_features, indices):
     a, bt, offsets, ranks = _weights(4, widths, in_features, 16, [16, 8, 3, 0], seed=len(indices))
