@@ -114,9 +114,10 @@ def _c_decode_plan(members: list[int], seq_lens: list[int], starts: list[int], b
                        seq_lens=torch.tensor([seq_lens[i] for i in members], dtype=torch.int32, device=device))
 
 
-def _padded_rows(members: list[int], q_lens: list[int], starts: list[int]
-                 ) -> tuple[list[list[int]], list[bool], list[int]]:
-    """Each member's token rows right-padded (repeating its last row) to the longest; validity; flat rows."""
+def _padded_rows(members: list[int], q_lens: list[int], starts: list[int], device: torch.device
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Each member's token rows right-padded (repeating its last row) to the longest [B, Q]; which of
+    them are real [B*Q] (None without padding); the real rows in order."""
     qmax = max(q_lens[i] for i in members)
     rows, valid, flat_rows = [], [], []
     for i in members:
@@ -124,21 +125,21 @@ def _padded_rows(members: list[int], q_lens: list[int], starts: list[int]
         flat_rows.extend(r)
         rows.append(r + [r[-1]] * (qmax - len(r)))
         valid.extend([True] * len(r) + [False] * (qmax - len(r)))
-    return rows, valid, flat_rows
+    return (torch.tensor(rows, dtype=torch.long, device=device),
+            None if all(valid) else torch.tensor(valid, dtype=torch.bool, device=device),
+            torch.tensor(flat_rows, dtype=torch.long, device=device))
 
 
 def _causal_plan(members: list[int], q_lens: list[int], starts: list[int], device: torch.device) -> CausalPlan:
-    rows, valid, flat_rows = _padded_rows(members, q_lens, starts)
-    return CausalPlan(rows=torch.tensor(rows, dtype=torch.long, device=device),
-                      valid=None if all(valid) else torch.tensor(valid, dtype=torch.bool, device=device),
-                      flat_rows=torch.tensor(flat_rows, dtype=torch.long, device=device))
+    rows, valid, flat_rows = _padded_rows(members, q_lens, starts, device)
+    return CausalPlan(rows=rows, valid=valid, flat_rows=flat_rows)
 
 
 def _group_plan(members: list[int], q_lens: list[int], seq_lens: list[int], starts: list[int],
                 block_tables: list[list[int]], block_size: int, device: torch.device) -> GroupPlan:
     qmax = max(q_lens[i] for i in members)
     nblk = max(-(-seq_lens[i] // block_size) for i in members)
-    rows, valid, flat_rows = _padded_rows(members, q_lens, starts)
+    rows, valid, flat_rows = _padded_rows(members, q_lens, starts, device)
     blocks = []
     for i in members:
         table = block_tables[i][:nblk]
@@ -150,14 +151,8 @@ def _group_plan(members: list[int], q_lens: list[int], seq_lens: list[int], star
     # query j of a sequence sits at position seq_len - q_len + j and sees keys 0..that position
     q_pos = slen_t[:, None] - qlen_t[:, None] + torch.arange(qmax, device=device)[None, :]
     mask = key_pos[None, None, :] <= q_pos[:, :, None]
-    all_valid = all(valid)
-    return GroupPlan(
-        rows=torch.tensor(rows, dtype=torch.long, device=device),
-        valid=None if all_valid else torch.tensor(valid, dtype=torch.bool, device=device),
-        blocks=torch.tensor(blocks, dtype=torch.long, device=device),
-        mask=mask.unsqueeze(1),
-        flat_rows=torch.tensor(flat_rows, dtype=torch.long, device=device),
-    )
+    return GroupPlan(rows=rows, valid=valid, blocks=torch.tensor(blocks, dtype=torch.long, device=device),
+                     mask=mask.unsqueeze(1), flat_rows=flat_rows)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

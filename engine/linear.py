@@ -41,9 +41,7 @@ class Linear:
     """y = x @ weight.T for a fixed weight [out_features, in_features]."""
 
     def __init__(self, weight: torch.Tensor) -> None:
-        self.out_features, self.in_features = weight.shape
-        self.dtype = weight.dtype
-        self.device = weight.device
+        self.out_features = weight.shape[0]
         self._packed: torch.Tensor | None = None
         self._weight: torch.Tensor | None = weight
         if weight.device.type == "cpu" and onednn_linear_available(weight.dtype):

@@ -51,9 +51,7 @@ class CompletionSearch:
         """Tokens from `matcher`'s state to an accepting one, or None if none found in bounds."""
         if matcher.is_accepting():
             return []
-        path = self._greedy(matcher)
-        if path is None:
-            path = self._shortest(matcher, self.max_bytes)
+        path = self._completion_bytes(matcher)
         return None if path is None else self.tokenize(matcher, path)
 
     def fits(self, matcher: Any, budget: int) -> bool:
@@ -61,12 +59,15 @@ class CompletionSearch:
         the byte string alone is short enough, since no token is shorter than one byte)."""
         if matcher.is_accepting():
             return True
-        path = self._greedy(matcher)
-        if path is None:
-            path = self._shortest(matcher, self.max_bytes)
+        path = self._completion_bytes(matcher)
         if path is None:
             return False
         return len(path) <= budget or len(self.tokenize(matcher, path)) <= budget
+
+    def _completion_bytes(self, matcher: Any) -> bytes | None:
+        """The byte string `plan` tokenizes: the greedy walk, else the bounded search."""
+        path = self._greedy(matcher)
+        return path if path is not None else self._shortest(matcher, self.max_bytes)
 
     def _greedy(self, matcher: Any) -> bytes | None:
         """Close as soon as possible: forced bytes, else the first allowed byte in CLOSING_ORDER.
