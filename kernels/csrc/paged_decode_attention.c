@@ -1,34 +1,75 @@
 /* Paged attention for single-token decodes on the CPU, float32.
  *
- * One task per sequence: it reads the sequence's keys and values straight from the paged cache through
- * the block table (no gathered copy; a slot's kv heads are one contiguous row), scores every query head
- * against each key row, then accumulates the values weighted by the softmax. Every cache row is read
- * once per step, which is what bounds decode attention: the torch path gathers the blocks into a
- * padded copy first and reads that copy again in SDPA, about three times the memory traffic.
+ * One task per sequence: it walks the sequence's blocks through the block table and reads the keys and
+ * values straight from the paged cache (no gathered copy), in tiles of up to 16 tokens with an online
+ * softmax (flash-decoding style), so every cache row is read exactly once per step and nothing but a
+ * few vectors of scratch is written.
+ *
+ * Per tile, for the `group` query heads sharing the kv head:
+ *   scores  each key row is multiplied into one 8-wide partial sum per query head; eight such partial
+ *           sums are reduced together by a shuffle tree (7 adds for 8 scores rather than a horizontal
+ *           sum per score);
+ *   softmax running maximum and denominator per query head, rescaling the accumulators only when the
+ *           maximum grows;
+ *   values  in strips of PV_STRIP vectors whose accumulators (for every query head of the group) stay in
+ *           registers over the tile: each value vector is loaded once for the whole group.
+ * A sequence's kv heads are done one after the other inside each tile, so a block's key rows and then
+ * its value rows are read front to back, and the next block is prefetched into L2 while this one is
+ * worked on (software prefetch, spread a few lines per token: without it the loads and the arithmetic
+ * hardly overlap, and the kernel ran at half the machine's streaming bandwidth).
  *
  * Layout (as kernels/attention.py documents it):
  *   q, out        [num_seqs, num_heads, head_dim]
  *   k/v_cache     [num_blocks, block_size, num_kv_heads, head_dim]
  *   block_tables  [num_seqs, max_blocks] int32; seq_lens [num_seqs] int32 (context incl. the query)
  * All contiguous; head_dim a multiple of 8; the caller checks shapes and that every table entry read
- * lies inside the cache.
+ * lies inside the cache. Query heads h*group .. h*group+group-1 share kv head h.
  *
- * Vectors are GCC vector extensions (8 floats), lowered to AVX2/SSE on x86 and NEON on Arm. The GQA group
- * size is a compile-time constant for 1..8 (the task body is inlined per size), so the per-head
- * accumulators live in registers; other sizes take the generic body.
+ * Vectors are GCC vector extensions (8 floats), lowered to AVX2/AVX-512 on x86 and NEON on Arm. The GQA
+ * group (1..8) and head_dim (64, 128) are compile-time constants in the specialised bodies, so the
+ * accumulators are fixed-size arrays the compiler keeps in registers; other shapes take the generic body.
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+#define TILE 16      /* tokens per softmax tile (two reductions of 8) */
+#define MAX_GROUP 64
+#ifndef PV_STRIP
+#define PV_STRIP 4
+#endif
+#ifndef PF_AHEAD
+#define PF_AHEAD 1
+#endif /* largest GQA group the generic body takes */
 
 static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 static inline float hsum8(v8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+static inline float hmax2x8(v8 a, v8 b)
+{
+    const v8i a_wins = a > b;
+    const v8 v = (v8)(((v8i)a & a_wins) | ((v8i)b & ~a_wins));
+    float m = v[0];
+    for (int i = 1; i < 8; ++i) m = v[i] > m ? v[i] : m;
+    return m;
+}
 
-typedef int32_t v8i __attribute__((vector_size(32)));
+/* The eight horizontal sums of a[0..7], as one vector: lane i = sum of a[i]'s lanes. */
+static inline v8 reduce8(const v8 *a)
+{
+    v8 b[4], c[2];
+    for (int j = 0; j < 4; ++j)
+        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 8, 2, 10, 4, 12, 6, 14)
+             + __builtin_shufflevector(a[2 * j], a[2 * j + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int j = 0; j < 2; ++j)
+        c[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 8, 9, 4, 5, 12, 13)
+             + __builtin_shufflevector(b[2 * j], b[2 * j + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return __builtin_shufflevector(c[0], c[1], 0, 1, 2, 3, 8, 9, 10, 11)
+         + __builtin_shufflevector(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
 
 /* e^x for x <= 0 (softmax arguments), 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6
  * polynomial (relative error ~2e-7, like expf's), 2^n through the exponent bits; x < -87 gives 0. */
@@ -53,76 +94,124 @@ static inline v8 exp8_nonpositive(v8 x)
     return (v8)((v8i)(p * scale) & ~tiny);
 }
 
-/* One sequence, all kv heads (a cache slot's heads are one contiguous row, read once).
- * scratch: scores [num_heads * max_len], qs [num_heads * head_dim] (q pre-scaled), row_max / inv_sum
- * [num_heads]. Heads h*group .. h*group+group-1 share kv head h. */
-static inline __attribute__((always_inline)) void attend(
-    const int64_t group, const float *qrow, const float *k_cache, const float *v_cache, const int32_t *table,
-    const int64_t len, float *orow, const int64_t num_kv_heads, const int64_t head_dim, const int64_t block_size,
-    const float scale, float *scores, float *qs, float *row_max, float *inv_sum)
+/* One tile (n <= TILE tokens) of one kv head: scores for the group's query heads, the online-softmax
+ * update of their running maximum / denominator, and the weighted values added into acc_io. */
+static inline __attribute__((always_inline)) void attend_tile(
+    const int64_t group, const int64_t head_dim, const v8 *qs, const float *kt, const float *vt, const int64_t n,
+    const int64_t slot_stride, v8 *acc_io, float *run_max, float *run_sum, const char *pf_k, const char *pf_v,
+    const int64_t pf_lines)
 {
-    const int64_t num_heads = group * num_kv_heads, slot_stride = num_kv_heads * head_dim;
-    for (int64_t i = 0; i < num_heads * head_dim; ++i) qs[i] = qrow[i] * scale;
-    for (int64_t j = 0; j < num_heads; ++j) row_max[j] = -INFINITY;
-
-    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
-        const float *kb = k_cache + (int64_t)table[t0 / block_size] * block_size * slot_stride;
-        const int64_t n = len - t0 < block_size ? len - t0 : block_size;
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t h = 0; h < num_kv_heads; ++h) {
-                const float *kp = kb + i * slot_stride + h * head_dim;
-                const float *qh = qs + h * group * head_dim;
-                v8 acc[group];
-                for (int64_t g = 0; g < group; ++g) acc[g] = (v8){0};
-                for (int64_t d = 0; d < head_dim; d += 8) {
-                    const v8 k = load8(kp + d);
-                    for (int64_t g = 0; g < group; ++g) acc[g] += load8(qh + g * head_dim + d) * k;
-                }
+    const int64_t nv = head_dim / 8;
+    v8 acc[group][nv], part[group][TILE];
+    for (int64_t g = 0; g < group; ++g)
+        for (int64_t c = 0; c < nv; ++c) acc[g][c] = acc_io[g * nv + c];
+    /* two key rows at a time, so each query vector loaded serves both */
+    for (int64_t i = 0; i < TILE; i += 2) {
+        v8 a0[group], a1[group];
+        for (int64_t g = 0; g < group; ++g) a0[g] = a1[g] = (v8){0};
+        if (i < n) {
+            const float *k0 = kt + i * slot_stride, *k1 = i + 1 < n ? k0 + slot_stride : k0;
+            for (int64_t l = 0; l < pf_lines; ++l) __builtin_prefetch(pf_k + (i * pf_lines + l) * 64, 0, 1);
+            for (int64_t l = 0; l < pf_lines; ++l) __builtin_prefetch(pf_k + ((i + 1) * pf_lines + l) * 64, 0, 1);
+            for (int64_t c = 0; c < nv; ++c) {
+                const v8 x0 = load8(k0 + 8 * c), x1 = load8(k1 + 8 * c);
                 for (int64_t g = 0; g < group; ++g) {
-                    const int64_t j = h * group + g;
-                    const float sc = hsum8(acc[g]);
-                    scores[j * len + t0 + i] = sc;
-                    if (sc > row_max[j]) row_max[j] = sc;
+                    const v8 qv = qs[g * nv + c];
+                    a0[g] += qv * x0;
+                    a1[g] += qv * x1;
                 }
+            }
+        }
+        for (int64_t g = 0; g < group; ++g) {
+            part[g][i] = a0[g];
+            part[g][i + 1] = a1[g];
+        }
+    }
+    float p[group][TILE];
+    for (int64_t g = 0; g < group; ++g) {
+        v8 s0 = reduce8(&part[g][0]), s1 = reduce8(&part[g][8]);
+        for (int64_t i = n; i < TILE; ++i) {  /* lanes past the tile's end never win the max */
+            if (i < 8) s0[i] = -INFINITY; else s1[i - 8] = -INFINITY;
+        }
+        const float tile_max = hmax2x8(s0, s1);
+        if (tile_max > run_max[g]) {
+            const float corr = expf(run_max[g] - tile_max);  /* 0 on the first tile */
+            run_sum[g] *= corr;
+            for (int64_t c = 0; c < nv; ++c) acc[g][c] *= corr;
+            run_max[g] = tile_max;
+        }
+        const v8 e0 = exp8_nonpositive(s0 - run_max[g]), e1 = exp8_nonpositive(s1 - run_max[g]);
+        run_sum[g] += hsum8(e0 + e1);
+        store8(&p[g][0], e0);
+        store8(&p[g][8], e1);
+    }
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t l = 0; l < pf_lines; ++l) __builtin_prefetch(pf_v + (i * pf_lines + l) * 64, 0, 1);
+    /* strips of PV_STRIP vectors: a strip's accumulators for the group live in registers over the tile */
+    const int64_t strip = nv % PV_STRIP == 0 ? PV_STRIP : 1;
+    for (int64_t c0 = 0; c0 < nv; c0 += strip) {
+        v8 r[group][PV_STRIP];
+        for (int64_t g = 0; g < group; ++g)
+            for (int64_t c = 0; c < PV_STRIP; ++c) r[g][c] = c < strip ? acc[g][c0 + c] : (v8){0};
+        for (int64_t i = 0; i < n; ++i) {
+            const float *vp = vt + i * slot_stride + 8 * c0;
+            for (int64_t c = 0; c < PV_STRIP; ++c) {
+                if (c < strip) {
+                    const v8 v = load8(vp + 8 * c);
+                    for (int64_t g = 0; g < group; ++g) r[g][c] += p[g][i] * v;
+                }
+            }
+        }
+        for (int64_t g = 0; g < group; ++g)
+            for (int64_t c = 0; c < PV_STRIP; ++c)
+                if (c < strip) acc[g][c0 + c] = r[g][c];
+    }
+    for (int64_t g = 0; g < group; ++g)
+        for (int64_t c = 0; c < nv; ++c) acc_io[g * nv + c] = acc[g][c];
+}
+
+/* One sequence, all kv heads. Blocks are walked in order and each block's key rows, then value rows,
+ * are read front to back (one contiguous stretch each), while the next block is prefetched. */
+static inline __attribute__((always_inline)) void attend_seq(
+    const int64_t group, const int64_t head_dim, const int64_t num_kv_heads, const float *q, const float *k_cache,
+    const float *v_cache, const int32_t *table, const int64_t len, float *out, const int64_t block_size,
+    const float scale)
+{
+    const int64_t nv = head_dim / 8, num_heads = group * num_kv_heads, slot_stride = num_kv_heads * head_dim;
+    v8 qs[num_heads * nv], acc[num_heads * nv];
+    float run_max[num_heads], run_sum[num_heads];
+    for (int64_t j = 0; j < num_heads; ++j) {
+        for (int64_t c = 0; c < nv; ++c) {
+            qs[j * nv + c] = load8(q + j * head_dim + 8 * c) * scale;
+            acc[j * nv + c] = (v8){0};
+        }
+        run_max[j] = -INFINITY;
+        run_sum[j] = 0.0f;
+    }
+    const int64_t block_floats = block_size * slot_stride;
+    const int64_t pf_lines = (slot_stride * 4 / num_kv_heads + 63) / 64;  /* a slot's lines, over the kv heads' passes */
+    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+        const float *kb = k_cache + (int64_t)table[t0 / block_size] * block_floats;
+        const float *vb = v_cache + (int64_t)table[t0 / block_size] * block_floats;
+        const int64_t in_block = len - t0 < block_size ? len - t0 : block_size;
+        /* the next block is prefetched into L2 a few lines per token, spread over this block's work */
+        const int64_t ahead = t0 + block_size < len ? table[t0 / block_size + 1] : table[t0 / block_size];
+        const char *pk = (const char *)(k_cache + ahead * block_floats), *pv = (const char *)(v_cache + ahead * block_floats);
+        for (int64_t i0 = 0; i0 < in_block; i0 += TILE) {
+            const int64_t n = in_block - i0 < TILE ? in_block - i0 : TILE;
+            for (int64_t h = 0; h < num_kv_heads; ++h) {
+                const int64_t off = i0 * slot_stride + h * head_dim;
+                const int64_t pf_off = (i0 * num_kv_heads + h * n) * pf_lines * 64;
+                attend_tile(group, head_dim, qs + h * group * nv, kb + off, vb + off, n, slot_stride,
+                            acc + h * group * nv, run_max + h * group, run_sum + h * group, pk + pf_off, pv + pf_off,
+                            pf_lines);
             }
         }
     }
     for (int64_t j = 0; j < num_heads; ++j) {
-        float *sj = scores + j * len;
-        const float m = row_max[j];
-        v8 vsum = {0};
-        int64_t t = 0;
-        for (; t + 8 <= len; t += 8) {
-            const v8 e = exp8_nonpositive(load8(sj + t) - m);
-            store8(sj + t, e);
-            vsum += e;
-        }
-        float sum = hsum8(vsum);
-        for (; t < len; ++t) {
-            sj[t] = expf(sj[t] - m);
-            sum += sj[t];
-        }
-        inv_sum[j] = 1.0f / sum;
+        const float inv = 1.0f / run_sum[j];
+        for (int64_t c = 0; c < nv; ++c) store8(out + j * head_dim + 8 * c, acc[j * nv + c] * inv);
     }
-    for (int64_t i = 0; i < num_heads * head_dim; ++i) orow[i] = 0.0f;
-    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
-        const float *vb = v_cache + (int64_t)table[t0 / block_size] * block_size * slot_stride;
-        const int64_t n = len - t0 < block_size ? len - t0 : block_size;
-        for (int64_t h = 0; h < num_kv_heads; ++h) {
-            for (int64_t d = 0; d < head_dim; d += 8) {  /* an 8-wide strip, the group's accumulators in registers */
-                float *oh = orow + h * group * head_dim + d;
-                v8 acc[group];
-                for (int64_t g = 0; g < group; ++g) acc[g] = load8(oh + g * head_dim);
-                for (int64_t i = 0; i < n; ++i) {
-                    const v8 v = load8(vb + i * slot_stride + h * head_dim + d);
-                    for (int64_t g = 0; g < group; ++g) acc[g] += scores[(h * group + g) * len + t0 + i] * v;
-                }
-                for (int64_t g = 0; g < group; ++g) store8(oh + g * head_dim, acc[g]);
-            }
-        }
-    }
-    for (int64_t j = 0; j < num_heads; ++j)
-        for (int64_t d = 0; d < head_dim; ++d) orow[j * head_dim + d] *= inv_sum[j];
 }
 
 int loraplex_paged_decode_attention_f32(
@@ -130,44 +219,36 @@ int loraplex_paged_decode_attention_f32(
     const int32_t *seq_lens, float *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
     int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int num_threads)
 {
-    if (head_dim % 8 != 0 || num_heads % num_kv_heads != 0) return -2;
+    if (head_dim % 8 != 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > MAX_GROUP) return -2;
     const int64_t group = num_heads / num_kv_heads;
-    int64_t max_len = 1;
-    for (int64_t s = 0; s < num_seqs; ++s)
-        if (seq_lens[s] > max_len) max_len = seq_lens[s];
-    int failed = 0;
 
-#pragma omp parallel num_threads(num_threads)
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(num_heads * (max_len + head_dim + 2)));
-        if (scores == NULL) {
-#pragma omp atomic write
-            failed = 1;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int64_t s = 0; s < num_seqs; ++s) {
+        const float *qs = q + s * num_heads * head_dim;
+        float *os = out + s * num_heads * head_dim;
+        const int32_t *table = block_tables + s * max_blocks;
+#define ATTEND(G, D) attend_seq(G, D, num_kv_heads, qs, k_cache, v_cache, table, seq_lens[s], os, block_size, scale)
+#define BY_GROUP(D)                                                                                           \
+        switch (group) {                                                                                      \
+        case 1: ATTEND(1, D); break;                                                                          \
+        case 2: ATTEND(2, D); break;                                                                          \
+        case 3: ATTEND(3, D); break;                                                                          \
+        case 4: ATTEND(4, D); break;                                                                          \
+        case 5: ATTEND(5, D); break;                                                                          \
+        case 6: ATTEND(6, D); break;                                                                          \
+        case 7: ATTEND(7, D); break;                                                                          \
+        case 8: ATTEND(8, D); break;                                                                          \
+        default: ATTEND(group, head_dim); break;                                                              \
         }
-        float *qs = scores + num_heads * max_len, *row_max = qs + num_heads * head_dim, *inv_sum = row_max + num_heads;
-
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t s = 0; s < num_seqs; ++s) {
-            if (scores == NULL) continue;
-            const float *qrow = q + s * num_heads * head_dim;
-            float *orow = out + s * num_heads * head_dim;
-            const int32_t *table = block_tables + s * max_blocks;
-#define ATTEND(G) attend(G, qrow, k_cache, v_cache, table, seq_lens[s], orow, num_kv_heads, head_dim, block_size, \
-                         scale, scores, qs, row_max, inv_sum)
-            switch (group) {
-            case 1: ATTEND(1); break;
-            case 2: ATTEND(2); break;
-            case 3: ATTEND(3); break;
-            case 4: ATTEND(4); break;
-            case 5: ATTEND(5); break;
-            case 6: ATTEND(6); break;
-            case 7: ATTEND(7); break;
-            case 8: ATTEND(8); break;
-            default: ATTEND(group); break;
-            }
+        if (head_dim == 64) {
+            BY_GROUP(64)
+        } else if (head_dim == 128) {
+            BY_GROUP(128)
+        } else {
+            ATTEND(group, head_dim);
+        }
+#undef BY_GROUP
 #undef ATTEND
-        }
-        free(scores);
     }
-    return failed ? -1 : 0;
+    return 0;
 }
