@@ -20,19 +20,13 @@ from loraplex.engine.config import ModelShape
 from loraplex.engine.linear import Linear
 from loraplex.engine.model_files import ModelLoadError
 from loraplex.engine.rotary import RotaryEmbedding
+from loraplex.kernels.cpu_norm_rope import add_rms_norm, rope_
 
 
 class LoRAContext(Protocol):
     """Adds adapter deltas for one layer and projection group (qkv, o, gate_up, down), in place."""
 
     def apply(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> None: ...
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same order of operations as transformers' LlamaRMSNorm: normalise in float32, then scale.
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
 
 
 class LlamaLayer:
@@ -69,36 +63,35 @@ class LlamaModel:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], lora: LoRAContext | None = None) -> torch.Tensor:
         """Hidden states after the final norm, [T, hidden], for a flat batch of T tokens."""
         s = self.shape
-        h = F.embedding(input_ids, self.embed)
-        cos, sin = self.rotary.tables(positions)
+        eps = s.rms_norm_eps
+        h = F.embedding(input_ids, self.embed)  # the residual stream, updated in place by add_rms_norm
+        cos, sin = self.rotary.cos, self.rotary.sin
         q_size, kv_size = s.q_size, s.kv_size
         inter = s.intermediate_size
+        delta: torch.Tensor | None = None  # the previous layer's MLP output, added to h by the next norm
         for i, layer in enumerate(self.layers):
-            x = rms_norm(h, layer.input_norm, s.rms_norm_eps)
+            x = add_rms_norm(h, delta, layer.input_norm, eps)
             qkv = layer.qkv(x)
             if lora is not None:
                 lora.apply(i, "qkv", x, qkv)
+            rope_(qkv, s.num_heads + s.num_kv_heads, s.head_dim, cos, sin, positions)  # q and k heads, in place
             q = qkv[:, :q_size].view(-1, s.num_heads, s.head_dim)
             k = qkv[:, q_size:q_size + kv_size].view(-1, s.num_kv_heads, s.head_dim)
             v = qkv[:, q_size + kv_size:].view(-1, s.num_kv_heads, s.head_dim)
-            q = self.rotary.apply(q, cos, sin)
-            k = self.rotary.apply(k, cos, sin)
             k_cache, v_cache = kv_caches[i]
             a = attention(q, k, v, k_cache, v_cache, meta, self.scale).view(-1, q_size)
             o = layer.o(a)
             if lora is not None:
                 lora.apply(i, "o", a, o)
-            h = h + o
-            x = rms_norm(h, layer.post_norm, s.rms_norm_eps)
+            x = add_rms_norm(h, o, layer.post_norm, eps)
             gu = layer.gate_up(x)
             if lora is not None:
                 lora.apply(i, "gate_up", x, gu)
             m = F.silu(gu[:, :inter]) * gu[:, inter:]
-            d = layer.down(m)
+            delta = layer.down(m)
             if lora is not None:
-                lora.apply(i, "down", m, d)
-            h = h + d
-        return rms_norm(h, self.norm, s.rms_norm_eps)
+                lora.apply(i, "down", m, delta)
+        return add_rms_norm(h, delta, self.norm, eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

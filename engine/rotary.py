@@ -33,7 +33,8 @@ def _inv_freq(shape: ModelShape) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin tables indexed by absolute position."""
+    """Precomputed cos/sin tables [max_positions, head_dim] indexed by absolute position (applied by
+    ``kernels.cpu_norm_rope.rope_``)."""
 
     def __init__(self, shape: ModelShape, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
         inv = _inv_freq(shape)
@@ -43,14 +44,3 @@ class RotaryEmbedding:
         # float32 throughout, like transformers, so positions rotate identically.
         self.cos = emb.float().cos().to(device=device, dtype=dtype)
         self.sin = emb.float().sin().to(device=device, dtype=dtype)
-        self.half = shape.head_dim // 2
-
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin as [T, 1, head_dim] for broadcasting over heads; computed once per step."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim]."""
-        x1, x2 = x[..., : self.half], x[..., self.half:]
-        rotated = torch.cat((-x2, x1), dim=-1)
-        return x * cos + rotated * sin

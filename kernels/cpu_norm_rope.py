@@ -1,0 +1,135 @@
+"""A Llama block's elementwise steps (residual add + RMSNorm, rotary embedding) as C kernels on the CPU,
+each beside its torch reference with the same signature.
+
+* ``add_rms_norm(residual, delta, weight, eps)``: ``residual += delta`` in place (skipped when ``delta`` is
+  None), then returns RMSNorm(residual) * weight, in the operation order of transformers' LlamaRMSNorm.
+* ``rope_(qkv, heads, head_dim, cos, sin, positions)``: rotary embedding (rotate-half) in place on the
+  first ``heads`` heads of each row of ``qkv`` (the q and k heads at the front of a fused qkv row);
+  ``cos``/``sin`` are ``[max_positions, head_dim]`` tables indexed by ``positions``.
+
+The C paths (``csrc/norm_rope.c``) serve float32 CPU tensors; the dispatchers fall back to the references
+for anything else (other dtypes, CUDA, no compiler).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from .cpu_build import load
+
+__all__ = ["add_rms_norm", "add_rms_norm_c", "add_rms_norm_ref", "cpu_norm_rope_available", "rope_", "rope_c",
+           "rope_ref"]
+
+_p, _i64 = ctypes.c_void_p, ctypes.c_int64
+
+
+def _library() -> ctypes.CDLL | None:
+    lib = load("norm_rope")
+    if lib is not None and not hasattr(lib, "_loraplex_typed"):
+        lib.loraplex_add_rms_norm_f32.restype = None
+        lib.loraplex_add_rms_norm_f32.argtypes = [_p, _p, _p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int]
+        lib.loraplex_rope_f32.restype = None
+        lib.loraplex_rope_f32.argtypes = [_p, _i64, _i64, _i64, _i64, _p, _p, _p, ctypes.c_int]
+        lib._loraplex_typed = True
+    return lib
+
+
+def cpu_norm_rope_available() -> bool:
+    return _library() is not None
+
+
+def _c_ready(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and cpu_norm_rope_available()
+
+
+# ------------------------------------------------------------------------------------------ add + RMSNorm
+def _check_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> None:
+    if residual.dim() != 2 or weight.shape != (residual.shape[1],):
+        raise ValueError(f"residual must be [rows, dim] and weight [dim]; got {tuple(residual.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if delta is not None and delta.shape != residual.shape:
+        raise ValueError(f"delta {tuple(delta.shape)} does not match residual {tuple(residual.shape)}")
+
+
+def add_rms_norm_ref(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+    """Torch reference: normalise in float32, then scale (transformers' LlamaRMSNorm)."""
+    _check_norm(residual, delta, weight)
+    if delta is not None:
+        residual.add_(delta)
+    xf = residual.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(residual.dtype)
+
+
+def add_rms_norm_c(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """The C kernel; raises when it cannot serve these tensors."""
+    _check_norm(residual, delta, weight)
+    tensors = (residual, weight) if delta is None else (residual, weight, delta)
+    if not _c_ready(*tensors):
+        raise ValueError("the C add_rms_norm kernel takes float32 CPU tensors (and a C compiler)")
+    if not residual.is_contiguous():
+        raise ValueError("the C add_rms_norm kernel updates residual in place: it must be contiguous")
+    delta = None if delta is None else delta.contiguous()
+    weight = weight.contiguous()
+    out = torch.empty_like(residual)
+    _library().loraplex_add_rms_norm_f32(
+        residual.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), out.data_ptr(),
+        residual.shape[0], residual.shape[1], float(eps), torch.get_num_threads())
+    return out
+
+
+def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> torch.Tensor:
+    tensors = (residual, weight) if delta is None else (residual, weight, delta)
+    if residual.is_contiguous() and _c_ready(*tensors):
+        return add_rms_norm_c(residual, delta, weight, eps)
+    return add_rms_norm_ref(residual, delta, weight, eps)
+
+
+# ------------------------------------------------------------------------------------------ rotary
+def _check_rope(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+                positions: torch.Tensor) -> None:
+    if qkv.dim() != 2 or qkv.shape[1] < heads * head_dim or head_dim % 2:
+        raise ValueError(f"qkv must be [rows, >= heads * head_dim] with an even head_dim; got {tuple(qkv.shape)} "
+                         f"for {heads} heads of {head_dim}")
+    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != head_dim:
+        raise ValueError(f"cos/sin must be [max_positions, {head_dim}]; got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    if positions.shape != (qkv.shape[0],):
+        raise ValueError(f"need one position per row ({qkv.shape[0]}), got {tuple(positions.shape)}")
+
+
+def rope_ref(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+             positions: torch.Tensor) -> None:
+    """Torch reference: x * cos + rotate_half(x) * sin on the first `heads` heads, written back in place."""
+    _check_rope(qkv, heads, head_dim, cos, sin, positions)
+    x = qkv[:, :heads * head_dim].view(-1, heads, head_dim)
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    half = head_dim // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    x.copy_(x * c + rotated * s)
+
+
+def rope_c(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+           positions: torch.Tensor) -> None:
+    """The C kernel; raises when it cannot serve these tensors."""
+    _check_rope(qkv, heads, head_dim, cos, sin, positions)
+    if not _c_ready(qkv, cos, sin):
+        raise ValueError("the C rope kernel takes float32 CPU tensors (and a C compiler)")
+    if qkv.stride(1) != 1 or not cos.is_contiguous() or not sin.is_contiguous():
+        raise ValueError("the C rope kernel needs unit-stride qkv rows and contiguous cos/sin tables")
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= cos.shape[0]):
+        raise ValueError(f"positions must lie in [0, {cos.shape[0]})")
+    pos = positions.to(torch.int64).contiguous()
+    _library().loraplex_rope_f32(qkv.data_ptr(), qkv.shape[0], qkv.stride(0), heads, head_dim, cos.data_ptr(),
+                                 sin.data_ptr(), pos.data_ptr(), torch.get_num_threads())
+
+
+def rope_(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+          positions: torch.Tensor) -> None:
+    if qkv.stride(1) == 1 and _c_ready(qkv, cos, sin):
+        rope_c(qkv, heads, head_dim, cos, sin, positions)
+    else:
+        rope_ref(qkv, heads, head_dim, cos, sin, positions)

@@ -1,0 +1,87 @@
+"""The C residual-add + RMSNorm and rotary kernels against their torch references, and their refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loraplex.kernels.cpu_norm_rope import (
+    add_rms_norm,
+    add_rms_norm_c,
+    add_rms_norm_ref,
+    cpu_norm_rope_available,
+    rope_,
+    rope_c,
+    rope_ref,
+)
+
+pytestmark = pytest.mark.skipif(not cpu_norm_rope_available(), reason="needs a C compiler")
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 576), (7, 64), (300, 100), (2048, 576)])
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_add_rms_norm_matches_reference(rows, dim, with_delta):
+    g = torch.Generator().manual_seed(rows + dim)
+    residual = torch.randn(rows, dim, generator=g) * 3
+    delta = torch.randn(rows, dim, generator=g) if with_delta else None
+    weight = torch.randn(dim, generator=g)
+    res_ref, res_c = residual.clone(), residual.clone()
+    ref = add_rms_norm_ref(res_ref, delta, weight, 1e-5)
+    out = add_rms_norm_c(res_c, delta, weight, 1e-5)
+    assert torch.allclose(res_c, res_ref, rtol=0, atol=0)  # the residual update is one exact add
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6), (out - ref).abs().max()
+
+
+def test_add_rms_norm_dispatch_falls_back_for_other_dtypes():
+    residual = torch.randn(5, 32, dtype=torch.float64)
+    delta = torch.randn(5, 32, dtype=torch.float64)
+    weight = torch.randn(32, dtype=torch.float64)
+    expect = add_rms_norm_ref(residual.clone(), delta, weight, 1e-6)
+    assert torch.equal(add_rms_norm(residual, delta, weight, 1e-6), expect)
+    with pytest.raises(ValueError, match="float32"):
+        add_rms_norm_c(residual, delta, weight, 1e-6)
+
+
+def test_add_rms_norm_refuses_mismatched_shapes():
+    with pytest.raises(ValueError, match="delta"):
+        add_rms_norm_c(torch.randn(4, 8), torch.randn(4, 9), torch.randn(8), 1e-6)
+    with pytest.raises(ValueError, match="weight"):
+        add_rms_norm_c(torch.randn(4, 8), None, torch.randn(9), 1e-6)
+
+
+def _tables(max_pos: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    emb = torch.outer(torch.arange(max_pos).float(), inv).repeat(1, 2)
+    return emb.cos(), emb.sin()
+
+
+@pytest.mark.parametrize("rows,heads,kv_extra,head_dim", [(1, 12, 3, 64), (37, 4, 0, 16), (300, 6, 2, 128)])
+def test_rope_matches_reference(rows, heads, kv_extra, head_dim):
+    g = torch.Generator().manual_seed(rows)
+    # rows wider than the rotated heads, like a fused qkv row whose v heads stay untouched
+    qkv = torch.randn(rows, (heads + kv_extra) * head_dim, generator=g)
+    cos, sin = _tables(512, head_dim)
+    positions = torch.randint(0, 512, (rows,), generator=g)
+    ref, out = qkv.clone(), qkv.clone()
+    rope_ref(ref, heads, head_dim, cos, sin, positions)
+    rope_c(out, heads, head_dim, cos, sin, positions)
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6), (out - ref).abs().max()
+    assert torch.equal(out[:, heads * head_dim:], qkv[:, heads * head_dim:])
+
+
+def test_rope_on_a_strided_view_and_the_dispatcher():
+    qkv = torch.randn(9, 5 * 32)
+    view = qkv[:, 32:]  # unit-stride rows that start inside a wider row
+    cos, sin = _tables(64, 32)
+    positions = torch.arange(9)
+    ref = view.clone()
+    rope_ref(ref, 3, 32, cos, sin, positions)
+    rope_(view, 3, 32, cos, sin, positions)
+    assert torch.allclose(qkv[:, 32:], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_rope_refuses_positions_outside_the_tables():
+    cos, sin = _tables(16, 8)
+    with pytest.raises(ValueError, match="positions"):
+        rope_c(torch.randn(2, 16), 2, 8, cos, sin, torch.tensor([3, 16]))
+    with pytest.raises(ValueError, match="one position per row"):
+        rope_c(torch.randn(2, 16), 2, 8, cos, sin, torch.tensor([3]))
