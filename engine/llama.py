@@ -20,7 +20,7 @@ from loraplex.engine.config import ModelShape
 from loraplex.engine.linear import Linear
 from loraplex.engine.model_files import ModelLoadError
 from loraplex.engine.rotary import RotaryEmbedding
-from loraplex.kernels.cpu_norm_rope import add_rms_norm, rope_
+from loraplex.kernels.cpu_elementwise import add_rms_norm, rope_, silu_mul
 
 
 class LoRAContext(Protocol):
@@ -87,7 +87,7 @@ class LlamaModel:
             gu = layer.gate_up(x)
             if lora is not None:
                 lora.apply(i, "gate_up", x, gu)
-            m = F.silu(gu[:, :inter]) * gu[:, inter:]
+            m = silu_mul(gu, inter)
             delta = layer.down(m)
             if lora is not None:
                 lora.apply(i, "down", m, delta)

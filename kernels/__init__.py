@@ -4,14 +4,24 @@ with the same signature.
 Dispatchers (``paged_attention``, ``lora_shrink``, ``lora_expand``, ``apply_token_bitmask``)
 run Triton on CUDA tensors and torch elsewhere. Triton is imported only on the first
 Triton call, so CPU-only use never needs it and tests can enable ``TRITON_INTERPRET``.
-The C kernels (``csrc/``: decode attention, the multi-LoRA delta, residual add + RMSNorm and rotary) serve float32 CPU tensors; they are
+The C kernels (``csrc/``: decode attention, the multi-LoRA delta, residual add + RMSNorm, rotary, SiLU-gated product) serve float32 CPU tensors; they are
 compiled on first use (``cpu_build``), and the engine falls back to the torch paths without a compiler.
 """
 
 from .attention import paged_attention, paged_attention_ref, paged_attention_triton, store_kv
 from .cpu_attention import paged_decode_attention, paged_decode_attention_c, paged_decode_attention_ref
 from .cpu_lora import lora_apply_c, lora_apply_ref
-from .cpu_norm_rope import add_rms_norm, add_rms_norm_c, add_rms_norm_ref, rope_, rope_c, rope_ref
+from .cpu_elementwise import (
+    add_rms_norm,
+    add_rms_norm_c,
+    add_rms_norm_ref,
+    rope_,
+    rope_c,
+    rope_ref,
+    silu_mul,
+    silu_mul_c,
+    silu_mul_ref,
+)
 from .bitmask import apply_token_bitmask, apply_token_bitmask_ref, apply_token_bitmask_triton
 from .lora import (
     LoRABatchMapping,
@@ -52,5 +62,8 @@ __all__ = [
     "rope_",
     "rope_c",
     "rope_ref",
+    "silu_mul",
+    "silu_mul_c",
+    "silu_mul_ref",
     "store_kv",
 ]

@@ -1,9 +1,9 @@
 """Compiles the C kernels in ``csrc/`` once per machine and loads them with ctypes.
 
 The shared object lands in ``$LORAPLEX_KERNEL_CACHE`` (default ``~/.cache/loraplex/kernels``) under a name
-that hashes the source, the compiler command and the CPU's feature flags, so an edited source or a
-different CPU gets its own build (``-march=native``), and a half-written file is never loaded (it is
-renamed into place only once the compiler succeeds). Without a working C compiler, or with
+that hashes the source and the shared headers, the compiler command and the CPU's feature flags, so an
+edited source or a different CPU gets its own build (``-march=native``), and a half-written file is never
+loaded (it is renamed into place only once the compiler succeeds). Without a working C compiler, or with
 ``LORAPLEX_CPU_KERNELS=0``, :func:`load` returns None and callers use their torch paths.
 
 OpenMP: the objects link ``libgomp.so.1``; torch's CPU wheel has already loaded its own copy under that
@@ -65,7 +65,9 @@ def _build_and_load(name: str) -> ctypes.CDLL | None:
         logger.warning("no C compiler found: CPU attention falls back to the torch path")
         return None
     source = CSRC / f"{name}.c"
-    key = hashlib.sha256(source.read_bytes() + " ".join([cc, *FLAGS]).encode() + _cpu_signature().encode())
+    headers = b"".join(h.read_bytes() for h in sorted(CSRC.glob("*.h")))  # an edited shared header rebuilds too
+    key = hashlib.sha256(source.read_bytes() + headers + " ".join([cc, *FLAGS]).encode()
+                         + _cpu_signature().encode())
     target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)

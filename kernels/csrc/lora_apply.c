@@ -20,12 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef float v8 __attribute__((vector_size(32)));
+#include "vec8.h"
 
 enum { TILE = 8 }; /* tokens per task */
-
-static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
-static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 
 static inline float dot(const float *a, const float *b, int64_t n)
 {

@@ -25,7 +25,7 @@
  * All contiguous; head_dim a multiple of 8; the caller checks shapes and that every table entry read
  * lies inside the cache. Query heads h*group .. h*group+group-1 share kv head h.
  *
- * Vectors are GCC vector extensions (8 floats), lowered to AVX2/AVX-512 on x86 and NEON on Arm. The GQA
+ * Vectors are the 8-float vectors of vec8.h. The GQA
  * group (1..8) and head_dim (64, 128) are compile-time constants in the specialised bodies, so the
  * accumulators are fixed-size arrays the compiler keeps in registers; other shapes take the generic body.
  */
@@ -33,21 +33,12 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef float v8 __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
+#include "vec8.h"
 
 #define TILE 16      /* tokens per softmax tile (two reductions of 8) */
-#define MAX_GROUP 64
-#ifndef PV_STRIP
-#define PV_STRIP 4
-#endif
-#ifndef PF_AHEAD
-#define PF_AHEAD 1
-#endif /* largest GQA group the generic body takes */
+#define MAX_GROUP 64 /* largest GQA group the generic body takes */
+#define PV_STRIP 4   /* value vectors whose accumulators stay in registers across a tile */
 
-static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
-static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
-static inline float hsum8(v8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 static inline float hmax2x8(v8 a, v8 b)
 {
     const v8i a_wins = a > b;
@@ -69,29 +60,6 @@ static inline v8 reduce8(const v8 *a)
              + __builtin_shufflevector(b[2 * j], b[2 * j + 1], 2, 3, 10, 11, 6, 7, 14, 15);
     return __builtin_shufflevector(c[0], c[1], 0, 1, 2, 3, 8, 9, 10, 11)
          + __builtin_shufflevector(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15);
-}
-
-/* e^x for x <= 0 (softmax arguments), 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6
- * polynomial (relative error ~2e-7, like expf's), 2^n through the exponent bits; x < -87 gives 0. */
-static inline v8 exp8_nonpositive(v8 x)
-{
-    const v8i tiny = x < -87.0f;  /* lanes of all ones where e^x underflows */
-    const v8 floor87 = {-87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f};
-    x = (v8)(((v8i)x & ~tiny) | ((v8i)floor87 & tiny));
-    const v8 n = __builtin_convertvector(__builtin_convertvector(x * 1.44269504088896341f - 0.5f, v8i), v8);
-    const v8 r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  /* ln2 split in two for exactness */
-    v8 p = (v8){1.9875691500e-4f, 1.9875691500e-4f, 1.9875691500e-4f, 1.9875691500e-4f, 1.9875691500e-4f,
-                1.9875691500e-4f, 1.9875691500e-4f, 1.9875691500e-4f};
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-    v8 scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return (v8)((v8i)(p * scale) & ~tiny);
 }
 
 /* One tile (n <= TILE tokens) of one kv head: scores for the group's query heads, the online-softmax

@@ -1,20 +1,24 @@
-"""The C residual-add + RMSNorm and rotary kernels against their torch references, and their refusals."""
+"""The C residual-add + RMSNorm, rotary and SiLU-gated product kernels against their torch references, and
+their refusals."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from loraplex.kernels.cpu_norm_rope import (
+from loraplex.kernels.cpu_elementwise import (
     add_rms_norm,
     add_rms_norm_c,
     add_rms_norm_ref,
-    cpu_norm_rope_available,
+    cpu_elementwise_available,
     rope_,
     rope_c,
     rope_ref,
+    silu_mul,
+    silu_mul_c,
+    silu_mul_ref,
 )
 
-pytestmark = pytest.mark.skipif(not cpu_norm_rope_available(), reason="needs a C compiler")
+pytestmark = pytest.mark.skipif(not cpu_elementwise_available(), reason="needs a C compiler")
 
 
 @pytest.mark.parametrize("rows,dim", [(1, 576), (7, 64), (300, 100), (2048, 576)])
@@ -85,3 +89,19 @@ def test_rope_refuses_positions_outside_the_tables():
         rope_c(torch.randn(2, 16), 2, 8, cos, sin, torch.tensor([3, 16]))
     with pytest.raises(ValueError, match="one position per row"):
         rope_c(torch.randn(2, 16), 2, 8, cos, sin, torch.tensor([3]))
+
+
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (64, 1536), (2048, 1536), (5, 13)])
+def test_silu_mul_matches_reference(rows, inter):
+    g = torch.Generator().manual_seed(rows + inter)
+    gate_up = torch.randn(rows, 2 * inter, generator=g) * 6  # both tails of the sigmoid, e^-|g| near underflow
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])
+    ref = silu_mul_ref(gate_up, inter)
+    out = silu_mul_c(gate_up, inter)
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6), (out - ref).abs().max()
+    assert torch.equal(silu_mul(gate_up, inter), out)
+
+
+def test_silu_mul_refuses_a_width_that_is_not_two_halves():
+    with pytest.raises(ValueError, match="2 \\* 10"):
+        silu_mul_c(torch.randn(3, 21), 10)

@@ -1,13 +1,15 @@
-"""A Llama block's elementwise steps (residual add + RMSNorm, rotary embedding) as C kernels on the CPU,
-each beside its torch reference with the same signature.
+"""A Llama block's elementwise steps (residual add + RMSNorm, rotary embedding, SiLU-gated product) as C
+kernels on the CPU, each beside its torch reference with the same signature.
 
 * ``add_rms_norm(residual, delta, weight, eps)``: ``residual += delta`` in place (skipped when ``delta`` is
   None), then returns RMSNorm(residual) * weight, in the operation order of transformers' LlamaRMSNorm.
 * ``rope_(qkv, heads, head_dim, cos, sin, positions)``: rotary embedding (rotate-half) in place on the
   first ``heads`` heads of each row of ``qkv`` (the q and k heads at the front of a fused qkv row);
   ``cos``/``sin`` are ``[max_positions, head_dim]`` tables indexed by ``positions``.
+* ``silu_mul(gate_up, inter)``: ``silu(gate_up[:, :inter]) * gate_up[:, inter:]``, the MLP's gated product
+  from the fused gate_up projection.
 
-The C paths (``csrc/norm_rope.c``) serve float32 CPU tensors; the dispatchers fall back to the references
+The C paths (``csrc/elementwise.c``) serve float32 CPU tensors; the dispatchers fall back to the references
 for anything else (other dtypes, CUDA, no compiler).
 """
 from __future__ import annotations
@@ -15,32 +17,35 @@ from __future__ import annotations
 import ctypes
 
 import torch
+import torch.nn.functional as F
 
 from .cpu_build import load
 
-__all__ = ["add_rms_norm", "add_rms_norm_c", "add_rms_norm_ref", "cpu_norm_rope_available", "rope_", "rope_c",
-           "rope_ref"]
+__all__ = ["add_rms_norm", "add_rms_norm_c", "add_rms_norm_ref", "cpu_elementwise_available", "rope_", "rope_c",
+           "rope_ref", "silu_mul", "silu_mul_c", "silu_mul_ref"]
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
 def _library() -> ctypes.CDLL | None:
-    lib = load("norm_rope")
+    lib = load("elementwise")
     if lib is not None and not hasattr(lib, "_loraplex_typed"):
         lib.loraplex_add_rms_norm_f32.restype = None
         lib.loraplex_add_rms_norm_f32.argtypes = [_p, _p, _p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int]
         lib.loraplex_rope_f32.restype = None
         lib.loraplex_rope_f32.argtypes = [_p, _i64, _i64, _i64, _i64, _p, _p, _p, ctypes.c_int]
+        lib.loraplex_silu_mul_f32.restype = None
+        lib.loraplex_silu_mul_f32.argtypes = [_p, _p, _i64, _i64, ctypes.c_int]
         lib._loraplex_typed = True
     return lib
 
 
-def cpu_norm_rope_available() -> bool:
+def cpu_elementwise_available() -> bool:
     return _library() is not None
 
 
 def _c_ready(*tensors: torch.Tensor) -> bool:
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and cpu_norm_rope_available()
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and cpu_elementwise_available()
 
 
 # ------------------------------------------------------------------------------------------ add + RMSNorm
@@ -133,3 +138,33 @@ def rope_(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: 
         rope_c(qkv, heads, head_dim, cos, sin, positions)
     else:
         rope_ref(qkv, heads, head_dim, cos, sin, positions)
+
+
+# ------------------------------------------------------------------------------------------ SiLU-gated product
+def _check_silu_mul(gate_up: torch.Tensor, inter: int) -> None:
+    if gate_up.dim() != 2 or gate_up.shape[1] != 2 * inter:
+        raise ValueError(f"gate_up must be [rows, 2 * {inter}], got {tuple(gate_up.shape)}")
+
+
+def silu_mul_ref(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    """Torch reference: silu(gate) * up."""
+    _check_silu_mul(gate_up, inter)
+    return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+
+
+def silu_mul_c(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    """The C kernel; raises when it cannot serve this tensor."""
+    _check_silu_mul(gate_up, inter)
+    if not _c_ready(gate_up):
+        raise ValueError("the C silu_mul kernel takes float32 CPU tensors (and a C compiler)")
+    gate_up = gate_up.contiguous()
+    out = gate_up.new_empty((gate_up.shape[0], inter))
+    _library().loraplex_silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter,
+                                     torch.get_num_threads())
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    if _c_ready(gate_up):
+        return silu_mul_c(gate_up, inter)
+    return silu_mul_ref(gate_up, inter)
