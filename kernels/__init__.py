@@ -4,8 +4,9 @@ with the same signature.
 Dispatchers (``paged_attention``, ``lora_shrink``, ``lora_expand``, ``apply_token_bitmask``)
 run Triton on CUDA tensors and torch elsewhere. Triton is imported only on the first
 Triton call, so CPU-only use never needs it and tests can enable ``TRITON_INTERPRET``.
-The C kernels (``csrc/``: decode attention, the multi-LoRA delta, residual add + RMSNorm, rotary, SiLU-gated product) serve float32 CPU tensors; they are
-compiled on first use (``cpu_build``), and the engine falls back to the torch paths without a compiler.
+The C kernels (``csrc/``: decode attention, the multi-LoRA delta, residual add + RMSNorm, rotary, the
+SiLU-gated product) serve float32 CPU tensors; they are compiled on first use (``cpu_build``), and the
+engine falls back to the torch paths without a compiler.
 """
 
 from .attention import paged_attention, paged_attention_ref, paged_attention_triton, store_kv
