@@ -21,14 +21,11 @@ __all__ = ["cpu_decode_kernel_available", "paged_decode_attention", "paged_decod
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
+_SIGNATURES = {"loraplex_paged_decode_attention_f32": (ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, ctypes.c_int])}
+
+
 def _library() -> ctypes.CDLL | None:
-    lib = load("paged_decode_attention")
-    if lib is not None and not hasattr(lib, "_loraplex_typed"):
-        fn = lib.loraplex_paged_decode_attention_f32
-        fn.restype = ctypes.c_int
-        fn.argtypes = [_ptr] * 6 + [_i64] * 6 + [_f32, ctypes.c_int]
-        lib._loraplex_typed = True
-    return lib
+    return load("paged_decode_attention", _SIGNATURES)
 
 
 def cpu_decode_kernel_available() -> bool:

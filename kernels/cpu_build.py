@@ -49,11 +49,20 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def load(name: str) -> ctypes.CDLL | None:
-    """The compiled ``csrc/<name>.c``, built on first use; None when C kernels are off or cannot build."""
+Signatures = dict[str, tuple[object, list]]  # C function name -> (restype, argtypes)
+
+
+def load(name: str, signatures: Signatures) -> ctypes.CDLL | None:
+    """The compiled ``csrc/<name>.c``, built on first use, with ``signatures`` set on its functions once;
+    None when C kernels are off or cannot build."""
     with _lock:
         if name not in _loaded:
-            _loaded[name] = _build_and_load(name)
+            lib = _build_and_load(name)
+            if lib is not None:
+                for fn_name, (restype, argtypes) in signatures.items():
+                    fn = getattr(lib, fn_name)
+                    fn.restype, fn.argtypes = restype, argtypes
+            _loaded[name] = lib
         return _loaded[name]
 
 

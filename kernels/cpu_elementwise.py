@@ -27,17 +27,15 @@ __all__ = ["add_rms_norm", "add_rms_norm_c", "add_rms_norm_ref", "cpu_elementwis
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
+_SIGNATURES = {
+    "loraplex_add_rms_norm_f32": (None, [_p, _p, _p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int]),
+    "loraplex_rope_f32": (None, [_p, _i64, _i64, _i64, _i64, _p, _p, _p, ctypes.c_int]),
+    "loraplex_silu_mul_f32": (None, [_p, _p, _i64, _i64, ctypes.c_int]),
+}
+
+
 def _library() -> ctypes.CDLL | None:
-    lib = load("elementwise")
-    if lib is not None and not hasattr(lib, "_loraplex_typed"):
-        lib.loraplex_add_rms_norm_f32.restype = None
-        lib.loraplex_add_rms_norm_f32.argtypes = [_p, _p, _p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int]
-        lib.loraplex_rope_f32.restype = None
-        lib.loraplex_rope_f32.argtypes = [_p, _i64, _i64, _i64, _i64, _p, _p, _p, ctypes.c_int]
-        lib.loraplex_silu_mul_f32.restype = None
-        lib.loraplex_silu_mul_f32.argtypes = [_p, _p, _i64, _i64, ctypes.c_int]
-        lib._loraplex_typed = True
-    return lib
+    return load("elementwise", _SIGNATURES)
 
 
 def cpu_elementwise_available() -> bool:
@@ -49,6 +47,10 @@ def _c_ready(*tensors: torch.Tensor) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ add + RMSNorm
+def _norm_tensors(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (residual, weight) if delta is None else (residual, weight, delta)
+
+
 def _check_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> None:
     if residual.dim() != 2 or weight.shape != (residual.shape[1],):
         raise ValueError(f"residual must be [rows, dim] and weight [dim]; got {tuple(residual.shape)} and "
@@ -72,8 +74,7 @@ def add_rms_norm_c(residual: torch.Tensor, delta: torch.Tensor | None, weight: t
                    eps: float) -> torch.Tensor:
     """The C kernel; raises when it cannot serve these tensors."""
     _check_norm(residual, delta, weight)
-    tensors = (residual, weight) if delta is None else (residual, weight, delta)
-    if not _c_ready(*tensors):
+    if not _c_ready(*_norm_tensors(residual, delta, weight)):
         raise ValueError("the C add_rms_norm kernel takes float32 CPU tensors (and a C compiler)")
     if not residual.is_contiguous():
         raise ValueError("the C add_rms_norm kernel updates residual in place: it must be contiguous")
@@ -88,8 +89,7 @@ def add_rms_norm_c(residual: torch.Tensor, delta: torch.Tensor | None, weight: t
 
 def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> torch.Tensor:
-    tensors = (residual, weight) if delta is None else (residual, weight, delta)
-    if residual.is_contiguous() and _c_ready(*tensors):
+    if residual.is_contiguous() and _c_ready(*_norm_tensors(residual, delta, weight)):
         return add_rms_norm_c(residual, delta, weight, eps)
     return add_rms_norm_ref(residual, delta, weight, eps)
 

@@ -22,15 +22,13 @@ from .lora_mapping import LoRABatchMapping
 __all__ = ["cpu_lora_kernel_available", "lora_apply_c", "lora_apply_ref"]
 
 
+_p, _i64 = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES = {"loraplex_lora_apply_f32": (
+    ctypes.c_int, [_p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _p, _p, _p, _i64, _p, _p, ctypes.c_int])}
+
+
 def _library() -> ctypes.CDLL | None:
-    lib = load("lora_apply")
-    if lib is not None and not hasattr(lib, "_loraplex_typed"):
-        fn = lib.loraplex_lora_apply_f32
-        fn.restype = ctypes.c_int
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [p, p, p, p, p, i64, i64, i64, i64, p, p, p, i64, p, p, ctypes.c_int]
-        lib._loraplex_typed = True
-    return lib
+    return load("lora_apply", _SIGNATURES)
 
 
 def cpu_lora_kernel_available() -> bool:

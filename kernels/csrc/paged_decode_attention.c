@@ -63,16 +63,14 @@ static inline v8 reduce8(const v8 *a)
 }
 
 /* One tile (n <= TILE tokens) of one kv head: scores for the group's query heads, the online-softmax
- * update of their running maximum / denominator, and the weighted values added into acc_io. */
+ * update of their running maximum / denominator, and the weighted values added into acc ([group][nv]). */
 static inline __attribute__((always_inline)) void attend_tile(
     const int64_t group, const int64_t head_dim, const v8 *qs, const float *kt, const float *vt, const int64_t n,
-    const int64_t slot_stride, v8 *acc_io, float *run_max, float *run_sum, const char *pf_k, const char *pf_v,
+    const int64_t slot_stride, v8 *acc, float *run_max, float *run_sum, const char *pf_k, const char *pf_v,
     const int64_t pf_lines)
 {
     const int64_t nv = head_dim / 8;
-    v8 acc[group][nv], part[group][TILE];
-    for (int64_t g = 0; g < group; ++g)
-        for (int64_t c = 0; c < nv; ++c) acc[g][c] = acc_io[g * nv + c];
+    v8 part[group][TILE];
     /* two key rows at a time, so each query vector loaded serves both */
     for (int64_t i = 0; i < TILE; i += 2) {
         v8 a0[group], a1[group];
@@ -105,7 +103,7 @@ static inline __attribute__((always_inline)) void attend_tile(
         if (tile_max > run_max[g]) {
             const float corr = expf(run_max[g] - tile_max);  /* 0 on the first tile */
             run_sum[g] *= corr;
-            for (int64_t c = 0; c < nv; ++c) acc[g][c] *= corr;
+            for (int64_t c = 0; c < nv; ++c) acc[g * nv + c] *= corr;
             run_max[g] = tile_max;
         }
         const v8 e0 = exp8_nonpositive(s0 - run_max[g]), e1 = exp8_nonpositive(s1 - run_max[g]);
@@ -120,7 +118,7 @@ static inline __attribute__((always_inline)) void attend_tile(
     for (int64_t c0 = 0; c0 < nv; c0 += strip) {
         v8 r[group][PV_STRIP];
         for (int64_t g = 0; g < group; ++g)
-            for (int64_t c = 0; c < PV_STRIP; ++c) r[g][c] = c < strip ? acc[g][c0 + c] : (v8){0};
+            for (int64_t c = 0; c < PV_STRIP; ++c) r[g][c] = c < strip ? acc[g * nv + c0 + c] : (v8){0};
         for (int64_t i = 0; i < n; ++i) {
             const float *vp = vt + i * slot_stride + 8 * c0;
             for (int64_t c = 0; c < PV_STRIP; ++c) {
@@ -132,10 +130,8 @@ static inline __attribute__((always_inline)) void attend_tile(
         }
         for (int64_t g = 0; g < group; ++g)
             for (int64_t c = 0; c < PV_STRIP; ++c)
-                if (c < strip) acc[g][c0 + c] = r[g][c];
+                if (c < strip) acc[g * nv + c0 + c] = r[g][c];
     }
-    for (int64_t g = 0; g < group; ++g)
-        for (int64_t c = 0; c < nv; ++c) acc_io[g * nv + c] = acc[g][c];
 }
 
 /* One sequence, all kv heads. Blocks are walked in order and each block's key rows, then value rows,
