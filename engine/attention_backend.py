@@ -3,9 +3,11 @@
 The metadata is built once per step (not per layer). On CUDA the Triton paged-attention kernel reads
 the block tables directly. On CPU the batch is split into vectorised groups (no loop over sequences):
 
-* single-token decodes: with float32, the C kernel of ``kernels.cpu_attention``, which reads the paged
-  cache in place (decode attention is bound by memory traffic, and the gathered copy triples it);
-  otherwise like the chunks below;
+* float32 (the C kernels): single-token decodes through ``kernels.cpu_attention``, and all prefill
+  chunks in one call of ``kernels.cpu_prefill_attention``; both read the paged cache in place (decode
+  attention is bound by memory traffic, and a gathered copy triples it; a chunk continuing a cached
+  prefix then costs no more than a fresh one, and no mask or padding is built);
+* otherwise, single-token decodes as one padded group like the continued chunks below;
 * prefill chunks with nothing cached before them: one causal scaled-dot-product attention over this
   step's own keys and values, right-padded to the longest chunk (padded keys sit after every real
   query, so the causal mask hides them). No gather from the cache, and the flash kernel skips the
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 
 from loraplex.kernels.attention import paged_attention, store_kv
 from loraplex.kernels.cpu_attention import paged_decode_attention_c
+from loraplex.kernels.cpu_prefill_attention import paged_prefill_attention_c
 
 
 @dataclass
@@ -55,6 +58,14 @@ class CDecodePlan:
 
 
 @dataclass
+class CPrefillPlan:
+    """Every prefill chunk of the step on the C kernel, over the step's own tables and query layout."""
+
+    skip_decodes: bool  # the decode rows belong to a CDecodePlan
+    checked: bool = False  # as CDecodePlan.checked
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] flat cache slot of every new token
     block_tables: torch.Tensor  # [S, max_blocks] int32
@@ -62,13 +73,13 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [S+1] int32
     num_tokens: int
     use_triton: bool
-    groups: list[GroupPlan | CDecodePlan | CausalPlan]
+    groups: list[GroupPlan | CDecodePlan | CausalPlan | CPrefillPlan]
 
     @classmethod
     def build(cls, q_lens: list[int], ctx_lens: list[int], block_tables: list[list[int]], block_size: int,
-              device: torch.device, use_triton: bool, c_decode: bool = False) -> "AttentionMetadata":
+              device: torch.device, use_triton: bool, c_kernels: bool = False) -> "AttentionMetadata":
         """q_lens: new tokens per sequence; ctx_lens: tokens already cached before this step;
-        c_decode: run the decode group with the C kernel (float32 CPU caches, kernel built)."""
+        c_kernels: run decodes and prefill chunks on the C kernels (float32 CPU caches, kernels built)."""
         num_seqs = len(q_lens)
         seq_lens = [c + q for c, q in zip(ctx_lens, q_lens)]
         starts = [0]
@@ -93,10 +104,13 @@ class AttentionMetadata:
             decode = [i for i in range(num_seqs) if q_lens[i] == 1]
             fresh = [i for i in range(num_seqs) if q_lens[i] > 1 and ctx_lens[i] == 0]
             continued = [i for i in range(num_seqs) if q_lens[i] > 1 and ctx_lens[i] > 0]
-            if decode and c_decode:
+            if decode and c_kernels:
                 meta.groups.append(_c_decode_plan(decode, seq_lens, starts, block_tables, block_size, device))
             elif decode:
                 meta.groups.append(_group_plan(decode, q_lens, seq_lens, starts, block_tables, block_size, device))
+            if (fresh or continued) and c_kernels:
+                meta.groups.append(CPrefillPlan(skip_decodes=bool(decode)))
+                return meta
             if fresh:
                 meta.groups.append(_causal_plan(fresh, q_lens, starts, device))
             if continued:
@@ -161,9 +175,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if meta.use_triton:
         return paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, bs, kvh, d = k_cache.shape
     for g in meta.groups:
+        if isinstance(g, CPrefillPlan):
+            paged_prefill_attention_c(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                      scale, out=out, skip_decodes=g.skip_decodes, check_tables=not g.checked)
+            g.checked = True
+            continue
         if isinstance(g, CDecodePlan):
             out[g.rows] = paged_decode_attention_c(q[g.rows], k_cache, v_cache, g.tables, g.seq_lens, scale,
                                                    check_tables=not g.checked)

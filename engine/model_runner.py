@@ -10,6 +10,7 @@ from loraplex.engine.config import EngineArgs, ModelShape
 from loraplex.engine.llama import LlamaModel, LoRAContext, load_llama
 from loraplex.engine.scheduler import ScheduledBatch
 from loraplex.kernels.cpu_attention import cpu_decode_kernel_available
+from loraplex.kernels.cpu_prefill_attention import cpu_prefill_kernel_available
 
 _DEFAULT_CPU_KV_BYTES = 2 << 30
 
@@ -23,9 +24,9 @@ class ModelRunner:
         self.model: LlamaModel = load_llama(model_dir, config, self.device, self.dtype, max_model_len)
         self.shape = self.model.shape
         self.use_triton = self.device.type == "cuda"
-        # decodes through the C kernel: float32 CPU caches with head_dim a multiple of 8, and a C compiler
-        self.c_decode = (self.device.type == "cpu" and self.dtype == torch.float32
-                         and self.shape.head_dim % 8 == 0 and cpu_decode_kernel_available())
+        # attention through the C kernels: float32 CPU caches with head_dim a multiple of 8, and a C compiler
+        self.c_attention = (self.device.type == "cpu" and self.dtype == torch.float32 and self.shape.head_dim % 8 == 0
+                            and cpu_decode_kernel_available() and cpu_prefill_kernel_available())
         self.num_blocks = self._num_blocks(args, max_model_len)
         s = self.shape
         # [num_blocks, block_size, kv_heads, head_dim] per layer; zeroed so never-written slots are finite.
@@ -72,7 +73,8 @@ class ModelRunner:
                 sample_rows.append(len(ids) - 1)
                 sample_seq_idx.append(i)
         dev = self.device
-        meta = AttentionMetadata.build(q_lens, ctx_lens, tables, self.block_size, dev, self.use_triton, self.c_decode)
+        meta = AttentionMetadata.build(q_lens, ctx_lens, tables, self.block_size, dev, self.use_triton,
+                                       self.c_attention)
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         hidden = self.model.forward(input_ids, pos, meta, self.kv_caches, lora)

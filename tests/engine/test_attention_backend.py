@@ -1,21 +1,24 @@
-"""The CPU attention groups (causal fresh chunks, masked continued chunks, decodes) against the torch reference."""
+"""The CPU attention plans against the torch reference: the C kernels (decodes, then every chunk in one call) and the
+torch groups (causal fresh chunks, masked continued chunks, padded decodes)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from loraplex.engine.attention_backend import AttentionMetadata, CausalPlan, GroupPlan, attention
+from loraplex.engine.attention_backend import (AttentionMetadata, CausalPlan, CDecodePlan, CPrefillPlan, GroupPlan,
+                                               attention)
 from loraplex.kernels.attention import paged_attention_ref
 from loraplex.kernels.cpu_attention import cpu_decode_kernel_available
+from loraplex.kernels.cpu_prefill_attention import cpu_prefill_kernel_available
 
 BLOCK = 4
 
 
-@pytest.mark.parametrize("c_decode", [False, True])
+@pytest.mark.parametrize("c_kernels", [False, True])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (9, 3)])
-def test_mixed_step_matches_reference(c_decode, heads, kv_heads):
-    if c_decode and not cpu_decode_kernel_available():
-        pytest.skip("no C compiler here: the torch decode group is what runs")
+def test_mixed_step_matches_reference(c_kernels, heads, kv_heads):
+    if c_kernels and not (cpu_decode_kernel_available() and cpu_prefill_kernel_available()):
+        pytest.skip("no C compiler here: the torch groups are what runs")
     g = torch.Generator().manual_seed(heads * 10 + kv_heads)
     d, num_blocks = 16, 64
     # fresh chunks of 5 and 17 tokens (padding), a chunk continuing 9 cached tokens, decodes after 20 and 3
@@ -33,9 +36,9 @@ def test_mixed_step_matches_reference(c_decode, heads, kv_heads):
     k = torch.randn(total, kv_heads, d, generator=g)
     v = torch.randn(total, kv_heads, d, generator=g)
     meta = AttentionMetadata.build(q_lens, ctx_lens, tables, BLOCK, torch.device("cpu"), use_triton=False,
-                                   c_decode=c_decode)
+                                   c_kernels=c_kernels)
     kinds = {type(p) for p in meta.groups}
-    assert CausalPlan in kinds and GroupPlan in kinds
+    assert kinds == ({CDecodePlan, CPrefillPlan} if c_kernels else {CausalPlan, GroupPlan})
     out = attention(q, k, v, k_cache, v_cache, meta, scale=d ** -0.5)  # also stores k/v into the caches
     ref = paged_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, d ** -0.5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

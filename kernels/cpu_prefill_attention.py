@@ -1,0 +1,101 @@
+"""Paged attention for prefill chunks on the CPU: a C kernel that reads the paged cache in place.
+
+``paged_prefill_attention_c(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)`` takes
+the arguments of :func:`kernels.attention.paged_attention_ref` and returns the same result (float32 CPU
+tensors, ``head_dim`` a multiple of 8). Chunks that continue a cached context cost no more than fresh
+ones: the kernel walks each chunk's block table, so nothing is gathered, masked or padded
+(``csrc/paged_prefill_attention.c``).
+
+Two keyword arguments serve the engine: ``out`` receives the rows in place, and ``skip_decodes`` leaves
+the rows of one-token sequences alone (the decode kernel of ``cpu_attention`` does those). With
+``check_tables=False`` the bounds check of the block tables is skipped for a caller that checked the same
+tables already (once per step, not per layer).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from .attention import _check_shapes, paged_attention_ref
+from .cpu_build import load
+
+__all__ = ["cpu_prefill_kernel_available", "paged_prefill_attention_c", "paged_prefill_attention_ref"]
+
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+_SIGNATURES = {"loraplex_paged_prefill_attention_f32": (
+    ctypes.c_int, [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _i64, _i64,
+                   ctypes.c_float, ctypes.c_int])}
+
+MAX_GROUP = 64  # the kernel's largest GQA group
+
+
+def _library() -> ctypes.CDLL | None:
+    return load("paged_prefill_attention", _SIGNATURES)
+
+
+def cpu_prefill_kernel_available() -> bool:
+    return _library() is not None
+
+
+paged_prefill_attention_ref = paged_attention_ref
+
+
+def _check_tables(tables: torch.Tensor, seq_lens: torch.Tensor, q_lens: torch.Tensor, num_tokens: int,
+                  num_blocks: int, block_size: int) -> None:
+    """Memory safety: every row and block the kernel touches lies inside q and the cache."""
+    if int(q_lens.min()) < 0 or int(q_lens.sum()) > num_tokens:
+        raise ValueError("query_start_loc must be non-decreasing and within the query rows")
+    if bool((seq_lens < q_lens).any()):
+        raise ValueError("every seq_len must cover its chunk's query rows")
+    used = -(-int(seq_lens.max()) // block_size)
+    if used > tables.shape[1]:
+        raise ValueError(f"seq_lens need {used} blocks, the block tables hold {tables.shape[1]}")
+    pos = torch.arange(tables.shape[1])
+    read = tables.masked_select((pos[None, :] * block_size < seq_lens[:, None]) & (q_lens[:, None] > 0))
+    if read.numel() and (int(read.min()) < 0 or int(read.max()) >= num_blocks):
+        raise ValueError(f"block table entries must lie in [0, {num_blocks})")
+
+
+def paged_prefill_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                              scale: float, *, out: torch.Tensor | None = None, skip_decodes: bool = False,
+                              check_tables: bool = True) -> torch.Tensor:
+    """The C kernel; raises when it cannot serve these tensors (not float32 CPU, or not built)."""
+    _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the C prefill-attention kernel is not available on this machine")
+    if q.device.type != "cpu" or not all(t.dtype == torch.float32 for t in (q, k_cache, v_cache)):
+        raise ValueError("the C prefill-attention kernel takes float32 CPU tensors")
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    num_heads = q.shape[1]
+    if head_dim % 8 != 0 or num_heads // kv_heads > MAX_GROUP:
+        raise ValueError(f"the C prefill-attention kernel needs head_dim a multiple of 8 and a GQA group of at "
+                         f"most {MAX_GROUP}; got {head_dim} and {num_heads // kv_heads}")
+    if out is None:
+        out = torch.zeros(q.shape, dtype=torch.float32)
+    elif out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 tensor of q's shape {tuple(q.shape)}")
+    if q.shape[0] == 0 or seq_lens.shape[0] == 0:
+        return out
+    if q.stride(2) != 1 or q.stride(1) != head_dim:
+        q = q.contiguous()
+    lens = seq_lens.to(torch.int32).contiguous()
+    starts = query_start_loc.to(torch.int32).contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    if check_tables:
+        q_lens = (starts[1:] - starts[:-1]).long()
+        if int(starts[0]) < 0:
+            raise ValueError("query_start_loc must start at a row >= 0")
+        _check_tables(tables, lens.long(), q_lens, q.shape[0] - int(starts[0]), num_blocks, block_size)
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    rc = lib.loraplex_paged_prefill_attention_f32(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+        lens.data_ptr(), starts.data_ptr(), lens.shape[0], 2 if skip_decodes else 1, out.data_ptr(), num_heads,
+        kv_heads, head_dim, block_size, float(scale), torch.get_num_threads())
+    if rc == -2:
+        raise ValueError("the C prefill-attention kernel refused the shapes (head_dim or GQA ratio)")
+    if rc != 0:
+        raise MemoryError("the C prefill-attention kernel could not allocate its task list")
+    return out

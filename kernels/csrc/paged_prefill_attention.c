@@ -1,0 +1,244 @@
+/* Paged causal attention for prefill chunks on the CPU, float32.
+ *
+ * A chunk's queries attend to everything cached before them plus the chunk itself, causally. The keys
+ * and values are read straight from the paged cache (this step's K/V already stored), so a chunk that
+ * continues a cached prefix costs the same as one that starts at position 0: no gathered copy of its
+ * blocks, no [queries x keys] mask tensor, no padding to the batch's longest chunk, and key tiles past
+ * a query tile's last position are never visited (the masked path computed the whole rectangle).
+ *
+ * Work is split into tasks of (sequence, kv head, tile of QT query tokens): the tile's rows are its
+ * tokens times the GQA group's query heads (~32 rows), which share every key and value row read. Per
+ * key tile of up to KT tokens (flash-attention style, online softmax):
+ *   scores  two query rows against eight key rows at a time, sixteen 8-wide partial sums reduced by
+ *           the shuffle tree of reduce8 (each key vector loaded once for both rows);
+ *   mask    keys past a row's own position get -inf (only on the tile at the diagonal);
+ *   softmax running maximum and denominator per row, accumulators rescaled when the maximum grows;
+ *   values  PV_ROWS rows x PV_STRIP vectors of accumulators stay in registers over the tile.
+ *
+ * Layout (as kernels/attention.py documents it):
+ *   q       [num_tokens, num_heads, head_dim], token rows q_stride floats apart, heads contiguous
+ *   out     [num_tokens, num_heads, head_dim] contiguous; rows of skipped sequences are not written
+ *   k/v_cache [num_blocks, block_size, num_kv_heads, head_dim]; block_tables [num_seqs, max_blocks]
+ *   seq_lens [num_seqs] (context incl. the chunk); query_start_loc [num_seqs + 1]
+ * Sequences with fewer than min_q_len query rows are skipped (the engine gives decodes to the decode
+ * kernel). head_dim a multiple of 8; the caller checks shapes and that every table entry read lies
+ * inside the cache.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vec8.h"
+
+#define KT 16         /* keys per softmax tile (two reductions of 8) */
+#define TARGET_ROWS 32 /* query rows (tokens x group) per task */
+#define MAX_GROUP 64  /* largest GQA group taken (one token per task then) */
+#define PV_ROWS 4     /* rows whose value accumulators stay in registers together */
+#define PV_STRIP 4    /* value vectors per row kept in registers across a tile */
+
+/* max over the 16 lanes of a and b, by a shuffle tree */
+static inline float hmax2x8(v8 a, v8 b)
+{
+    v8 m = max8(a, b);
+    v8 t = __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3);
+    m = max8(m, t);
+    t = __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5);
+    m = max8(m, t);
+    t = __builtin_shufflevector(m, m, 1, 0, 3, 2, 5, 4, 7, 6);
+    m = max8(m, t);
+    return m[0];
+}
+
+/* The eight horizontal sums of a[0..7], as one vector: lane i = sum of a[i]'s lanes. */
+static inline v8 reduce8(const v8 *a)
+{
+    v8 b[4], c[2];
+    for (int j = 0; j < 4; ++j)
+        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 8, 2, 10, 4, 12, 6, 14)
+             + __builtin_shufflevector(a[2 * j], a[2 * j + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int j = 0; j < 2; ++j)
+        c[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 8, 9, 4, 5, 12, 13)
+             + __builtin_shufflevector(b[2 * j], b[2 * j + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return __builtin_shufflevector(c[0], c[1], 0, 1, 2, 3, 8, 9, 10, 11)
+         + __builtin_shufflevector(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+/* Scores of query rows q0 and q1 against the tile's n key rows (KT lanes each; lanes >= n are junk
+ * that the caller masks). */
+static inline __attribute__((always_inline)) void score_pair(
+    const int64_t nv, const float *q0, const float *q1, const float *kt, const int64_t n,
+    const int64_t slot_stride, float *s0, float *s1)
+{
+    for (int64_t j0 = 0; j0 < KT; j0 += 8) {
+        v8 a0[8], a1[8];
+        for (int j = 0; j < 8; ++j) a0[j] = a1[j] = (v8){0};
+        if (j0 < n) {
+            const float *k[8];
+            for (int64_t j = 0; j < 8; ++j) k[j] = kt + (j0 + j < n ? j0 + j : n - 1) * slot_stride;
+            for (int64_t c = 0; c < nv; ++c) {
+                const v8 x0 = load8(q0 + 8 * c), x1 = load8(q1 + 8 * c);
+                for (int j = 0; j < 8; ++j) {
+                    const v8 kv = load8(k[j] + 8 * c);
+                    a0[j] += x0 * kv;
+                    a1[j] += x1 * kv;
+                }
+            }
+        }
+        store8(s0 + j0, reduce8(a0));
+        store8(s1 + j0, reduce8(a1));
+    }
+}
+
+/* One task: query tokens [tok0, tok0 + ntok) of one chunk (the first at absolute position pos0) and kv
+ * head h. Row r is token r / group, query head h * group + r % group. */
+static inline __attribute__((always_inline)) void attend_task(
+    const int64_t group, const int64_t head_dim, const float *q, const int64_t q_stride, float *out,
+    const int64_t out_stride, const int64_t h, const int64_t ntok, const int64_t pos0, const float *k_cache,
+    const float *v_cache, const int32_t *table, const int64_t block_size, const int64_t num_kv_heads,
+    const float scale)
+{
+    const int64_t nv = head_dim / 8, rows = ntok * group;
+    const int64_t prows = (rows + PV_ROWS - 1) / PV_ROWS * PV_ROWS;  /* padding rows repeat the last row */
+    const int64_t slot_stride = num_kv_heads * head_dim, block_floats = block_size * slot_stride;
+    float qb[prows * head_dim];
+    v8 acc[prows * nv];
+    float s[prows][KT];
+    float run_max[prows], run_sum[prows];
+    int64_t limit[prows];
+    for (int64_t r = 0; r < prows; ++r) {
+        const int64_t rr = r < rows ? r : rows - 1, t = rr / group;
+        const float *src = q + t * q_stride + (h * group + rr % group) * head_dim;
+        for (int64_t c = 0; c < nv; ++c) {
+            store8(qb + r * head_dim + 8 * c, load8(src + 8 * c) * scale);
+            acc[r * nv + c] = (v8){0};
+        }
+        run_max[r] = -INFINITY;
+        run_sum[r] = 0.0f;
+        limit[r] = pos0 + t;
+    }
+    const v8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    const v8 neg_inf = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    const int64_t end = pos0 + ntok;  /* keys 0 .. end - 1 */
+    const int64_t strip = nv % PV_STRIP == 0 ? PV_STRIP : 1;
+    for (int64_t b0 = 0; b0 < end; b0 += block_size) {
+        const int64_t base = (int64_t)table[b0 / block_size] * block_floats + h * head_dim;
+        const int64_t in_block = end - b0 < block_size ? end - b0 : block_size;
+        for (int64_t i0 = 0; i0 < in_block; i0 += KT) {
+            const int64_t n = in_block - i0 < KT ? in_block - i0 : KT, k0 = b0 + i0;
+            const float *kt = k_cache + base + i0 * slot_stride, *vt = v_cache + base + i0 * slot_stride;
+            for (int64_t r = 0; r < prows; r += 2)
+                score_pair(nv, qb + r * head_dim, qb + (r + 1) * head_dim, kt, n, slot_stride, s[r], s[r + 1]);
+            for (int64_t r = 0; r < prows; ++r) {
+                v8 s0 = load8(s[r]), s1 = load8(s[r] + 8);
+                /* the last key this row sees, relative to the tile (every row sees key 0, so a row's
+                 * first tile always has a finite maximum) */
+                const int64_t last = limit[r] - k0 < n - 1 ? limit[r] - k0 : n - 1;
+                if (last < KT - 1) {
+                    const v8 lastv = {last, last, last, last, last, last, last, last};
+                    const v8i m0 = lane > lastv, m1 = lane + 8.0f > lastv;
+                    s0 = (v8)(((v8i)s0 & ~m0) | ((v8i)neg_inf & m0));
+                    s1 = (v8)(((v8i)s1 & ~m1) | ((v8i)neg_inf & m1));
+                }
+                const float tile_max = hmax2x8(s0, s1);
+                if (tile_max > run_max[r]) {
+                    const float corr = expf(run_max[r] - tile_max);  /* 0 on the first tile */
+                    run_sum[r] *= corr;
+                    for (int64_t c = 0; c < nv; ++c) acc[r * nv + c] *= corr;
+                    run_max[r] = tile_max;
+                }
+                const v8 e0 = exp8_nonpositive(s0 - run_max[r]), e1 = exp8_nonpositive(s1 - run_max[r]);
+                run_sum[r] += hsum8(e0 + e1);
+                store8(s[r], e0);
+                store8(s[r] + 8, e1);
+            }
+            for (int64_t r0 = 0; r0 < prows; r0 += PV_ROWS)
+                for (int64_t c0 = 0; c0 < nv; c0 += strip) {
+                    v8 ra[PV_ROWS][PV_STRIP];
+                    for (int g = 0; g < PV_ROWS; ++g)
+                        for (int c = 0; c < PV_STRIP; ++c) ra[g][c] = c < strip ? acc[(r0 + g) * nv + c0 + c] : (v8){0};
+                    for (int64_t j = 0; j < n; ++j) {
+                        const float *vp = vt + j * slot_stride + 8 * c0;
+                        for (int c = 0; c < PV_STRIP; ++c) {
+                            if (c < strip) {
+                                const v8 v = load8(vp + 8 * c);
+                                for (int g = 0; g < PV_ROWS; ++g) ra[g][c] += s[r0 + g][j] * v;
+                            }
+                        }
+                    }
+                    for (int g = 0; g < PV_ROWS; ++g)
+                        for (int c = 0; c < PV_STRIP; ++c)
+                            if (c < strip) acc[(r0 + g) * nv + c0 + c] = ra[g][c];
+                }
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const float inv = 1.0f / run_sum[r];
+        float *dst = out + (r / group) * out_stride + (h * group + r % group) * head_dim;
+        for (int64_t c = 0; c < nv; ++c) store8(dst + 8 * c, acc[r * nv + c] * inv);
+    }
+}
+
+int loraplex_paged_prefill_attention_f32(
+    const float *q, int64_t q_stride, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+    int64_t max_blocks, const int32_t *seq_lens, const int32_t *query_start_loc, int64_t num_seqs,
+    int64_t min_q_len, float *out, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+    float scale, int num_threads)
+{
+    if (head_dim % 8 != 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > MAX_GROUP) return -2;
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t qt = TARGET_ROWS / group > 0 ? TARGET_ROWS / group : 1;  /* query tokens per task */
+    int64_t num_tasks = 0;
+    for (int64_t s = 0; s < num_seqs; ++s) {
+        const int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
+        if (q_len >= min_q_len && q_len > 0) num_tasks += (q_len + qt - 1) / qt * num_kv_heads;
+    }
+    if (num_tasks == 0) return 0;
+    int64_t *task_seq = malloc(sizeof(int64_t) * (size_t)(2 * num_tasks));
+    if (task_seq == NULL) return -1;
+    int64_t *task_tok = task_seq + num_tasks;  /* first query token of the tile, times num_kv_heads + h */
+    /* each chunk's last tiles first: they see the most keys, and dynamic scheduling then ends evenly */
+    for (int64_t s = 0, k = 0; s < num_seqs; ++s) {
+        const int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
+        if (q_len < min_q_len || q_len == 0) continue;
+        for (int64_t t0 = (q_len - 1) / qt * qt; t0 >= 0; t0 -= qt)
+            for (int64_t h = 0; h < num_kv_heads; ++h, ++k) {
+                task_seq[k] = s;
+                task_tok[k] = t0 * num_kv_heads + h;
+            }
+    }
+    const int64_t out_stride = num_heads * head_dim;
+
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int64_t task = 0; task < num_tasks; ++task) {
+        const int64_t s = task_seq[task], t0 = task_tok[task] / num_kv_heads, h = task_tok[task] % num_kv_heads;
+        const int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
+        const int64_t ntok = q_len - t0 < qt ? q_len - t0 : qt;
+        const int64_t row = query_start_loc[s] + t0, pos0 = seq_lens[s] - q_len + t0;
+        const float *qs = q + row * q_stride;
+        float *os = out + row * out_stride;
+        const int32_t *table = block_tables + s * max_blocks;
+#define ATTEND(G, D) attend_task(G, D, qs, q_stride, os, out_stride, h, ntok, pos0, k_cache, v_cache, table, \
+                                 block_size, num_kv_heads, scale)
+#define BY_GROUP(D)                                                                                           \
+        switch (group) {                                                                                      \
+        case 1: ATTEND(1, D); break;                                                                          \
+        case 2: ATTEND(2, D); break;                                                                          \
+        case 3: ATTEND(3, D); break;                                                                          \
+        case 4: ATTEND(4, D); break;                                                                          \
+        case 8: ATTEND(8, D); break;                                                                          \
+        default: ATTEND(group, D); break;                                                                     \
+        }
+        if (head_dim == 64) {
+            BY_GROUP(64)
+        } else if (head_dim == 128) {
+            BY_GROUP(128)
+        } else {
+            ATTEND(group, head_dim);
+        }
+#undef BY_GROUP
+#undef ATTEND
+    }
+    free(task_seq);
+    return 0;
+}
