@@ -4,14 +4,15 @@ with the same signature.
 Dispatchers (``paged_attention``, ``lora_shrink``, ``lora_expand``, ``apply_token_bitmask``)
 run Triton on CUDA tensors and torch elsewhere. Triton is imported only on the first
 Triton call, so CPU-only use never needs it and tests can enable ``TRITON_INTERPRET``.
-The C kernels (``csrc/``: decode attention, the multi-LoRA delta, residual add + RMSNorm, rotary, the
-SiLU-gated product) serve float32 CPU tensors; they are compiled on first use (``cpu_build``), and the
-engine falls back to the torch paths without a compiler.
+The C kernels (``csrc/``: decode attention, prefill-chunk attention, the multi-LoRA delta, residual
+add + RMSNorm, rotary, the SiLU-gated product) serve float32 CPU tensors; they are compiled on first
+use (``cpu_build``), and the engine falls back to the torch paths without a compiler.
 """
 
 from .attention import paged_attention, paged_attention_ref, paged_attention_triton, store_kv
 from .cpu_attention import paged_decode_attention, paged_decode_attention_c, paged_decode_attention_ref
 from .cpu_lora import lora_apply_c, lora_apply_ref
+from .cpu_prefill_attention import paged_prefill_attention_c, paged_prefill_attention_ref
 from .cpu_elementwise import (
     add_rms_norm,
     add_rms_norm_c,
@@ -60,6 +61,8 @@ __all__ = [
     "paged_decode_attention",
     "paged_decode_attention_c",
     "paged_decode_attention_ref",
+    "paged_prefill_attention_c",
+    "paged_prefill_attention_ref",
     "rope_",
     "rope_c",
     "rope_ref",

@@ -39,29 +39,6 @@
 #define MAX_GROUP 64 /* largest GQA group the generic body takes */
 #define PV_STRIP 4   /* value vectors whose accumulators stay in registers across a tile */
 
-static inline float hmax2x8(v8 a, v8 b)
-{
-    const v8i a_wins = a > b;
-    const v8 v = (v8)(((v8i)a & a_wins) | ((v8i)b & ~a_wins));
-    float m = v[0];
-    for (int i = 1; i < 8; ++i) m = v[i] > m ? v[i] : m;
-    return m;
-}
-
-/* The eight horizontal sums of a[0..7], as one vector: lane i = sum of a[i]'s lanes. */
-static inline v8 reduce8(const v8 *a)
-{
-    v8 b[4], c[2];
-    for (int j = 0; j < 4; ++j)
-        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 8, 2, 10, 4, 12, 6, 14)
-             + __builtin_shufflevector(a[2 * j], a[2 * j + 1], 1, 9, 3, 11, 5, 13, 7, 15);
-    for (int j = 0; j < 2; ++j)
-        c[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 8, 9, 4, 5, 12, 13)
-             + __builtin_shufflevector(b[2 * j], b[2 * j + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-    return __builtin_shufflevector(c[0], c[1], 0, 1, 2, 3, 8, 9, 10, 11)
-         + __builtin_shufflevector(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15);
-}
-
 /* One tile (n <= TILE tokens) of one kv head: scores for the group's query heads, the online-softmax
  * update of their running maximum / denominator, and the weighted values added into acc ([group][nv]). */
 static inline __attribute__((always_inline)) void attend_tile(

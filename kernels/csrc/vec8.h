@@ -17,6 +17,31 @@ static inline v8 max8(v8 a, v8 b)
 }
 static inline float hsum8(v8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
+/* max over the 16 lanes of a and b, by a shuffle tree */
+static inline float hmax2x8(v8 a, v8 b)
+{
+    v8 m = max8(a, b);
+    m = max8(m, __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3));
+    m = max8(m, __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5));
+    m = max8(m, __builtin_shufflevector(m, m, 1, 0, 3, 2, 5, 4, 7, 6));
+    return m[0];
+}
+
+/* The eight horizontal sums of a[0..7], as one vector: lane i = sum of a[i]'s lanes (7 adds for 8 sums
+ * rather than a horizontal sum each). */
+static inline v8 reduce8(const v8 *a)
+{
+    v8 b[4], c[2];
+    for (int j = 0; j < 4; ++j)
+        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 8, 2, 10, 4, 12, 6, 14)
+             + __builtin_shufflevector(a[2 * j], a[2 * j + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int j = 0; j < 2; ++j)
+        c[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 8, 9, 4, 5, 12, 13)
+             + __builtin_shufflevector(b[2 * j], b[2 * j + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return __builtin_shufflevector(c[0], c[1], 0, 1, 2, 3, 8, 9, 10, 11)
+         + __builtin_shufflevector(c[0], c[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
 /* e^x for x <= 0 (softmax arguments), 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6
  * polynomial (relative error ~2e-7, like expf's), 2^n through the exponent bits; x < -87 gives 0. */
 static inline v8 exp8_nonpositive(v8 x)
