@@ -26,7 +26,7 @@ class ContentHasher:
     def _update_json(self, value: Any) -> None:
         self._sha.update(json.dumps(value, sort_keys=True, separators=(",", ":")).encode() + b"\n")
 
-    def add_tensor(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes) -> None:
+    def add_tensor(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
         """Add one tensor; names must come in strictly increasing order."""
         if self._last_name is not None and name <= self._last_name:
             raise ValueError("tensors must be hashed in increasing name order")

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from .archive import CONFIG_NAME, archive_kind, extract_archive
 from .config import AdapterConfig, parse_adapter_config
@@ -236,6 +235,35 @@ def _scaling(target: TargetModule, use_rslora: bool) -> float:
     return target.alpha / (math.sqrt(target.rank) if use_rslora else target.rank)
 
 
+_TORCH_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+
+
+def _tensor_view(blob: bytearray, entry: TensorEntry) -> torch.Tensor:
+    """The tensor stored at ``entry`` (offsets already checked against the file); a view into ``blob``
+    when its offset is aligned for the dtype, else a copy."""
+    dtype = _TORCH_DTYPES[entry.dtype]
+    count = math.prod(entry.shape)
+    if entry.begin % dtype.itemsize == 0:
+        flat = torch.frombuffer(blob, dtype=dtype, count=count, offset=entry.begin)
+    else:
+        flat = torch.frombuffer(bytearray(blob[entry.begin:entry.end]), dtype=dtype, count=count)
+    return flat.view(entry.shape)
+
+
+def _check_finite(tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse NaN / Inf anywhere, naming the first tensor (in name order) that holds one.
+
+    One check over all values of a dtype at once (hundreds of small checks cost more than the copy)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors.values():
+        by_dtype.setdefault(t.dtype, []).append(t.reshape(-1))
+    if all(bool(torch.isfinite(torch.cat(group)).all()) for group in by_dtype.values()):
+        return
+    for name in sorted(tensors):
+        if not bool(torch.isfinite(tensors[name]).all()):
+            raise AdapterError(f"{name} contains NaN or Inf values", code="non_finite")
+
+
 def _load_tensors(
     path: Path,
     header: SafetensorsHeader,
@@ -267,22 +295,27 @@ def _load_tensors(
         for (layer, module), pair in pairs.items()
         for ab in pair
     )
+    # One read of the data region; the hash and the tensors both come from those bytes (the tensors are
+    # views into them), so what is hashed is exactly what is loaded.
+    end = max((pairs[key][ab].end for _, key, ab in named), default=0)
+    with open(path, "rb") as raw:
+        raw.seek(header.data_start)
+        blob = bytearray(raw.read(end))
+    if len(blob) < end:
+        raise AdapterError(f"{path.name} holds {len(blob)} of its {end} data bytes (it changed while it was read)",
+                           code="malformed_safetensors")
+    view = memoryview(blob)
+    tensors: dict[str, torch.Tensor] = {}
+    for canonical, key, ab in named:
+        entry = pairs[key][ab]
+        hasher.add_tensor(canonical, entry.dtype, entry.shape, view[entry.begin:entry.end])
+        tensors[canonical] = _tensor_view(blob, entry)
+    _check_finite(tensors)
+    size = sum(t.nbytes for t in tensors.values())
     loaded: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    size = 0
-    with open(path, "rb") as raw, safe_open(str(path), framework="pt") as st:
+    if keep:
         for canonical, key, ab in named:
-            entry = pairs[key][ab]
-            raw.seek(header.data_start + entry.begin)
-            data = raw.read(entry.end - entry.begin)
-            hasher.add_tensor(canonical, entry.dtype, entry.shape, data)
-            tensor = st.get_tensor(entry.name)
-            if tuple(tensor.shape) != entry.shape or tensor.nbytes != len(data):
-                raise AdapterError(f"tensor {entry.name!r} changed while it was read", code="malformed_safetensors")
-            if not bool(torch.isfinite(tensor).all()):
-                raise AdapterError(f"{canonical} contains NaN or Inf values", code="non_finite")
-            size += len(data)
-            if keep:
-                loaded.setdefault(key, {})[ab] = tensor
+            loaded.setdefault(key, {})[ab] = tensors[canonical]
     weights = {
         key: LoRAModuleWeights(a=loaded[key]["A"], b=loaded[key]["B"], scaling=scalings[key])
         for key in modules
