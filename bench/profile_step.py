@@ -1,31 +1,55 @@
-"""Where a step's time goes on Workload A: matmuls, attention (KV gather/store + SDPA), other ops, Python.
+"""Where a step's time goes on Workload A: matmuls, attention (KV store + kernels), other ops, Python.
 
     .venv/bin/python -m bench.profile_step
 
 Profiles one prefill step (a full token budget of prompt chunks) and one decode step (64 sequences at
-~200 tokens of context) with torch.profiler and groups the operators.
+~200 tokens of context) with torch.profiler and groups the operators. The C kernels are not torch
+operators: each call is wrapped in a ``record_function`` range named after it for the profile.
 """
 from __future__ import annotations
 
+import functools
 import time
 
+from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from bench.common import load_workload, print_table
-from loraplex.engine import LLM, SamplingParams
+from loraplex.engine import LLM, SamplingParams, attention_backend, llama
+
+C_KERNELS = {  # module -> names of the C-kernel entry points it calls
+    attention_backend: ("paged_decode_attention_c", "paged_prefill_attention_c"),
+    llama: ("add_rms_norm", "rope_", "silu_mul"),
+}
+
+
+def _label_c_kernels() -> None:
+    """Wrap each C-kernel entry point the model calls in a profiler range of its own name."""
+    for module, names in C_KERNELS.items():
+        for name in names:
+            fn = getattr(module, name)
+
+            @functools.wraps(fn)
+            def labelled(*args, _fn=fn, _name=name, **kwargs):
+                with record_function(_name):
+                    return _fn(*args, **kwargs)
+
+            setattr(module, name, labelled)
 
 GROUPS = {
     "matmuls": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise"),
     "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::index", "aten::_index_put_impl_",
-                  "aten::index_copy_", "aten::_scaled_dot_product_attention_math"),
+                  "aten::index_copy_", "aten::_scaled_dot_product_attention_math", "paged_decode_attention_c",
+                  "paged_prefill_attention_c"),
+    "norm, rope, silu": ("add_rms_norm", "rope_", "silu_mul"),
 }
 
 
 def profile_step(engine) -> dict[str, float]:
-    t = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()  # inside: starting and stopping the profiler takes a while of its own
         engine.step()
-    wall = (time.perf_counter() - t) * 1e3
+        wall = (time.perf_counter() - t) * 1e3
     out = {name: 0.0 for name in GROUPS}
     total_ops = 0.0
     for evt in prof.key_averages():
@@ -42,6 +66,7 @@ def profile_step(engine) -> dict[str, float]:
 
 
 def main() -> None:
+    _label_c_kernels()
     llm = LLM(max_num_batched_tokens=2048, max_num_seqs=128)
     eng = llm.engine
     reqs = load_workload().build_requests(llm.tokenizer)
@@ -55,7 +80,7 @@ def main() -> None:
         eng.step()
     decode = profile_step(eng)
     rows = []
-    for key in ("matmuls", "attention", "other ops", "python + framework"):
+    for key in (*GROUPS, "other ops", "python + framework"):
         rows.append([key, prefill[key], prefill[key] / prefill["wall"], decode[key], decode[key] / decode["wall"]])
     rows.append(["wall", prefill["wall"], 1.0, decode["wall"], 1.0])
     print(f"prefill step: {prefill['tokens']} tokens; decode step: {decode['tokens']} sequences")

@@ -4,16 +4,17 @@ The metadata is built once per step (not per layer). On CUDA the Triton paged-at
 the block tables directly. On CPU the batch is split into vectorised groups (no loop over sequences):
 
 * float32 (the C kernels): single-token decodes through ``kernels.cpu_attention``, and all prefill
-  chunks in one call of ``kernels.cpu_prefill_attention``; both read the paged cache in place (decode
-  attention is bound by memory traffic, and a gathered copy triples it; a chunk continuing a cached
-  prefix then costs no more than a fresh one, and no mask or padding is built);
-* otherwise, single-token decodes as one padded group like the continued chunks below;
-* prefill chunks with nothing cached before them: one causal scaled-dot-product attention over this
-  step's own keys and values, right-padded to the longest chunk (padded keys sit after every real
-  query, so the causal mask hides them). No gather from the cache, and the flash kernel skips the
-  masked upper triangle: about half the work of the masked path;
-* prefill chunks that continue a cached context: their blocks are gathered once per layer and one
-  scaled-dot-product attention runs with an explicit position mask.
+  chunks in one call of ``kernels.cpu_prefill_attention``. Both read the paged cache in place: decode
+  attention is bound by memory traffic, which a gathered copy triples, and a chunk continuing a cached
+  prefix then costs no more than a fresh one (no gather, no position mask, no padding).
+* other dtypes, or no C compiler:
+  - single-token decodes as one padded group, like the continued chunks below;
+  - prefill chunks with nothing cached before them: one causal scaled-dot-product attention over this
+    step's own keys and values, right-padded to the longest chunk (padded keys sit after every real
+    query, so the causal mask hides them); no gather from the cache, and the flash kernel skips the
+    masked upper triangle;
+  - prefill chunks that continue a cached context: their blocks are gathered once per layer and one
+    scaled-dot-product attention runs with an explicit position mask.
 """
 from __future__ import annotations
 
@@ -110,12 +111,12 @@ class AttentionMetadata:
                 meta.groups.append(_group_plan(decode, q_lens, seq_lens, starts, block_tables, block_size, device))
             if (fresh or continued) and c_kernels:
                 meta.groups.append(CPrefillPlan(skip_decodes=bool(decode)))
-                return meta
-            if fresh:
-                meta.groups.append(_causal_plan(fresh, q_lens, starts, device))
-            if continued:
-                meta.groups.append(_group_plan(continued, q_lens, seq_lens, starts, block_tables, block_size,
-                                               device))
+            else:
+                if fresh:
+                    meta.groups.append(_causal_plan(fresh, q_lens, starts, device))
+                if continued:
+                    meta.groups.append(_group_plan(continued, q_lens, seq_lens, starts, block_tables, block_size,
+                                                   device))
         return meta
 
 
