@@ -261,6 +261,18 @@ def test_non_finite_values_are_refused(adapter_dir, base, edit_tensors, value: f
     refused(adapter_dir, base, "non_finite", "layers.0.q_proj.lora_B", "NaN or Inf")
 
 
+def test_huge_finite_values_are_not_mistaken_for_inf(adapter_dir, base, edit_tensors) -> None:
+    """The finiteness check sums the values first; a sum that overflows must not refuse finite weights."""
+    def huge(t):
+        b = t[Q_B].clone()
+        b[0, 0] = b[1, 0] = 3e38  # finite in float32, their sum is not
+        return {**t, Q_B: b}
+
+    edit_tensors(adapter_dir, huge)
+    for fn in (load_adapter, inspect_adapter):
+        fn(adapter_dir, base, max_lora_rank=MAX_RANK)
+
+
 def test_every_a_needs_its_b(adapter_dir, base, edit_tensors) -> None:
     edit_tensors(adapter_dir, lambda t: {k: v for k, v in t.items() if k != Q_B})
     refused(adapter_dir, base, "unpaired_weights", "layers.0.q_proj has no lora_B")
