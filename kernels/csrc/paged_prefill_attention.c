@@ -9,11 +9,14 @@
  * Work is split into tasks of (sequence, kv head, tile of QT query tokens): the tile's rows are its
  * tokens times the GQA group's query heads (~32 rows), which share every key and value row read. Per
  * key tile of up to KT tokens (flash-attention style, online softmax):
- *   scores  two query rows against eight key rows at a time, sixteen 8-wide partial sums reduced by
- *           the shuffle tree of reduce8 (each key vector loaded once for both rows);
+ *   scores  two query rows against four key rows at a time, eight 8-wide partial sums reduced by the
+ *           shuffle tree of reduce8 (each key vector loaded once for both rows);
  *   mask    keys past a row's own position get -inf (only on the tile at the diagonal);
  *   softmax running maximum and denominator per row, accumulators rescaled when the maximum grows;
- *   values  PV_ROWS rows x PV_STRIP vectors of accumulators stay in registers over the tile.
+ *   values  one row at a time, up to PV_STRIP of its vectors (all of a 64-wide head) in registers
+ *           over the tile.
+ * The blocking keeps every loop's accumulators and operands within AVX2's sixteen vector registers:
+ * larger blocks (4 rows x 4 vectors of values, 2 x 8 keys of scores) spilled and ran ~25% slower.
  *
  * Layout (as kernels/attention.py documents it):
  *   q       [num_tokens, num_heads, head_dim], token rows q_stride floats apart, heads contiguous
@@ -34,32 +37,33 @@
 #define KT 16         /* keys per softmax tile (two reductions of 8) */
 #define TARGET_ROWS 32 /* query rows (tokens x group) per task */
 #define MAX_GROUP 64  /* largest GQA group taken (one token per task then) */
-#define PV_ROWS 4     /* rows whose value accumulators stay in registers together */
-#define PV_STRIP 4    /* value vectors per row kept in registers across a tile */
+#define PV_STRIP 8    /* value vectors of a row kept in registers across a tile */
 
 /* Scores of query rows q0 and q1 against the tile's n key rows (KT lanes each; lanes >= n are junk
- * that the caller masks). */
+ * that the caller masks). Four key rows at a time for both query rows: eight 8-wide partial sums (they
+ * and the operands fit AVX2's sixteen registers), reduced together by reduce8. */
 static inline __attribute__((always_inline)) void score_pair(
     const int64_t nv, const float *q0, const float *q1, const float *kt, const int64_t n,
     const int64_t slot_stride, float *s0, float *s1)
 {
-    for (int64_t j0 = 0; j0 < KT; j0 += 8) {
-        v8 a0[8], a1[8];
-        for (int j = 0; j < 8; ++j) a0[j] = a1[j] = (v8){0};
+    for (int64_t j0 = 0; j0 < KT; j0 += 4) {
+        v8 acc[8];
+        for (int j = 0; j < 8; ++j) acc[j] = (v8){0};
         if (j0 < n) {
-            const float *k[8];
-            for (int64_t j = 0; j < 8; ++j) k[j] = kt + (j0 + j < n ? j0 + j : n - 1) * slot_stride;
+            const float *k[4];
+            for (int64_t j = 0; j < 4; ++j) k[j] = kt + (j0 + j < n ? j0 + j : n - 1) * slot_stride;
             for (int64_t c = 0; c < nv; ++c) {
                 const v8 x0 = load8(q0 + 8 * c), x1 = load8(q1 + 8 * c);
-                for (int j = 0; j < 8; ++j) {
+                for (int j = 0; j < 4; ++j) {
                     const v8 kv = load8(k[j] + 8 * c);
-                    a0[j] += x0 * kv;
-                    a1[j] += x1 * kv;
+                    acc[j] += x0 * kv;
+                    acc[4 + j] += x1 * kv;
                 }
             }
         }
-        store8(s0 + j0, reduce8(a0));
-        store8(s1 + j0, reduce8(a1));
+        const v8 r = reduce8(acc);  /* lanes 0-3: q0 against keys j0..j0+3; lanes 4-7: q1 */
+        memcpy(s0 + j0, &r, 4 * sizeof(float));
+        memcpy(s1 + j0, (const float *)&r + 4, 4 * sizeof(float));
     }
 }
 
@@ -72,7 +76,7 @@ static inline __attribute__((always_inline)) void attend_task(
     const float scale)
 {
     const int64_t nv = head_dim / 8, rows = ntok * group;
-    const int64_t prows = (rows + PV_ROWS - 1) / PV_ROWS * PV_ROWS;  /* padding rows repeat the last row */
+    const int64_t prows = (rows + 1) / 2 * 2;  /* scores go in pairs of rows; a padding row repeats the last */
     const int64_t slot_stride = num_kv_heads * head_dim, block_floats = block_size * slot_stride;
     float qb[prows * head_dim];
     v8 acc[prows * nv];
@@ -93,7 +97,7 @@ static inline __attribute__((always_inline)) void attend_task(
     const v8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
     const v8 neg_inf = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
     const int64_t end = pos0 + ntok;  /* keys 0 .. end - 1 */
-    const int64_t strip = nv % PV_STRIP == 0 ? PV_STRIP : 1;
+    const int64_t strip = nv % 8 == 0 ? 8 : nv % 4 == 0 ? 4 : nv % 2 == 0 ? 2 : 1;  /* divides nv */
     for (int64_t b0 = 0; b0 < end; b0 += block_size) {
         const int64_t base = (int64_t)table[b0 / block_size] * block_floats + h * head_dim;
         const int64_t in_block = end - b0 < block_size ? end - b0 : block_size;
@@ -125,23 +129,18 @@ static inline __attribute__((always_inline)) void attend_task(
                 store8(s[r], e0);
                 store8(s[r] + 8, e1);
             }
-            for (int64_t r0 = 0; r0 < prows; r0 += PV_ROWS)
+            for (int64_t r = 0; r < rows; ++r)
                 for (int64_t c0 = 0; c0 < nv; c0 += strip) {
-                    v8 ra[PV_ROWS][PV_STRIP];
-                    for (int g = 0; g < PV_ROWS; ++g)
-                        for (int c = 0; c < PV_STRIP; ++c) ra[g][c] = c < strip ? acc[(r0 + g) * nv + c0 + c] : (v8){0};
+                    v8 ra[PV_STRIP];
+                    for (int c = 0; c < PV_STRIP; ++c) ra[c] = c < strip ? acc[r * nv + c0 + c] : (v8){0};
                     for (int64_t j = 0; j < n; ++j) {
                         const float *vp = vt + j * slot_stride + 8 * c0;
-                        for (int c = 0; c < PV_STRIP; ++c) {
-                            if (c < strip) {
-                                const v8 v = load8(vp + 8 * c);
-                                for (int g = 0; g < PV_ROWS; ++g) ra[g][c] += s[r0 + g][j] * v;
-                            }
-                        }
-                    }
-                    for (int g = 0; g < PV_ROWS; ++g)
+                        const float p = s[r][j];
                         for (int c = 0; c < PV_STRIP; ++c)
-                            if (c < strip) acc[(r0 + g) * nv + c0 + c] = ra[g][c];
+                            if (c < strip) ra[c] += p * load8(vp + 8 * c);
+                    }
+                    for (int c = 0; c < PV_STRIP; ++c)
+                        if (c < strip) acc[r * nv + c0 + c] = ra[c];
                 }
         }
     }
