@@ -25,14 +25,15 @@
  * All contiguous; head_dim a multiple of 8; the caller checks shapes and that every table entry read
  * lies inside the cache. Query heads h*group .. h*group+group-1 share kv head h.
  *
- * Vectors are the 8-float vectors of vec8.h. The GQA
- * group (1..8) and head_dim (64, 128) are compile-time constants in the specialised bodies, so the
- * accumulators are fixed-size arrays the compiler keeps in registers; other shapes take the generic body.
+ * Vectors are the 8-float vectors of vec8.h. The GQA group (1..8) and head_dim (64, 128) are
+ * compile-time constants in the specialised bodies (specialise.h), so the accumulators are fixed-size
+ * arrays the compiler keeps in registers; other shapes take the generic body.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "specialise.h"
 #include "vec8.h"
 
 #define TILE 16      /* tokens per softmax tile (two reductions of 8) */
@@ -169,26 +170,7 @@ int loraplex_paged_decode_attention_f32(
         float *os = out + s * num_heads * head_dim;
         const int32_t *table = block_tables + s * max_blocks;
 #define ATTEND(G, D) attend_seq(G, D, num_kv_heads, qs, k_cache, v_cache, table, seq_lens[s], os, block_size, scale)
-#define BY_GROUP(D)                                                                                           \
-        switch (group) {                                                                                      \
-        case 1: ATTEND(1, D); break;                                                                          \
-        case 2: ATTEND(2, D); break;                                                                          \
-        case 3: ATTEND(3, D); break;                                                                          \
-        case 4: ATTEND(4, D); break;                                                                          \
-        case 5: ATTEND(5, D); break;                                                                          \
-        case 6: ATTEND(6, D); break;                                                                          \
-        case 7: ATTEND(7, D); break;                                                                          \
-        case 8: ATTEND(8, D); break;                                                                          \
-        default: ATTEND(group, head_dim); break;                                                              \
-        }
-        if (head_dim == 64) {
-            BY_GROUP(64)
-        } else if (head_dim == 128) {
-            BY_GROUP(128)
-        } else {
-            ATTEND(group, head_dim);
-        }
-#undef BY_GROUP
+        LORAPLEX_SPECIALISED(group, head_dim)
 #undef ATTEND
     }
     return 0;

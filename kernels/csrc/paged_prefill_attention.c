@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "specialise.h"
 #include "vec8.h"
 
 #define KT 16         /* keys per softmax tile (two reductions of 8) */
@@ -192,23 +193,7 @@ int loraplex_paged_prefill_attention_f32(
         const int32_t *table = block_tables + s * max_blocks;
 #define ATTEND(G, D) attend_task(G, D, qs, q_stride, os, out_stride, h, ntok, pos0, k_cache, v_cache, table, \
                                  block_size, num_kv_heads, scale)
-#define BY_GROUP(D)                                                                                           \
-        switch (group) {                                                                                      \
-        case 1: ATTEND(1, D); break;                                                                          \
-        case 2: ATTEND(2, D); break;                                                                          \
-        case 3: ATTEND(3, D); break;                                                                          \
-        case 4: ATTEND(4, D); break;                                                                          \
-        case 8: ATTEND(8, D); break;                                                                          \
-        default: ATTEND(group, D); break;                                                                     \
-        }
-        if (head_dim == 64) {
-            BY_GROUP(64)
-        } else if (head_dim == 128) {
-            BY_GROUP(128)
-        } else {
-            ATTEND(group, head_dim);
-        }
-#undef BY_GROUP
+        LORAPLEX_SPECIALISED(group, head_dim)
 #undef ATTEND
     }
     free(task_seq);
