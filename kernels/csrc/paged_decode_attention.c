@@ -26,14 +26,14 @@
  * lies inside the cache. Query heads h*group .. h*group+group-1 share kv head h.
  *
  * Vectors are the 8-float vectors of vec8.h. The GQA group (1..8) and head_dim (64, 128) are
- * compile-time constants in the specialised bodies (specialise.h), so the accumulators are fixed-size
+ * compile-time constants in the specialised bodies (attention_common.h), so the accumulators are fixed-size
  * arrays the compiler keeps in registers; other shapes take the generic body.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "specialise.h"
+#include "attention_common.h"
 #include "vec8.h"
 
 #define TILE 16      /* tokens per softmax tile (two reductions of 8) */
@@ -77,17 +77,7 @@ static inline __attribute__((always_inline)) void attend_tile(
         for (int64_t i = n; i < TILE; ++i) {  /* lanes past the tile's end never win the max */
             if (i < 8) s0[i] = -INFINITY; else s1[i - 8] = -INFINITY;
         }
-        const float tile_max = hmax2x8(s0, s1);
-        if (tile_max > run_max[g]) {
-            const float corr = expf(run_max[g] - tile_max);  /* 0 on the first tile */
-            run_sum[g] *= corr;
-            for (int64_t c = 0; c < nv; ++c) acc[g * nv + c] *= corr;
-            run_max[g] = tile_max;
-        }
-        const v8 e0 = exp8_nonpositive(s0 - run_max[g]), e1 = exp8_nonpositive(s1 - run_max[g]);
-        run_sum[g] += hsum8(e0 + e1);
-        store8(&p[g][0], e0);
-        store8(&p[g][8], e1);
+        softmax_tile(s0, s1, &run_max[g], &run_sum[g], acc + g * nv, nv, p[g]);
     }
     for (int64_t i = 0; i < n; ++i)
         for (int64_t l = 0; l < pf_lines; ++l) __builtin_prefetch(pf_v + (i * pf_lines + l) * 64, 0, 1);

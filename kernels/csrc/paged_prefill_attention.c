@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "specialise.h"
+#include "attention_common.h"
 #include "vec8.h"
 
 #define KT 16         /* keys per softmax tile (two reductions of 8) */
@@ -118,17 +118,7 @@ static inline __attribute__((always_inline)) void attend_task(
                     s0 = (v8)(((v8i)s0 & ~m0) | ((v8i)neg_inf & m0));
                     s1 = (v8)(((v8i)s1 & ~m1) | ((v8i)neg_inf & m1));
                 }
-                const float tile_max = hmax2x8(s0, s1);
-                if (tile_max > run_max[r]) {
-                    const float corr = expf(run_max[r] - tile_max);  /* 0 on the first tile */
-                    run_sum[r] *= corr;
-                    for (int64_t c = 0; c < nv; ++c) acc[r * nv + c] *= corr;
-                    run_max[r] = tile_max;
-                }
-                const v8 e0 = exp8_nonpositive(s0 - run_max[r]), e1 = exp8_nonpositive(s1 - run_max[r]);
-                run_sum[r] += hsum8(e0 + e1);
-                store8(s[r], e0);
-                store8(s[r] + 8, e1);
+                softmax_tile(s0, s1, &run_max[r], &run_sum[r], acc + r * nv, nv, s[r]);
             }
             for (int64_t r = 0; r < rows; ++r)
                 for (int64_t c0 = 0; c0 < nv; c0 += strip) {
