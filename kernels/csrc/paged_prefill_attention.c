@@ -68,8 +68,8 @@ static inline __attribute__((always_inline)) void score_pair(
     }
 }
 
-/* One task: query tokens [tok0, tok0 + ntok) of one chunk (the first at absolute position pos0) and kv
- * head h. Row r is token r / group, query head h * group + r % group. */
+/* One task: ntok consecutive query tokens of one chunk (q and out point at the first, which sits at
+ * absolute position pos0) and kv head h. Row r is token r / group, query head h * group + r % group. */
 static inline __attribute__((always_inline)) void attend_task(
     const int64_t group, const int64_t head_dim, const float *q, const int64_t q_stride, float *out,
     const int64_t out_stride, const int64_t h, const int64_t ntok, const int64_t pos0, const float *k_cache,
