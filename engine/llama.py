@@ -74,7 +74,8 @@ class LlamaModel:
             qkv = layer.qkv(x)
             if lora is not None:
                 lora.apply(i, "qkv", x, qkv)
-            rope_(qkv, s.num_heads + s.num_kv_heads, s.head_dim, cos, sin, positions)  # q and k heads, in place
+            # q and k heads, in place; the positions are the same in every layer, checked in the first
+            rope_(qkv, s.num_heads + s.num_kv_heads, s.head_dim, cos, sin, positions, check_positions=i == 0)
             q = qkv[:, :q_size].view(-1, s.num_heads, s.head_dim)
             k = qkv[:, q_size:q_size + kv_size].view(-1, s.num_kv_heads, s.head_dim)
             v = qkv[:, q_size + kv_size:].view(-1, s.num_kv_heads, s.head_dim)

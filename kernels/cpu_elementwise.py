@@ -107,8 +107,10 @@ def _check_rope(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor,
 
 
 def rope_ref(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
-             positions: torch.Tensor) -> None:
-    """Torch reference: x * cos + rotate_half(x) * sin on the first `heads` heads, written back in place."""
+             positions: torch.Tensor, check_positions: bool = True) -> None:
+    """Torch reference: x * cos + rotate_half(x) * sin on the first `heads` heads, written back in place.
+
+    (``check_positions`` is the C kernel's; indexing the tables checks the positions here.)"""
     _check_rope(qkv, heads, head_dim, cos, sin, positions)
     x = qkv[:, :heads * head_dim].view(-1, heads, head_dim)
     c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
@@ -118,14 +120,17 @@ def rope_ref(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, si
 
 
 def rope_c(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
-           positions: torch.Tensor) -> None:
-    """The C kernel; raises when it cannot serve these tensors."""
+           positions: torch.Tensor, check_positions: bool = True) -> None:
+    """The C kernel; raises when it cannot serve these tensors.
+
+    ``check_positions=False`` skips the bounds check of the positions against the tables, for a caller that
+    checked the same positions already (the model checks once per forward, not in every layer)."""
     _check_rope(qkv, heads, head_dim, cos, sin, positions)
     if not _c_ready(qkv, cos, sin):
         raise ValueError("the C rope kernel takes float32 CPU tensors (and a C compiler)")
     if qkv.stride(1) != 1 or not cos.is_contiguous() or not sin.is_contiguous():
         raise ValueError("the C rope kernel needs unit-stride qkv rows and contiguous cos/sin tables")
-    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= cos.shape[0]):
+    if check_positions and positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= cos.shape[0]):
         raise ValueError(f"positions must lie in [0, {cos.shape[0]})")
     pos = positions.to(torch.int64).contiguous()
     _library().loraplex_rope_f32(qkv.data_ptr(), qkv.shape[0], qkv.stride(0), heads, head_dim, cos.data_ptr(),
@@ -133,9 +138,9 @@ def rope_c(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin:
 
 
 def rope_(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
-          positions: torch.Tensor) -> None:
+          positions: torch.Tensor, check_positions: bool = True) -> None:
     if qkv.stride(1) == 1 and _c_ready(qkv, cos, sin):
-        rope_c(qkv, heads, head_dim, cos, sin, positions)
+        rope_c(qkv, heads, head_dim, cos, sin, positions, check_positions)
     else:
         rope_ref(qkv, heads, head_dim, cos, sin, positions)
 
