@@ -45,6 +45,21 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
                          f"{tuple(seq_lens.shape)} and {tuple(block_tables.shape)}")
 
 
+def check_block_tables(tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int,
+                       rows: torch.Tensor | None = None) -> None:
+    """Memory safety for the C attention kernels: every block a sequence's context reads lies in the cache.
+
+    ``rows`` (bool per sequence, default all) picks the sequences the kernel will read."""
+    used = -(-int(seq_lens.max()) // block_size)
+    if used > tables.shape[1]:
+        raise ValueError(f"seq_lens need {used} blocks, the block tables hold {tables.shape[1]}")
+    pos = torch.arange(tables.shape[1], device=tables.device)
+    reads = pos[None, :] * block_size < seq_lens[:, None]
+    read = tables.masked_select(reads if rows is None else reads & rows[:, None])
+    if read.numel() and (int(read.min()) < 0 or int(read.max()) >= num_blocks):
+        raise ValueError(f"block table entries must lie in [0, {num_blocks})")
+
+
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """Torch reference: the general paged attention with a one-token chunk per sequence."""
@@ -78,14 +93,8 @@ def paged_decode_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     if check_tables and int(lens.min()) < 1:
         raise ValueError("every decode sequence needs a context of at least one token")
     tables = block_tables.to(torch.int32).contiguous()
-    if check_tables:  # memory safety: every block the kernel reads must lie inside the cache
-        used = -(-int(lens.max()) // block_size)
-        if used > block_tables.shape[1]:
-            raise ValueError(f"seq_lens need {used} blocks, the block tables hold {block_tables.shape[1]}")
-        pos = torch.arange(block_tables.shape[1], device=tables.device)
-        read = tables.masked_select(pos[None, :] * block_size < lens[:, None])
-        if int(read.min()) < 0 or int(read.max()) >= num_blocks:
-            raise ValueError(f"block table entries must lie in [0, {num_blocks})")
+    if check_tables:
+        check_block_tables(tables, lens, num_blocks, block_size)
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     rc = lib.loraplex_paged_decode_attention_f32(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),

@@ -18,6 +18,7 @@ import ctypes
 import torch
 
 from .attention import _check_shapes, paged_attention_ref
+from .cpu_attention import check_block_tables
 from .cpu_build import load
 
 __all__ = ["cpu_prefill_kernel_available", "paged_prefill_attention_c", "paged_prefill_attention_ref"]
@@ -48,13 +49,7 @@ def _check_tables(tables: torch.Tensor, seq_lens: torch.Tensor, q_lens: torch.Te
         raise ValueError("query_start_loc must be non-decreasing and within the query rows")
     if bool((seq_lens < q_lens).any()):
         raise ValueError("every seq_len must cover its chunk's query rows")
-    used = -(-int(seq_lens.max()) // block_size)
-    if used > tables.shape[1]:
-        raise ValueError(f"seq_lens need {used} blocks, the block tables hold {tables.shape[1]}")
-    pos = torch.arange(tables.shape[1])
-    read = tables.masked_select((pos[None, :] * block_size < seq_lens[:, None]) & (q_lens[:, None] > 0))
-    if read.numel() and (int(read.min()) < 0 or int(read.max()) >= num_blocks):
-        raise ValueError(f"block table entries must lie in [0, {num_blocks})")
+    check_block_tables(tables, seq_lens, num_blocks, block_size, rows=q_lens > 0)
 
 
 def paged_prefill_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -35,8 +35,7 @@ static inline float dot(const float *a, const float *b, int64_t n)
         s3 += load8(a + i + 24) * load8(b + i + 24);
     }
     for (; i + 8 <= n; i += 8) s0 += load8(a + i) * load8(b + i);
-    const v8 s = (s0 + s1) + (s2 + s3);
-    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    float r = hsum8((s0 + s1) + (s2 + s3));
     for (; i < n; ++i) r += a[i] * b[i];
     return r;
 }
@@ -60,8 +59,7 @@ static inline void dot_tile(const float *a, const float *const *xs, int64_t n, f
         for (int j = 0; j < TILE; ++j) acc[j] += av * load8(xs[j] + i);
     }
     for (int j = 0; j < TILE; ++j) {
-        const v8 v = acc[j];
-        float r = ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+        float r = hsum8(acc[j]);
         for (int64_t k = i; k < n; ++k) r += a[k] * xs[j][k];
         out[j * stride] = r;
     }
