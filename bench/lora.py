@@ -5,13 +5,18 @@ adapter per request out of 32 (rank 8 / 16 on all seven projections, made by the
 make_adapters.py). In one run:
 
   (a) loraplex, base model only             LLM.generate(prompts)
-  (b) loraplex, multi-LoRA                  LLM.generate(prompts, adapters=[...]) (cold: loads from disk)
-  (b') the same, warm                       adapters already in host memory / slots (a serving steady state)
+  (b) loraplex, multi-LoRA                  LLM.add_adapter for each adapter (which, like vLLM's add_lora,
+                                            loads it into host memory), then LLM.generate(prompts,
+                                            adapters=[...]): device slots fill during the run
+  (b-disk) the same, cold                   adapters read from disk during the run (dropped with
+                                            remove_adapter before it; requests name them by ref)
+  (b') the same, warm                       adapters already in device slots (a serving steady state)
   (c) Hugging Face + peft, all 32 adapters  generate(adapter_names=[...]) in mixed batches of 64
 
-(a) and (b) alternate ``--repeats`` times and the best run of each counts (the least disturbed by other
-work on a shared machine; all runs are printed). ``--interleaved`` adds a matched-load comparison: a base
-engine and a multi-LoRA engine take turns step by step, so background load hits both alike.
+(a), (b-disk), (b) and (b') take turns ``--repeats`` times and the best run of each counts (the least
+disturbed by other work on a shared machine; all runs are printed). ``--interleaved`` adds a matched-load
+comparison: a base engine and a multi-LoRA engine take turns step by step, so background load hits both
+alike.
 
 Usage: python -m bench.lora [--bench-dir ../shared/bench] [--adapters DIR] [--max-loras 32] [--repeats 3]
                             [--interleaved] [--skip-hf] [--threads N]
@@ -135,7 +140,7 @@ def main() -> None:
     reqs = wl.build_requests(llm.tokenizer)
     prompts = [r["prompt_token_ids"] for r in reqs]
     adapter_dirs = ensure_adapters(args.bench_dir, model_dir, args.adapters, wl.N_ADAPTERS)
-    refs = [llm.add_adapter(d) for d in adapter_dirs]  # validation + content hash, not timed
+    refs = [llm.add_adapter(d) for d in adapter_dirs]  # checks, content hash and host copy: not timed
     per_request = [refs[r["adapter"]] for r in reqs]
     n_out = len(prompts) * wl.MAX_TOKENS
     n_total = n_out + sum(map(len, prompts))
@@ -147,31 +152,38 @@ def main() -> None:
           f"{'off' if args.no_prefix_caching else 'on'}", flush=True)
 
     run_loraplex(llm, prompts[:2], None, 4)  # warm-up
-    secs_a, secs_b, secs_bw, out_b = [], [], [], []
+    secs_a, secs_b, secs_disk, secs_bw, out_b = [], [], [], [], []
     for rep in range(args.repeats):
-        for ref in refs:  # every (b) run starts cold: adapters are read from disk during the run
+        secs_a.append(run_loraplex(llm, prompts, None, wl.MAX_TOKENS)[0])
+        for ref in refs:  # (b-disk): nothing cached, adapters are read from disk during the run
             llm.remove_adapter(ref)
-        s, _ = run_loraplex(llm, prompts, None, wl.MAX_TOKENS)
-        secs_a.append(s)
+        disk_loads = llm.engine.stats()["lora_disk_loads"]
+        secs_disk.append(run_loraplex(llm, prompts, per_request, wl.MAX_TOKENS)[0])
+        disk_loads = llm.engine.stats()["lora_disk_loads"] - disk_loads
+        for ref, d in zip(refs, adapter_dirs):  # (b): added again (host memory), device slots empty
+            llm.remove_adapter(ref)
+            llm.add_adapter(d)
         s, out_b = run_loraplex(llm, prompts, per_request, wl.MAX_TOKENS)
         secs_b.append(s)
         secs_bw.append(run_loraplex(llm, prompts, per_request, wl.MAX_TOKENS)[0])
-        print(f"  run {rep + 1}: (a) {secs_a[-1]:.1f} s, (b) {s:.1f} s, (b') {secs_bw[-1]:.1f} s "
-              f"({llm.engine.stats()['lora_disk_loads']} adapter loads from disk so far)", flush=True)
+        print(f"  run {rep + 1}: (a) {secs_a[-1]:.1f} s, (b-disk) {secs_disk[-1]:.1f} s ({disk_loads} adapters "
+              f"read from disk), (b) {s:.1f} s, (b') {secs_bw[-1]:.1f} s", flush=True)
     rows = [("(a) loraplex, base model", min(secs_a)), ("(b) loraplex, multi-LoRA", min(secs_b)),
-            ("(b') loraplex, multi-LoRA, warm", min(secs_bw))]
+            ("(b') loraplex, multi-LoRA, warm", min(secs_bw)),
+            ("(b-disk) multi-LoRA, read from disk", min(secs_disk))]
     if not args.skip_hf:
         pad = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else llm.tokenizer.eos_token_id
         s, out_c = run_hf_peft(model_dir, prompts, adapter_dirs, [r["adapter"] for r in reqs], args.hf_batch_size,
                                wl.MAX_TOKENS, pad)
-        rows.append((f"(c) HF + peft, mixed batches of {args.hf_batch_size}", s))  # rows[3]
+        rows.append((f"(c) HF + peft, mixed batches of {args.hf_batch_size}", s))  # rows[4]
         same = sum(b == c for b, c in zip(out_b, out_c))
     if args.interleaved:
         llm_base = LLM(model=args.model, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        enable_prefix_caching=not args.no_prefix_caching)
-        for ref in refs:
+        for ref, d in zip(refs, adapter_dirs):  # as in (b): in host memory, device slots empty
             llm.remove_adapter(ref)
+            llm.add_adapter(d)
         busy_a, busy_b = run_interleaved(llm_base, llm, prompts, per_request, wl.MAX_TOKENS)
         print(f"  interleaved: (a) {busy_a:.1f} s, (b) {busy_b:.1f} s of steps", flush=True)
     load_after = os.getloadavg()
@@ -182,9 +194,9 @@ def main() -> None:
     a, b = rows[0][1], rows[1][1]
     median_ratio = statistics.median(secs_a) / statistics.median(secs_b)
     print(f"\nb / a = {a / b:.2f}   (target >= 0.85; from the medians of the runs: {median_ratio:.2f}); "
-          f"warm b' / a = {a / rows[2][1]:.2f}")
+          f"warm b' / a = {a / rows[2][1]:.2f}; from disk b-disk / a = {a / rows[3][1]:.2f}")
     if not args.skip_hf:
-        print(f"b / c = {rows[3][1] / b:.2f}   (target >= 2)")
+        print(f"b / c = {rows[4][1] / b:.2f}   (target >= 2)")
         print(f"(b) and (c) agree on {same}/{len(out_b)} greedy outputs (HF pads left, so a few may differ)")
     if args.interleaved:
         print(f"interleaved step by step (equal background load): b / a = {busy_a / busy_b:.2f}, "

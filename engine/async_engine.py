@@ -95,7 +95,8 @@ class AsyncEngine:
     def add_adapter(self, path: str, name: str | None = None) -> AdapterRef:
         """Check a PEFT adapter against the base model (AdapterError if refused); its ref by content hash.
 
-        Runs in the caller's thread (reads and hashes the files); engine state is untouched.
+        Runs in the caller's thread (reads, hashes and stacks the files); besides the host LRU, which it
+        fills when a slot is free (under the LoRA manager's lock), engine state is untouched.
         """
         return self.engine.add_adapter(path, name)
 

@@ -60,7 +60,11 @@ class LLM:
         return results  # type: ignore[return-value]
 
     def add_adapter(self, path: str | os.PathLike, name: str | None = None) -> AdapterRef:
-        """Check a PEFT adapter (folder or archive) against the base model; raises AdapterError if refused."""
+        """Check a PEFT adapter (folder or archive) against the base model; raises AdapterError if refused.
+
+        Like vLLM's ``add_lora``, this also loads it into host memory while ``max_cpu_loras`` has room, so
+        its first request only copies it into a device slot.
+        """
         return self.engine.add_adapter(str(path), name)
 
     def remove_adapter(self, adapter: AdapterRef | str) -> bool:

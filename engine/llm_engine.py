@@ -135,8 +135,11 @@ class LLMEngine:
         return request_id
 
     def add_adapter(self, path: str, name: str | None = None) -> AdapterRef:
-        """Check a PEFT adapter against the base model (AdapterError if refused); its ref by content hash."""
-        return self.lora_manager.inspect(path, name)
+        """Check a PEFT adapter against the base model (AdapterError if refused); its ref by content hash.
+
+        The adapter stays loaded in host memory when a host slot (``max_cpu_loras``) is free.
+        """
+        return self.lora_manager.add(path, name)
 
     def remove_adapter(self, adapter: AdapterRef | str) -> bool:
         """Drop an adapter's cached copies; requests that still name it reload it from its path."""

@@ -2,8 +2,11 @@
 
 Life of an adapter, by content hash:
 
-1. A request names it (``register``: hash -> path). While requests for it wait, ``plan_loads`` (once per
-   step, in waiting order) gives it room in the host LRU and a loader thread reads, checks and stacks it.
+1. ``add`` (``LLM.add_adapter``) reads, checks and stacks it into the host LRU at once when a host slot is
+   free, as vLLM's ``add_lora`` does; the read it needs for the content hash is the load's read, so
+   this costs little more than checking it. Otherwise, a request names it (``register``: hash -> path),
+   and while requests for it wait, ``plan_loads`` (once per step, in waiting order) gives it room in the
+   host LRU and a loader thread reads, checks and stacks it.
    Host entries that waiting requests still need are never evicted, so loads cannot thrash.
 2. Once loaded (``is_ready``) the scheduler may admit its requests; ``prepare`` (after scheduling) copies
    it into a device slot, evicting the least recently used slot that no running sequence uses.
@@ -74,6 +77,23 @@ class LoRAManager:
         info = inspect_adapter(path, self.base, max_lora_rank=self.max_lora_rank, limits=self.limits)
         return AdapterRef(content_hash=info.content_hash, path=str(path), name=name or Path(path).name)
 
+    def add(self, path: str | Path, name: str | None = None) -> AdapterRef:
+        """Read and check an adapter (raises AdapterError) and keep it in host memory if a host slot is free.
+
+        Never evicts: a full host LRU keeps serving the adapters in use, and this one loads on demand.
+        Thread-safe like ``inspect`` (the host LRU is shared under the lock).
+        """
+        host = self._read_host_adapter(str(path))
+        ref = AdapterRef(content_hash=host.content_hash, path=str(path), name=name or Path(path).name)
+        with self._lock:
+            if host.content_hash in self._host:
+                self._host.move_to_end(host.content_hash)
+            elif host.content_hash not in self._loading and len(self._host) + len(self._loading) < self.max_cpu_loras:
+                self._host[host.content_hash] = host
+                self._failed.pop(host.content_hash, None)
+                self.num_disk_loads += 1
+        return ref
+
     def register(self, ref: AdapterRef) -> None:
         """Remember where to load ``ref`` from (the latest path wins)."""
         self._paths[ref.content_hash] = ref.path
@@ -136,12 +156,17 @@ class LoRAManager:
             del self._paths[h]
 
     def _load(self, content_hash: str, path: str) -> HostAdapter:
-        """Loader thread: read, check and stack one adapter into the engine's layout in host memory."""
-        adapter = load_adapter(path, self.base, max_lora_rank=self.max_lora_rank, limits=self.limits)
-        if adapter.content_hash != content_hash:
-            raise AdapterError(f"the adapter at {path!r} has content hash {adapter.content_hash}, but the request "
+        """Loader thread: read, check and stack one adapter, which must still have ``content_hash``."""
+        host = self._read_host_adapter(path)
+        if host.content_hash != content_hash:
+            raise AdapterError(f"the adapter at {path!r} has content hash {host.content_hash}, but the request "
                                f"names {content_hash} (the file changed after it was registered)",
                                code="hash_mismatch")
+        return host
+
+    def _read_host_adapter(self, path: str) -> HostAdapter:
+        """Read, check and stack one adapter into the engine's layout in host memory."""
+        adapter = load_adapter(path, self.base, max_lora_rank=self.max_lora_rank, limits=self.limits)
         touched = set(adapter.weights)  # (layer, module) pairs with LoRA weights
         stacked = stack_adapter(adapter, self.base, self.max_lora_rank, self.dtype, "cpu")
         weights = {}
@@ -152,7 +177,7 @@ class LoRAManager:
                     a, b = a.pin_memory(), b.pin_memory()
                 weights[(layer, group)] = (a, b)
         nbytes = sum(a.nbytes + b.nbytes for a, b in weights.values())
-        return HostAdapter(content_hash, adapter.rank, weights, nbytes)
+        return HostAdapter(adapter.content_hash, adapter.rank, weights, nbytes)
 
     def _on_loaded(self, content_hash: str, fut: Future) -> None:
         with self._loaded:

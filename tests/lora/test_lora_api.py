@@ -38,6 +38,28 @@ def test_llm_generate_with_refs_paths_and_base(tiny_llama_dir, tiny_adapters):
     assert_no_leaks(llm.engine)
 
 
+def test_add_adapter_loads_into_free_host_slots_only(tiny_llama_dir, tiny_adapters):
+    """add_adapter keeps the adapter in host memory while max_cpu_loras has room (its first request needs
+    no disk read), and never evicts another adapter for it."""
+    dirs, oracle = tiny_adapters
+    eng = LLMEngine(model=str(tiny_llama_dir), max_loras=1, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64,
+                    block_size=8)
+    a, b = eng.add_adapter(str(dirs["a9"])), eng.add_adapter(str(dirs["a10"]))
+    assert eng.stats()["cpu_adapters"] == 2 and eng.stats()["lora_disk_loads"] == 2
+    c = eng.add_adapter(str(dirs["a11"]))  # host memory full: checked and registered, not loaded
+    assert eng.stats()["cpu_adapters"] == 2 and eng.lora_manager.is_ready(a.content_hash)
+    assert not eng.lora_manager.is_ready(c.content_hash)
+    params = SamplingParams(max_tokens=4, **GREEDY)
+    done = drive(eng, {0: [dict(prompt_token_ids=PROMPTS[i], params=params, request_id=n, adapter=ref)
+                           for i, (n, ref) in enumerate([("a9", a), ("a10", b)])]})
+    assert eng.stats()["lora_disk_loads"] == 2  # both served from host memory
+    done |= drive(eng, {0: [dict(prompt_token_ids=PROMPTS[2], params=params, request_id="a11", adapter=c)]})
+    assert eng.stats()["lora_disk_loads"] == 3  # loaded on demand
+    for i, name in enumerate(["a9", "a10", "a11"]):
+        assert done[name].token_ids == oracle.greedy(name, PROMPTS[i], 4, None), name
+    assert_no_leaks(eng)
+
+
 def test_prefix_cache_is_never_shared_across_adapters(tiny_llama_dir, tiny_adapters):
     dirs, oracle = tiny_adapters
     eng = LLMEngine(model=str(tiny_llama_dir), max_loras=2, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64,

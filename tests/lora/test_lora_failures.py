@@ -76,6 +76,8 @@ def test_slow_load_waits_without_blocking_others(tiny_llama_dir, tiny_adapters):
     dirs, oracle = tiny_adapters
     eng = make_engine(tiny_llama_dir)
     slow, fast = eng.add_adapter(str(dirs["a7"])), eng.add_adapter(str(dirs["a8"]))
+    for ref in (slow, fast):  # add_adapter kept them in host memory: make their requests load from disk
+        eng.remove_adapter(ref)
     release = threading.Event()
     load = eng.lora_manager._load
 
