@@ -24,28 +24,70 @@
 
 enum { TILE = 8 }; /* tokens per task */
 
-static inline float dot(const float *a, const float *b, int64_t n)
-{
-    v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 += load8(a + i) * load8(b + i);
-        s1 += load8(a + i + 8) * load8(b + i + 8);
-        s2 += load8(a + i + 16) * load8(b + i + 16);
-        s3 += load8(a + i + 24) * load8(b + i + 24);
-    }
-    for (; i + 8 <= n; i += 8) s0 += load8(a + i) * load8(b + i);
-    float r = hsum8((s0 + s1) + (s2 + s3));
-    for (; i < n; ++i) r += a[i] * b[i];
-    return r;
-}
-
 static inline void axpy(float *y, const float *x, float c, int64_t n)
 {
     int64_t i = 0;
     const v8 cv = {c, c, c, c, c, c, c, c};
     for (; i + 8 <= n; i += 8) store8(y + i, load8(y + i) + cv * load8(x + i));
     for (; i < n; ++i) y[i] += c * x[i];
+}
+
+/* out[j * stride] = a . x_j for the n < TILE tokens of a short segment (decodes): each vector of the row
+ * is loaded once for all of them. N is a compile-time count so the sums stay in registers; one token
+ * gets two sums (even and odd vectors) so that it is not bound by the FMA latency. Rows go one at a
+ * time: several rows side by side (more streams, fewer loads of x) measured slower. */
+#define DEFINE_DOT_N(N)                                                                                      \
+    static inline void dot_n##N(const float *a, const float *const *xs, int64_t len, float *out,             \
+                                int64_t stride)                                                              \
+    {                                                                                                        \
+        v8 acc[N], acc2[N];                                                                                  \
+        for (int j = 0; j < N; ++j) acc[j] = acc2[j] = (v8){0};                                              \
+        int64_t i = 0;                                                                                       \
+        for (; i + 16 <= len; i += 16) {                                                                     \
+            const v8 av = load8(a + i), av2 = load8(a + i + 8);                                              \
+            for (int j = 0; j < N; ++j) {                                                                    \
+                acc[j] += av * load8(xs[j] + i);                                                             \
+                acc2[j] += av2 * load8(xs[j] + i + 8);                                                       \
+            }                                                                                                \
+        }                                                                                                    \
+        for (; i + 8 <= len; i += 8) {                                                                       \
+            const v8 av = load8(a + i);                                                                      \
+            for (int j = 0; j < N; ++j) acc[j] += av * load8(xs[j] + i);                                     \
+        }                                                                                                    \
+        for (int j = 0; j < N; ++j) {                                                                        \
+            float r = hsum8(acc[j] + acc2[j]);                                                               \
+            for (int64_t k = i; k < len; ++k) r += a[k] * xs[j][k];                                          \
+            out[j * stride] = r;                                                                             \
+        }                                                                                                    \
+    }
+DEFINE_DOT_N(1)
+DEFINE_DOT_N(2)
+DEFINE_DOT_N(3)
+DEFINE_DOT_N(4)
+
+static inline void dot_few(const float *a, const float *const *xs, int64_t n, int64_t len, float *out,
+                           int64_t stride)
+{
+    for (; n >= 4; n -= 4, xs += 4, out += 4 * stride) dot_n4(a, xs, len, out, stride);
+    switch (n) {
+    case 3: dot_n3(a, xs, len, out, stride); break;
+    case 2: dot_n2(a, xs, len, out, stride); break;
+    case 1: dot_n1(a, xs, len, out, stride); break;
+    default: break;
+    }
+}
+
+/* y[0:n] += c[0] b[0][0:n] + ... + c[3] b[3][0:n] (rows b + k * bstride): y read and written once for four
+ * rank rows */
+static inline void axpy4(float *y, const float *b, int64_t bstride, const float *c, int64_t n)
+{
+    const v8 c0 = {c[0], c[0], c[0], c[0], c[0], c[0], c[0], c[0]}, c1 = {c[1], c[1], c[1], c[1], c[1], c[1], c[1], c[1]};
+    const v8 c2 = {c[2], c[2], c[2], c[2], c[2], c[2], c[2], c[2]}, c3 = {c[3], c[3], c[3], c[3], c[3], c[3], c[3], c[3]};
+    const float *b0 = b, *b1 = b + bstride, *b2 = b + 2 * bstride, *b3 = b + 3 * bstride;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        store8(y + i, load8(y + i) + (c0 * load8(b0 + i) + c1 * load8(b1 + i)) + (c2 * load8(b2 + i) + c3 * load8(b3 + i)));
+    for (; i < n; ++i) y[i] += (c[0] * b0[i] + c[1] * b1[i]) + (c[2] * b2[i] + c[3] * b3[i]);
 }
 
 /* out[j * stride] = a . x_j for a full tile of TILE rows: a is loaded once per 8 columns for all rows */
@@ -124,21 +166,31 @@ int loraplex_lora_apply_f32(
             }
             const int64_t bstride = num_slices * max_rank;  /* buf floats per token */
             /* shrink: each A row once per tile, against the tile's x rows */
-            for (int64_t s = 0; s < num_slices; ++s)
-                for (int64_t r = 0; r < rank; ++r) {
-                    const float *arow = a + ((slot * num_slices + s) * max_rank + r) * in_features;
-                    if (n == TILE) {
-                        dot_tile(arow, xs, in_features, buf + s * max_rank + r, bstride);
-                    } else {
-                        for (int64_t j = 0; j < n; ++j)
-                            buf[j * bstride + s * max_rank + r] = dot(arow, xs[j], in_features);
-                    }
+            for (int64_t s = 0; s < num_slices; ++s) {
+                const float *aslice = a + (slot * num_slices + s) * max_rank * in_features;
+                if (n < TILE) {
+                    for (int64_t r = 0; r < rank; ++r)
+                        dot_few(aslice + r * in_features, xs, n, in_features, buf + s * max_rank + r, bstride);
+                    continue;
                 }
+                for (int64_t r = 0; r < rank; ++r)
+                    dot_tile(aslice + r * in_features, xs, in_features, buf + s * max_rank + r, bstride);
+            }
             if (n < TILE) {
                 /* a few tokens (decodes): B's used rows are one contiguous block (rank x out_total), read
-                 * front to back in a single stream, every slice's columns of a row with that slice's
-                 * coefficient; short per-slice sweeps instead left the prefetchers idle (~1.5x slower) */
-                for (int64_t r = 0; r < rank; ++r) {
+                 * front to back four rows at a time (each y row then read and written once per four ranks),
+                 * every slice's columns of a row with that slice's coefficient; short per-slice sweeps
+                 * instead left the prefetchers idle (~1.5x slower) */
+                int64_t r = 0;
+                for (; r + 4 <= rank; r += 4) {
+                    const float *brow = bt + (slot * max_rank + r) * out_total;
+                    for (int64_t s = 0; s < num_slices; ++s) {
+                        const int64_t lo = slice_offsets[s], hi = slice_offsets[s + 1];
+                        for (int64_t j = 0; j < n; ++j)
+                            axpy4(ys[j] + lo, brow + lo, out_total, buf + j * bstride + s * max_rank + r, hi - lo);
+                    }
+                }
+                for (; r < rank; ++r) {
                     const float *brow = bt + (slot * max_rank + r) * out_total;
                     for (int64_t s = 0; s < num_slices; ++s) {
                         const int64_t lo = slice_offsets[s], hi = slice_offsets[s + 1];
