@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.engine.lora_slots import LayerGroup, LoRASlots
-from loraplex.kernels.cpu_lora import cpu_lora_kernel_available, lora_apply_c
+from loraplex.kernels.cpu_lora import CLoRAStep, cpu_lora_kernel_available
 from loraplex.kernels.lora import LoRABatchMapping, lora_expand, lora_shrink
 
 DENSE_MIN_TOKENS = 16
@@ -94,10 +94,11 @@ class StepLoRAContext:
         rows = [t for t, s in enumerate(token_slots) if s >= 0]
         self.mapping: LoRABatchMapping | None = None
         self.rows: torch.Tensor | None = None
-        self.c_ranks: torch.Tensor | None = None
+        self.c_step: CLoRAStep | None = None
         if rows and use_c:
             self.mapping = LoRABatchMapping.build(token_slots, slots.num_slots)
-            self.c_ranks = torch.tensor(slots.ranks, dtype=torch.int32)
+            self.c_step = CLoRAStep({g: (slots.a[g], slots.bt[g], slots.slice_offsets[g]) for g in slots.a},
+                                    self.mapping, torch.tensor(slots.ranks, dtype=torch.int32))
         elif rows:
             if len(rows) < len(token_slots):
                 self.rows = torch.tensor(rows, dtype=torch.long, device=slots.device)
@@ -112,12 +113,12 @@ class StepLoRAContext:
     def apply(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> None:
         if (layer, group) not in self.active:
             return
+        if self.c_step is not None:  # every token on the C kernel, which runs all of torch's threads
+            self.c_step.apply(group, layer, x, y)
+            return
         s = self.slots
         a, bt = s.a[group][layer], s.bt[group][layer]
         offsets = s.slice_offsets[group]
-        if self.c_ranks is not None:  # every token on the C kernel, which runs all of torch's threads
-            lora_apply_c(x, y, a, bt, self.mapping, offsets, self.c_ranks)
-            return
         with _one_thread(self.cpu_paths):
             self._dense(layer, group, x, y, a, bt, offsets)
             if self.mapping is None:

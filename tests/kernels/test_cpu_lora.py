@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.kernels.cpu_lora import cpu_lora_kernel_available, lora_apply_c, lora_apply_ref
+from loraplex.kernels.cpu_lora import CLoRAStep, cpu_lora_kernel_available, lora_apply_c, lora_apply_ref
 from loraplex.kernels.lora_mapping import LoRABatchMapping
 
 pytestmark = pytest.mark.skipif(not cpu_lora_kernel_available(), reason="needs a C compiler")
@@ -61,3 +61,32 @@ def test_refusals():
         lora_apply_c(torch.randn(2, 8), torch.randn(2, 8), a, bt, mapping, offsets, ranks[:1])
     with pytest.raises(ValueError, match="contiguous"):
         lora_apply_c(torch.randn(2, 8), torch.randn(8, 2).t(), a, bt, mapping, offsets, ranks)
+
+
+def test_step_plan_addresses_every_layer_and_group():
+    """CLoRAStep (the engine's per-step form) gives each (group, layer) the same result as lora_apply_c."""
+    layers, ranks = 3, [16, 8, 3, 0]
+    groups = {"qkv": ([40, 16, 16], 24), "down": ([24], 56)}
+    weights, per_layer = {}, {}
+    for k, (group, (widths, in_features)) in enumerate(groups.items()):
+        stacked = [_weights(4, widths, in_features, 16, ranks, seed=10 * k + layer) for layer in range(layers)]
+        offsets = stacked[0][2]
+        weights[group] = (torch.stack([w[0] for w in stacked]), torch.stack([w[1] for w in stacked]), offsets)
+        per_layer[group] = stacked
+    indices = [2, 2, -1, 0, 1, 1, 1] + [0] * 9
+    mapping = LoRABatchMapping.build(indices, 4)
+    step = CLoRAStep(weights, mapping, torch.tensor(ranks, dtype=torch.int32))
+    for group, (widths, in_features) in groups.items():
+        for layer in range(layers):
+            a, bt, offsets, slot_ranks = per_layer[group][layer]
+            x, y0 = torch.randn(len(indices), in_features), torch.randn(len(indices), sum(widths))
+            expected = lora_apply_c(x, y0.clone(), a, bt, mapping, offsets, slot_ranks)
+            out = y0.clone()
+            step.apply(group, layer, x, out)
+            assert torch.equal(out, expected), (group, layer)
+    with pytest.raises(ValueError, match="not this step's"):
+        step.apply("down", 0, torch.randn(3, 56), torch.randn(3, 24))
+    with pytest.raises(IndexError, match="layer 3"):
+        step.apply("down", 3, torch.randn(len(indices), 56), torch.randn(len(indices), 24))
+    with pytest.raises(ValueError, match="slice offsets"):
+        CLoRAStep({"qkv": (*weights["qkv"][:2], [0, 40, 56])}, mapping, torch.tensor(ranks, dtype=torch.int32))

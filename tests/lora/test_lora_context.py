@@ -74,7 +74,7 @@ def test_step_context_matches_per_token_math(mode, monkeypatch):
     if triton:
         assert not ctx.runs and ctx.rows is not None
     elif mode == "c-kernel":  # every token through the C kernel, in place
-        assert not ctx.runs and ctx.rows is None and ctx.c_ranks is not None
+        assert not ctx.runs and ctx.rows is None and ctx.c_step is not None
     else:  # the prefill chunk and the two neighbouring 9-token chunks of slot 1 become dense runs
         assert [(r.slot, r.end - r.start) for r in ctx.runs] == [(0, DENSE_MIN_TOKENS + 5), (1, 18)]
     token_slots = [s for s, n in zip(SEQ_SLOTS, SEQ_LENS) for _ in range(n)]
