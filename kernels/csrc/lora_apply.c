@@ -81,13 +81,14 @@ static inline void dot_few(const float *a, const float *const *xs, int64_t n, in
  * rank rows */
 static inline void axpy4(float *y, const float *b, int64_t bstride, const float *c, int64_t n)
 {
-    const v8 c0 = {c[0], c[0], c[0], c[0], c[0], c[0], c[0], c[0]}, c1 = {c[1], c[1], c[1], c[1], c[1], c[1], c[1], c[1]};
-    const v8 c2 = {c[2], c[2], c[2], c[2], c[2], c[2], c[2], c[2]}, c3 = {c[3], c[3], c[3], c[3], c[3], c[3], c[3], c[3]};
+    const float c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3];
     const float *b0 = b, *b1 = b + bstride, *b2 = b + 2 * bstride, *b3 = b + 3 * bstride;
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        store8(y + i, load8(y + i) + (c0 * load8(b0 + i) + c1 * load8(b1 + i)) + (c2 * load8(b2 + i) + c3 * load8(b3 + i)));
-    for (; i < n; ++i) y[i] += (c[0] * b0[i] + c[1] * b1[i]) + (c[2] * b2[i] + c[3] * b3[i]);
+    for (; i + 8 <= n; i += 8) {
+        const v8 lo = c0 * load8(b0 + i) + c1 * load8(b1 + i), hi = c2 * load8(b2 + i) + c3 * load8(b3 + i);
+        store8(y + i, load8(y + i) + (lo + hi));
+    }
+    for (; i < n; ++i) y[i] += (c0 * b0[i] + c1 * b1[i]) + (c2 * b2[i] + c3 * b3[i]);
 }
 
 /* out[j * stride] = a . x_j for a full tile of TILE rows: a is loaded once per 8 columns for all rows */
