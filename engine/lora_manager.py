@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from loraplex.adapters import (LORA_GROUPS, AdapterError, AdapterLimits, BaseModelSpec, inspect_adapter, load_adapter,
+from loraplex.adapters import (LORA_GROUPS, AdapterError, AdapterLimits, BaseModelSpec, load_adapter,
                                stack_adapter)
 from loraplex.engine.adapter_ref import AdapterRef
 from loraplex.engine.lora_context import StepLoRAContext
@@ -69,19 +69,11 @@ class LoRAManager:
         self.num_load_failures = 0
 
     # ------------------------------------------------------------------ adapter identity
-    def inspect(self, path: str | Path, name: str | None = None) -> AdapterRef:
-        """Read and check an adapter against the base model (raises AdapterError); its ref by content hash.
-
-        Thread-safe: touches no manager state (the ref carries the path the loader uses later).
-        """
-        info = inspect_adapter(path, self.base, max_lora_rank=self.max_lora_rank, limits=self.limits)
-        return AdapterRef(content_hash=info.content_hash, path=str(path), name=name or Path(path).name)
-
     def add(self, path: str | Path, name: str | None = None) -> AdapterRef:
         """Read and check an adapter (raises AdapterError) and keep it in host memory if a host slot is free.
 
         Never evicts: a full host LRU keeps serving the adapters in use, and this one loads on demand.
-        Thread-safe like ``inspect`` (the host LRU is shared under the lock).
+        Thread-safe: besides the host LRU, shared under the lock, it touches no manager state.
         """
         host = self._read_host_adapter(str(path))
         ref = AdapterRef(content_hash=host.content_hash, path=str(path), name=name or Path(path).name)
