@@ -4,8 +4,9 @@
 to ``y`` in place. ``lora_a`` is the kernels' ``[num_slots, num_slices, max_rank, in]`` and ``lora_bt`` B
 transposed, ``[num_slots, max_rank, out_total]`` (the LoRA manager's slot layout); ``slot_ranks[slot]``
 bounds the rank rows read (rows past it are zero). The C path (``csrc/lora_apply.c``) serves float32 CPU
-tensors and reads each active slot's weights once at its own rank; the reference is the per-token
-``lora_shrink_ref`` / ``lora_expand_ref`` pair.
+activations with float32 or bfloat16 weights (widened exactly on load; bfloat16 halves the bytes a decode
+step reads) and reads each active slot's weights once at its own rank; the reference is the per-token
+``lora_shrink_ref`` / ``lora_expand_ref`` pair on the weights widened to the activations' dtype.
 """
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from .cpu_build import load
 from .lora import _check_expand, _check_mapping, _check_shrink, lora_expand_ref, lora_shrink_ref
 from .lora_mapping import LoRABatchMapping
 
-__all__ = ["CLoRAStep", "cpu_lora_kernel_available", "lora_apply_c", "lora_apply_ref"]
+__all__ = ["WEIGHT_DTYPES", "CLoRAStep", "cpu_lora_kernel_available", "lora_apply_c", "lora_apply_ref"]
 
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
-_SIGNATURES = {"loraplex_lora_apply_f32": (
-    ctypes.c_int, [_p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _p, _p, _p, _i64, _p, _p, ctypes.c_int])}
+_ARGS = [_p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _p, _p, _p, _i64, _p, _p, ctypes.c_int]
+_SIGNATURES = {"loraplex_lora_apply_f32": (ctypes.c_int, _ARGS), "loraplex_lora_apply_bf16w": (ctypes.c_int, _ARGS)}
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16)  # activations are float32 either way
 
 
 def _library() -> ctypes.CDLL | None:
@@ -52,18 +54,20 @@ def _offsets_tensor(offsets: tuple[int, ...]) -> torch.Tensor:
 
 def lora_apply_ref(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt: torch.Tensor,
                    mapping: LoRABatchMapping, slice_offsets: Sequence[int], slot_ranks: torch.Tensor) -> torch.Tensor:
-    """Torch reference: per-token shrink, then per-token expand (ranks are implied by the zero padding)."""
+    """Torch reference: per-token shrink, then per-token expand (ranks are implied by the zero padding);
+    weights of another dtype than ``x`` are widened to it first, as the C kernel widens them on load."""
     _check(x, y, lora_a, lora_bt, mapping, slice_offsets, slot_ranks)
-    buf = lora_shrink_ref(x, lora_a, mapping)
-    return lora_expand_ref(y, buf, lora_bt.transpose(1, 2), mapping, slice_offsets)
+    buf = lora_shrink_ref(x, lora_a.to(x.dtype), mapping)
+    return lora_expand_ref(y, buf, lora_bt.to(x.dtype).transpose(1, 2), mapping, slice_offsets)
 
 
 def lora_apply_c(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt: torch.Tensor,
                  mapping: LoRABatchMapping, slice_offsets: Sequence[int], slot_ranks: torch.Tensor) -> torch.Tensor:
-    """The C kernel, in place on ``y``; raises when it cannot serve these tensors (float32 CPU, contiguous)."""
+    """The C kernel, in place on ``y``; raises when it cannot serve these tensors (float32 CPU activations,
+    float32 or bfloat16 CPU weights)."""
     _check(x, y, lora_a, lora_bt, mapping, slice_offsets, slot_ranks)
-    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (x, y, lora_a, lora_bt)):
-        raise ValueError("the C LoRA kernel takes float32 CPU tensors")
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (x, y)):
+        raise ValueError("the C LoRA kernel takes float32 CPU activations")
     if mapping.num_active_tokens == 0:
         return y
     step = CLoRAStep({"lora": (lora_a.contiguous()[None], lora_bt.contiguous()[None], slice_offsets)}, mapping,
@@ -82,7 +86,7 @@ class CLoRAStep:
 
     ``weights[group] = (a, bt, slice_offsets)``: the slot tensors of every layer, ``a`` ``[layers,
     num_slots, num_slices, max_rank, in]`` and ``bt`` ``[layers, num_slots, max_rank, out_total]``
-    (contiguous float32 on the CPU, as ``LoRASlots`` holds them).
+    (contiguous on the CPU, as ``LoRASlots`` holds them), all float32 or all bfloat16.
     """
 
     def __init__(self, weights: dict[str, tuple[torch.Tensor, torch.Tensor, Sequence[int]]],
@@ -90,7 +94,11 @@ class CLoRAStep:
         lib = _library()
         if lib is None:
             raise RuntimeError("the C LoRA kernel is not available on this machine")
-        self._fn = lib.loraplex_lora_apply_f32
+        dtypes = {t.dtype for a, bt, _ in weights.values() for t in (a, bt)}
+        if len(dtypes) > 1 or not dtypes <= set(WEIGHT_DTYPES):
+            raise ValueError("the C LoRA kernel takes float32 or bfloat16 weights of one dtype, got "
+                             f"{sorted(map(str, dtypes))}")
+        self._fn = lib.loraplex_lora_apply_bf16w if dtypes == {torch.bfloat16} else lib.loraplex_lora_apply_f32
         self.num_tokens = mapping.num_tokens
         self._ranks = slot_ranks.to(torch.int32).contiguous()
         self._segments = mapping.host_segments  # kept alive: the kernel reads them through pointers
@@ -102,8 +110,8 @@ class CLoRAStep:
             _check_mapping(mapping.num_tokens, a.shape[1], mapping)
             if a.dim() != 5 or bt.dim() != 4 or bt.shape[:3] != (a.shape[0], a.shape[1], a.shape[3]):
                 raise ValueError(f"{group}: a {tuple(a.shape)} and bt {tuple(bt.shape)} are not stacked slot weights")
-            if any(t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() for t in (a, bt)):
-                raise ValueError(f"{group}: the C LoRA kernel takes contiguous float32 CPU weights")
+            if any(t.device.type != "cpu" or not t.is_contiguous() for t in (a, bt)):
+                raise ValueError(f"{group}: the C LoRA kernel takes contiguous CPU weights")
             if len(offsets) != a.shape[2] + 1 or offsets[0] != 0 or offsets[-1] != bt.shape[3]:
                 raise ValueError(f"{group}: slice offsets {tuple(offsets)} do not cover {bt.shape[3]} columns")
             if self._ranks.shape != (a.shape[1],):
