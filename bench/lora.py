@@ -19,7 +19,7 @@ comparison: a base engine and a multi-LoRA engine take turns step by step, so ba
 alike.
 
 Usage: python -m bench.lora [--bench-dir ../shared/bench] [--adapters DIR] [--max-loras 32] [--repeats 3]
-                            [--interleaved] [--skip-hf] [--threads N]
+                            [--interleaved] [--skip-hf] [--threads N] [--lora-dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -114,6 +114,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="HF model directory (default: the bundled SmolLM2)")
     ap.add_argument("--max-loras", type=int, default=32)
     ap.add_argument("--max-cpu-loras", type=int, default=32)
+    ap.add_argument("--lora-dtype", default=None, choices=["float32", "bfloat16"],
+                    help="adapter storage dtype (default: the model's, float32); bfloat16 rounds each weight once")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--hf-batch-size", type=int, default=64)
@@ -135,8 +137,8 @@ def main() -> None:
     model_dir = resolve_model_dir(args.model)
     load_before = os.getloadavg()
     llm = LLM(model=args.model, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_prefix_caching=not args.no_prefix_caching)
+              lora_dtype=args.lora_dtype, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching)
     reqs = wl.build_requests(llm.tokenizer)
     prompts = [r["prompt_token_ids"] for r in reqs]
     adapter_dirs = ensure_adapters(args.bench_dir, model_dir, args.adapters, wl.N_ADAPTERS)
@@ -147,7 +149,8 @@ def main() -> None:
     print(f"Workload A {wl.fingerprint(reqs)}: {len(prompts)} requests, {wl.N_ADAPTERS} adapters, "
           f"{sum(map(len, prompts)) / len(prompts):.0f} prompt tokens on average, {wl.MAX_TOKENS} output tokens each")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, max_loras={args.max_loras}, "
-          f"max_cpu_loras={args.max_cpu_loras}, max_num_seqs={args.max_num_seqs}, "
+          f"max_cpu_loras={args.max_cpu_loras}, lora_dtype={args.lora_dtype or 'float32 (the model)'}, "
+          f"max_num_seqs={args.max_num_seqs}, "
           f"max_num_batched_tokens={args.max_num_batched_tokens}, prefix caching "
           f"{'off' if args.no_prefix_caching else 'on'}", flush=True)
 

@@ -77,7 +77,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
         self.lora_manager = LoRAManager(BaseModelSpec.from_hf_config(config), max_loras=args.max_loras,
                                         max_cpu_loras=args.max_cpu_loras, max_lora_rank=args.max_lora_rank,
-                                        device=self.runner.device, dtype=self.runner.dtype)
+                                        device=self.runner.device, dtype=args.resolved_lora_dtype(self.runner.dtype),
+                                        compute_dtype=self.runner.dtype)
         self.scheduler.admission.append(LoRAAdmission(self.lora_manager, lambda: self.scheduler.waiting))
         self.structured = StructuredOutputManager(
             self.tokenizer, sorted(self.eos_token_ids), self.shape.vocab_size, args.grammar_compile_timeout_s,

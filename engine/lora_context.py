@@ -11,12 +11,13 @@ order, which is the order of their tokens in the flat batch. Three paths:
   scatter-add): for a 2048-token prefill step of Workload A (12 adapters) that costs ~27% of the base
   model's projection matmuls, dense runs ~8% (one thread). The Triton kernels handle segments natively,
   so on CUDA all tokens go through them.
-* on CPU with float32 weights, every token goes to the C kernel of ``kernels.cpu_lora`` instead (no dense
-  runs): a decode step spreads ~64 tokens over ~28 adapters, so its cost is reading the adapters' weights,
-  which the C kernel does once per slot at the slot's own rank, without the grouped path's padding,
-  strided slice GEMMs and scatter copies (Workload A decode step: ~130 ms of LoRA work on the grouped
-  path, ~45 ms in C); prefill runs go through it in register-blocked tiles of 8 tokens (a 2048-token
-  prefill step: ~520 ms as dense runs, ~320 ms in C).
+* on CPU with float32 activations (and float32 or bfloat16 weights, see ``lora_dtype``), every token goes
+  to the C kernel of ``kernels.cpu_lora`` instead (no dense runs): a decode step spreads ~64 tokens over
+  ~28 adapters, so its cost is reading the adapters' weights, which the C kernel does once per slot at
+  the slot's own rank, without the grouped path's padding, strided slice GEMMs and scatter copies
+  (Workload A decode step: ~130 ms of LoRA work on the grouped path, ~45 ms in C); prefill runs go
+  through it in register-blocked tiles of 8 tokens (a 2048-token prefill step: ~520 ms as dense runs,
+  ~320 ms in C).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.engine.lora_slots import LayerGroup, LoRASlots
-from loraplex.kernels.cpu_lora import CLoRAStep, cpu_lora_kernel_available
+from loraplex.kernels.cpu_lora import WEIGHT_DTYPES as C_WEIGHT_DTYPES, CLoRAStep, cpu_lora_kernel_available
 from loraplex.kernels.lora import LoRABatchMapping, lora_expand, lora_shrink
 
 DENSE_MIN_TOKENS = 16
@@ -64,14 +65,17 @@ class StepLoRAContext:
     """Dense runs and a kernel mapping over the remaining tokens of one step."""
 
     def __init__(self, slots: LoRASlots, seq_slots: list[int], seq_lens: list[int],
-                 cpu_paths: bool | None = None) -> None:
+                 cpu_paths: bool | None = None, compute_dtype: torch.dtype | None = None) -> None:
         """``seq_slots[i]``: the slot of the i-th scheduled sequence (-1 = base model); ``seq_lens[i]``: its
         number of tokens in this step. ``cpu_paths`` (default: the slots are on the CPU) enables the dense
-        runs and the slice-by-slice expand; without them every token goes through the kernels as on CUDA."""
+        runs and the slice-by-slice expand; without them every token goes through the kernels as on CUDA.
+        ``compute_dtype`` (default: the slots' dtype) is the activations'; the C kernel reads float32 or
+        bfloat16 weights itself, the torch and Triton paths get the layer's weights cast to it."""
         self.slots = slots
         self.cpu_paths = slots.device.type == "cpu" if cpu_paths is None else cpu_paths
-        use_c = (self.cpu_paths and slots.device.type == "cpu" and slots.a["qkv"].dtype == torch.float32
-                 and cpu_lora_kernel_available())
+        self.compute_dtype = compute_dtype or slots.a["qkv"].dtype
+        use_c = (self.cpu_paths and slots.device.type == "cpu" and self.compute_dtype == torch.float32
+                 and slots.a["qkv"].dtype in C_WEIGHT_DTYPES and cpu_lora_kernel_available())
         dense_ok = self.cpu_paths and not use_c
         self.runs: list[DenseRun] = []
         token_slots: list[int] = []
@@ -117,7 +121,7 @@ class StepLoRAContext:
             self.c_step.apply(group, layer, x, y)
             return
         s = self.slots
-        a, bt = s.a[group][layer], s.bt[group][layer]
+        a, bt = s.a[group][layer].to(x.dtype), s.bt[group][layer].to(x.dtype)  # no copy when they match
         offsets = s.slice_offsets[group]
         with _one_thread(self.cpu_paths):
             self._dense(layer, group, x, y, a, bt, offsets)

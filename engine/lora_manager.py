@@ -41,8 +41,10 @@ log = logging.getLogger(__name__)
 
 class LoRAManager:
     def __init__(self, base: BaseModelSpec, *, max_loras: int, max_cpu_loras: int, max_lora_rank: int,
-                 device: torch.device, dtype: torch.dtype, loader_workers: int = 2,
-                 limits: AdapterLimits = AdapterLimits()) -> None:
+                 device: torch.device, dtype: torch.dtype, compute_dtype: torch.dtype | None = None,
+                 loader_workers: int = 2, limits: AdapterLimits = AdapterLimits()) -> None:
+        """``dtype``: the weights' storage dtype; ``compute_dtype`` (default: ``dtype``): the model's, which
+        the LoRA arithmetic runs in."""
         if max_cpu_loras < max_loras:
             raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be >= max_loras ({max_loras})")
         self.base = base
@@ -51,6 +53,7 @@ class LoRAManager:
         self.max_lora_rank = max_lora_rank
         self.device = device
         self.dtype = dtype
+        self.compute_dtype = compute_dtype or dtype
         self.limits = limits
         self.slots = DeviceSlots(base, max_loras, max_lora_rank, device, dtype)
         self._step = 0
@@ -230,7 +233,7 @@ class LoRAManager:
                 host = None if h in self.slots else self._host_copy(h)
                 slot_of[h] = self.slots.activate(h, host, in_use | {h}, self._step)
             slots.append(slot_of[h] if h is not None else -1)
-        return StepLoRAContext(self.slots.weights, slots, list(num_new_tokens))
+        return StepLoRAContext(self.slots.weights, slots, list(num_new_tokens), compute_dtype=self.compute_dtype)
 
     # ------------------------------------------------------------------ introspection
     def resident(self) -> list[str]:

@@ -18,8 +18,9 @@ MAX_RANK = 8
 RANKS = [8, 3, 5, 1]  # per slot; slot 3 touches layer 1's qkv only
 
 
-def make_slots(gen: torch.Generator) -> tuple[LoRASlots, dict]:
-    slots = LoRASlots(BASE, len(RANKS), MAX_RANK, torch.device("cpu"), torch.float32)
+def make_slots(gen: torch.Generator, dtype: torch.dtype = torch.float32) -> tuple[LoRASlots, dict]:
+    """Slots of storage ``dtype`` and, for the reference, the float32 weights they hold (rounded to it)."""
+    slots = LoRASlots(BASE, len(RANKS), MAX_RANK, torch.device("cpu"), dtype)
     dense = {}  # (slot, layer, group) -> (A [slices, r, in], B [out_total, r]) for the reference
     for slot, r in enumerate(RANKS):
         weights = {}
@@ -33,6 +34,7 @@ def make_slots(gen: torch.Generator) -> tuple[LoRASlots, dict]:
                 bt = torch.zeros(MAX_RANK, out_total)
                 a[:, :r] = torch.randn(len(modules), r, in_f, generator=gen)
                 bt[:r] = torch.randn(r, out_total, generator=gen)
+                a, bt = a.to(dtype).float(), bt.to(dtype).float()
                 weights[(layer, group)] = (a, bt)
                 dense[(slot, layer, group)] = (a[:, :r], bt[:r].t())
         slots.load(slot, HostAdapter(f"h{slot}", r, weights, 0))
@@ -58,11 +60,14 @@ SEQ_SLOTS = [0, -1, 1, 2, -1, 0, 3, 1, 1, 2]
 SEQ_LENS = [DENSE_MIN_TOKENS + 5, 20, 1, 1, 1, 1, 1, 9, 9, 3]
 
 
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["c-kernel", "torch-cpu-paths", "triton-interpreter"])
-def test_step_context_matches_per_token_math(mode, monkeypatch):
+def test_step_context_matches_per_token_math(mode, weight_dtype, monkeypatch):
+    """bfloat16 slots (lora_dtype) under float32 activations: the C kernel widens the weights itself, the
+    other paths get them cast; every path matches the math on the stored (rounded) weights."""
     triton = mode == "triton-interpreter"
     gen = torch.Generator().manual_seed(0)
-    slots, dense = make_slots(gen)
+    slots, dense = make_slots(gen, weight_dtype)
     if mode == "c-kernel" and not lora_context.cpu_lora_kernel_available():
         pytest.skip("needs a C compiler")
     if mode == "torch-cpu-paths":
@@ -70,7 +75,7 @@ def test_step_context_matches_per_token_math(mode, monkeypatch):
     if triton:  # what the context does on CUDA: no dense runs, every token through the Triton kernels
         monkeypatch.setattr(lora_context, "lora_shrink", kernels.lora_shrink_triton)
         monkeypatch.setattr(lora_context, "lora_expand", kernels.lora_expand_triton)
-    ctx = StepLoRAContext(slots, SEQ_SLOTS, SEQ_LENS, cpu_paths=not triton)
+    ctx = StepLoRAContext(slots, SEQ_SLOTS, SEQ_LENS, cpu_paths=not triton, compute_dtype=torch.float32)
     if triton:
         assert not ctx.runs and ctx.rows is not None
     elif mode == "c-kernel":  # every token through the C kernel, in place
