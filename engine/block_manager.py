@@ -69,16 +69,11 @@ class BlockManager:
         """
         if not self.enable_prefix_caching or seq.block_table:
             return 0
-        bs = self.block_size
-        max_full = (seq.num_tokens - 1) // bs
         hashes: list[bytes] = []
-        parent = None
-        for i in range(max_full):
-            h = hash_block(parent, seq.tokens(i * bs, (i + 1) * bs), seq.adapter_hash, seq.cache_salt)
+        for h in self._cacheable_prefix_hashes(seq):
             if h not in self.cached:
                 break
             hashes.append(h)
-            parent = h
         for h in hashes:
             block = self.cached[h]
             if self.ref_counts[block] == 0:
@@ -86,13 +81,45 @@ class BlockManager:
             self.ref_counts[block] += 1
             seq.block_table.append(block)
         seq.block_hashes = hashes
-        n = len(hashes) * bs
+        n = len(hashes) * self.block_size
         seq.num_computed_tokens = n
         if seq.num_preemptions == 0:
             seq.num_cached_prompt_tokens = min(n, seq.num_prompt_tokens)
             self.query_tokens += seq.num_prompt_tokens
             self.hit_tokens += min(n, seq.num_prompt_tokens)
         return n
+
+    def _cacheable_prefix_hashes(self, seq: Sequence) -> list[bytes]:
+        """Hashes of a sequence's leading full blocks up to the last one a cache hit may cover (all but the
+        last token). Kept on the sequence: a waiting sequence is looked up again at every step."""
+        bs = self.block_size
+        hashes = seq.prefix_hashes
+        for i in range(len(hashes), (seq.num_tokens - 1) // bs):  # grows only when preemption added tokens
+            hashes.append(hash_block(hashes[-1] if hashes else None, seq.tokens(i * bs, (i + 1) * bs),
+                                     seq.adapter_hash, seq.cache_salt))
+        return hashes[:(seq.num_tokens - 1) // bs]
+
+    def first_uncached_block(self, seq: Sequence) -> bytes | None:
+        """The hash of the first block a waiting sequence would compute that the cache might have held (None:
+        caching is off, or every such block is cached). Nothing is attached."""
+        if not self.enable_prefix_caching or seq.block_table:
+            return None
+        return next((h for h in self._cacheable_prefix_hashes(seq) if h not in self.cached), None)
+
+    def blocks_completed_by(self, seq: Sequence, num_new_tokens: int) -> list[bytes]:
+        """Hashes of the blocks that computing ``num_new_tokens`` more tokens of ``seq`` fills, which
+        register_full_blocks caches after the step."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        known = seq.prefix_hashes
+        hashes = []
+        for i in range(len(seq.block_hashes), (seq.num_computed_tokens + num_new_tokens) // bs):
+            parent = known[i] if i < len(known) else hash_block(parent, seq.tokens(i * bs, (i + 1) * bs),
+                                                                seq.adapter_hash, seq.cache_salt)
+            hashes.append(parent)
+        return hashes
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Hash the blocks that became full (their K/V written) so later requests can share them."""

@@ -104,12 +104,19 @@ class Scheduler:
                 continue
             break  # seq itself was preempted: it was the newest, nothing after it remains
 
-        # 2. admit waiting sequences (none when this step had to preempt)
+        # 2. admit waiting sequences (none when this step had to preempt). A sequence whose first uncached
+        # block another sequence of this step computes waits for the next step, where that block is cached,
+        # rather than computing it a second time now (it keeps its place in the queue).
+        computing = {h for seq, n in zip(batch.seqs, batch.num_new_tokens)
+                     for h in self.bm.blocks_completed_by(seq, n)}
         skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
             seq = self.waiting.popleft()
             if not all(policy.can_admit(seq) for policy in self.admission):
                 skipped.append(seq)  # e.g. grammar still compiling: wait without blocking others
+                continue
+            if computing and self.bm.first_uncached_block(seq) in computing:
+                skipped.append(seq)
                 continue
             if not seq.block_table:
                 self.bm.match_prefix(seq)
@@ -125,6 +132,7 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n
+            computing.update(self.bm.blocks_completed_by(seq, n))
         self.waiting.extendleft(reversed(skipped))
         return batch
 

@@ -30,6 +30,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # hashes of this sequence's full blocks
+    prefix_hashes: list[bytes] = field(default_factory=list)  # block manager's memo: leading blocks' hashes
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at first admission
     num_preemptions: int = 0
     # structured output / adapter plumbing, filled by the engine
