@@ -13,11 +13,11 @@ order, which is the order of their tokens in the flat batch. Three paths:
   so on CUDA all tokens go through them.
 * on CPU with float32 activations (and float32 or bfloat16 weights, see ``lora_dtype``), every token goes
   to the C kernel of ``kernels.cpu_lora`` instead (no dense runs): a decode step spreads ~64 tokens over
-  ~28 adapters, so its cost is reading the adapters' weights, which the C kernel does once per slot at
-  the slot's own rank, without the grouped path's padding, strided slice GEMMs and scatter copies
-  (Workload A decode step: ~130 ms of LoRA work on the grouped path, ~45 ms in C); prefill runs go
-  through it in register-blocked tiles of 8 tokens (a 2048-token prefill step: ~520 ms as dense runs,
-  ~320 ms in C).
+  ~28 adapters, so its cost is reading the adapters' weights and the few-token arithmetic on them, which
+  the C kernel does once per slot at the slot's own rank, without the grouped path's padding, strided
+  slice GEMMs and scatter copies (Workload A decode step: ~130 ms of LoRA work on the grouped path,
+  ~45 ms in C); prefill runs go through it in register-blocked tiles of 8 tokens (a 2048-token prefill
+  step: ~520 ms as dense runs, ~320 ms in C).
 """
 from __future__ import annotations
 
