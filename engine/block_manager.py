@@ -97,7 +97,7 @@ class BlockManager:
         for i in range(len(hashes), (seq.num_tokens - 1) // bs):  # grows only when preemption added tokens
             hashes.append(hash_block(hashes[-1] if hashes else None, seq.tokens(i * bs, (i + 1) * bs),
                                      seq.adapter_hash, seq.cache_salt))
-        return hashes[:(seq.num_tokens - 1) // bs]
+        return hashes  # never longer than that: a sequence's tokens only grow
 
     def first_uncached_block(self, seq: Sequence) -> bytes | None:
         """The hash of the first block a waiting sequence would compute that the cache might have held (None:
@@ -111,31 +111,32 @@ class BlockManager:
         register_full_blocks caches after the step."""
         if not self.enable_prefix_caching:
             return []
-        bs = self.block_size
-        parent = seq.block_hashes[-1] if seq.block_hashes else None
-        known = seq.prefix_hashes
-        hashes = []
-        for i in range(len(seq.block_hashes), (seq.num_computed_tokens + num_new_tokens) // bs):
-            parent = known[i] if i < len(known) else hash_block(parent, seq.tokens(i * bs, (i + 1) * bs),
-                                                                seq.adapter_hash, seq.cache_salt)
-            hashes.append(parent)
-        return hashes
+        return self._new_full_block_hashes(seq, seq.num_computed_tokens + num_new_tokens)
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Hash the blocks that became full (their K/V written) so later requests can share them."""
         if not self.enable_prefix_caching:
             return
-        bs = self.block_size
-        full = seq.num_computed_tokens // bs
-        parent = seq.block_hashes[-1] if seq.block_hashes else None
-        for i in range(len(seq.block_hashes), full):
-            h = hash_block(parent, seq.tokens(i * bs, (i + 1) * bs), seq.adapter_hash, seq.cache_salt)
+        start = len(seq.block_hashes)
+        for i, h in enumerate(self._new_full_block_hashes(seq, seq.num_computed_tokens), start):
             seq.block_hashes.append(h)
-            parent = h
             block = seq.block_table[i]
             if self.block_hash[block] is None and h not in self.cached:
                 self.block_hash[block] = h
                 self.cached[h] = block
+
+    def _new_full_block_hashes(self, seq: Sequence, num_tokens: int) -> list[bytes]:
+        """Hashes of the full blocks within ``seq``'s first ``num_tokens`` tokens past those in
+        ``seq.block_hashes``, continuing its chain; blocks of the memoised prefix chain are not hashed again."""
+        bs = self.block_size
+        known = seq.prefix_hashes
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        hashes = []
+        for i in range(len(seq.block_hashes), num_tokens // bs):
+            parent = known[i] if i < len(known) else hash_block(parent, seq.tokens(i * bs, (i + 1) * bs),
+                                                                seq.adapter_hash, seq.cache_salt)
+            hashes.append(parent)
+        return hashes
 
     # ---------------------------------------------------------------- allocation
     def _pop_free_block(self) -> int:
