@@ -60,6 +60,13 @@ def run_loraplex(llm, prompts: list[list[int]], adapters, max_tokens: int) -> tu
     return seconds, [o.token_ids for o in outs]
 
 
+def readd_adapters(llm, refs, dirs: list[Path]) -> None:
+    """Drop every adapter's cached copies and add it again: in host memory (add_adapter), no device slot."""
+    for ref, d in zip(refs, dirs):
+        llm.remove_adapter(ref)
+        llm.add_adapter(d)
+
+
 def run_interleaved(llm_a, llm_b, prompts: list[list[int]], adapters, max_tokens: int) -> tuple[float, float]:
     """(a) on ``llm_a`` and (b) on ``llm_b``, one engine step each in turn; each engine's summed step seconds."""
     from loraplex.engine import SamplingParams
@@ -163,9 +170,7 @@ def main() -> None:
         disk_loads = llm.engine.stats()["lora_disk_loads"]
         secs_disk.append(run_loraplex(llm, prompts, per_request, wl.MAX_TOKENS)[0])
         disk_loads = llm.engine.stats()["lora_disk_loads"] - disk_loads
-        for ref, d in zip(refs, adapter_dirs):  # (b): added again (host memory), device slots empty
-            llm.remove_adapter(ref)
-            llm.add_adapter(d)
+        readd_adapters(llm, refs, adapter_dirs)  # (b): in host memory, device slots empty
         s, out_b = run_loraplex(llm, prompts, per_request, wl.MAX_TOKENS)
         secs_b.append(s)
         secs_bw.append(run_loraplex(llm, prompts, per_request, wl.MAX_TOKENS)[0])
@@ -184,9 +189,7 @@ def main() -> None:
         llm_base = LLM(model=args.model, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        enable_prefix_caching=not args.no_prefix_caching)
-        for ref, d in zip(refs, adapter_dirs):  # as in (b): in host memory, device slots empty
-            llm.remove_adapter(ref)
-            llm.add_adapter(d)
+        readd_adapters(llm, refs, adapter_dirs)  # as in (b)
         busy_a, busy_b = run_interleaved(llm_base, llm, prompts, per_request, wl.MAX_TOKENS)
         print(f"  interleaved: (a) {busy_a:.1f} s, (b) {busy_b:.1f} s of steps", flush=True)
     load_after = os.getloadavg()
