@@ -7,6 +7,10 @@ pages with an online softmax. The grid needs no host sync: axis 0 has
 ``num_tokens // BLOCK_Q + num_seqs`` slots, an upper bound on the query blocks of all
 sequences, and each program finds its sequence by binary search over
 ``query_start_loc[s] // BLOCK_Q + s`` (the first block slot of sequence ``s``).
+
+Keys are read in tiles of ``TILE_N`` positions, each position finding its page through the
+block table, so any page size works: a tile is one whole page when pages are a power of two
+of at least 16 (the smallest ``tl.dot`` width), and spans several pages when they are smaller.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ def _paged_attention_kernel(
     stride_bt, stride_bb,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_Q: tl.constexpr,
+    PAGE: tl.constexpr, TILE_N: tl.constexpr, BLOCK_Q: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
@@ -84,31 +88,31 @@ def _paged_attention_kernel(
 
     # Keys this tile can see: 0 .. position of its last query row.
     kv_len = first_pos + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
-    num_pages = tl.cdiv(kv_len, PAGE)
-    offs_page = tl.arange(0, PAGE)
+    num_tiles = tl.cdiv(kv_len, TILE_N)
+    offs_tile = tl.arange(0, TILE_N)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for page_idx in range(0, num_pages):
-        block_id = tl.load(table_row + page_idx * stride_bb).to(tl.int64)
-        key_pos = page_idx * PAGE + offs_page
+    for tile_idx in range(0, num_tiles):
+        key_pos = tile_idx * TILE_N + offs_tile
         key_valid = key_pos < kv_len  # never read stale slots of a partial last page
+        block_id = tl.load(table_row + (key_pos // PAGE) * stride_bb, mask=key_valid, other=0).to(tl.int64)
+        k_slot = block_id * stride_kb + (key_pos % PAGE) * stride_ks  # [TILE_N]
         k = tl.load(
-            k_cache_ptr + block_id * stride_kb + offs_page[None, :] * stride_ks
-            + kv_head * stride_kh + dims[:, None] * stride_kd,
+            k_cache_ptr + k_slot[None, :] + kv_head * stride_kh + dims[:, None] * stride_kd,
             mask=dim_valid[:, None] & key_valid[None, :],
             other=0.0,
-        )  # [HEAD_DIM_P, PAGE]
+        )  # [HEAD_DIM_P, TILE_N]
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale_log2
         s = tl.where(key_pos[None, :] <= q_pos[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
+        v_slot = block_id * stride_vb + (key_pos % PAGE) * stride_vs
         v = tl.load(
-            v_cache_ptr + block_id * stride_vb + offs_page[:, None] * stride_vs
-            + kv_head * stride_vh + dims[None, :] * stride_vd,
+            v_cache_ptr + v_slot[:, None] + kv_head * stride_vh + dims[None, :] * stride_vd,
             mask=key_valid[:, None] & dim_valid[None, :],
             other=0.0,
-        )  # [PAGE, HEAD_DIM_P]
+        )  # [TILE_N, HEAD_DIM_P]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -135,8 +139,8 @@ def launch_paged_attention(
     num_tokens, num_heads, head_dim = q.shape
     page = k_cache.shape[1]
     num_kv_heads = k_cache.shape[2]
-    if page < 16 or page & (page - 1):
-        raise ValueError(f"the Triton paged attention needs a power-of-two block_size >= 16, got {page}")
+    # one page per key tile where pages are a power of two >= 16, else tiles of 16 positions across pages
+    tile_n = page if page >= 16 and page & (page - 1) == 0 else 16
     group = num_heads // num_kv_heads
     group_p = triton.next_power_of_2(group)
     num_seqs = seq_lens.shape[0]
@@ -156,6 +160,6 @@ def launch_paged_attention(
         block_tables.stride(0), block_tables.stride(1),
         GROUP=group, GROUP_P=group_p,
         HEAD_DIM=head_dim, HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)),
-        PAGE=page, BLOCK_Q=block_q,
+        PAGE=page, TILE_N=tile_n, BLOCK_Q=block_q,
         PRECISION=precision,
     )

@@ -1,12 +1,11 @@
 """Shared fixtures: the real SmolLM2 directory and tiny random Llama directories."""
 from __future__ import annotations
 
-import os
-
-# The Triton kernels are compared with their torch references under the interpreter on CPU. Triton
-# reads this when it is first imported, and other suites (grammar, engine) may import it before the
-# kernel tests do, so it is set here, before anything else loads.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# The Triton kernels are compared with their torch references under the interpreter on CPU (or compiled,
+# with LORAPLEX_TEST_DEVICE=cuda on a GPU machine: see tests/device.py). Triton reads the choice when it
+# is first imported, and other suites (grammar, engine) may import it before the kernel tests do, so it
+# is made here, before anything else loads.
+from tests.device import TEST_DEVICE
 
 import json
 import shutil
@@ -50,3 +49,16 @@ def make_tiny_llama(dest: Path, tokenizer_src: Path, *, hidden: int = 64, layers
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, smol_dir) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smol_dir)
+
+
+@pytest.fixture(autouse=True)
+def _float32_engines_on_gpu(monkeypatch):
+    """On a GPU test run (LORAPLEX_TEST_DEVICE=cuda), engines that name no dtype run in float32, as they do on
+    the CPU, so the float32 Hugging Face and peft oracles' tolerances still apply (CUDA's default is bfloat16)."""
+    if TEST_DEVICE.type != "cuda":
+        return
+    from loraplex.engine.config import EngineArgs
+
+    resolved = EngineArgs.resolved_dtype
+    monkeypatch.setattr(EngineArgs, "resolved_dtype",
+                        lambda self, device, ckpt: resolved(self, device, ckpt) if self.dtype else torch.float32)

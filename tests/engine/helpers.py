@@ -24,7 +24,8 @@ class HFOracle:
 
 
 class LogitsRecorder:
-    """Keeps each request's logits at output position 0 (the prompt's last position)."""
+    """Keeps each request's logits at output position 0 (the prompt's last position), on the CPU beside the
+    oracles' (the engine may run on a GPU: see tests/device.py)."""
 
     def __init__(self) -> None:
         self.first: dict[str, torch.Tensor] = {}
@@ -32,7 +33,7 @@ class LogitsRecorder:
     def __call__(self, request_ids: list[str], positions: list[int], logits: torch.Tensor) -> None:
         for rid, pos, row in zip(request_ids, positions, logits):
             if pos == 0:
-                self.first[rid] = row.detach().clone()
+                self.first[rid] = row.detach().to("cpu", copy=True)
 
 
 def run_to_completion(engine, arrivals: dict[int, list[tuple]], check=True, max_steps: int = 100000) -> dict:

@@ -1,8 +1,6 @@
 """Token bitmask: Triton (interpreter) == vectorised torch path == per-token bit loop."""
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere in this process
+from tests.device import on_test_device  # first: it chooses interpreter or compiler
 
 import pytest
 import torch
@@ -50,9 +48,9 @@ def test_paths_agree_with_bit_loop(batch, vocab, words, indices):
     idx = torch.tensor(indices, dtype=torch.long)
     expected = bit_loop(logits, bitmask, idx)
     for impl in (apply_token_bitmask_ref, apply_token_bitmask_triton, apply_token_bitmask):
-        got = logits.clone()
-        assert impl(got, bitmask, idx) is None
-        assert torch.equal(got, expected), impl.__name__
+        got, mask, rows = on_test_device(logits, bitmask, idx)
+        assert impl(got, mask, rows) is None
+        assert torch.equal(got.cpu(), expected), impl.__name__
 
 
 def test_int32_indices_and_half_logits():
@@ -61,9 +59,9 @@ def test_int32_indices_and_half_logits():
     idx = torch.tensor([2, 0], dtype=torch.int32)
     expected = bit_loop(logits, bitmask, idx)
     for impl in (apply_token_bitmask_ref, apply_token_bitmask_triton):
-        got = logits.clone()
-        impl(got, bitmask, idx)
-        assert torch.equal(got, expected), impl.__name__
+        got, mask, rows = on_test_device(logits, bitmask, idx)
+        impl(got, mask, rows)
+        assert torch.equal(got.cpu(), expected), impl.__name__
 
 
 def test_rejects_wrong_dtype():

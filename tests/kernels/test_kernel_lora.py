@@ -1,8 +1,6 @@
 """Multi-LoRA shrink / expand: Triton (interpreter) == grouped CPU path == per-token reference."""
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere in this process
+from tests.device import TRITON_HALF_DTYPES, on_test_device  # first: it chooses interpreter or compiler
 
 import pytest
 import torch
@@ -61,6 +59,20 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / denom).item()
 
 
+def triton_shrink(x: torch.Tensor, lora_a: torch.Tensor, indices) -> torch.Tensor:
+    """lora_shrink_triton on the test device (inputs made on the CPU); the result back on the CPU."""
+    x, lora_a, idx = on_test_device(x, lora_a, torch.as_tensor(indices))
+    return lora_shrink_triton(x, lora_a, LoRABatchMapping.build(idx, lora_a.shape[0])).cpu()
+
+
+def triton_expand(y: torch.Tensor, buf: torch.Tensor, lora_b: torch.Tensor, indices, offsets) -> torch.Tensor:
+    """lora_expand_triton on the test device, in place on a device copy of ``y``; that copy, on the CPU."""
+    y_dev, buf, lora_b, idx = on_test_device(y, buf, lora_b, torch.as_tensor(indices))
+    out = lora_expand_triton(y_dev, buf, lora_b, LoRABatchMapping.build(idx, lora_b.shape[0]), offsets)
+    assert out is y_dev  # in place
+    return y_dev.cpu()
+
+
 @pytest.mark.parametrize("case", sorted(INDEX_CASES))
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_all_paths_agree(case, layout):
@@ -74,17 +86,16 @@ def test_all_paths_agree(case, layout):
     buf_ref = lora_shrink_ref(x, lora_a, mapping)
     assert buf_ref.shape == (len(widths), len(indices), MAX_RANK)
     assert not buf_ref[:, indices < 0].any()
-    for impl in (lora_shrink_grouped, lora_shrink_triton):
-        assert rel_err(impl(x, lora_a, mapping), buf_ref) < 1e-4, impl.__name__
+    assert rel_err(lora_shrink_grouped(x, lora_a, mapping), buf_ref) < 1e-4
+    assert rel_err(triton_shrink(x, lora_a, indices), buf_ref) < 1e-4
 
     y_ref = lora_expand_ref(y0.clone(), buf_ref, lora_b, mapping, offsets)
     assert torch.equal(y_ref[indices < 0], y0[indices < 0])  # rows without adapter untouched
-    for impl in (lora_expand_grouped, lora_expand_triton):
-        y = y0.clone()
-        out = impl(y, buf_ref, lora_b, mapping, offsets)
-        assert out is y  # in place
-        assert torch.equal(y[indices < 0], y0[indices < 0]), impl.__name__
-        assert rel_err(y - y0, y_ref - y0) < 1e-4, impl.__name__
+    y_grouped = y0.clone()
+    assert lora_expand_grouped(y_grouped, buf_ref, lora_b, mapping, offsets) is y_grouped  # in place
+    for name, y in (("grouped", y_grouped), ("triton", triton_expand(y0, buf_ref, lora_b, indices, offsets))):
+        assert torch.equal(y[indices < 0], y0[indices < 0]), name
+        assert rel_err(y - y0, y_ref - y0) < 1e-4, name
 
 
 def test_reference_matches_dense_peft_math():
@@ -153,11 +164,37 @@ def test_triton_rank_above_one_rank_block():
     gen = torch.Generator().manual_seed(3)
     lora_a = torch.randn(3, 2, 80, 32, generator=gen)
     lora_b = torch.randn(3, 40, 80, generator=gen)
-    mapping = LoRABatchMapping.build([2, 0, 2, -1, 2], 3)
+    indices = [2, 0, 2, -1, 2]
+    mapping = LoRABatchMapping.build(indices, 3)
     x = torch.randn(5, 32, generator=gen)
     y0 = torch.randn(5, 40, generator=gen)
-    buf = lora_shrink_triton(x, lora_a, mapping)
+    buf = triton_shrink(x, lora_a, indices)
     assert rel_err(buf, lora_shrink_ref(x, lora_a, mapping)) < 1e-4
-    y_tri = lora_expand_triton(y0.clone(), buf, lora_b, mapping, (0, 10, 40))
+    y_tri = triton_expand(y0, buf, lora_b, indices, (0, 10, 40))
     y_ref = lora_expand_ref(y0.clone(), buf, lora_b, mapping, (0, 10, 40))
     assert rel_err(y_tri - y0, y_ref - y0) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", TRITON_HALF_DTYPES)
+def test_triton_half_precision_matches_float32_reference(dtype):
+    """The dtypes the engine runs in on a GPU: inputs and weights in ``dtype``, float32 accumulation; the
+    only differences from float32 math on the same (rounded) values are the roundings of the shrink
+    result and of the updated rows."""
+    in_features, widths = LAYOUTS["qkv"]
+    lora_a, lora_b, offsets = make_weights(in_features, widths, ranks=[8, 4, 8, 2, 8, 5], seed=11)
+    indices = INDEX_CASES["mixed"]
+    mapping = LoRABatchMapping.build(indices, NUM_SLOTS)
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(len(indices), in_features, generator=gen).to(dtype)
+    y0 = torch.randn(len(indices), offsets[-1], generator=gen).to(dtype)
+    lora_a, lora_b = lora_a.to(dtype), lora_b.to(dtype)
+
+    buf = triton_shrink(x, lora_a, indices)
+    assert buf.dtype == dtype
+    buf_ref = lora_shrink_ref(x.float(), lora_a.float(), mapping)
+    assert rel_err(buf, buf_ref) < 1e-2
+    y = triton_expand(y0, buf, lora_b, indices, offsets)
+    assert y.dtype == dtype
+    assert torch.equal(y[torch.tensor(indices) < 0], y0[torch.tensor(indices) < 0])
+    y_ref = lora_expand_ref(y0.float(), buf.float(), lora_b.float(), mapping, offsets)
+    assert rel_err(y.float() - y0.float(), y_ref - y0.float()) < 2e-2

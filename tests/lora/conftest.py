@@ -2,14 +2,13 @@
 
 torch runs on one thread here: on the shared 2-core machines two threads contend with other jobs and tiny
 matmuls get several times slower; results do not depend on it. test_lora_context runs the Triton kernels
-through the interpreter, which must be chosen before triton.language is first imported (peft and
-transformers import it): hence the variable is set here, before any test module of this folder loads.
+through the interpreter (on CPU tensors; compiled with LORAPLEX_TEST_DEVICE=cuda), which must be chosen
+before triton.language is first imported (peft and transformers import it): hence tests.device is imported
+here, before any test module of this folder loads.
 """
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"
+from tests.device import TEST_DEVICE  # noqa: F401  (first: it chooses interpreter or compiler)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -1,6 +1,6 @@
 """The per-step LoRA context against plain per-token math: the C kernel (CPU, float32), the torch CPU paths
 (dense prefill runs + grouped kernels, where no C compiler is found) and the CUDA routing (everything
-through the Triton kernels, run here by the Triton interpreter)."""
+through the Triton kernels: interpreted on CPU tensors here, compiled with LORAPLEX_TEST_DEVICE=cuda)."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +11,7 @@ from loraplex.engine import lora_context
 from loraplex.engine.lora_context import DENSE_MIN_TOKENS, StepLoRAContext
 from loraplex.engine.lora_slots import HostAdapter, LoRASlots
 from loraplex.kernels import lora as kernels
+from tests.device import TEST_DEVICE, on_test_device
 
 BASE = BaseModelSpec(architecture="LlamaForCausalLM", model_type="llama", hidden_size=24, intermediate_size=40,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=64)
@@ -18,9 +19,11 @@ MAX_RANK = 8
 RANKS = [8, 3, 5, 1]  # per slot; slot 3 touches layer 1's qkv only
 
 
-def make_slots(gen: torch.Generator, dtype: torch.dtype = torch.float32) -> tuple[LoRASlots, dict]:
-    """Slots of storage ``dtype`` and, for the reference, the float32 weights they hold (rounded to it)."""
-    slots = LoRASlots(BASE, len(RANKS), MAX_RANK, torch.device("cpu"), dtype)
+def make_slots(gen: torch.Generator, dtype: torch.dtype = torch.float32,
+               device: torch.device = torch.device("cpu")) -> tuple[LoRASlots, dict]:
+    """Slots of storage ``dtype`` on ``device`` and, for the reference, the float32 weights they hold (rounded
+    to ``dtype``, on the CPU)."""
+    slots = LoRASlots(BASE, len(RANKS), MAX_RANK, device, dtype)
     dense = {}  # (slot, layer, group) -> (A [slices, r, in], B [out_total, r]) for the reference
     for slot, r in enumerate(RANKS):
         weights = {}
@@ -61,13 +64,13 @@ SEQ_LENS = [DENSE_MIN_TOKENS + 5, 20, 1, 1, 1, 1, 1, 9, 9, 3]
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("mode", ["c-kernel", "torch-cpu-paths", "triton-interpreter"])
+@pytest.mark.parametrize("mode", ["c-kernel", "torch-cpu-paths", "triton"])
 def test_step_context_matches_per_token_math(mode, weight_dtype, monkeypatch):
     """bfloat16 slots (lora_dtype) under float32 activations: the C kernel widens the weights itself, the
     other paths get them cast; every path matches the math on the stored (rounded) weights."""
-    triton = mode == "triton-interpreter"
+    triton = mode == "triton"
     gen = torch.Generator().manual_seed(0)
-    slots, dense = make_slots(gen, weight_dtype)
+    slots, dense = make_slots(gen, weight_dtype, TEST_DEVICE if triton else torch.device("cpu"))
     if mode == "c-kernel" and not lora_context.cpu_lora_kernel_available():
         pytest.skip("needs a C compiler")
     if mode == "torch-cpu-paths":
@@ -91,8 +94,10 @@ def test_step_context_matches_per_token_math(mode, weight_dtype, monkeypatch):
             x = torch.randn(num_tokens, in_f, generator=gen)
             y = torch.randn(num_tokens, out_total, generator=gen)
             expected = reference(dense, layer, group, x, y, token_slots)
+            if triton:
+                x, y = on_test_device(x, y)
             ctx.apply(layer, group, x, y)
-            torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(y.cpu(), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_base_only_layers_are_skipped():
