@@ -90,11 +90,13 @@ def run_interleaved(llm_a, llm_b, prompts: list[list[int]], adapters, max_tokens
 
 @torch.inference_mode()
 def run_hf_peft(model_dir: Path, prompts: list[list[int]], adapter_dirs: list[Path], adapter_idx: list[int],
-                batch_size: int, max_tokens: int, pad_id: int) -> tuple[float, list[list[int]]]:
+                batch_size: int, max_tokens: int, pad_id: int, device: torch.device,
+                dtype: torch.dtype) -> tuple[float, list[list[int]]]:
+    """(c) on the engine's device, in the engine's dtype (float32 on CPU, bfloat16 on CUDA by default)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
     model = PeftModel.from_pretrained(base, str(adapter_dirs[0]), adapter_name="a0")
     for i, d in enumerate(adapter_dirs[1:], 1):
         model.load_adapter(str(d), adapter_name=f"a{i}")
@@ -104,13 +106,13 @@ def run_hf_peft(model_dir: Path, prompts: list[list[int]], adapter_dirs: list[Pa
     for lo in range(0, len(prompts), batch_size):
         batch = prompts[lo:lo + batch_size]
         width = max(map(len, batch))
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])  # left padding
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch], device=device)  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
         out = model.generate(input_ids=ids, attention_mask=mask, adapter_names=[f"a{i}" for i in
                                                                                   adapter_idx[lo:lo + batch_size]],
                              max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
                              pad_token_id=pad_id)
-        outputs += out[:, width:].tolist()
+        outputs += out[:, width:].tolist()  # .tolist() waits for the device
     return time.perf_counter() - t0, outputs
 
 
@@ -155,8 +157,10 @@ def main() -> None:
     n_total = n_out + sum(map(len, prompts))
     print(f"Workload A {wl.fingerprint(reqs)}: {len(prompts)} requests, {wl.N_ADAPTERS} adapters, "
           f"{sum(map(len, prompts)) / len(prompts):.0f} prompt tokens on average, {wl.MAX_TOKENS} output tokens each")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, max_loras={args.max_loras}, "
-          f"max_cpu_loras={args.max_cpu_loras}, lora_dtype={args.lora_dtype or 'float32 (the model)'}, "
+    runner = llm.engine.runner
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {runner.device}, dtype "
+          f"{str(runner.dtype).removeprefix('torch.')}, max_loras={args.max_loras}, "
+          f"max_cpu_loras={args.max_cpu_loras}, lora_dtype={args.lora_dtype or 'the model dtype'}, "
           f"max_num_seqs={args.max_num_seqs}, "
           f"max_num_batched_tokens={args.max_num_batched_tokens}, prefix caching "
           f"{'off' if args.no_prefix_caching else 'on'}", flush=True)
@@ -182,7 +186,7 @@ def main() -> None:
     if not args.skip_hf:
         pad = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else llm.tokenizer.eos_token_id
         s, out_c = run_hf_peft(model_dir, prompts, adapter_dirs, [r["adapter"] for r in reqs], args.hf_batch_size,
-                               wl.MAX_TOKENS, pad)
+                               wl.MAX_TOKENS, pad, runner.device, runner.dtype)
         rows.append((f"(c) HF + peft, mixed batches of {args.hf_batch_size}", s))  # rows[4]
         same = sum(b == c for b, c in zip(out_b, out_c))
     if args.interleaved:
