@@ -19,7 +19,7 @@ comparison: a base engine and a multi-LoRA engine take turns step by step, so ba
 alike.
 
 Usage: python -m bench.lora [--bench-dir ../shared/bench] [--adapters DIR] [--max-loras 32] [--repeats 3]
-                            [--interleaved] [--skip-hf] [--threads N] [--lora-dtype bfloat16]
+                            [--interleaved] [--skip-hf] [--threads N] [--lora-dtype float16]
 """
 from __future__ import annotations
 
@@ -123,8 +123,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="HF model directory (default: the bundled SmolLM2)")
     ap.add_argument("--max-loras", type=int, default=32)
     ap.add_argument("--max-cpu-loras", type=int, default=32)
-    ap.add_argument("--lora-dtype", default=None, choices=["float32", "bfloat16"],
-                    help="adapter storage dtype (default: the model's, float32); bfloat16 rounds each weight once")
+    ap.add_argument("--lora-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="adapter storage dtype (default: the model's, float32); 16-bit types round each weight once")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--hf-batch-size", type=int, default=64)

@@ -20,9 +20,9 @@ class EngineArgs:
     max_loras: int = 16
     max_lora_rank: int = 16
     max_cpu_loras: int = 64
-    # LoRA weights' storage dtype (device slots and host copies); None: the model's dtype. "bfloat16" under a
-    # float32 model halves adapter memory and the bytes a step reads, at one rounding of each weight (scaling
-    # folded in first); the arithmetic stays in the model's dtype.
+    # LoRA weights' storage dtype (device slots and host copies); None: the model's dtype. "float16" or
+    # "bfloat16" under a float32 model halves adapter memory and the bytes a step reads, at one rounding of each
+    # weight (scaling folded in first; float16 rounds ~8x finer); the arithmetic stays in the model's dtype.
     lora_dtype: str | None = None
     # KV-cache sizing: on CUDA a fraction of device memory, on CPU a byte budget.
     gpu_memory_utilization: float = 0.9

@@ -11,7 +11,7 @@ order, which is the order of their tokens in the flat batch. Three paths:
   scatter-add): for a 2048-token prefill step of Workload A (12 adapters) that costs ~27% of the base
   model's projection matmuls, dense runs ~8% (one thread). The Triton kernels handle segments natively,
   so on CUDA all tokens go through them.
-* on CPU with float32 activations (and float32 or bfloat16 weights, see ``lora_dtype``), every token goes
+* on CPU with float32 activations (and float32, bfloat16 or float16 weights: ``lora_dtype``), every token goes
   to the C kernel of ``kernels.cpu_lora`` instead (no dense runs): a decode step spreads ~64 tokens over
   ~28 adapters, so its cost is reading the adapters' weights and the few-token arithmetic on them, which
   the C kernel does once per slot at the slot's own rank, without the grouped path's padding, strided
@@ -69,8 +69,8 @@ class StepLoRAContext:
         """``seq_slots[i]``: the slot of the i-th scheduled sequence (-1 = base model); ``seq_lens[i]``: its
         number of tokens in this step. ``cpu_paths`` (default: the slots are on the CPU) enables the dense
         runs and the slice-by-slice expand; without them every token goes through the kernels as on CUDA.
-        ``compute_dtype`` (default: the slots' dtype) is the activations'; the C kernel reads float32 or
-        bfloat16 weights itself, the torch and Triton paths get the layer's weights cast to it."""
+        ``compute_dtype`` (default: the slots' dtype) is the activations'; the C kernel reads float32, bfloat16
+        or float16 weights itself, the torch and Triton paths get the layer's weights cast to it."""
         self.slots = slots
         self.cpu_paths = slots.device.type == "cpu" if cpu_paths is None else cpu_paths
         self.compute_dtype = compute_dtype or slots.a["qkv"].dtype

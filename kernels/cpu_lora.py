@@ -4,8 +4,8 @@
 to ``y`` in place. ``lora_a`` is the kernels' ``[num_slots, num_slices, max_rank, in]`` and ``lora_bt`` B
 transposed, ``[num_slots, max_rank, out_total]`` (the LoRA manager's slot layout); ``slot_ranks[slot]``
 bounds the rank rows read (rows past it are zero). The C path (``csrc/lora_apply.c``) serves float32 CPU
-activations with float32 or bfloat16 weights (widened exactly on load; bfloat16 halves the bytes a decode
-step reads) and reads each active slot's weights once at its own rank; the reference is the per-token
+activations with float32, bfloat16 or float16 weights (widened exactly on load; 16-bit weights halve the
+bytes a decode step reads) and reads each active slot's weights once at its own rank; the reference is the per-token
 ``lora_shrink_ref`` / ``lora_expand_ref`` pair on the weights widened to the activations' dtype.
 """
 from __future__ import annotations
@@ -25,8 +25,10 @@ __all__ = ["WEIGHT_DTYPES", "CLoRAStep", "cpu_lora_kernel_available", "lora_appl
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 _ARGS = [_p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _p, _p, _p, _i64, _p, _p, ctypes.c_int]
-_SIGNATURES = {"loraplex_lora_apply_f32": (ctypes.c_int, _ARGS), "loraplex_lora_apply_bf16w": (ctypes.c_int, _ARGS)}
-WEIGHT_DTYPES = (torch.float32, torch.bfloat16)  # activations are float32 either way
+_VARIANTS = {torch.float32: "loraplex_lora_apply_f32", torch.bfloat16: "loraplex_lora_apply_bf16w",
+             torch.float16: "loraplex_lora_apply_f16w"}  # by weight dtype; activations are float32 in all
+_SIGNATURES = {name: (ctypes.c_int, _ARGS) for name in _VARIANTS.values()}
+WEIGHT_DTYPES = tuple(_VARIANTS)
 
 
 def _library() -> ctypes.CDLL | None:
@@ -64,7 +66,7 @@ def lora_apply_ref(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_
 def lora_apply_c(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt: torch.Tensor,
                  mapping: LoRABatchMapping, slice_offsets: Sequence[int], slot_ranks: torch.Tensor) -> torch.Tensor:
     """The C kernel, in place on ``y``; raises when it cannot serve these tensors (float32 CPU activations,
-    float32 or bfloat16 CPU weights)."""
+    float32, bfloat16 or float16 CPU weights)."""
     _check(x, y, lora_a, lora_bt, mapping, slice_offsets, slot_ranks)
     if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (x, y)):
         raise ValueError("the C LoRA kernel takes float32 CPU activations")
@@ -86,7 +88,7 @@ class CLoRAStep:
 
     ``weights[group] = (a, bt, slice_offsets)``: the slot tensors of every layer, ``a`` ``[layers,
     num_slots, num_slices, max_rank, in]`` and ``bt`` ``[layers, num_slots, max_rank, out_total]``
-    (contiguous on the CPU, as ``LoRASlots`` holds them), all float32 or all bfloat16.
+    (contiguous on the CPU, as ``LoRASlots`` holds them), all of one dtype in ``WEIGHT_DTYPES``.
     """
 
     def __init__(self, weights: dict[str, tuple[torch.Tensor, torch.Tensor, Sequence[int]]],
@@ -95,10 +97,10 @@ class CLoRAStep:
         if lib is None:
             raise RuntimeError("the C LoRA kernel is not available on this machine")
         dtypes = {t.dtype for a, bt, _ in weights.values() for t in (a, bt)}
-        if len(dtypes) > 1 or not dtypes <= set(WEIGHT_DTYPES):
-            raise ValueError("the C LoRA kernel takes float32 or bfloat16 weights of one dtype, got "
+        if len(dtypes) != 1 or not dtypes <= set(WEIGHT_DTYPES):
+            raise ValueError("the C LoRA kernel takes float32, bfloat16 or float16 weights of one dtype, got "
                              f"{sorted(map(str, dtypes))}")
-        self._fn = lib.loraplex_lora_apply_bf16w if dtypes == {torch.bfloat16} else lib.loraplex_lora_apply_f32
+        self._fn = getattr(lib, _VARIANTS[dtypes.pop()])
         self.num_tokens = mapping.num_tokens
         self._ranks = slot_ranks.to(torch.int32).contiguous()
         self._segments = mapping.host_segments  # kept alive: the kernel reads them through pointers

@@ -1,6 +1,7 @@
 /* Multi-LoRA delta on the CPU: y[t] += B[slot(t)] (A[slot(t)] x[t]) for every token with an adapter; float32
- * activations and arithmetic, weights stored as float32 (loraplex_lora_apply_f32) or bfloat16
- * (loraplex_lora_apply_bf16w: each weight widened exactly on load, so a step reads half the bytes).
+ * activations and arithmetic, weights stored as float32 (loraplex_lora_apply_f32), bfloat16
+ * (loraplex_lora_apply_bf16w) or float16 (loraplex_lora_apply_f16w); 16-bit weights are widened exactly on
+ * load, so a step reads half the bytes.
  *
  * Tokens arrive grouped by adapter slot (segments, as kernels/lora_mapping.py builds them); a task takes a
  * tile of up to TILE tokens of one segment and reads its slot's A and B once for them, at the slot's own
@@ -23,7 +24,7 @@
 #include <string.h>
 
 #include "vec8.h"
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -107,6 +108,49 @@ static inline float bf16_to_float(const uint16_t *p)
 #define WLOADW(p) loadw_bf16(p)
 #define WGET(p) bf16_to_float(p)
 #define W_SUFFIX bf16w
+#include "lora_apply_impl.h"
+#undef WT
+#undef WLOAD8
+#undef WLOADW
+#undef WGET
+#undef W_SUFFIX
+
+/* float16 weights: 11 significant bits against bfloat16's 8, the same bytes. Widening is exact; F16C (x86)
+ * does eight or sixteen in one instruction, elsewhere the compiler's _Float16 conversion. */
+static inline float f16_to_float(const uint16_t *p)
+{
+#if defined(__F16C__)
+    return _cvtsh_ss(*p);
+#else
+    _Float16 h;
+    memcpy(&h, p, sizeof h);
+    return (float)h;
+#endif
+}
+static inline v8 load8_f16(const uint16_t *p)
+{
+#if defined(__F16C__)
+    return (v8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    v8 v;
+    for (int i = 0; i < 8; ++i) v[i] = f16_to_float(p + i);
+    return v;
+#endif
+}
+static inline vw loadw_f16(const uint16_t *p)
+{
+#if VW == 16
+    return (vw)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
+    return load8_f16(p);
+#endif
+}
+
+#define WT uint16_t
+#define WLOAD8(p) load8_f16(p)
+#define WLOADW(p) loadw_f16(p)
+#define WGET(p) f16_to_float(p)
+#define W_SUFFIX f16w
 #include "lora_apply_impl.h"
 #undef WT
 #undef WLOAD8

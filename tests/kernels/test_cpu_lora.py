@@ -23,7 +23,7 @@ def _weights(num_slots: int, widths: list[int], in_features: int, max_rank: int,
     return a, bt, offsets, torch.tensor(ranks, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("widths,in_features,indices", [
     ([576, 192, 192], 576, [3, -1, 0, 3, 3, 1, -1, 2, 0]),      # qkv slices, mixed, rows without adapter
     ([1536, 1536], 576, [1] * 7 + [2] * 20),                   # gate_up, long segments
@@ -32,8 +32,8 @@ def _weights(num_slots: int, widths: list[int], in_features: int, max_rank: int,
     ([40, 13], 37, [0] * 9 + [1] * 8 + [2] * 16),               # the same with full tiles of 8 tokens
 ])
 def test_matches_reference(widths, in_features, indices, weight_dtype):
-    """bfloat16 weights are widened exactly, so both dtypes meet the float32 tolerance against the reference
-    on the same (rounded) weights."""
+    """16-bit weights are widened exactly, so every dtype meets the float32 tolerance against the reference on
+    the same (rounded) weights."""
     a, bt, offsets, ranks = _weights(4, widths, in_features, 16, [16, 8, 3, 0], seed=len(indices))
     a, bt = a.to(weight_dtype), bt.to(weight_dtype)
     x = torch.randn(len(indices), in_features)
@@ -61,8 +61,8 @@ def test_refusals():
     with pytest.raises(ValueError, match="float32"):
         lora_apply_c(torch.randn(2, 8).double(), torch.randn(2, 8).double(), a.double(), bt.double(), mapping,
                      offsets, ranks)
-    with pytest.raises(ValueError, match="float32 or bfloat16 weights"):
-        lora_apply_c(torch.randn(2, 8), torch.randn(2, 8), a.half(), bt.half(), mapping, offsets, ranks)
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16 weights"):
+        lora_apply_c(torch.randn(2, 8), torch.randn(2, 8), a.double(), bt.double(), mapping, offsets, ranks)
     with pytest.raises(ValueError, match="one dtype"):
         lora_apply_c(torch.randn(2, 8), torch.randn(2, 8), a, bt.bfloat16(), mapping, offsets, ranks)
     with pytest.raises(ValueError, match="slot_ranks"):
