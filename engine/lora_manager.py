@@ -83,10 +83,9 @@ class LoRAManager:
         with self._lock:
             if host.content_hash in self._host:
                 self._host.move_to_end(host.content_hash)
-            elif host.content_hash not in self._loading and len(self._host) + len(self._loading) < self.max_cpu_loras:
-                self._host[host.content_hash] = host
+            elif host.content_hash not in self._loading and self._host_has_room():
+                self._store(host)
                 self._failed.pop(host.content_hash, None)
-                self.num_disk_loads += 1
         return ref
 
     def register(self, ref: AdapterRef) -> None:
@@ -133,7 +132,7 @@ class LoRAManager:
                     continue
                 if h not in self._paths:
                     continue  # never registered: cannot happen through the engine
-                if len(self._host) + len(self._loading) >= self.max_cpu_loras:
+                if not self._host_has_room():
                     victim = next((v for v in self._host if v not in pinned), None)
                     if victim is None:
                         break  # host memory is full of adapters that waiting requests need
@@ -174,6 +173,15 @@ class LoRAManager:
         nbytes = sum(a.nbytes + b.nbytes for a, b in weights.values())
         return HostAdapter(adapter.content_hash, adapter.rank, weights, nbytes)
 
+    def _host_has_room(self) -> bool:
+        """A host slot is free (loads in flight hold theirs). Call under the lock."""
+        return len(self._host) + len(self._loading) < self.max_cpu_loras
+
+    def _store(self, host: HostAdapter) -> None:
+        """Keep a freshly read adapter in the host LRU (most recent) and count the disk load. Under the lock."""
+        self._host[host.content_hash] = host
+        self.num_disk_loads += 1
+
     def _on_loaded(self, content_hash: str, fut: Future) -> None:
         with self._loaded:
             self._loading.discard(content_hash)
@@ -182,8 +190,7 @@ class LoRAManager:
                 return
             exc = fut.exception()
             if exc is None:
-                self._host[content_hash] = fut.result()
-                self.num_disk_loads += 1
+                self._store(fut.result())
                 return
             if not isinstance(exc, (AdapterError, OSError)):
                 log.error("loading LoRA adapter %s failed", content_hash, exc_info=exc)
