@@ -37,9 +37,7 @@ enum { TILE = 8 }; /* tokens per task */
 #else
 #define VW 8
 #endif
-typedef float vw __attribute__((vector_size(VW * 4)));
-typedef uint16_t vwu16 __attribute__((vector_size(VW * 2)));
-typedef uint32_t vwu32 __attribute__((vector_size(VW * 4)));
+typedef float vw __attribute__((vector_size(VW * 4))); /* v8 itself when VW is 8 */
 static inline vw loadw(const float *p) { vw v; memcpy(&v, p, sizeof v); return v; }
 static inline void storew(float *p, vw v) { memcpy(p, &v, sizeof v); }
 static inline float hsumw(vw v)
@@ -61,12 +59,7 @@ static inline float hsumw(vw v)
 #define WLOADW(p) loadw(p)
 #define WGET(p) (*(p))
 #define W_SUFFIX f32
-#include "lora_apply_impl.h"
-#undef WT
-#undef WLOAD8
-#undef WLOADW
-#undef WGET
-#undef W_SUFFIX
+#include "lora_apply_impl.h" /* #undefs WT, WLOAD8, WLOADW, WGET and W_SUFFIX */
 
 /* bfloat16 is the top half of a float32: widening is a 16-bit shift, exact. On x86 the zero-extension is
  * spelled with intrinsics: GCC 12 turns the generic conversion into two half-width extensions and an
@@ -87,12 +80,8 @@ static inline vw loadw_bf16(const uint16_t *p)
 {
 #if VW == 16
     return (vw)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
-#elif defined(__AVX2__)
-    return load8_bf16(p);
 #else
-    vwu16 h;
-    memcpy(&h, p, sizeof h);
-    return (vw)(__builtin_convertvector(h, vwu32) << 16);
+    return load8_bf16(p);
 #endif
 }
 static inline float bf16_to_float(const uint16_t *p)
@@ -108,12 +97,7 @@ static inline float bf16_to_float(const uint16_t *p)
 #define WLOADW(p) loadw_bf16(p)
 #define WGET(p) bf16_to_float(p)
 #define W_SUFFIX bf16w
-#include "lora_apply_impl.h"
-#undef WT
-#undef WLOAD8
-#undef WLOADW
-#undef WGET
-#undef W_SUFFIX
+#include "lora_apply_impl.h" /* #undefs WT, WLOAD8, WLOADW, WGET and W_SUFFIX */
 
 /* float16 weights: 11 significant bits against bfloat16's 8, the same bytes. Widening is exact; F16C (x86)
  * does eight or sixteen in one instruction, elsewhere the compiler's _Float16 conversion. */
@@ -151,9 +135,4 @@ static inline vw loadw_f16(const uint16_t *p)
 #define WLOADW(p) loadw_f16(p)
 #define WGET(p) f16_to_float(p)
 #define W_SUFFIX f16w
-#include "lora_apply_impl.h"
-#undef WT
-#undef WLOAD8
-#undef WLOADW
-#undef WGET
-#undef W_SUFFIX
+#include "lora_apply_impl.h" /* #undefs WT, WLOAD8, WLOADW, WGET and W_SUFFIX */

@@ -1,7 +1,8 @@
 /* The multi-LoRA kernel's body for one weight type, included by lora_apply.c once per type (see there).
  * Before including: WT, the stored weight type; WLOAD8(p), eight weights from p as a float v8; WLOADW(p), VW
  * weights as a float vw (the prefill tiles' width); WGET(p), one weight as a float; W(name), name with the
- * type's suffix. Activations and arithmetic are float32. */
+ * type's suffix (all five are #undef'd at the end, ready for the next type). Activations and arithmetic are
+ * float32. */
 
 /* How far ahead the decode loops prefetch the weight row they stream: one core keeps only so many misses
  * in flight on its own, and a decode step reads each adapter's rows once, from memory (2 and 4 KB measured
@@ -211,3 +212,8 @@ int W(loraplex_lora_apply)(
 }
 
 #undef DEFINE_DOT_N
+#undef WT
+#undef WLOAD8
+#undef WLOADW
+#undef WGET
+#undef W_SUFFIX
