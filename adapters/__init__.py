@@ -6,6 +6,7 @@ Every refusal raises :class:`AdapterError` (a ``ValueError``) whose message name
 
 from .archive import extract_archive
 from .errors import AdapterError
+from .files import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
 from .hashing import HASH_FORMAT
 from .limits import AdapterLimits
 from .loader import AdapterInfo, LoadedAdapter, LoRAModuleWeights, inspect_adapter, load_adapter
@@ -13,9 +14,12 @@ from .spec import LORA_MODULES, BaseModelSpec
 from .stacking import LORA_GROUPS, stack_adapter
 
 __all__ = [
+    "CONFIG_NAME",
     "HASH_FORMAT",
     "LORA_GROUPS",
     "LORA_MODULES",
+    "PICKLE_SUFFIXES",
+    "WEIGHTS_NAME",
     "AdapterError",
     "AdapterInfo",
     "AdapterLimits",

@@ -19,9 +19,9 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from .errors import AdapterError
+from .files import CONFIG_NAME
 from .limits import AdapterLimits
 
-CONFIG_NAME = "adapter_config.json"
 _CHUNK = 1 << 20
 # Tar headers, pax records and padding that may be decompressed on top of the members' data.
 _TAR_OVERHEAD_PER_MEMBER = 4096

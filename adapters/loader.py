@@ -13,9 +13,10 @@ from pathlib import Path
 
 import torch
 
-from .archive import CONFIG_NAME, archive_kind, extract_archive
+from .archive import archive_kind, extract_archive
 from .config import AdapterConfig, parse_adapter_config
 from .errors import AdapterError
+from .files import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
 from .hashing import ContentHasher
 from .limits import AdapterLimits
 from .safetensors_header import SafetensorsHeader, TensorEntry, read_safetensors_header
@@ -23,8 +24,6 @@ from .spec import LORA_MODULES, BaseModelSpec
 from .targets import TargetModule, resolve_targets
 from .tensors import parse_tensor_name
 
-WEIGHTS_NAME = "adapter_model.safetensors"
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
 @dataclass

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import torch
 
+from loraplex import env
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def workload_dir() -> Path:
     """../shared/bench beside the checkout (or $LORAPLEX_WORKLOAD_DIR)."""
-    env = os.environ.get("LORAPLEX_WORKLOAD_DIR")
-    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "bench", REPO / "shared" / "bench"]:
+    given = env.workload_dir()
+    for cand in ([given] if given else []) + [REPO.parent / "shared" / "bench", REPO / "shared" / "bench"]:
         if (cand / "workload.py").is_file():
             return cand
     sys.exit("Workload A not found: set LORAPLEX_WORKLOAD_DIR to the folder holding workload.py")

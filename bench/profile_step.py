@@ -8,6 +8,7 @@ operators: each call is wrapped in a ``record_function`` range named after it fo
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 
@@ -15,26 +16,29 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from bench.common import load_workload, print_table
-from loraplex.engine import LLM, SamplingParams, attention_backend, llama
+from loraplex.engine import LLM, SamplingParams
+from loraplex.kernels import attention_plan
 
-C_KERNELS = {  # module -> names of the C-kernel entry points it calls
-    attention_backend: ("paged_decode_attention_c", "paged_prefill_attention_c"),
-    llama: ("add_rms_norm", "rope_", "silu_mul"),
-}
+ATTENTION_KERNELS = ("paged_decode_attention_c", "paged_prefill_attention_c")  # what attention_plan calls
+ELEMENTWISE = ("add_rms_norm", "rope_", "silu_mul")  # the backend's functions the model calls
 
 
-def _label_c_kernels() -> None:
+def _labelled(fn, name: str):
+    @functools.wraps(fn)
+    def labelled(*args, **kwargs):
+        with record_function(name):
+            return fn(*args, **kwargs)
+
+    return labelled
+
+
+def _label_c_kernels(llm: LLM) -> None:
     """Wrap each C-kernel entry point the model calls in a profiler range of its own name."""
-    for module, names in C_KERNELS.items():
-        for name in names:
-            fn = getattr(module, name)
-
-            @functools.wraps(fn)
-            def labelled(*args, _fn=fn, _name=name, **kwargs):
-                with record_function(_name):
-                    return _fn(*args, **kwargs)
-
-            setattr(module, name, labelled)
+    for name in ATTENTION_KERNELS:
+        setattr(attention_plan, name, _labelled(getattr(attention_plan, name), name))
+    model = llm.engine.runner.model
+    model.backend = dataclasses.replace(model.backend, **{name: _labelled(getattr(model.backend, name), name)
+                                                          for name in ELEMENTWISE})
 
 GROUPS = {
     "matmuls": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise"),
@@ -66,8 +70,8 @@ def profile_step(engine) -> dict[str, float]:
 
 
 def main() -> None:
-    _label_c_kernels()
     llm = LLM(max_num_batched_tokens=2048, max_num_seqs=128)
+    _label_c_kernels(llm)
     eng = llm.engine
     reqs = load_workload().build_requests(llm.tokenizer)
     for r in reqs:

@@ -17,7 +17,7 @@ import json
 import time
 
 from bench.common import load_workload, machine_load, print_table, workload_dir
-from loraplex.engine import LLM, SamplingParams
+from loraplex.engine import LLM, EngineProbe, SamplingParams
 from loraplex.grammar.spec import StructuredSpec
 
 
@@ -50,16 +50,15 @@ def main() -> None:
                                                                ignore_eos=True)
                       for i in range(len(prompts))]
         llm.engine.block_manager.reset_prefix_cache()
-        llm.engine.structured.mask_seconds.clear()
-        llm.engine.structured.check_seconds.clear()
+        probe = llm.engine.probe = EngineProbe(time_structured=True)
         t = time.perf_counter()
         outs = llm.generate(prompts, params)
         dt = time.perf_counter() - t
         n_out = sum(len(o.token_ids) for o in outs)
         n_in = sum(len(p) for p in prompts)
         valid = sum(wl.validate(o.text)[1] for o in outs[:n_constrained])
-        masks = list(llm.engine.structured.mask_seconds)
-        checks = list(llm.engine.structured.check_seconds)  # llguidance rows only: budget check per sampled token
+        masks = probe.mask_seconds
+        checks = probe.check_seconds  # llguidance rows only: budget check per sampled token
         if share == 1.0:
             constrained_lens = [len(o.token_ids) for o in outs]
         label = "0% (matched lengths)" if share is None else f"{share:.0%} constrained"

@@ -1,25 +1,28 @@
 """The server's engine front: engine steps run in their own thread, each request streams from its own queue.
 
-The asyncio side never touches engine state directly: it sends commands (add, abort) through a
-thread-safe queue, and the engine thread pushes each request's outputs back onto that request's
-asyncio queue with `call_soon_threadsafe`. A failing step fails the requests in that step, never the
-thread; closing a request's stream early aborts it and frees its KV blocks.
+The asyncio side never touches engine state: it checks a request with ``LLMEngine.precheck`` (validation,
+grammar compile and budget), then sends typed messages (``engine.messages``) through a thread-safe queue,
+and the engine thread pushes each request's outputs back onto that request's asyncio queue with
+``call_soon_threadsafe``. A failing step fails the requests in that step, never the thread; closing a
+request's stream early aborts it and frees its KV blocks.
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from loraplex.engine.adapter_ref import AdapterRef
+from loraplex.adapters import BaseModelSpec
 from loraplex.engine.config import EngineArgs
 from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.lora.ref import AdapterRef
+from loraplex.engine.messages import Abort, AddAdapter, AddRequest, EngineMessage, RemoveAdapter
 from loraplex.engine.outputs import RequestOutput
 from loraplex.engine.sampling_params import SamplingParams
 
@@ -29,20 +32,26 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    queue: asyncio.Queue[RequestOutput | BaseException]
 
 
 class AsyncEngine:
+    tokenizer: Any
+    model_name: str
+    max_model_len: int
+    base_spec: BaseModelSpec
+    args: EngineArgs
+
     def __init__(self, args: EngineArgs | None = None, **kwargs: Any) -> None:
         """Builds the engine on its own thread (see `_main`) and returns once it is ready; a failing build
         raises here."""
-        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._messages: queue.SimpleQueue[EngineMessage] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
         self._stopped = False
-        self._ids = itertools.count()
         self._ready = threading.Event()
         self._init_error: BaseException | None = None
+        self._stats: dict[str, Any] = {}
         self._thread = threading.Thread(target=self._main, args=(args or EngineArgs(**kwargs),),
                                         name="loraplex-engine", daemon=True)
         self._thread.start()
@@ -53,27 +62,23 @@ class AsyncEngine:
         self.tokenizer = self.engine.tokenizer
         self.model_name = self.engine.model_name
         self.max_model_len = self.engine.max_model_len
-        self.model_dir = self.engine.model_dir
+        self.base_spec = self.engine.base_spec
         self.args = self.engine.args
 
     # ------------------------------------------------------------------ asyncio side
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
                        adapter: AdapterRef | None = None, cache_salt: str | None = None
                        ) -> AsyncIterator[RequestOutput]:
-        """Stream one request's outputs; validation errors raise before anything is generated."""
+        """Stream one request's outputs; validation, grammar and budget errors raise before anything is
+        generated (the engine thread keeps stepping while a grammar compiles)."""
         if self._stopped:
             raise RuntimeError("the engine is shut down")
         prompt_token_ids = list(prompt_token_ids)
-        self.engine.validate(prompt_token_ids, params)
-        if params.structured is not None:
-            # Compile (or hit the cache) before submitting, so a bad schema or a max_tokens too small for the
-            # shortest valid output is an error here; the engine thread keeps stepping meanwhile.
-            compiled = await asyncio.wrap_future(self.engine.structured.compiler.submit(params.structured))
-            self.engine.structured.check_budget(compiled, params.max_tokens)
+        grammar = await asyncio.wrap_future(self.engine.precheck(prompt_token_ids, params))
         request_id = request_id or f"req-{uuid.uuid4().hex[:12]}"
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
-        self._send("add", (request_id, prompt_token_ids, params, adapter, cache_salt))
+        self._send(AddRequest(request_id, prompt_token_ids, params, adapter, cache_salt, grammar))
         finished = False
         try:
             while True:
@@ -86,25 +91,27 @@ class AsyncEngine:
                     return
         finally:
             if not finished:
-                self._send("abort", request_id)
+                self._send(Abort(request_id))
             self._streams.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:
-        self._send("abort", request_id)
+        self._send(Abort(request_id))
 
-    def add_adapter(self, path: str, name: str | None = None) -> AdapterRef:
+    def add_adapter(self, path: str | Path, name: str | None = None) -> AdapterRef:
         """Check a PEFT adapter against the base model (AdapterError if refused); its ref by content hash.
 
-        Runs in the caller's thread (reads, hashes and stacks the files); besides the host LRU, which it
-        fills when a slot is free (under the LoRA manager's lock), engine state is untouched.
+        Reads, hashes and stacks the files in the caller's thread; the engine thread then keeps the host
+        copy while a host slot is free, so the adapter's first request only copies it into a device slot.
         """
-        return self.engine.add_adapter(path, name)
+        adapter = self.engine.read_adapter(path, name)
+        self._send(AddAdapter(adapter))
+        return adapter.ref
 
     def remove_adapter(self, adapter: AdapterRef | str) -> None:
         """Drop the adapter's cached copies (on the engine thread); requests naming it later reload it."""
-        self._send("remove_adapter", adapter)
+        self._send(RemoveAdapter(adapter.content_hash if isinstance(adapter, AdapterRef) else adapter))
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return dict(self._stats)
 
     def is_alive(self) -> bool:
@@ -115,12 +122,11 @@ class AsyncEngine:
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=30)
-        self.engine.lora_manager.close()
-        self.engine.structured.close()
+        self.engine.close()
 
     # ------------------------------------------------------------------ engine thread
-    def _send(self, kind: str, payload: Any) -> None:
-        self._commands.put((kind, payload))
+    def _send(self, message: EngineMessage) -> None:
+        self._messages.put(message)
         self._wake.set()
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
@@ -131,24 +137,31 @@ class AsyncEngine:
             except RuntimeError:  # the client's event loop is gone
                 pass
 
-    def _drain_commands(self) -> None:
+    def _handle(self, message: EngineMessage) -> None:
+        match message:
+            case AddRequest():
+                try:
+                    self.engine.add_request(message.prompt_token_ids, message.params, message.request_id,
+                                            adapter=message.adapter, cache_salt=message.cache_salt,
+                                            grammar=message.grammar)
+                except Exception as exc:  # prechecked already; anything left is reported to that request only
+                    self._deliver(message.request_id, exc)
+            case Abort():
+                out = self.engine.abort(message.request_id)
+                if out is not None:
+                    self._deliver(message.request_id, out)
+            case AddAdapter():
+                self.engine.install_adapter(message.adapter)
+            case RemoveAdapter():
+                self.engine.remove_adapter(message.content_hash)
+
+    def _drain_messages(self) -> None:
         while True:
             try:
-                kind, payload = self._commands.get_nowait()
+                message = self._messages.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add":
-                request_id, ids, params, adapter, salt = payload
-                try:
-                    self.engine.add_request(ids, params, request_id, adapter=adapter, cache_salt=salt)
-                except Exception as exc:  # validated already; anything left is reported to that request only
-                    self._deliver(request_id, exc)
-            elif kind == "abort":
-                out = self.engine.abort(payload)
-                if out is not None:
-                    self._deliver(payload, out)
-            elif kind == "remove_adapter":
-                self.engine.remove_adapter(payload)
+            self._handle(message)
 
     def _main(self, args: EngineArgs) -> None:
         """The engine thread. The engine is built here too, so all of its torch work (loading included)
@@ -156,7 +169,7 @@ class AsyncEngine:
         step (engine.threads)."""
         try:
             self.engine = LLMEngine(args)
-            self._stats: dict = self.engine.stats()
+            self._stats = self.engine.stats()
         except BaseException as exc:  # noqa: BLE001 - re-raised by __init__ in the caller's thread
             self._init_error = exc
             self._ready.set()
@@ -166,7 +179,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         while not self._stopped:
-            self._drain_commands()
+            self._drain_messages()
             if not self.engine.has_unfinished():
                 self._stats = self.engine.stats()
                 self._wake.wait(timeout=0.5)

@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
+
+from loraplex.adapters import BaseModelSpec
+
+DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 
 
 @dataclass
@@ -26,7 +30,7 @@ class EngineArgs:
     lora_dtype: str | None = None
     # KV-cache sizing: on CUDA a fraction of device memory, on CPU a byte budget.
     gpu_memory_utilization: float = 0.9
-    kv_cache_bytes: int | None = None  # None on CPU: 4 GiB (or $LORAPLEX_KV_CACHE_BYTES)
+    kv_cache_bytes: int | None = None  # None on CPU: DEFAULT_CPU_KV_CACHE_BYTES (2 GiB)
     num_kv_blocks: int | None = None  # overrides both when set (tests use tiny caches)
     # Structured output
     grammar_compile_timeout_s: float = 10.0
@@ -80,15 +84,10 @@ class EngineArgs:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The Llama-family hyper-parameters the native model needs (from config.json)."""
+    """What the native model needs from config.json: the dimensions (``spec``, the same description adapters
+    are checked against) plus normalisation, rotary and output settings."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
+    spec: BaseModelSpec
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict[str, Any] | None
@@ -96,11 +95,10 @@ class ModelShape:
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
     dtype: torch.dtype = torch.float32
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_config(cls, cfg: dict[str, Any]) -> "ModelShape":
-        heads = cfg["num_attention_heads"]
+    def from_config(cls, cfg: dict[str, Any]) -> ModelShape:
+        spec = BaseModelSpec.from_hf_config(cfg)
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -113,13 +111,7 @@ class ModelShape:
             raise ValueError(f"unsupported hidden_act {cfg.get('hidden_act')!r} (Llama uses 'silu')")
         dtype = getattr(torch, str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), torch.float32)
         return cls(
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            spec=spec,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
             rope_scaling=None if rope_type == "default" else dict(rope),
@@ -128,6 +120,34 @@ class ModelShape:
             eos_token_ids=eos_ids,
             dtype=dtype if isinstance(dtype, torch.dtype) else torch.float32,
         )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.spec.hidden_size
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.spec.intermediate_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.spec.num_hidden_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.spec.num_attention_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.spec.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.spec.head_dim
 
     @property
     def q_size(self) -> int:
@@ -139,4 +159,3 @@ class ModelShape:
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         return 2 * self.num_layers * self.kv_size * torch.empty((), dtype=dtype).element_size()
-

@@ -10,11 +10,12 @@ CUDA, and wherever oneDNN is missing or fails a first-use probe, ``F.linear`` on
 """
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+
+from loraplex import env
 
 BATCH_HINT = 64  # oneDNN picks its blocking for this many rows; measured equally fast from 7 to 2048 rows
 
@@ -22,7 +23,7 @@ BATCH_HINT = 64  # oneDNN picks its blocking for this many rows; measured equall
 @lru_cache(maxsize=None)
 def onednn_linear_available(dtype: torch.dtype) -> bool:
     """oneDNN's packed linear works here for `dtype` (a small probe against F.linear, once per dtype)."""
-    if os.environ.get("LORAPLEX_ONEDNN", "1") == "0" or dtype not in (torch.float32, torch.bfloat16):
+    if not env.onednn_enabled() or dtype not in (torch.float32, torch.bfloat16):
         return False
     if not torch.backends.mkldnn.is_available():
         return False

@@ -7,7 +7,6 @@ the per-step metadata, and an optional per-step LoRA context adds adapter deltas
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Protocol
 
@@ -15,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from loraplex.engine.attention_backend import AttentionMetadata, attention
 from loraplex.engine.config import ModelShape
+from loraplex.engine.errors import ModelLoadError
 from loraplex.engine.linear import Linear
-from loraplex.engine.model_files import ModelLoadError
 from loraplex.engine.rotary import RotaryEmbedding
-from loraplex.kernels.cpu_elementwise import add_rms_norm, rope_, silu_mul
+from loraplex.kernels.attention_plan import AttentionMetadata, attention
+from loraplex.kernels.backend import ComputeBackend
 
 
 class LoRAContext(Protocol):
@@ -42,8 +41,9 @@ class LlamaLayer:
 
 class LlamaModel:
     def __init__(self, shape: ModelShape, embed: torch.Tensor, layers: list[LlamaLayer], norm: torch.Tensor,
-                 lm_head: torch.Tensor, rotary: RotaryEmbedding) -> None:
+                 lm_head: torch.Tensor, rotary: RotaryEmbedding, backend: ComputeBackend) -> None:
         self.shape = shape
+        self.backend = backend
         self.embed = embed
         self.layers = layers
         self.norm = norm
@@ -63,6 +63,7 @@ class LlamaModel:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], lora: LoRAContext | None = None) -> torch.Tensor:
         """Hidden states after the final norm, [T, hidden], for a flat batch of T tokens."""
         s = self.shape
+        add_rms_norm, rope_, silu_mul = self.backend.add_rms_norm, self.backend.rope_, self.backend.silu_mul
         eps = s.rms_norm_eps
         h = F.embedding(input_ids, self.embed)  # the residual stream, updated in place by add_rms_norm
         cos, sin = self.rotary.cos, self.rotary.sin
@@ -113,9 +114,8 @@ def _open_weights(model_dir: Path) -> dict[str, tuple[Path, str]]:
     return index
 
 
-def load_llama(model_dir: Path, config: dict, device: torch.device, dtype: torch.dtype,
-               max_positions: int) -> LlamaModel:
-    shape = ModelShape.from_config(config)
+def load_llama(model_dir: Path, shape: ModelShape, device: torch.device, dtype: torch.dtype,
+               max_positions: int, backend: ComputeBackend) -> LlamaModel:
     index = _open_weights(model_dir)
     handles: dict[Path, object] = {}
 
@@ -164,8 +164,4 @@ def load_llama(model_dir: Path, config: dict, device: torch.device, dtype: torch
     else:
         lm_head = put(get("lm_head.weight"), (shape.vocab_size, hs), "lm_head.weight")
     rotary = RotaryEmbedding(shape, max_positions, device, dtype)
-    return LlamaModel(shape, embed, layers, norm, lm_head, rotary)
-
-
-def read_config(model_dir: Path) -> dict:
-    return json.loads((model_dir / "config.json").read_text())
+    return LlamaModel(shape, embed, layers, norm, lm_head, rotary, backend)

@@ -6,7 +6,7 @@ from typing import Sequence as Seq
 
 from tqdm import tqdm
 
-from loraplex.engine.adapter_ref import AdapterRef
+from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.config import EngineArgs
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.outputs import RequestOutput

@@ -4,28 +4,34 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoTokenizer
 
 from loraplex.adapters import BaseModelSpec
-from loraplex.engine.adapter_ref import AdapterRef
 from loraplex.engine.block_manager import BlockManager
-from loraplex.engine.config import EngineArgs
+from loraplex.engine.config import EngineArgs, ModelShape
 from loraplex.engine.detokenizer import IncrementalDetokenizer
-from loraplex.engine.llama import read_config
-from loraplex.engine.lora_admission import LoRAAdmission
-from loraplex.engine.lora_manager import LoRAManager
-from loraplex.engine.model_files import DEFAULT_MODEL_NAME, ModelLoadError, check_model_dir, resolve_model_dir
+from loraplex.engine.errors import ModelLoadError, RequestError
+from loraplex.engine.lora.admission import LoRAAdmission
+from loraplex.engine.lora.manager import CheckedAdapter, LoRAManager
+from loraplex.engine.lora.ref import AdapterRef
+from loraplex.engine.model_files import DEFAULT_MODEL_NAME, check_model_dir, resolve_model_dir
 from loraplex.engine.model_runner import ModelRunner
-from loraplex.engine.outputs import RequestOutput, TokenLogprob
+from loraplex.engine.outputs import FinishReason, RequestOutput, TokenLogprob
+from loraplex.engine.probe import EngineProbe
 from loraplex.engine.sampler import Sampler
-from loraplex.engine.sampling_params import RequestError, SamplingParams
+from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.scheduler import ScheduledBatch, Scheduler
-from loraplex.engine.structured import StructuredOutputManager
 from loraplex.engine.sequence import Sequence, SequenceStatus
+from loraplex.engine.structured import StructuredOutputManager
+
+if TYPE_CHECKING:
+    from loraplex.grammar import CompiledGrammar
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +44,6 @@ class _Request:
     sent_tokens: int = 0
     sent_logprobs: int = 0
     error: str | None = None
-    new_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -53,32 +58,34 @@ class LLMEngine:
         args = args or EngineArgs(**kwargs)
         self.args = args
         model_dir = resolve_model_dir(args.model)
-        config = check_model_dir(model_dir) if args.model is not None else read_config(model_dir)
+        config = check_model_dir(model_dir)  # the one read of config.json
+        try:
+            self.shape = ModelShape.from_config(config)
+        except ValueError as exc:
+            raise ModelLoadError(f"{model_dir / 'config.json'}: {exc}") from exc
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         except Exception as exc:
             raise ModelLoadError(f"cannot load the tokenizer of {model_dir}: {exc}") from exc
         self.model_dir = model_dir
         self.model_name = args.served_model_name or (DEFAULT_MODEL_NAME if args.model is None else model_dir.name)
-        limit = min(int(config.get("max_position_embeddings", 2048)), 8192)
-        max_model_len = args.max_model_len or limit
-        if max_model_len > config.get("max_position_embeddings", max_model_len):
-            raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
-                             f"{config.get('max_position_embeddings')}")
-        self.runner = ModelRunner(args, model_dir, config, max_model_len)
+        positions = self.shape.max_position_embeddings
+        max_model_len = args.max_model_len or min(positions, 8192)
+        if max_model_len > positions:
+            raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {positions}")
+        self.runner = ModelRunner(args, model_dir, self.shape, max_model_len)
         cache_tokens = self.runner.num_blocks * args.block_size
         # A lone sequence must always fit, or preemption could never make progress.
         self.max_model_len = min(max_model_len, cache_tokens)
-        self.shape = self.runner.shape
         self.eos_token_ids = set(self.shape.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
-        self.lora_manager = LoRAManager(BaseModelSpec.from_hf_config(config), max_loras=args.max_loras,
-                                        max_cpu_loras=args.max_cpu_loras, max_lora_rank=args.max_lora_rank,
-                                        device=self.runner.device, dtype=args.resolved_lora_dtype(self.runner.dtype),
-                                        compute_dtype=self.runner.dtype)
+        self.lora_manager = LoRAManager(self.shape.spec, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
+                                        max_lora_rank=args.max_lora_rank, device=self.runner.device,
+                                        dtype=args.resolved_lora_dtype(self.runner.dtype),
+                                        backend=self.runner.backend, compute_dtype=self.runner.dtype)
         self.scheduler.admission.append(LoRAAdmission(self.lora_manager, lambda: self.scheduler.waiting))
         self.structured = StructuredOutputManager(
             self.tokenizer, sorted(self.eos_token_ids), self.shape.vocab_size, args.grammar_compile_timeout_s,
@@ -91,8 +98,27 @@ class LLMEngine:
         self.last_step = StepStats()
         self.num_preemptions = 0
         self.scheduler.on_preempt = self._count_preemption
-        # Called with (request ids, output positions, raw logits) before sampling; tests compare logits with it.
-        self.logits_observer: Callable[[list[str], list[int], torch.Tensor], None] | None = None
+        self._probe: EngineProbe | None = None
+
+    @property
+    def base_spec(self) -> BaseModelSpec:
+        """The base model's dimensions, which adapters are checked against."""
+        return self.shape.spec
+
+    @property
+    def probe(self) -> EngineProbe | None:
+        """Opt-in observation for tests and benchmarks (raw logits, mask timings); None in serving."""
+        return self._probe
+
+    @probe.setter
+    def probe(self, probe: EngineProbe | None) -> None:
+        self._probe = probe
+        self.structured.probe = probe
+
+    def close(self) -> None:
+        """Stop the adapter loader threads and the grammar compile workers."""
+        self.lora_manager.close()
+        self.structured.close()
 
     # ------------------------------------------------------------------ requests
     def _count_preemption(self, seq: Sequence) -> None:
@@ -108,14 +134,33 @@ class LLMEngine:
         n = len(prompt_token_ids)
         if n >= self.max_model_len:
             raise RequestError(f"the prompt has {n} tokens, but max_model_len is {self.max_model_len} "
-                               f"(the prompt plus at least one generated token must fit)")
+                               f"(the prompt plus at least one generated token must fit)",
+                               code="context_length_exceeded")
         vocab = self.shape.vocab_size
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
 
+    def precheck(self, prompt_token_ids: list[int], params: SamplingParams) -> Future[CompiledGrammar | None]:
+        """Everything that can refuse a request before it is queued; thread-safe (the server calls it on its
+        event loop while the engine thread steps).
+
+        Validation errors raise here; the future fails with GrammarError or RequestError when the request's
+        grammar does not compile or ``max_tokens`` cannot hold its shortest valid output, and resolves to
+        the compiled grammar (None for an unconstrained request), which ``add_request`` then takes as is.
+        """
+        self.validate(prompt_token_ids, params)
+        if params.structured is None:
+            done: Future[CompiledGrammar | None] = Future()
+            done.set_result(None)
+            return done
+        return self.structured.precheck(params.structured, params.max_tokens)  # type: ignore[return-value]
+
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    adapter: AdapterRef | None = None, cache_salt: str | None = None) -> str:
+                    adapter: AdapterRef | None = None, cache_salt: str | None = None,
+                    grammar: CompiledGrammar | None = None) -> str:
+        """Queue a request. ``grammar``: its constraint as ``precheck`` compiled and checked it; without it a
+        constrained request compiles here and waits in the queue until its grammar is ready."""
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
@@ -129,13 +174,21 @@ class LLMEngine:
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         self.requests[request_id] = _Request(seq, detok, [] if params.logprobs is not None else None)
-        self.structured.submit(seq)
+        self.structured.attach(seq, grammar)
         if adapter is not None:
             self.lora_manager.register(adapter)
         self.scheduler.add(seq)
         return request_id
 
-    def add_adapter(self, path: str, name: str | None = None) -> AdapterRef:
+    def read_adapter(self, path: str | Path, name: str | None = None) -> CheckedAdapter:
+        """Read and check a PEFT adapter against the base model (AdapterError if refused); any thread."""
+        return self.lora_manager.read(path, name)
+
+    def install_adapter(self, adapter: CheckedAdapter) -> None:
+        """Keep a read adapter in host memory while a host slot (``max_cpu_loras``) is free."""
+        self.lora_manager.install(adapter)
+
+    def add_adapter(self, path: str | Path, name: str | None = None) -> AdapterRef:
         """Check a PEFT adapter against the base model (AdapterError if refused); its ref by content hash.
 
         The adapter stays loaded in host memory when a host slot (``max_cpu_loras``) is free.
@@ -211,8 +264,8 @@ class LLMEngine:
         if not sample_idx:
             return []
         seqs = [batch.seqs[i] for i in sample_idx]
-        if self.logits_observer is not None:
-            self.logits_observer([s.request_id for s in seqs], [s.num_output_tokens for s in seqs], logits)
+        if self._probe is not None and self._probe.on_logits is not None:
+            self._probe.on_logits([s.request_id for s in seqs], [s.num_output_tokens for s in seqs], logits)
         self._suppress_stops(seqs, logits)
         self.structured.apply_masks(seqs, logits)
         result = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs],
@@ -235,7 +288,7 @@ class LLMEngine:
                 outputs.append(self._output(req, None))
         return outputs
 
-    def _check_stop(self, seq: Sequence, req: _Request, token: int) -> str | None:
+    def _check_stop(self, seq: Sequence, req: _Request, token: int) -> FinishReason | None:
         p = seq.params
         req.detok.add(token)
         grammar_reason = self.structured.advance(seq, token)
@@ -265,7 +318,7 @@ class LLMEngine:
     def _token_str(self, token: int) -> str:
         return self.tokenizer.convert_ids_to_tokens(token)
 
-    def _output(self, req: _Request, reason: str | None) -> RequestOutput:
+    def _output(self, req: _Request, reason: FinishReason | None) -> RequestOutput:
         seq = req.seq
         new_tokens = seq.output_token_ids[req.sent_tokens:]
         req.sent_tokens = len(seq.output_token_ids)
@@ -287,7 +340,7 @@ class LLMEngine:
             error=req.error,
         )
 
-    def _finish(self, req: _Request, reason: str) -> RequestOutput:
+    def _finish(self, req: _Request, reason: FinishReason) -> RequestOutput:
         seq = req.seq
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

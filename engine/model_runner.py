@@ -1,44 +1,39 @@
-"""Owns the model weights and the paged KV cache; turns a scheduled batch into logits."""
+"""Owns the model weights, the paged KV cache and the compute backend; turns a scheduled batch into logits."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
-from loraplex.engine.attention_backend import AttentionMetadata
-from loraplex.engine.config import EngineArgs, ModelShape
+from loraplex.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineArgs, ModelShape
 from loraplex.engine.llama import LlamaModel, LoRAContext, load_llama
 from loraplex.engine.scheduler import ScheduledBatch
-from loraplex.kernels.cpu_attention import cpu_decode_kernel_available
-from loraplex.kernels.cpu_prefill_attention import cpu_prefill_kernel_available
-
-_DEFAULT_CPU_KV_BYTES = 2 << 30
+from loraplex.kernels.attention_plan import AttentionMetadata
+from loraplex.kernels.backend import ComputeBackend, select_backend
 
 
 class ModelRunner:
-    def __init__(self, args: EngineArgs, model_dir: Path, config: dict, max_model_len: int) -> None:
+    def __init__(self, args: EngineArgs, model_dir: Path, shape: ModelShape, max_model_len: int) -> None:
         self.device = args.resolved_device()
-        shape = ModelShape.from_config(config)
         self.dtype = args.resolved_dtype(self.device, shape.dtype)
         self.block_size = args.block_size
-        self.model: LlamaModel = load_llama(model_dir, config, self.device, self.dtype, max_model_len)
-        self.shape = self.model.shape
-        self.use_triton = self.device.type == "cuda"
-        # attention through the C kernels: float32 CPU caches with head_dim a multiple of 8, and a C compiler
-        self.c_attention = (self.device.type == "cpu" and self.dtype == torch.float32 and self.shape.head_dim % 8 == 0
-                            and cpu_decode_kernel_available() and cpu_prefill_kernel_available())
-        self.num_blocks = self._num_blocks(args, max_model_len)
-        s = self.shape
+        self.shape = shape
+        # The one choice of kernels (Triton / C / torch): the model, the attention plans and the LoRA contexts
+        # of every step all use it.
+        self.backend: ComputeBackend = select_backend(self.device, self.dtype, shape.head_dim, shape.num_heads,
+                                                      shape.num_kv_heads)
+        self.model: LlamaModel = load_llama(model_dir, shape, self.device, self.dtype, max_model_len, self.backend)
+        self.num_blocks = self._num_blocks(args)
         # [num_blocks, block_size, kv_heads, head_dim] per layer; zeroed so never-written slots are finite.
         self.kv_caches = [
-            (torch.zeros(self.num_blocks, self.block_size, s.num_kv_heads, s.head_dim, device=self.device,
+            (torch.zeros(self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim, device=self.device,
                          dtype=self.dtype),
-             torch.zeros(self.num_blocks, self.block_size, s.num_kv_heads, s.head_dim, device=self.device,
+             torch.zeros(self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim, device=self.device,
                          dtype=self.dtype))
-            for _ in range(s.num_layers)
+            for _ in range(shape.num_layers)
         ]
 
-    def _num_blocks(self, args: EngineArgs, max_model_len: int) -> int:
+    def _num_blocks(self, args: EngineArgs) -> int:
         per_block = self.shape.kv_bytes_per_token(self.dtype) * self.block_size
         if args.num_kv_blocks is not None:
             n = args.num_kv_blocks
@@ -48,7 +43,7 @@ class ModelRunner:
             budget = total * args.gpu_memory_utilization - used_elsewhere - (1 << 30)  # activations headroom
             n = int(budget // per_block)
         else:
-            budget = args.kv_cache_bytes or _DEFAULT_CPU_KV_BYTES
+            budget = args.kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES
             n = int(budget // per_block)
         if n < 1:
             raise ValueError("the KV cache budget is too small for a single block")
@@ -73,8 +68,7 @@ class ModelRunner:
                 sample_rows.append(len(ids) - 1)
                 sample_seq_idx.append(i)
         dev = self.device
-        meta = AttentionMetadata.build(q_lens, ctx_lens, tables, self.block_size, dev, self.use_triton,
-                                       self.c_attention)
+        meta = AttentionMetadata.build(q_lens, ctx_lens, tables, self.block_size, dev, self.backend.name)
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         hidden = self.model.forward(input_ids, pos, meta, self.kv_caches, lora)

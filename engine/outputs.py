@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 @dataclass
@@ -20,7 +23,7 @@ class RequestOutput:
     token_ids: list[int]  # cumulative
     new_text: str  # since the previous output of this request
     new_token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None  # cumulative
     new_logprobs: list[TokenLogprob] | None = None
     num_cached_tokens: int = 0

@@ -34,7 +34,7 @@ def _inv_freq(shape: ModelShape) -> torch.Tensor:
 
 class RotaryEmbedding:
     """Precomputed cos/sin tables [max_positions, head_dim] indexed by absolute position (applied by
-    ``kernels.cpu_elementwise.rope_``)."""
+    ``kernels.elementwise.rope_``)."""
 
     def __init__(self, shape: ModelShape, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
         inv = _inv_freq(shape)

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from loraplex.engine.errors import RequestError
 
 if TYPE_CHECKING:
     from loraplex.grammar.spec import StructuredSpec
-
-
-class RequestError(ValueError):
-    """A request that cannot be served as given; the message names the problem."""
 
 
 @dataclass
@@ -63,8 +61,3 @@ class SamplingParams:
             raise bad(f"at most 16 stop strings are allowed, got {len(self.stop)}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad(f"seed must be an integer, got {self.seed!r}")
-
-    def clone(self, **changes: Any) -> "SamplingParams":
-        from dataclasses import replace
-
-        return replace(self, **changes)

@@ -3,10 +3,17 @@ from __future__ import annotations
 
 import enum
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
+from loraplex.engine.outputs import FinishReason
 from loraplex.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from loraplex.grammar import CompiledGrammar, GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -25,7 +32,7 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     # KV state
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)
@@ -34,9 +41,9 @@ class Sequence:
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at first admission
     num_preemptions: int = 0
     # structured output / adapter plumbing, filled by the engine
-    grammar: Any = None  # GrammarMatcher once compiled
-    grammar_future: Any = None
-    generator: Any = None  # torch.Generator for seeded sampling
+    grammar: GrammarMatcher | None = None  # once compiled
+    grammar_future: Future[CompiledGrammar] | None = None  # while compiling (requests added without precheck)
+    generator: torch.Generator | None = None  # for seeded sampling
     first_token_time: float | None = None
 
     @property
@@ -50,10 +57,6 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
-
-    def token_at(self, i: int) -> int:
-        n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
 
     def tokens(self, start: int, end: int) -> list[int]:
         n = len(self.prompt_token_ids)

@@ -11,15 +11,21 @@ guarantee that by itself (llguidance), the sampled token of that row is checked 
 """
 from __future__ import annotations
 
+import threading
 import time
-from collections import deque
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 import torch
 
-from loraplex.engine.sampling_params import RequestError
+from loraplex.engine.errors import RequestError
+from loraplex.engine.outputs import FinishReason
+from loraplex.engine.probe import EngineProbe
 from loraplex.engine.sequence import Sequence
 from loraplex.kernels.bitmask import apply_token_bitmask
+
+if TYPE_CHECKING:
+    from loraplex.grammar import CompiledGrammar, GrammarCompiler, StructuredSpec
 
 
 class StructuredOutputManager:
@@ -33,20 +39,21 @@ class StructuredOutputManager:
         self._timeout = timeout_s
         self._cache_size = cache_size
         self._workers = workers
-        self._compiler = None  # created on first use: unconstrained deployments never start the pool
+        self._compiler: GrammarCompiler | None = None  # created on first use: unconstrained deployments never
+        self._compiler_lock = threading.Lock()  # start the pool; precheck may run on another thread
         self._failed: dict[str, str] = {}  # request id -> error message
-        self.mask_seconds: deque[float] = deque(maxlen=100_000)  # per constrained sequence-step fill time
-        self.check_seconds: deque[float] = deque(maxlen=100_000)  # per checked sequence-step budget check
+        self.probe: EngineProbe | None = None  # set through LLMEngine.probe
 
     @property
-    def compiler(self):
-        if self._compiler is None:
-            from loraplex.grammar.compiler import GrammarCompiler
+    def compiler(self) -> GrammarCompiler:
+        with self._compiler_lock:
+            if self._compiler is None:
+                from loraplex.grammar.compiler import GrammarCompiler
 
-            self._compiler = GrammarCompiler(self._tokenizer, eos_token_ids=self._eos, vocab_size=self.vocab_size,
-                                             timeout_s=self._timeout, cache_size=self._cache_size,
-                                             max_workers=self._workers)
-        return self._compiler
+                self._compiler = GrammarCompiler(self._tokenizer, eos_token_ids=self._eos,
+                                                 vocab_size=self.vocab_size, timeout_s=self._timeout,
+                                                 cache_size=self._cache_size, max_workers=self._workers)
+            return self._compiler
 
     def stats(self) -> dict:
         """Compile counters for metrics (zeros until the first constrained request starts the compiler)."""
@@ -58,15 +65,36 @@ class StructuredOutputManager:
         if self._compiler is not None:
             self._compiler.close()
 
-    def submit(self, seq: Sequence) -> Future | None:
+    def precheck(self, spec: StructuredSpec, max_tokens: int | None) -> Future[CompiledGrammar]:
+        """Compile ``spec`` (or hit the cache) and check that ``max_tokens`` holds its shortest output; the
+        future fails with GrammarError or RequestError. Thread-safe: the server calls it before queueing."""
+        checked: Future[CompiledGrammar] = Future()
+
+        def finish(compiled: Future[CompiledGrammar]) -> None:
+            try:
+                grammar = compiled.result()
+                self.check_budget(grammar, max_tokens)
+            except Exception as exc:  # GrammarError, RequestError, timeout
+                checked.set_exception(exc)
+            else:
+                checked.set_result(grammar)
+
+        self.compiler.submit(spec).add_done_callback(finish)
+        return checked
+
+    def attach(self, seq: Sequence, grammar: CompiledGrammar | None) -> None:
+        """Give a constrained sequence its matcher: at once from a grammar ``precheck`` returned, else once its
+        compile (submitted here) is done and its budget checked (``can_admit``)."""
         spec = seq.params.structured
         if spec is None:
-            return None
-        seq.grammar_future = self.compiler.submit(spec)
-        return seq.grammar_future
+            return
+        if grammar is not None:
+            seq.grammar = grammar.new_matcher()
+        else:
+            seq.grammar_future = self.compiler.submit(spec)
 
     @staticmethod
-    def check_budget(compiled, max_tokens: int | None) -> None:
+    def check_budget(compiled: CompiledGrammar, max_tokens: int | None) -> None:
         """Refuse a request whose max_tokens cannot hold even the shortest valid output."""
         if max_tokens is not None and compiled.min_tokens > max_tokens:
             raise RequestError(f"max_tokens={max_tokens} is too small for this structured output: the shortest "
@@ -106,22 +134,27 @@ class StructuredOutputManager:
             return
         words = (self.vocab_size + 31) // 32
         bitmask = torch.empty((len(rows), words), dtype=torch.int32)
+        timings = self.probe.mask_seconds if self.probe is not None and self.probe.time_structured else None
         for j, i in enumerate(rows):
             seq = seqs[i]
             remaining = seq.remaining_tokens if seq.params.structured.close_within_budget else None
-            t = time.perf_counter()
+            t = time.perf_counter() if timings is not None else 0.0
             seq.grammar.fill_bitmask(bitmask[j], remaining)
-            self.mask_seconds.append(time.perf_counter() - t)
+            if timings is not None:
+                timings.append(time.perf_counter() - t)
         apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True),
                             torch.tensor(rows, dtype=torch.long, device=logits.device))
 
-    def budget_check(self, seqs: list[Sequence]) -> "BudgetCheck | None":
+    def budget_check(self, seqs: list[Sequence]) -> BudgetCheck | None:
         """The rows (aligned with `seqs`) whose sampled token must be checked against the budget."""
         rows = [i for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.needs_budget_check()]
-        return BudgetCheck(seqs, rows, self.check_seconds) if rows else None
+        if not rows:
+            return None
+        timed = self.probe is not None and self.probe.time_structured
+        return BudgetCheck(seqs, rows, self.probe.check_seconds if timed else None)  # type: ignore[union-attr]
 
     @staticmethod
-    def advance(seq: Sequence, token: int) -> str | None:
+    def advance(seq: Sequence, token: int) -> FinishReason | None:
         """Feed the sampled token to the matcher; a finish reason when the grammar decides one."""
         m = seq.grammar
         if m is None:
@@ -140,13 +173,15 @@ class StructuredOutputManager:
 class BudgetCheck:
     """The sampler's TokenCheck for constrained rows: the output must stay closable within max_tokens."""
 
-    def __init__(self, seqs: list[Sequence], rows: list[int], seconds: deque[float]) -> None:
+    def __init__(self, seqs: list[Sequence], rows: list[int], seconds: list[float] | None) -> None:
         self._seqs = seqs
         self.rows = rows
         self._seconds = seconds
 
     def fits(self, row: int, token: int) -> bool:
         seq = self._seqs[row]
+        if self._seconds is None:
+            return seq.grammar.fits_budget(token, seq.remaining_tokens - 1)
         t = time.perf_counter()
         ok = seq.grammar.fits_budget(token, seq.remaining_tokens - 1)
         self._seconds.append(time.perf_counter() - t)

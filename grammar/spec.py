@@ -10,8 +10,13 @@ class GrammarError(ValueError):
     """A constraint that cannot be compiled; the message names the problem.
 
     Examples: an unsupported keyword with its JSON pointer, an invalid schema, an unsatisfiable
-    schema, a regex or grammar syntax error, a compile that ran past its time limit.
+    schema, a regex or grammar syntax error, a compile that ran past its time limit. ``code`` is a short
+    stable tag for API error bodies (as ``AdapterError`` and the engine's errors carry).
     """
+
+    def __init__(self, message: str, *, code: str = "invalid_schema") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")

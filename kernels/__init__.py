@@ -10,10 +10,10 @@ use (``cpu_build``), and the engine falls back to the torch paths without a comp
 """
 
 from .attention import paged_attention, paged_attention_ref, paged_attention_triton, store_kv
-from .cpu_attention import paged_decode_attention, paged_decode_attention_c, paged_decode_attention_ref
+from .cpu_decode_attention import paged_decode_attention, paged_decode_attention_c, paged_decode_attention_ref
 from .cpu_lora import lora_apply_c, lora_apply_ref
 from .cpu_prefill_attention import paged_prefill_attention_c, paged_prefill_attention_ref
-from .cpu_elementwise import (
+from .elementwise import (
     add_rms_norm,
     add_rms_norm_c,
     add_rms_norm_ref,

@@ -1,10 +1,12 @@
 """Compiles the C kernels in ``csrc/`` once per machine and loads them with ctypes.
 
-The shared object lands in ``$LORAPLEX_KERNEL_CACHE`` (default ``~/.cache/loraplex/kernels``) under a name
-that hashes the source and the shared headers, the compiler command and the CPU's feature flags, so an
-edited source or a different CPU gets its own build (``-march=native``), and a half-written file is never
-loaded (it is renamed into place only once the compiler succeeds). Without a working C compiler, or with
-``LORAPLEX_CPU_KERNELS=0``, :func:`load` returns None and callers use their torch paths.
+The shared object lands in ``$LORAPLEX_KERNEL_CACHE`` (default ``<cache dir>/kernels``) under a name that
+hashes the source and the shared headers, the compiler command and the CPU's feature flags, so an edited
+source or a different CPU gets its own build (``-march=native``), and a half-written file is never loaded
+(it is renamed into place only once the compiler succeeds). Without a C compiler, or with
+``LORAPLEX_CPU_KERNELS=0``, :func:`load` returns None and callers use their torch paths. A compiler that
+fails, or a library that does not load, is an error (``KernelBuildError``, naming the kernel and the
+compiler's message), never a quiet fallback: a kernel that stops compiling must fail its tests.
 
 OpenMP: the objects link ``libgomp.so.1``; torch's CPU wheel has already loaded its own copy under that
 soname, so the dynamic linker binds ours to it and the kernels share torch's thread pool rather than
@@ -22,17 +24,19 @@ import tempfile
 import threading
 from pathlib import Path
 
+from loraplex import env
+
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 # -ffp-contract=fast: in ISO C mode GCC would keep every multiply and add separate (no FMA)
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _lock = threading.Lock()
-_loaded: dict[str, ctypes.CDLL | None] = {}
+_loaded: dict[str, ctypes.CDLL | KernelBuildError | None] = {}
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("LORAPLEX_KERNEL_CACHE", Path.home() / ".cache" / "loraplex" / "kernels"))
+class KernelBuildError(RuntimeError):
+    """A C kernel that a present compiler failed to build, or whose library failed to load."""
 
 
 def _cpu_signature() -> str:
@@ -54,39 +58,52 @@ Signatures = dict[str, tuple[object, list]]  # C function name -> (restype, argt
 
 def load(name: str, signatures: Signatures) -> ctypes.CDLL | None:
     """The compiled ``csrc/<name>.c``, built on first use, with ``signatures`` set on its functions once;
-    None when C kernels are off or cannot build."""
+    None when C kernels are switched off or there is no C compiler. Raises KernelBuildError (every time,
+    without building again) when the build or the load failed."""
     with _lock:
         if name not in _loaded:
-            lib = _build_and_load(name)
-            if lib is not None:
-                for fn_name, (restype, argtypes) in signatures.items():
-                    fn = getattr(lib, fn_name)
-                    fn.restype, fn.argtypes = restype, argtypes
-            _loaded[name] = lib
-        return _loaded[name]
+            try:
+                lib = _build_and_load(name)
+                if lib is not None:
+                    for fn_name, (restype, argtypes) in signatures.items():
+                        fn = getattr(lib, fn_name)
+                        fn.restype, fn.argtypes = restype, argtypes
+            except KernelBuildError as exc:
+                _loaded[name] = exc
+            except AttributeError as exc:  # a function the signatures name is missing from the library
+                _loaded[name] = KernelBuildError(f"C kernel {name}: {exc}")
+            else:
+                _loaded[name] = lib
+        found = _loaded[name]
+        if isinstance(found, KernelBuildError):
+            raise found
+        return found
 
 
 def _build_and_load(name: str) -> ctypes.CDLL | None:
-    if os.environ.get("LORAPLEX_CPU_KERNELS", "1") == "0":
+    if not env.cpu_kernels_enabled():
         return None
     cc = _compiler()
     if cc is None:
-        logger.warning("no C compiler found: CPU attention falls back to the torch path")
+        logger.warning("no C compiler found: the CPU runs the torch paths instead of the C kernels")
         return None
     source = CSRC / f"{name}.c"
     headers = b"".join(h.read_bytes() for h in sorted(CSRC.glob("*.h")))  # an edited shared header rebuilds too
     key = hashlib.sha256(source.read_bytes() + headers + " ".join([cc, *FLAGS]).encode()
                          + _cpu_signature().encode())
-    target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
+    target = env.kernel_cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
         os.close(fd)
         try:
-            proc = subprocess.run([cc, *FLAGS, str(source), "-o", tmp, "-lm"], capture_output=True, text=True)
+            try:
+                proc = subprocess.run([cc, *FLAGS, str(source), "-o", tmp, "-lm"], capture_output=True, text=True)
+            except OSError as exc:
+                raise KernelBuildError(f"C kernel {name}: cannot run the compiler {cc!r}: {exc}") from exc
             if proc.returncode != 0:
-                logger.warning("building %s failed, using the torch path:\n%s", source.name, proc.stderr[-2000:])
-                return None
+                raise KernelBuildError(f"C kernel {name}: {cc} failed to build {source.name} (exit "
+                                       f"{proc.returncode}):\n{(proc.stderr or proc.stdout)[-2000:]}")
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):
@@ -94,5 +111,4 @@ def _build_and_load(name: str) -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(str(target))
     except OSError as exc:
-        logger.warning("loading %s failed, using the torch path: %s", target, exc)
-        return None
+        raise KernelBuildError(f"C kernel {name}: cannot load {target}: {exc}") from exc

@@ -88,7 +88,7 @@ class CLoRAStep:
 
     ``weights[group] = (a, bt, slice_offsets)``: the slot tensors of every layer, ``a`` ``[layers,
     num_slots, num_slices, max_rank, in]`` and ``bt`` ``[layers, num_slots, max_rank, out_total]``
-    (contiguous on the CPU, as ``LoRASlots`` holds them), all of one dtype in ``WEIGHT_DTYPES``.
+    (contiguous on the CPU, as ``SlotWeights`` holds them), all of one dtype in ``WEIGHT_DTYPES``.
     """
 
     def __init__(self, weights: dict[str, tuple[torch.Tensor, torch.Tensor, Sequence[int]]],

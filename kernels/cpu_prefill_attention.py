@@ -7,7 +7,7 @@ ones: the kernel walks each chunk's block table, so nothing is gathered, masked 
 (``csrc/paged_prefill_attention.c``).
 
 Two keyword arguments serve the engine: ``out`` receives the rows in place, and ``skip_decodes`` leaves
-the rows of one-token sequences alone (the decode kernel of ``cpu_attention`` does those). With
+the rows of one-token sequences alone (the decode kernel of ``cpu_decode_attention`` does those). With
 ``check_tables=False`` the bounds check of the block tables is skipped for a caller that checked the same
 tables already (once per step, not per layer).
 """
@@ -18,7 +18,7 @@ import ctypes
 import torch
 
 from .attention import _check_shapes, paged_attention_ref
-from .cpu_attention import check_block_tables
+from .cpu_decode_attention import check_block_tables
 from .cpu_build import load
 
 __all__ = ["cpu_prefill_kernel_available", "paged_prefill_attention_c", "paged_prefill_attention_ref"]

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING
 
 from litestar import Litestar
 from litestar.datastructures import State
@@ -16,25 +15,28 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
-from loraplex.adapters import AdapterLimits, BaseModelSpec
+from loraplex.adapters import AdapterLimits
 from loraplex.platform.controllers.adapters import AdapterController
 from loraplex.platform.controllers.health import HealthController
-from loraplex.platform.controllers.openai import OpenAIController
+from loraplex.platform.openai.controller import OpenAIController
 from loraplex.platform.controllers.tenants import ApiKeyController, TenantController
 from loraplex.platform.db.migrate import upgrade
 from loraplex.platform.db.session import Database
 from loraplex.platform.errors import EXCEPTION_HANDLERS
 from loraplex.platform.metrics import Metrics
-from loraplex.platform.services.adapters import AdapterService, QuotaDefaults
+from loraplex.platform.services.adapters import RETIRED_CONTENT, AdapterService, QuotaDefaults
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.container import Services
 from loraplex.platform.services.engine_adapters import EngineAdapters
-from loraplex.platform.services.openai_responses import TokenTexts
+from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenants import TenantService
 from loraplex.platform.settings import Settings
+
+if TYPE_CHECKING:
+    from loraplex.engine import AsyncEngine
 
 log = logging.getLogger("loraplex.platform")
 
@@ -46,7 +48,7 @@ def _version() -> str:
         return "0.0.0"
 
 
-async def build_services(settings: Settings, engine: Any | None = None) -> tuple[Services, str | None]:
+async def build_services(settings: Settings, engine: AsyncEngine | None = None) -> tuple[Services, str | None]:
     """Migrate the registry, connect the database and Redis, load the engine (unless given).
 
     Returns the services and a newly generated admin key (None if one was configured or stored)."""
@@ -65,11 +67,12 @@ async def build_services(settings: Settings, engine: Any | None = None) -> tuple
             from loraplex.engine import AsyncEngine
 
             engine = await asyncio.to_thread(AsyncEngine, settings.build_engine_args())
-        base = BaseModelSpec.from_hf_config(json.loads((engine.model_dir / "config.json").read_text()))
+        # a deleted or replaced adapter's weights leave the engine's host and device caches (on every replica)
+        cache.on_invalidate(RETIRED_CONTENT, engine.remove_adapter)
         tenants = TenantService(db, cache, settings.admin_key)
         new_admin_key = await tenants.ensure_admin_key()
         adapters = AdapterService(
-            db, store, cache, base, base_model_name=engine.model_name, max_lora_rank=engine.args.max_lora_rank,
+            db, store, cache, engine.base_spec, base_model_name=engine.model_name, max_lora_rank=engine.args.max_lora_rank,
             limits=AdapterLimits(max_archive_bytes=settings.max_upload_bytes),
             quotas=QuotaDefaults(settings.default_max_adapters, settings.default_max_adapter_bytes))
         engine_adapters = EngineAdapters(store)
@@ -88,7 +91,7 @@ async def build_services(settings: Settings, engine: Any | None = None) -> tuple
     return services, new_admin_key
 
 
-def create_app(settings: Settings, engine: Any | None = None) -> Litestar:
+def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litestar:
     """The ASGI app. With `engine` given, the app uses it and leaves its shutdown to the caller."""
 
     @asynccontextmanager

@@ -9,6 +9,10 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import ResponseSpec
 
+from loraplex.adapters.errors import AdapterError
+from loraplex.engine.errors import EngineError
+from loraplex.grammar.spec import GrammarError
+
 log = logging.getLogger("loraplex.platform")
 
 _TYPES = {
@@ -45,6 +49,24 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 def not_found(message: str, code: str = "not_found") -> ApiError:
     return ApiError(404, message, code=code)
+
+
+# Adapter refusals that are about size map to 413, every other refusal to 400.
+_TOO_LARGE_CODES = frozenset({"archive_too_large", "adapter_too_large"})
+
+
+def engine_error(exc: EngineError | GrammarError | AdapterError, param: str | None = None) -> ApiError:
+    """The API error for a refusal by the engine, the grammar compiler or the adapter checks: status and
+    `code` come from the error's own code, never from its message."""
+    if isinstance(exc, GrammarError):
+        return ApiError(400, f"invalid structured-output constraint: {exc}", param=param, code=exc.code)
+    if isinstance(exc, AdapterError):
+        status = 413 if exc.code in _TOO_LARGE_CODES else 400
+        return ApiError(status, f"adapter refused: {exc}", param=param or "file", code=exc.code)
+    return ApiError(400, str(exc), param=param, code=exc.code)
+
+
+REFUSALS = (EngineError, GrammarError, AdapterError)  # what engine_error maps
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

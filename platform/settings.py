@@ -15,19 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENV_PREFIX = "LORAPLEX_"
+from loraplex.env import data_dir as default_data_dir
+from loraplex.env import setting, setting_variable
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-
-
-def default_data_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """$LORAPLEX_DATA_DIR, else $XDG_DATA_HOME/loraplex, else ~/.local/share/loraplex."""
-    if env.get("LORAPLEX_DATA_DIR"):
-        return Path(env["LORAPLEX_DATA_DIR"]).expanduser()
-    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
-    base = env.get("XDG_DATA_HOME") or str(home / ".local" / "share")
-    return Path(base).expanduser() / "loraplex"
 
 
 @dataclass
@@ -75,11 +67,11 @@ class Settings:
         for f in dataclasses.fields(cls):
             if f.name == "engine_args":
                 continue
-            raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw not in (None, ""):
-                values[f.name] = _parse(raw, hints[f.name], ENV_PREFIX + f.name.upper())
-        engine_args = {spec.name: _parse(env[spec.env], spec.type, spec.env)
-                       for spec in engine_arg_specs() if env.get(spec.env) not in (None, "")}
+            raw = setting(f.name, env)
+            if raw is not None:
+                values[f.name] = _parse(raw, hints[f.name], setting_variable(f.name))
+        engine_args = {spec.name: _parse(raw, spec.type, spec.env)
+                       for spec in engine_arg_specs() if (raw := setting(spec.name, env)) is not None}
         engine_args.update(overrides.pop("engine_args", None) or {})
         values.update({k: v for k, v in overrides.items() if v is not None})
         values.setdefault("data_dir", default_data_dir(env))
@@ -99,7 +91,7 @@ class EngineArgSpec:
 
     @property
     def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
+        return setting_variable(self.name)
 
     @property
     def flag(self) -> str:

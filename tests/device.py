@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 
-TEST_DEVICE_NAME = os.environ.get("LORAPLEX_TEST_DEVICE", "cpu")
+from loraplex.env import device_for_tests
+
+TEST_DEVICE_NAME = device_for_tests()
 if TEST_DEVICE_NAME == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 

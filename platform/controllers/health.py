@@ -1,8 +1,6 @@
 """Liveness, readiness and Prometheus metrics."""
 from __future__ import annotations
 
-from typing import Any
-
 from litestar import Controller, Response, get
 from litestar.di import NamedDependency
 
@@ -11,22 +9,17 @@ from loraplex.platform.schemas import Health
 from loraplex.platform.services.container import Services
 
 
-def engine_alive(engine: Any) -> bool:
-    """Whether the engine's step thread is running."""
-    return engine.is_alive()
-
-
 class HealthController(Controller):
     tags = ["operations"]
 
     @get("/health", summary="Liveness: the process and its engine thread are up")
     async def health(self, services: NamedDependency[Services]) -> Response[Health]:
-        alive = engine_alive(services.engine)
+        alive = services.engine.is_alive()
         return Response(Health(status="ok" if alive else "engine_dead"), status_code=200 if alive else 503)
 
     @get("/ready", summary="Readiness: model loaded, database reachable (Redis is optional)")
     async def ready(self, services: NamedDependency[Services]) -> Response[Health]:
-        detail: dict[str, str] = {"engine": "ok" if engine_alive(services.engine) else "dead"}
+        detail: dict[str, str] = {"engine": "ok" if services.engine.is_alive() else "dead"}
         try:
             await services.db.ping()
             detail["database"] = "ok"

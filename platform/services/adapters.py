@@ -11,22 +11,17 @@ from pathlib import Path
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from loraplex.adapters import AdapterError, AdapterInfo, AdapterLimits, BaseModelSpec, extract_archive, \
-    inspect_adapter
+from loraplex.adapters import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME, AdapterError, AdapterInfo, AdapterLimits, \
+    BaseModelSpec, extract_archive, inspect_adapter
 from loraplex.engine.threads import single_threaded_torch
 from loraplex.platform.db.models import Adapter, Tenant, as_utc, utcnow
 from loraplex.platform.db.session import Database
-from loraplex.platform.errors import ApiError, bad_request, not_found
+from loraplex.platform.errors import ApiError, bad_request, engine_error, not_found
 from loraplex.platform.multipart import UploadedForm
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.tenants import Principal, check_name
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-# Adapter refusals that are about size map to 413, everything else to 400.
-_TOO_LARGE_CODES = {"archive_too_large", "adapter_too_large"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +60,11 @@ def cache_key(tenant_id: str, name: str) -> str:
     return f"adapter:{tenant_id}:{name}"
 
 
+# Invalidated when no live adapter has these weights any more (`RegistryCache.on_invalidate` watchers, e.g. the
+# engine dropping its cached copies, see app.py); the rest of the key is the content hash.
+RETIRED_CONTENT = "adapter-content-retired:"
+
+
 class AdapterService:
     def __init__(self, db: Database, store: BlobStore, cache: RegistryCache, base: BaseModelSpec, *,
                  base_model_name: str, max_lora_rank: int, limits: AdapterLimits,
@@ -96,7 +96,9 @@ class AdapterService:
             raise
         await self.cache.invalidate(cache_key(principal.tenant_id, name))
         if replaced is not None:
-            await asyncio.to_thread(self.store.delete, replaced)
+            blob, sha256 = replaced
+            await asyncio.to_thread(self.store.delete, blob)
+            await self._retire(sha256)
         return record
 
     def _validated_files(self, form: UploadedForm, workdir: Path) -> tuple[AdapterInfo, dict[str, Path]]:
@@ -109,41 +111,42 @@ class AdapterService:
         if parts == {"file"}:
             upload = form.files["file"]
             if upload.filename.lower().endswith(PICKLE_SUFFIXES):
-                raise _adapter_error(AdapterError(
+                raise engine_error(AdapterError(
                     f"{upload.filename!r} is a pickled checkpoint; pickled weights are never loaded: upload "
-                    f"a .zip or .tar.gz of the adapter folder with {WEIGHTS_FILE}", code="pickled_weights"))
+                    f"a .zip or .tar.gz of the adapter folder with {WEIGHTS_NAME}", code="pickled_weights"))
             archive = upload.path.with_name("upload-" + (upload.filename or "adapter.zip"))
             upload.path.rename(archive)
             info = self._inspect(archive)
             try:
                 root = extract_archive(archive, workdir / "extracted", self.limits)
             except AdapterError as exc:
-                raise _adapter_error(exc) from None
+                raise engine_error(exc) from None
         elif parts == {"adapter_config", "adapter_model"}:
             model_name = form.files["adapter_model"].filename.lower()
             if model_name.endswith(PICKLE_SUFFIXES):
-                raise _adapter_error(AdapterError(
+                raise engine_error(AdapterError(
                     f"adapter_model {form.files['adapter_model'].filename!r} is a pickled checkpoint; "
-                    f"upload {WEIGHTS_FILE} (pickled weights are never loaded)", code="pickled_weights"))
+                    f"upload {WEIGHTS_NAME} (pickled weights are never loaded)", code="pickled_weights"))
             root = workdir / "adapter"
             root.mkdir()
-            form.files["adapter_config"].path.rename(root / CONFIG_FILE)
-            form.files["adapter_model"].path.rename(root / WEIGHTS_FILE)
+            form.files["adapter_config"].path.rename(root / CONFIG_NAME)
+            form.files["adapter_model"].path.rename(root / WEIGHTS_NAME)
             info = self._inspect(root)
         else:
             raise bad_request("upload either one 'file' (a .zip or .tar.gz of the PEFT adapter folder) or the "
-                              f"two files 'adapter_config' ({CONFIG_FILE}) and 'adapter_model' ({WEIGHTS_FILE}); "
+                              f"two files 'adapter_config' ({CONFIG_NAME}) and 'adapter_model' ({WEIGHTS_NAME}); "
                               f"got {', '.join(sorted(parts)) or 'no file'}", param="file")
-        return info, {CONFIG_FILE: root / CONFIG_FILE, WEIGHTS_FILE: root / WEIGHTS_FILE}
+        return info, {CONFIG_NAME: root / CONFIG_NAME, WEIGHTS_NAME: root / WEIGHTS_NAME}
 
     def _inspect(self, source: Path) -> AdapterInfo:
         try:
             return inspect_adapter(source, self.base, max_lora_rank=self.max_lora_rank, limits=self.limits)
         except AdapterError as exc:
-            raise _adapter_error(exc) from None
+            raise engine_error(exc) from None
 
     async def _commit(self, principal: Principal, name: str, info: AdapterInfo,
-                      blob: str) -> tuple[AdapterRecord, str | None]:
+                      blob: str) -> tuple[AdapterRecord, tuple[str, str] | None]:
+        """The new version's record, and the (blob, content hash) of the version it replaced, if any."""
         tenant_id = uuid.UUID(principal.tenant_id)
         async with self.db.session() as session:
             # Serialises concurrent uploads of one tenant on PostgreSQL (quota check + version number).
@@ -170,7 +173,7 @@ class AdapterService:
             except IntegrityError:
                 raise ApiError(409, f"adapter {name!r} was uploaded concurrently; retry the upload",
                                param="name", code="conflict") from None
-        return AdapterRecord.from_row(row), (current.blob if current is not None else None)
+        return AdapterRecord.from_row(row), ((current.blob, current.sha256) if current is not None else None)
 
     def _check_quotas(self, tenant: Tenant, others: list[Adapter], info: AdapterInfo) -> None:
         max_count = tenant.max_adapters if tenant.max_adapters is not None else self.quotas.max_adapters
@@ -223,10 +226,13 @@ class AdapterService:
             await session.commit()
         await self.cache.invalidate(cache_key(principal.tenant_id, name))
         await asyncio.to_thread(self.store.delete, row.blob)
+        await self._retire(row.sha256)
         return AdapterRecord.from_row(row)
 
-
-def _adapter_error(exc: AdapterError) -> ApiError:
-    status = 413 if exc.code in _TOO_LARGE_CODES else 400
-    return ApiError(status, f"adapter refused: {exc}", param="file", code=exc.code)
-
+    async def _retire(self, sha256: str) -> None:
+        """Tell every replica that no live adapter has these weights any more (unless one still does)."""
+        async with self.db.session() as session:
+            still_live = await session.scalar(select(func.count()).select_from(Adapter).where(
+                Adapter.sha256 == sha256, Adapter.deleted_at.is_(None)))
+        if not still_live:
+            await self.cache.invalidate(RETIRED_CONTENT + sha256)

@@ -87,6 +87,7 @@ class RegistryCache:
         self.ttl_s = ttl_s
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
+        self._watchers: list[tuple[str, Callable[[str], None]]] = []
         if redis is not None:
             redis.on_recover(self._after_outage)
 
@@ -103,6 +104,19 @@ class RegistryCache:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listener
             self._listener = None
+
+    def on_invalidate(self, prefix: str, callback: Callable[[str], None]) -> None:
+        """Call ``callback(rest of the key)`` whenever a key starting with ``prefix`` is invalidated, here or
+        (through Redis) on another replica; our own invalidations may arrive a second time that way."""
+        self._watchers.append((prefix, callback))
+
+    def _notify(self, key: str) -> None:
+        for prefix, callback in self._watchers:
+            if key.startswith(prefix):
+                try:
+                    callback(key[len(prefix):])
+                except Exception:  # a watcher's failure must not stop invalidation
+                    log.exception("invalidation watcher for %r failed on %r", prefix, key)
 
     def _use_local(self) -> bool:
         # Without Redis this process is the only writer; with Redis, L1 is safe only while subscribed.
@@ -138,6 +152,7 @@ class RegistryCache:
     async def invalidate(self, key: str) -> None:
         """Drop `key` here, in Redis and (via pub/sub) on every other replica."""
         self.local.invalidate(key)
+        self._notify(key)
         if self.redis is None:
             return
 
@@ -168,7 +183,9 @@ class RegistryCache:
                 delay = 0.2
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
-                        self.local.invalidate(_text(message["data"]))
+                        key = _text(message["data"])
+                        self.local.invalidate(key)
+                        self._notify(key)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # connection lost: fall back to SQL until resubscribed

@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from loraplex.engine import AsyncEngine
 from loraplex.platform.db.session import Database
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.services.adapters import AdapterService
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.engine_adapters import EngineAdapters
-from loraplex.platform.services.openai_responses import TokenTexts
+from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenants import TenantService
@@ -27,7 +27,7 @@ class Services:
     tenants: TenantService
     rate_limiter: RateLimiter
     adapters: AdapterService
-    engine: Any  # loraplex.engine.AsyncEngine
+    engine: AsyncEngine
     engine_adapters: EngineAdapters
     metrics: Metrics
     token_texts: TokenTexts

@@ -14,14 +14,17 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from loraplex.engine import AdapterRef, RequestError, RequestOutput, SamplingParams
+from loraplex.engine import AdapterRef, RequestOutput, SamplingParams
 from loraplex.grammar.spec import GrammarError
-from loraplex.platform.errors import ApiError
+from loraplex.platform.errors import REFUSALS, ApiError, engine_error
 from loraplex.platform.metrics import Metrics
+
+if TYPE_CHECKING:
+    from loraplex.engine import AsyncEngine
 
 _DONE = object()
 
@@ -52,7 +55,7 @@ class Generation:
     _merged: AsyncGenerator[tuple[int, RequestOutput], None] | None = field(default=None)
 
     @classmethod
-    async def start(cls, engine: Any, inputs: list[ChoiceInput], adapter: AdapterRef | None, *, salt: str,
+    async def start(cls, engine: AsyncEngine, inputs: list[ChoiceInput], adapter: AdapterRef | None, *, salt: str,
                     metrics: Metrics, labels: tuple[str, str], arrival: float,
                     structured_param: str | None = None) -> "Generation":
         request_id = f"cmpl-{uuid.uuid4().hex}"
@@ -64,7 +67,10 @@ class Generation:
         if errors or failed:
             await _close_all(streams)
             if errors:
-                raise _api_error(errors[0], structured_param)
+                error = errors[0]
+                if isinstance(error, REFUSALS):
+                    raise engine_error(error, structured_param if isinstance(error, GrammarError) else None)
+                raise error
             raise ApiError(500, failed[0].error or "the engine failed this request", code="engine_error")
         now = time.perf_counter()
         choices = [_Choice(c.index, s, f, now) for c, s, f in zip(inputs, streams, firsts)]  # type: ignore[misc]
@@ -161,14 +167,3 @@ async def _close_all(streams: list[AsyncIterator[RequestOutput]]) -> None:
     for stream in streams:
         with contextlib.suppress(Exception):
             await stream.aclose()  # type: ignore[attr-defined]
-
-
-def _api_error(exc: BaseException, structured_param: str | None) -> BaseException:
-    if isinstance(exc, GrammarError):
-        return ApiError(400, f"invalid structured-output constraint: {exc}", param=structured_param,
-                        code="invalid_schema")
-    if isinstance(exc, RequestError):
-        message = str(exc)
-        code = "context_length_exceeded" if "max_model_len" in message else "invalid_request"
-        return ApiError(400, message, code=code)
-    return exc

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.engine import LLMEngine, SamplingParams
+from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
 from tests.engine.helpers import HFOracle, LogitsRecorder, run_to_completion
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -30,7 +30,7 @@ def test_staggered_chunked_batch_matches_hf(tiny_llama_dir, oracle):
     eng = LLMEngine(model=str(tiny_llama_dir), max_num_batched_tokens=48, max_num_seqs=6, num_kv_blocks=200,
                     block_size=8, enable_prefix_caching=True)
     rec = LogitsRecorder()
-    eng.logits_observer = rec
+    eng.probe = EngineProbe(on_logits=rec)
     ps = prompts(14)
     arrivals = {}
     for i, p in enumerate(ps):

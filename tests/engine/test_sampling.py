@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from loraplex.engine import LLMEngine, SamplingParams
+from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
 from loraplex.engine.detokenizer import IncrementalDetokenizer
 from tests.engine.helpers import run_to_completion
 
@@ -32,11 +32,11 @@ def test_top_k_1_and_tiny_top_p_equal_greedy(engine):
 def test_top_k_restricts_to_the_k_most_likely(engine):
     seen = set()
     first_logits = {}
-    engine.logits_observer = lambda ids, pos, logits: first_logits.setdefault("l", logits[0].clone())
+    engine.probe = EngineProbe(on_logits=lambda ids, pos, logits: first_logits.setdefault("l", logits[0].clone()))
     for seed in range(30):
         out = generate(engine, SamplingParams(max_tokens=1, temperature=5.0, top_k=3, seed=seed))
         seen.add(out.token_ids[0])
-    engine.logits_observer = None
+    engine.probe = None
     top3 = set(first_logits["l"].topk(3).indices.tolist())
     assert seen <= top3 and len(seen) >= 2
 
@@ -70,9 +70,9 @@ def test_stop_token_ids_and_max_tokens(engine):
 
 def test_logprobs_are_consistent(engine):
     captured = []
-    engine.logits_observer = lambda ids, pos, logits: captured.append(logits[0].clone())
+    engine.probe = EngineProbe(on_logits=lambda ids, pos, logits: captured.append(logits[0].clone()))
     out = generate(engine, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=4))
-    engine.logits_observer = None
+    engine.probe = None
     assert len(out.logprobs) == 5
     for lp, logits in zip(out.logprobs, captured):
         ref = torch.log_softmax(logits, -1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.engine import LLMEngine, SamplingParams
+from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
 from tests.engine.helpers import HFOracle, LogitsRecorder, run_to_completion
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def test_staggered_continuous_batch_matches_hf_alone(smol_dir):
     eng = LLMEngine(model=None, max_num_batched_tokens=64, max_num_seqs=16, num_kv_blocks=400,
                     enable_prefix_caching=True)
     rec = LogitsRecorder()
-    eng.logits_observer = rec
+    eng.probe = EngineProbe(on_logits=rec)
     prompts = build_prompts(eng.tokenizer)
     assert len(prompts) >= 24
     eos = eng.tokenizer.eos_token_id

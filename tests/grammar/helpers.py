@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from loraplex.env import schema_suite
 
 REPO = Path(__file__).resolve().parents[2]
 EOS = 2  # <|im_end|>
@@ -12,8 +13,8 @@ VOCAB = 49152
 
 def suite_path() -> Path:
     """The JSON-Schema-Test-Suite subset: $LORAPLEX_SCHEMA_SUITE, else shared/schemas beside or in the repo."""
-    env = os.environ.get("LORAPLEX_SCHEMA_SUITE")
-    candidates = [Path(env)] if env else []
+    given = schema_suite()
+    candidates = [given] if given else []
     candidates += [REPO.parent / "shared" / "schemas" / "suite.jsonl", REPO / "shared" / "schemas" / "suite.jsonl"]
     for cand in candidates:
         if cand.is_file():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.kernels.cpu_attention import (
+from loraplex.kernels.cpu_decode_attention import (
     cpu_decode_kernel_available,
     paged_decode_attention,
     paged_decode_attention_c,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from loraplex.engine import LLMEngine, SamplingParams
-from loraplex.engine.lora_admission import LoRAAdmission
+from loraplex.engine.lora.admission import LoRAAdmission
 from loraplex.engine.sequence import Sequence
 from tests.lora.helpers import assert_no_leaks, drive
 

@@ -5,7 +5,7 @@ import pytest
 
 from loraplex.adapters import BaseModelSpec, inspect_adapter
 from loraplex.engine import LLM, AdapterRef, AsyncEngine, LLMEngine, RequestError, SamplingParams
-from loraplex.engine.llama import read_config
+from loraplex.engine.model_files import check_model_dir
 from tests.lora.helpers import assert_no_leaks, drive
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -17,7 +17,7 @@ def test_llm_generate_with_refs_paths_and_base(tiny_llama_dir, tiny_adapters):
     llm = LLM(model=str(tiny_llama_dir), max_loras=2, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64,
               block_size=8)
     ref = llm.add_adapter(dirs["a9"])
-    base = BaseModelSpec.from_hf_config(read_config(tiny_llama_dir))
+    base = BaseModelSpec.from_hf_config(check_model_dir(tiny_llama_dir))
     assert isinstance(ref, AdapterRef) and ref.name == "a9" and ref.path == str(dirs["a9"])
     assert ref.content_hash == inspect_adapter(dirs["a9"], base, max_lora_rank=8).content_hash
     params = SamplingParams(max_tokens=5, **GREEDY)

@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from loraplex.engine import LLMEngine, SamplingParams
+from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
 from tests.engine.helpers import LogitsRecorder
 from tests.lora.helpers import assert_no_leaks, drive
 
@@ -18,7 +18,7 @@ def test_forty_adapters_through_four_slots(tiny_llama_dir, tiny_adapters):
     eng = LLMEngine(model=str(tiny_llama_dir), max_loras=4, max_cpu_loras=8, max_lora_rank=8, max_num_seqs=8,
                     max_num_batched_tokens=64, num_kv_blocks=96, block_size=8)
     rec = LogitsRecorder()
-    eng.logits_observer = rec
+    eng.probe = EngineProbe(on_logits=rec)
     refs = {name: eng.add_adapter(str(path)) for name, path in dirs.items()}
     g = torch.Generator().manual_seed(7)
     shared = torch.randint(3, 40000, (19,), generator=g).tolist()

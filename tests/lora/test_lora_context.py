@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from loraplex.adapters import LORA_GROUPS, BaseModelSpec
-from loraplex.engine import lora_context
-from loraplex.engine.lora_context import DENSE_MIN_TOKENS, StepLoRAContext
-from loraplex.engine.lora_slots import HostAdapter, LoRASlots
-from loraplex.kernels import lora as kernels
+from loraplex.engine.lora.context import DENSE_MIN_TOKENS, StepLoRAContext
+from loraplex.engine.lora.slot_weights import HostAdapter, SlotWeights
+from loraplex.kernels.backend import cpu_c_backend, torch_backend, triton_backend
+from loraplex.kernels.cpu_lora import cpu_lora_kernel_available
 from tests.device import TEST_DEVICE, on_test_device
 
 BASE = BaseModelSpec(architecture="LlamaForCausalLM", model_type="llama", hidden_size=24, intermediate_size=40,
@@ -20,10 +20,10 @@ RANKS = [8, 3, 5, 1]  # per slot; slot 3 touches layer 1's qkv only
 
 
 def make_slots(gen: torch.Generator, dtype: torch.dtype = torch.float32,
-               device: torch.device = torch.device("cpu")) -> tuple[LoRASlots, dict]:
+               device: torch.device = torch.device("cpu")) -> tuple[SlotWeights, dict]:
     """Slots of storage ``dtype`` on ``device`` and, for the reference, the float32 weights they hold (rounded
     to ``dtype``, on the CPU)."""
-    slots = LoRASlots(BASE, len(RANKS), MAX_RANK, device, dtype)
+    slots = SlotWeights(BASE, len(RANKS), MAX_RANK, device, dtype)
     dense = {}  # (slot, layer, group) -> (A [slices, r, in], B [out_total, r]) for the reference
     for slot, r in enumerate(RANKS):
         weights = {}
@@ -65,20 +65,17 @@ SEQ_LENS = [DENSE_MIN_TOKENS + 5, 20, 1, 1, 1, 1, 1, 9, 9, 3]
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["c-kernel", "torch-cpu-paths", "triton"])
-def test_step_context_matches_per_token_math(mode, weight_dtype, monkeypatch):
+def test_step_context_matches_per_token_math(mode, weight_dtype):
     """bfloat16 slots (lora_dtype) under float32 activations: the C kernel widens the weights itself, the
     other paths get them cast; every path matches the math on the stored (rounded) weights."""
     triton = mode == "triton"
     gen = torch.Generator().manual_seed(0)
     slots, dense = make_slots(gen, weight_dtype, TEST_DEVICE if triton else torch.device("cpu"))
-    if mode == "c-kernel" and not lora_context.cpu_lora_kernel_available():
+    if mode == "c-kernel" and not cpu_lora_kernel_available():
         pytest.skip("needs a C compiler")
-    if mode == "torch-cpu-paths":
-        monkeypatch.setattr(lora_context, "cpu_lora_kernel_available", lambda: False)
-    if triton:  # what the context does on CUDA: no dense runs, every token through the Triton kernels
-        monkeypatch.setattr(lora_context, "lora_shrink", kernels.lora_shrink_triton)
-        monkeypatch.setattr(lora_context, "lora_expand", kernels.lora_expand_triton)
-    ctx = StepLoRAContext(slots, SEQ_SLOTS, SEQ_LENS, cpu_paths=not triton, compute_dtype=torch.float32)
+    # triton is what the context does on CUDA: no dense runs, every token through the Triton kernels
+    backend = {"c-kernel": cpu_c_backend, "torch-cpu-paths": torch_backend, "triton": triton_backend}[mode]()
+    ctx = StepLoRAContext(slots, SEQ_SLOTS, SEQ_LENS, backend, compute_dtype=torch.float32)
     if triton:
         assert not ctx.runs and ctx.rows is not None
     elif mode == "c-kernel":  # every token through the C kernel, in place
@@ -102,7 +99,7 @@ def test_step_context_matches_per_token_math(mode, weight_dtype, monkeypatch):
 
 def test_base_only_layers_are_skipped():
     slots, _ = make_slots(torch.Generator().manual_seed(1))
-    ctx = StepLoRAContext(slots, [3, -1], [1, 4])
+    ctx = StepLoRAContext(slots, [3, -1], [1, 4], torch_backend())
     assert ctx.active == frozenset({(1, "qkv")})
     x, y = torch.randn(5, 24), torch.zeros(5, 24)
     ctx.apply(0, "o", x, y)  # slot 3 has no o projection: nothing happens

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from loraplex.engine import LLMEngine, SamplingParams
+from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
 from tests.engine.helpers import LogitsRecorder
 from tests.lora.conftest import MODULES
 from tests.lora.helpers import PeftOracle, assert_no_leaks, drive, load_hf, save_adapter
@@ -37,7 +37,7 @@ def _run(tiny_llama_dir, adapters: dict[str, str], lora_dtype: str | None) -> tu
     eng = LLMEngine(model=str(tiny_llama_dir), max_loras=3, max_cpu_loras=3, max_lora_rank=8, num_kv_blocks=64,
                     block_size=8, lora_dtype=lora_dtype)
     rec = LogitsRecorder()
-    eng.logits_observer = rec
+    eng.probe = EngineProbe(on_logits=rec)
     refs = {name: eng.add_adapter(path) for name, path in adapters.items()}
     names = [*adapters, None]
     done = drive(eng, {0: [dict(prompt_token_ids=p, params=SamplingParams(**GREEDY), request_id=f"r{i}",
@@ -52,7 +52,7 @@ def test_bfloat16_storage_is_exact_for_bfloat16_weights(tiny_llama_dir, bf16_exa
     adapters = {"x0": str(dirs["x0"]), "x1": str(dirs["x1"]), "a0": str(other_dirs["a0"])}  # a0: any weights
     eng16, done16, rec16 = _run(tiny_llama_dir, adapters, "bfloat16")
     eng32, done32, rec32 = _run(tiny_llama_dir, adapters, None)
-    slots16, slots32 = eng16.lora_manager.slots.weights, eng32.lora_manager.slots.weights
+    slots16, slots32 = eng16.lora_manager.slot_table.weights, eng32.lora_manager.slot_table.weights
     assert slots16.a["qkv"].dtype == torch.bfloat16 and slots32.a["qkv"].dtype == torch.float32
     assert 2 * slots16.nbytes() == slots32.nbytes()
     host16, host32 = eng16.lora_manager._host, eng32.lora_manager._host
@@ -85,8 +85,8 @@ def test_float16_storage_rounds_far_less_than_bfloat16(tiny_llama_dir, tiny_adap
     eng32, done32, rec32 = _run(tiny_llama_dir, adapters, None)
     eng16, done16, rec16 = _run(tiny_llama_dir, adapters, "float16")
     engb, doneb, recb = _run(tiny_llama_dir, adapters, "bfloat16")
-    assert eng16.lora_manager.slots.weights.a["qkv"].dtype == torch.float16
-    assert 2 * eng16.lora_manager.slots.weights.nbytes() == eng32.lora_manager.slots.weights.nbytes()
+    assert eng16.lora_manager.slot_table.weights.a["qkv"].dtype == torch.float16
+    assert 2 * eng16.lora_manager.slot_table.weights.nbytes() == eng32.lora_manager.slot_table.weights.nbytes()
     for i, name in enumerate(adapters):
         rid = f"r{i}"
         assert done16[rid].token_ids == oracle.greedy(name, PROMPTS[i], GREEDY["max_tokens"], None), name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loraplex.engine import LLMEngine, SamplingParams
+from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
 from tests.engine.helpers import LogitsRecorder
 from tests.lora.helpers import PeftOracle, assert_no_leaks, drive, load_hf, save_adapter
 
@@ -46,7 +46,7 @@ def test_mixed_batch_matches_peft_per_adapter(smol_dir, setup):
     eng = LLMEngine(model=None, max_loras=16, max_cpu_loras=16, max_lora_rank=16, max_num_seqs=32,
                     max_num_batched_tokens=1024, num_kv_blocks=256)
     rec = LogitsRecorder()
-    eng.logits_observer = rec
+    eng.probe = EngineProbe(on_logits=rec)
     tok = eng.tokenizer
     eos = tok.eos_token_id
     refs = {name: eng.add_adapter(str(path), name) for name, path in dirs.items()}

@@ -1,7 +1,7 @@
 """OpenAI-compatible request and response bodies (plus vLLM's extra request fields).
 
 Requests accept unknown fields (clients send new OpenAI fields all the time); fields we cannot honour
-are refused explicitly in `serving.py` rather than ignored silently."""
+are refused explicitly in `translate.py` rather than ignored silently."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal

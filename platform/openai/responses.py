@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import msgspec
 
 from loraplex.engine import RequestOutput, TokenLogprob
 from loraplex.platform.errors import error_body
-from loraplex.platform.openai_schemas import AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, \
-    ChatCompletionChunk, ChatDelta, ChatLogprobs, ChatTokenLogprob, Completion, CompletionChoice, \
-    CompletionLogprobs, PromptTokensDetails, TopLogprob, Usage
+from loraplex.platform.openai.schemas import AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, \
+    ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatLogprobs, ChatTokenLogprob, Completion, \
+    CompletionChoice, CompletionLogprobs, CompletionRequest, PromptTokensDetails, TopLogprob, Usage
 from loraplex.platform.services.generation import Generation
 
 _encoder = msgspec.json.Encoder()
@@ -105,7 +105,7 @@ def completion(rid: str, created: int, model: str, results: dict[int, list[Reque
 
 
 async def chat_stream(gen: Generation, rid: str, created: int, model: str, want_logprobs: bool,
-                      include_usage: bool, text: TokenTexts) -> AsyncIterator[bytes]:
+                      include_usage: bool, text: TokenTexts) -> AsyncGenerator[bytes, None]:
     """SSE events of a streamed chat completion; closing this iterator aborts the generation."""
     tokens: dict[int, int] = {}
     prompt_len = cached = 0
@@ -133,7 +133,7 @@ async def chat_stream(gen: Generation, rid: str, created: int, model: str, want_
 
 
 async def completion_stream(gen: Generation, rid: str, created: int, model: str, n: int, want_logprobs: bool,
-                            include_usage: bool, text: TokenTexts) -> AsyncIterator[bytes]:
+                            include_usage: bool, text: TokenTexts) -> AsyncGenerator[bytes, None]:
     tokens: dict[int, int] = {}
     prompt_lens: dict[int, int] = {}
     offsets: dict[int, int] = {}
@@ -159,3 +159,19 @@ async def completion_stream(gen: Generation, rid: str, created: int, model: str,
         yield SSE_DONE
     finally:
         await gen.close()
+
+
+def body(rid: str, created: int, req: CompletionRequest | ChatCompletionRequest,
+         results: dict[int, list[RequestOutput]], text: TokenTexts) -> Completion | ChatCompletion:
+    """The JSON response of a finished generation request, in the shape of its route."""
+    if isinstance(req, ChatCompletionRequest):
+        return chat_completion(rid, created, req.model, results, req.logprobs, text)
+    return completion(rid, created, req.model, results, req.n, req.logprobs is not None, text)
+
+
+def stream(gen: Generation, rid: str, created: int, req: CompletionRequest | ChatCompletionRequest,
+           include_usage: bool, text: TokenTexts) -> AsyncGenerator[bytes, None]:
+    """The server-sent events of a streamed generation request, in the shape of its route."""
+    if isinstance(req, ChatCompletionRequest):
+        return chat_stream(gen, rid, created, req.model, req.logprobs, include_usage, text)
+    return completion_stream(gen, rid, created, req.model, req.n, req.logprobs is not None, include_usage, text)

@@ -7,8 +7,9 @@ from typing import Any
 
 from loraplex.engine import RequestError, SamplingParams
 from loraplex.grammar.spec import GrammarError, StructuredSpec
-from loraplex.platform.errors import ApiError, bad_request
-from loraplex.platform.openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from loraplex.platform.errors import ApiError, bad_request, engine_error
+from loraplex.platform.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from loraplex.platform.services.generation import ChoiceInput
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -109,7 +110,7 @@ def resolve_max_tokens(prompt_len: int, requested: int | None, default: int | No
 
 
 def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
-                    structured: Any) -> list[SamplingParams]:
+                    structured: StructuredSpec | None) -> list[SamplingParams]:
     """One SamplingParams per choice (n); with a seed, choice i uses seed + i so choices differ."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     params = []
@@ -131,8 +132,27 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
                 skip_special_tokens=req.skip_special_tokens,
             ))
         except RequestError as exc:
-            raise bad_request(str(exc)) from None
+            raise engine_error(exc) from None
     return params
+
+
+def choice_inputs(tokenizer: Any, max_model_len: int, req: CompletionRequest | ChatCompletionRequest,
+                  spec: StructuredSpec | None) -> list[ChoiceInput]:
+    """One engine input per choice: ``n`` per prompt (a completion request may carry several prompts)."""
+    if isinstance(req, ChatCompletionRequest):
+        prompt_ids = chat_prompt(tokenizer, req)
+        requested, param = ((req.max_completion_tokens, "max_completion_tokens")
+                            if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
+        max_tokens = resolve_max_tokens(len(prompt_ids), requested, None, max_model_len, param)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        return [ChoiceInput(i, prompt_ids, p) for i, p in enumerate(sampling_params(req, max_tokens, logprobs, spec))]
+    inputs: list[ChoiceInput] = []
+    for p, ids in enumerate(completion_prompts(tokenizer, req.prompt)):
+        max_tokens = resolve_max_tokens(len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, max_model_len,
+                                        "max_tokens")
+        for i, params in enumerate(sampling_params(req, max_tokens, req.logprobs, spec)):
+            inputs.append(ChoiceInput(p * req.n + i, ids, params))
+    return inputs
 
 
 def structured_request(req: SamplingFields) -> dict[str, Any] | None:
@@ -185,5 +205,4 @@ def structured_spec(structured: dict[str, Any] | None) -> StructuredSpec | None:
     try:
         return StructuredSpec(**{structured["kind"]: structured["value"]})
     except GrammarError as exc:
-        raise bad_request(f"invalid structured-output constraint: {exc}", param=structured["field"],
-                          code="invalid_schema") from None
+        raise engine_error(exc, param=structured["field"]) from None

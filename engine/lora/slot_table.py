@@ -1,19 +1,19 @@
 """Which adapter sits in which device slot: slot choice (free first, then the least recently used among
-those no running sequence needs), and load / eviction counts. The weights live in ``LoRASlots``.
+those no running sequence needs), and load / eviction counts. The weights live in ``SlotWeights``.
 """
 from __future__ import annotations
 
 import torch
 
 from loraplex.adapters import BaseModelSpec
-from loraplex.engine.lora_slots import HostAdapter, LoRASlots
+from loraplex.engine.lora.slot_weights import HostAdapter, SlotWeights
 
 
-class DeviceSlots:
+class SlotTable:
     def __init__(self, base: BaseModelSpec, num_slots: int, max_rank: int, device: torch.device,
                  dtype: torch.dtype) -> None:
         self.num_slots = num_slots
-        self.weights = LoRASlots(base, num_slots, max_rank, device, dtype)
+        self.weights = SlotWeights(base, num_slots, max_rank, device, dtype)
         self._where: dict[str, int] = {}
         self._holder: list[str | None] = [None] * num_slots
         self._last_used: list[int] = [0] * num_slots  # step of last use, for LRU

@@ -2,9 +2,9 @@
 
 Life of an adapter, by content hash:
 
-1. ``add`` (``LLM.add_adapter``) reads, checks and stacks it into the host LRU at once when a host slot is
-   free, as vLLM's ``add_lora`` does; the read it needs for the content hash is the load's read, so
-   this costs little more than checking it. Otherwise, a request names it (``register``: hash -> path),
+1. ``read`` (any thread) reads, checks and stacks it, and ``install`` keeps it in the host LRU at once when a
+   host slot is free, as vLLM's ``add_lora`` does (``add`` is both); the read it needs for the content hash
+   is the load's read, so this costs little more than checking it. Otherwise, a request names it (``register``: hash -> path),
    and while requests for it wait, ``plan_loads`` (once per step, in waiting order) gives it room in the
    host LRU and a loader thread reads, checks and stacks it.
    Host entries that waiting requests still need are never evicted, so loads cannot thrash.
@@ -13,7 +13,7 @@ Life of an adapter, by content hash:
 3. A failed load is kept until the engine takes it (``take_failures``) and fails the requests waiting
    for that adapter; every other request goes on.
 
-All methods except the loader callbacks run on the engine thread; the host LRU and the loading /
+All methods except ``read`` and the loader callbacks run on the engine thread; the host LRU and the loading /
 failure tables are shared with the loader threads under one lock.
 """
 from __future__ import annotations
@@ -23,28 +23,39 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from loraplex.adapters import (LORA_GROUPS, AdapterError, AdapterLimits, BaseModelSpec, load_adapter,
                                stack_adapter)
-from loraplex.engine.adapter_ref import AdapterRef
-from loraplex.engine.lora_context import StepLoRAContext
-from loraplex.engine.lora_device import DeviceSlots
-from loraplex.engine.lora_slots import HostAdapter
+from loraplex.engine.lora.ref import AdapterRef
+from loraplex.engine.lora.context import StepLoRAContext
+from loraplex.engine.lora.slot_table import SlotTable
+from loraplex.engine.lora.slot_weights import HostAdapter
 from loraplex.engine.sequence import Sequence
 from loraplex.engine.threads import single_threaded_torch
+from loraplex.kernels.backend import ComputeBackend
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class CheckedAdapter:
+    """An adapter read and checked against the base model: its ref and its stacked weights in host memory."""
+
+    ref: AdapterRef
+    host: HostAdapter
+
+
 class LoRAManager:
     def __init__(self, base: BaseModelSpec, *, max_loras: int, max_cpu_loras: int, max_lora_rank: int,
-                 device: torch.device, dtype: torch.dtype, compute_dtype: torch.dtype | None = None,
-                 loader_workers: int = 2, limits: AdapterLimits = AdapterLimits()) -> None:
+                 device: torch.device, dtype: torch.dtype, backend: ComputeBackend,
+                 compute_dtype: torch.dtype | None = None, loader_workers: int = 2,
+                 limits: AdapterLimits = AdapterLimits()) -> None:
         """``dtype``: the weights' storage dtype; ``compute_dtype`` (default: ``dtype``): the model's, which
-        the LoRA arithmetic runs in."""
+        the LoRA arithmetic runs in; ``backend``: the engine's kernels, which the step contexts use."""
         if max_cpu_loras < max_loras:
             raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be >= max_loras ({max_loras})")
         self.base = base
@@ -54,8 +65,9 @@ class LoRAManager:
         self.device = device
         self.dtype = dtype
         self.compute_dtype = compute_dtype or dtype
+        self.backend = backend
         self.limits = limits
-        self.slots = DeviceSlots(base, max_loras, max_lora_rank, device, dtype)
+        self.slot_table = SlotTable(base, max_loras, max_lora_rank, device, dtype)
         self._step = 0
         self._paths: dict[str, str] = {}
         # shared with loader threads
@@ -66,27 +78,38 @@ class LoRAManager:
         self._failed: dict[str, str] = {}
         self._pool = ThreadPoolExecutor(max_workers=loader_workers, thread_name_prefix="loraplex-lora-loader",
                                         initializer=single_threaded_torch)
-        # statistics (device slot loads and evictions: self.slots)
+        # statistics (device slot loads and evictions: self.slot_table)
         self.num_disk_loads = 0
         self.num_host_evictions = 0
         self.num_load_failures = 0
 
     # ------------------------------------------------------------------ adapter identity
-    def add(self, path: str | Path, name: str | None = None) -> AdapterRef:
-        """Read and check an adapter (raises AdapterError) and keep it in host memory if a host slot is free.
+    def read(self, path: str | Path, name: str | None = None) -> CheckedAdapter:
+        """Read, check and stack an adapter (raises AdapterError). Touches no manager state: any thread may call
+        it, and the engine thread then ``install``s the result."""
+        host = self._read_host_adapter(str(path))
+        return CheckedAdapter(AdapterRef(content_hash=host.content_hash, path=str(path), name=name or Path(path).name),
+                              host)
+
+    def install(self, adapter: CheckedAdapter) -> None:
+        """Remember where the adapter loads from, and keep its host copy while a host slot is free.
 
         Never evicts: a full host LRU keeps serving the adapters in use, and this one loads on demand.
-        Thread-safe: besides the host LRU, shared under the lock, it touches no manager state.
         """
-        host = self._read_host_adapter(str(path))
-        ref = AdapterRef(content_hash=host.content_hash, path=str(path), name=name or Path(path).name)
+        self.register(adapter.ref)
+        content_hash = adapter.ref.content_hash
         with self._lock:
-            if host.content_hash in self._host:
-                self._host.move_to_end(host.content_hash)
-            elif host.content_hash not in self._loading and self._host_has_room():
-                self._store(host)
-                self._failed.pop(host.content_hash, None)
-        return ref
+            if content_hash in self._host:
+                self._host.move_to_end(content_hash)
+            elif content_hash not in self._loading and self._host_has_room():
+                self._store(adapter.host)
+                self._failed.pop(content_hash, None)
+
+    def add(self, path: str | Path, name: str | None = None) -> AdapterRef:
+        """``read`` then ``install``, on the calling thread."""
+        adapter = self.read(path, name)
+        self.install(adapter)
+        return adapter.ref
 
     def register(self, ref: AdapterRef) -> None:
         """Remember where to load ``ref`` from (the latest path wins)."""
@@ -100,16 +123,16 @@ class LoRAManager:
         in_use = {s.adapter_hash for s in running}
         with self._lock:
             dropped = self._host.pop(content_hash, None) is not None
-        if content_hash in self.slots and content_hash not in in_use:
-            dropped = self.slots.release(content_hash) or dropped
+        if content_hash in self.slot_table and content_hash not in in_use:
+            dropped = self.slot_table.release(content_hash) or dropped
         else:
-            self.slots.demote(content_hash)  # evicted first once its sequences finish
+            self.slot_table.demote(content_hash)  # evicted first once its sequences finish
         return dropped
 
     # ------------------------------------------------------------------ loading (host LRU)
     def is_ready(self, content_hash: str) -> bool:
         """Whether requests for this adapter can run now (in a device slot or loaded in host memory)."""
-        if content_hash in self.slots:
+        if content_hash in self.slot_table:
             return True
         with self._lock:
             return content_hash in self._host
@@ -125,7 +148,7 @@ class LoRAManager:
         with self._lock:
             pinned: set[str] = set()
             for h in wanted:
-                if h in self.slots or h in self._failed:
+                if h in self.slot_table or h in self._failed:
                     continue
                 if h in self._host or h in self._loading:
                     pinned.add(h)
@@ -141,7 +164,7 @@ class LoRAManager:
                 self._loading.add(h)  # reserves the host room
                 start.append(h)
                 pinned.add(h)
-            live = set(wanted) | keep | set(self.slots.resident()) | set(self._host) | self._loading | set(self._failed)
+            live = set(wanted) | keep | set(self.slot_table.resident()) | set(self._host) | self._loading | set(self._failed)
         # Submitted outside the lock: a callback of an already finished future runs in this thread.
         for h in start:
             fut = self._pool.submit(self._load, h, self._paths[h])
@@ -166,7 +189,7 @@ class LoRAManager:
         weights = {}
         for (layer, group), (a, b) in stacked.items():
             if any((layer, m) in touched for m in LORA_GROUPS[group]):
-                b = b.t().contiguous()  # the slots hold B transposed (see lora_slots)
+                b = b.t().contiguous()  # the slots hold B transposed (see slot_weights)
                 if self.device.type == "cuda":
                     a, b = a.pin_memory(), b.pin_memory()
                 weights[(layer, group)] = (a, b)
@@ -209,11 +232,6 @@ class LoRAManager:
             if self._loading:
                 self._loaded.wait(timeout)
 
-    @property
-    def num_loading(self) -> int:
-        with self._lock:
-            return len(self._loading)
-
     # ------------------------------------------------------------------ device slots
     def _host_copy(self, content_hash: str) -> HostAdapter | None:
         with self._lock:
@@ -237,31 +255,33 @@ class LoRAManager:
         for seq in seqs:
             h = seq.adapter_hash
             if h is not None and h not in slot_of:
-                host = None if h in self.slots else self._host_copy(h)
-                slot_of[h] = self.slots.activate(h, host, in_use | {h}, self._step)
+                host = None if h in self.slot_table else self._host_copy(h)
+                slot_of[h] = self.slot_table.activate(h, host, in_use | {h}, self._step)
             slots.append(slot_of[h] if h is not None else -1)
-        return StepLoRAContext(self.slots.weights, slots, list(num_new_tokens), compute_dtype=self.compute_dtype)
+        return StepLoRAContext(self.slot_table.weights, slots, list(num_new_tokens), self.backend,
+                               compute_dtype=self.compute_dtype)
 
     # ------------------------------------------------------------------ introspection
     def resident(self) -> list[str]:
-        return self.slots.resident()
+        return self.slot_table.resident()
 
     def stats(self, running: Iterable[Sequence] = (), waiting: Iterable[Sequence] = ()) -> dict:
         """Counters and adapter lists (content hashes) for metrics and vLLM's lora_requests_info."""
         with self._lock:
-            cpu = len(self._host)
+            host = list(self._host)
         return {
             "running_adapters": sorted({s.adapter_hash for s in running if s.adapter_hash}),
             "waiting_adapters": list(dict.fromkeys(s.adapter_hash for s in waiting if s.adapter_hash)),
             "max_loras": self.max_loras,
             "max_cpu_loras": self.max_cpu_loras,
-            "lora_loads": self.slots.num_loads,
-            "lora_evictions": self.slots.num_evictions,
+            "lora_loads": self.slot_table.num_loads,
+            "lora_evictions": self.slot_table.num_evictions,
             "lora_disk_loads": self.num_disk_loads,
             "lora_cpu_evictions": self.num_host_evictions,
             "lora_load_failures": self.num_load_failures,
             "resident_adapters": self.resident(),
-            "cpu_adapters": cpu,
+            "cpu_adapters": len(host),
+            "host_adapters": host,
         }
 
     def check_invariants(self, running: Iterable[Sequence]) -> None:
@@ -269,7 +289,7 @@ class LoRAManager:
         adapters = {s.adapter_hash for s in running if s.adapter_hash}
         if len(adapters) > self.max_loras:
             raise AssertionError(f"{len(adapters)} distinct adapters run, max_loras is {self.max_loras}")
-        self.slots.check_invariants(adapters)
+        self.slot_table.check_invariants(adapters)
         with self._lock:
             if len(self._host) + len(self._loading) > self.max_cpu_loras:
                 raise AssertionError(f"{len(self._host)} loaded + {len(self._loading)} loading adapters exceed "

@@ -29,7 +29,7 @@ class HostAdapter:
     nbytes: int
 
 
-class LoRASlots:
+class SlotWeights:
     def __init__(self, base: BaseModelSpec, num_slots: int, max_rank: int, device: torch.device,
                  dtype: torch.dtype) -> None:
         self.num_slots = num_slots

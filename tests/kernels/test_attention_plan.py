@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.engine.attention_backend import (AttentionMetadata, CausalPlan, CDecodePlan, CPrefillPlan, GroupPlan,
+from loraplex.kernels.attention_plan import (AttentionMetadata, CausalPlan, CDecodePlan, CPrefillPlan, GroupPlan,
                                                attention)
 from loraplex.kernels.attention import paged_attention_ref
-from loraplex.kernels.cpu_attention import cpu_decode_kernel_available
+from loraplex.kernels.cpu_decode_attention import cpu_decode_kernel_available
 from loraplex.kernels.cpu_prefill_attention import cpu_prefill_kernel_available
 
 BLOCK = 4
@@ -35,8 +35,8 @@ def test_mixed_step_matches_reference(c_kernels, heads, kv_heads):
     q = torch.randn(total, heads, d, generator=g)
     k = torch.randn(total, kv_heads, d, generator=g)
     v = torch.randn(total, kv_heads, d, generator=g)
-    meta = AttentionMetadata.build(q_lens, ctx_lens, tables, BLOCK, torch.device("cpu"), use_triton=False,
-                                   c_kernels=c_kernels)
+    meta = AttentionMetadata.build(q_lens, ctx_lens, tables, BLOCK, torch.device("cpu"),
+                                   backend="cpu-c" if c_kernels else "torch")
     kinds = {type(p) for p in meta.groups}
     assert kinds == ({CDecodePlan, CPrefillPlan} if c_kernels else {CausalPlan, GroupPlan})
     out = attention(q, k, v, k_cache, v_cache, meta, scale=d ** -0.5)  # also stores k/v into the caches

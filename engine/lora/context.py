@@ -1,23 +1,17 @@
 """The per-step LoRA context (llama.LoRAContext): adds each scheduled token's adapter delta in place.
 
 Built once per step from the batch layout: a slot and a token count per scheduled sequence, in batch
-order, which is the order of their tokens in the flat batch. Three paths:
+order, which is the order of their tokens in the flat batch. The path follows the compute backend:
 
-* the batched kernels (``kernels.lora``: Triton SGMV on CUDA, grouped bmm on CPU) for tokens spread over
-  many adapters, typically decodes, with one ``LoRABatchMapping`` per step;
-* on CPU only, runs of at least ``DENSE_MIN_TOKENS`` consecutive tokens under one adapter (prefill chunks)
-  as dense in-place GEMMs on their row range at the adapter's own rank. The grouped CPU path materialises
-  the full-width delta of every token several times (padding, slice concatenation, row selection,
-  scatter-add): for a 2048-token prefill step of Workload A (12 adapters) that costs ~27% of the base
-  model's projection matmuls, dense runs ~8% (one thread). The Triton kernels handle segments natively,
-  so on CUDA all tokens go through them.
-* on CPU with float32 activations (and float32, bfloat16 or float16 weights: ``lora_dtype``), every token goes
-  to the C kernel of ``kernels.cpu_lora`` instead (no dense runs): a decode step spreads ~64 tokens over
-  ~28 adapters, so its cost is reading the adapters' weights and the few-token arithmetic on them, which
-  the C kernel does once per slot at the slot's own rank, without the grouped path's padding, strided
-  slice GEMMs and scatter copies (Workload A decode step: ~130 ms of LoRA work on the grouped path,
-  ~45 ms in C); prefill runs go through it in register-blocked tiles of 8 tokens (a 2048-token prefill
-  step: ~520 ms as dense runs, ~320 ms in C).
+* ``triton``: every token through the segment (SGMV) kernels of ``kernels.lora``, with one
+  ``LoRABatchMapping`` per step; they handle long prefill segments natively.
+* ``cpu-c``: every token through the C kernel of ``kernels.cpu_lora``, which reads each active slot's
+  weights once at the slot's own rank (a decode step's LoRA cost is reading the adapters' weights) with no
+  padding, strided slice GEMMs or scatter copies; prefill tokens go through it in register-blocked tiles.
+* ``torch``: runs of at least ``DENSE_MIN_TOKENS`` consecutive tokens under one adapter (prefill chunks)
+  as dense in-place GEMMs on their row range at the adapter's own rank, because the grouped path
+  materialises every token's full-width delta several times (padding, slice concatenation, row
+  selection, scatter-add); the other tokens through the grouped bmm path of ``kernels.lora``.
 """
 from __future__ import annotations
 
@@ -27,9 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex.engine.lora_slots import LayerGroup, LoRASlots
-from loraplex.kernels.cpu_lora import WEIGHT_DTYPES as C_WEIGHT_DTYPES, CLoRAStep, cpu_lora_kernel_available
-from loraplex.kernels.lora import LoRABatchMapping, lora_expand, lora_shrink
+from loraplex.engine.lora.slot_weights import LayerGroup, SlotWeights
+from loraplex.kernels.backend import ComputeBackend
+from loraplex.kernels.cpu_lora import CLoRAStep
+from loraplex.kernels.lora_mapping import LoRABatchMapping
 
 DENSE_MIN_TOKENS = 16
 
@@ -38,10 +33,8 @@ DENSE_MIN_TOKENS = 16
 def _one_thread(enabled: bool) -> Iterator[None]:
     """Run the enclosed CPU ops on one intra-op thread.
 
-    LoRA work is many small ops per layer; on two OpenMP threads each pays a fork/join and index_add_
-    takes a parallel path that is ~20x slower when the other core is busy: a Workload A decode step's
-    LoRA work took 120 ms on two threads and 56 ms on one on the shared 2-core machine, and a whole
-    Workload A run was ~3% faster with the prefill runs' GEMMs on one thread as well.
+    The torch path's LoRA work is many small ops per layer; on several OpenMP threads each pays a fork/join,
+    and index_add_ takes a parallel path that is much slower when another core is busy.
     """
     threads = torch.get_num_threads()
     if not enabled or threads == 1:
@@ -64,19 +57,22 @@ class DenseRun:
 class StepLoRAContext:
     """Dense runs and a kernel mapping over the remaining tokens of one step."""
 
-    def __init__(self, slots: LoRASlots, seq_slots: list[int], seq_lens: list[int],
-                 cpu_paths: bool | None = None, compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, weights: SlotWeights, seq_slots: list[int], seq_lens: list[int], backend: ComputeBackend,
+                 compute_dtype: torch.dtype | None = None) -> None:
         """``seq_slots[i]``: the slot of the i-th scheduled sequence (-1 = base model); ``seq_lens[i]``: its
-        number of tokens in this step. ``cpu_paths`` (default: the slots are on the CPU) enables the dense
-        runs and the slice-by-slice expand; without them every token goes through the kernels as on CUDA.
-        ``compute_dtype`` (default: the slots' dtype) is the activations'; the C kernel reads float32, bfloat16
-        or float16 weights itself, the torch and Triton paths get the layer's weights cast to it."""
-        self.slots = slots
-        self.cpu_paths = slots.device.type == "cpu" if cpu_paths is None else cpu_paths
-        self.compute_dtype = compute_dtype or slots.a["qkv"].dtype
-        use_c = (self.cpu_paths and slots.device.type == "cpu" and self.compute_dtype == torch.float32
-                 and slots.a["qkv"].dtype in C_WEIGHT_DTYPES and cpu_lora_kernel_available())
-        dense_ok = self.cpu_paths and not use_c
+        number of tokens in this step. ``backend`` picks the path: ``cpu-c`` sends every token to the C
+        kernel, ``torch`` makes dense runs and expands slice by slice, ``triton`` sends every token through the
+        Triton kernels. ``compute_dtype`` (default: the slots' dtype) is the activations'; the C kernel reads
+        float32, bfloat16 or float16 weights itself, the torch and Triton paths get the layer's weights cast
+        to it."""
+        self.weights = weights
+        self.backend = backend
+        self.cpu_paths = backend.name == "torch"  # dense runs and the slice-by-slice expand
+        self.compute_dtype = compute_dtype or weights.a["qkv"].dtype
+        use_c = backend.name == "cpu-c"
+        if use_c and self.compute_dtype != torch.float32:
+            raise ValueError(f"the C LoRA kernel takes float32 activations, not {self.compute_dtype}")
+        dense_ok = self.cpu_paths
         self.runs: list[DenseRun] = []
         token_slots: list[int] = []
         pos = i = 0
@@ -100,18 +96,18 @@ class StepLoRAContext:
         self.rows: torch.Tensor | None = None
         self.c_step: CLoRAStep | None = None
         if rows and use_c:
-            self.mapping = LoRABatchMapping.build(token_slots, slots.num_slots)
-            self.c_step = CLoRAStep({g: (slots.a[g], slots.bt[g], slots.slice_offsets[g]) for g in slots.a},
-                                    self.mapping, torch.tensor(slots.ranks, dtype=torch.int32))
+            self.mapping = LoRABatchMapping.build(token_slots, weights.num_slots)
+            self.c_step = CLoRAStep({g: (weights.a[g], weights.bt[g], weights.slice_offsets[g]) for g in weights.a},
+                                    self.mapping, torch.tensor(weights.ranks, dtype=torch.int32))
         elif rows:
             if len(rows) < len(token_slots):
-                self.rows = torch.tensor(rows, dtype=torch.long, device=slots.device)
+                self.rows = torch.tensor(rows, dtype=torch.long, device=weights.device)
                 token_slots = [token_slots[t] for t in rows]
-            self.mapping = LoRABatchMapping.build(torch.tensor(token_slots, dtype=torch.long), slots.num_slots,
-                                                  device=slots.device)
+            self.mapping = LoRABatchMapping.build(torch.tensor(token_slots, dtype=torch.long), weights.num_slots,
+                                                  device=weights.device)
         active: set[LayerGroup] = set()
         for slot in {s for s in seq_slots if s >= 0}:
-            active |= slots.touched[slot]
+            active |= weights.touched[slot]
         self.active = frozenset(active)  # (layer, group) pairs some adapter of this step touches
 
     def apply(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -120,7 +116,7 @@ class StepLoRAContext:
         if self.c_step is not None:  # every token on the C kernel, which runs all of torch's threads
             self.c_step.apply(group, layer, x, y)
             return
-        s = self.slots
+        s = self.weights
         a, bt = s.a[group][layer].to(x.dtype), s.bt[group][layer].to(x.dtype)  # no copy when they match
         offsets = s.slice_offsets[group]
         with _one_thread(self.cpu_paths):
@@ -136,7 +132,7 @@ class StepLoRAContext:
 
     def _dense(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
                offsets: tuple[int, ...]) -> None:
-        s = self.slots
+        s = self.weights
         for run in self.runs:
             if (layer, group) not in s.touched[run.slot]:
                 continue
@@ -149,13 +145,14 @@ class StepLoRAContext:
 
     def _kernels(self, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
                  offsets: tuple[int, ...]) -> None:
-        buf = lora_shrink(x, a, self.mapping)
+        buf = self.backend.lora_shrink(x, a, self.mapping)
         if not self.cpu_paths or len(offsets) == 2:
-            lora_expand(y, buf, bt.transpose(1, 2), self.mapping, offsets)
+            self.backend.lora_expand(y, buf, bt.transpose(1, 2), self.mapping, offsets)
         else:
-            # One slice at a time into a contiguous buffer: the CPU path would otherwise concatenate the
-            # slices' padded outputs, and its row scatter-add into a column slice of y is ~10x slower.
+            # One slice at a time into a contiguous buffer: the grouped path would otherwise concatenate the
+            # slices' padded outputs, and its row scatter-add into a column slice of y is far slower.
             for k, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:])):
                 part = y.new_zeros(y.shape[0], hi - lo)
-                lora_expand(part, buf[k:k + 1], bt[:, :, lo:hi].transpose(1, 2), self.mapping, (0, hi - lo))
+                self.backend.lora_expand(part, buf[k:k + 1], bt[:, :, lo:hi].transpose(1, 2), self.mapping,
+                                         (0, hi - lo))
                 y[:, lo:hi] += part

@@ -1,4 +1,8 @@
-"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions."""
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
+
+Completions and chat completions share one handler body (`_generate`): only the translation of the
+request into engine inputs (`translate.choice_inputs`) and the shape of the response (`responses`) differ.
+"""
 from __future__ import annotations
 
 import time
@@ -14,15 +18,21 @@ from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Refe
 from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
-from loraplex.engine import AdapterRef
+from loraplex.engine import AdapterRef, RequestOutput
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.errors import ApiError, error_responses
-from loraplex.platform.openai_schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, \
-    ModelCard, ModelList
-from loraplex.platform.services import openai_requests as reqs
-from loraplex.platform.services import openai_responses as resp
+from loraplex.platform.openai import responses, translate
+from loraplex.platform.openai.schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+)
+from loraplex.platform.services.adapters import AdapterRecord
 from loraplex.platform.services.container import Services
-from loraplex.platform.services.generation import ChoiceInput, Generation
+from loraplex.platform.services.generation import Generation
 from loraplex.platform.services.tenants import Principal
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -51,10 +61,39 @@ def _sse(events: AsyncGenerator[bytes, None]) -> Stream:
                   background=BackgroundTask(events.aclose))
 
 
-def _engine_failure(results: dict[int, list[Any]]) -> None:
+def _engine_failure(results: dict[int, list[RequestOutput]]) -> None:
     for outputs in results.values():
         if outputs and outputs[-1].finish_reason == "error":
             raise ApiError(500, outputs[-1].error or "the engine failed this request", code="engine_error")
+
+
+async def _generate(data: CompletionRequest | ChatCompletionRequest, principal: Principal,
+                    services: Services) -> Response[Any]:
+    """The body of both generation routes: refuse what we cannot honour, resolve the model, run every choice
+    in the engine, then stream server-sent events or answer with one JSON body."""
+    arrival = time.perf_counter()
+    translate.refuse_unsupported(data)
+    adapter = await resolve_adapter(services, principal, data.model)
+    engine = services.engine
+    structured = translate.structured_request(data)
+    inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data,
+                                     translate.structured_spec(structured))
+    gen = await Generation.start(engine, inputs, adapter, salt=principal.tenant_id, metrics=services.metrics,
+                                 labels=(principal.tenant_name, data.model), arrival=arrival,
+                                 structured_param=structured["field"] if structured else None)
+    chat = isinstance(data, ChatCompletionRequest)
+    rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+    if data.stream:
+        include_usage = bool(data.stream_options and data.stream_options.include_usage)
+        return _sse(responses.stream(gen, rid, created, data, include_usage, services.token_texts))
+    results = await gen.collect()
+    _engine_failure(results)
+    return Response(responses.body(rid, created, data, results, services.token_texts))
+
+
+def _adapter_card(record: AdapterRecord, principal: Principal, engine_model: str, max_model_len: int) -> ModelCard:
+    return ModelCard(id=record.name, created=int(record.created.timestamp()), owned_by=principal.tenant_name,
+                     root=record.sha256, parent=engine_model, max_model_len=max_model_len)
 
 
 def _streaming_operation(chunk: str) -> type[Operation]:
@@ -84,8 +123,7 @@ class OpenAIController(Controller):
         engine = services.engine
         base = ModelCard(id=engine.model_name, created=services.started, owned_by="loraplex",
                          root=engine.model_name, max_model_len=engine.max_model_len)
-        cards = [base] + [ModelCard(id=r.name, created=int(r.created.timestamp()), owned_by=principal.tenant_name,
-                                    root=r.sha256, parent=engine.model_name, max_model_len=engine.max_model_len)
+        cards = [base] + [_adapter_card(r, principal, engine.model_name, engine.max_model_len)
                           for r in await services.adapters.list(principal)]
         return ModelList(data=cards)
 
@@ -100,40 +138,14 @@ class OpenAIController(Controller):
         record = await services.adapters.resolve(principal.tenant_id, model)
         if record is None:
             raise _model_not_found(model)
-        return ModelCard(id=record.name, created=int(record.created.timestamp()), owned_by=principal.tenant_name,
-                         root=record.sha256, parent=engine.model_name, max_model_len=engine.max_model_len)
+        return _adapter_card(record, principal, engine.model_name, engine.max_model_len)
 
     @post("/completions", status_code=200, summary="Text completion", responses=OPENAI_ERRORS,
           operation_class=_streaming_operation("`text_completion` object with the new text of one choice "
                                                "(the last one of a choice has its finish_reason)"))
     async def completions(self, data: JSONBody[CompletionRequest], principal: NamedDependency[Principal],
                           services: NamedDependency[Services]) -> Response[Completion]:
-        arrival = time.perf_counter()
-        reqs.refuse_unsupported(data)
-        adapter = await resolve_adapter(services, principal, data.model)
-        engine = services.engine
-        prompts = reqs.completion_prompts(engine.tokenizer, data.prompt)
-        structured = reqs.structured_request(data)
-        spec = reqs.structured_spec(structured)
-        inputs: list[ChoiceInput] = []
-        for p, ids in enumerate(prompts):
-            max_tokens = reqs.resolve_max_tokens(len(ids), data.max_tokens, reqs.COMPLETIONS_DEFAULT_MAX_TOKENS,
-                                                 engine.max_model_len, "max_tokens")
-            for i, params in enumerate(reqs.sampling_params(data, max_tokens, data.logprobs, spec)):
-                inputs.append(ChoiceInput(p * data.n + i, ids, params))
-        gen = await Generation.start(engine, inputs, adapter, salt=principal.tenant_id, metrics=services.metrics,
-                                     labels=(principal.tenant_name, data.model), arrival=arrival,
-                                     structured_param=structured["field"] if structured else None)
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        want_logprobs = data.logprobs is not None
-        if data.stream:
-            include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return _sse(resp.completion_stream(gen, rid, created, data.model, data.n, want_logprobs, include_usage,
-                                                  services.token_texts))
-        results = await gen.collect()
-        _engine_failure(results)
-        return Response(resp.completion(rid, created, data.model, results, data.n, want_logprobs,
-                                        services.token_texts))
+        return await _generate(data, principal, services)
 
     @post("/chat/completions", status_code=200, summary="Chat completion", responses=OPENAI_ERRORS,
           operation_class=_streaming_operation("`chat.completion.chunk` object: {id, object, created, model, "
@@ -141,28 +153,4 @@ class OpenAIController(Controller):
                                                "logprobs}], usage}"))
     async def chat_completions(self, data: JSONBody[ChatCompletionRequest], principal: NamedDependency[Principal],
                                services: NamedDependency[Services]) -> Response[ChatCompletion]:
-        arrival = time.perf_counter()
-        reqs.refuse_unsupported(data)
-        adapter = await resolve_adapter(services, principal, data.model)
-        engine = services.engine
-        prompt_ids = reqs.chat_prompt(engine.tokenizer, data)
-        requested, param = ((data.max_completion_tokens, "max_completion_tokens")
-                            if data.max_completion_tokens is not None else (data.max_tokens, "max_tokens"))
-        max_tokens = reqs.resolve_max_tokens(len(prompt_ids), requested, None, engine.max_model_len, param)
-        structured = reqs.structured_request(data)
-        spec = reqs.structured_spec(structured)
-        logprobs = (data.top_logprobs or 0) if data.logprobs else None
-        inputs = [ChoiceInput(i, prompt_ids, p)
-                  for i, p in enumerate(reqs.sampling_params(data, max_tokens, logprobs, spec))]
-        gen = await Generation.start(engine, inputs, adapter, salt=principal.tenant_id, metrics=services.metrics,
-                                     labels=(principal.tenant_name, data.model), arrival=arrival,
-                                     structured_param=structured["field"] if structured else None)
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if data.stream:
-            include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return _sse(resp.chat_stream(gen, rid, created, data.model, data.logprobs, include_usage,
-                                            services.token_texts))
-        results = await gen.collect()
-        _engine_failure(results)
-        return Response(resp.chat_completion(rid, created, data.model, results, data.logprobs,
-                                             services.token_texts))
+        return await _generate(data, principal, services)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from loraplex.engine.lora_manager import LoRAManager
+from loraplex.engine.lora.manager import LoRAManager
 from loraplex.engine.sequence import Sequence
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.kernels.cpu_elementwise import (
+from loraplex.kernels.elementwise import (
     add_rms_norm,
     add_rms_norm_c,
     add_rms_norm_ref,

@@ -1,13 +1,14 @@
 """Per-step attention metadata and the attention call the model makes in every layer.
 
-The metadata is built once per step (not per layer). On CUDA the Triton paged-attention kernel reads
-the block tables directly. On CPU the batch is split into vectorised groups (no loop over sequences):
+The metadata is built once per step (not per layer), for the engine's compute backend (``kernels.backend``).
+On ``triton`` the paged-attention kernel reads the block tables directly. On the CPU the batch is split
+into vectorised groups (no loop over sequences):
 
-* float32 (the C kernels): single-token decodes through ``kernels.cpu_attention``, and all prefill
-  chunks in one call of ``kernels.cpu_prefill_attention``. Both read the paged cache in place: decode
-  attention is bound by memory traffic, which a gathered copy triples, and a chunk continuing a cached
-  prefix then costs no more than a fresh one (no gather, no position mask, no padding).
-* other dtypes, or no C compiler:
+* ``cpu-c``: single-token decodes through ``kernels.cpu_decode_attention``, and all prefill chunks in one
+  call of ``kernels.cpu_prefill_attention``. Both read the paged cache in place: decode attention is bound
+  by memory traffic, which a gathered copy multiplies, and a chunk continuing a cached prefix then costs no
+  more than a fresh one (no gather, no position mask, no padding).
+* ``torch``:
   - single-token decodes as one padded group, like the continued chunks below;
   - prefill chunks with nothing cached before them: one causal scaled-dot-product attention over this
     step's own keys and values, right-padded to the longest chunk (padded keys sit after every real
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from loraplex.kernels.attention import paged_attention, store_kv
-from loraplex.kernels.cpu_attention import paged_decode_attention_c
-from loraplex.kernels.cpu_prefill_attention import paged_prefill_attention_c
+from .attention import paged_attention_triton, store_kv
+from .backend import BackendName
+from .cpu_decode_attention import paged_decode_attention_c
+from .cpu_prefill_attention import paged_prefill_attention_c
 
 
 @dataclass
@@ -73,14 +75,13 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [S] int32, context incl. this step's tokens
     query_start_loc: torch.Tensor  # [S+1] int32
     num_tokens: int
-    use_triton: bool
+    backend: BackendName
     groups: list[GroupPlan | CDecodePlan | CausalPlan | CPrefillPlan]
 
     @classmethod
     def build(cls, q_lens: list[int], ctx_lens: list[int], block_tables: list[list[int]], block_size: int,
-              device: torch.device, use_triton: bool, c_kernels: bool = False) -> "AttentionMetadata":
-        """q_lens: new tokens per sequence; ctx_lens: tokens already cached before this step;
-        c_kernels: run decodes and prefill chunks on the C kernels (float32 CPU caches, kernels built)."""
+              device: torch.device, backend: BackendName) -> AttentionMetadata:
+        """q_lens: new tokens per sequence; ctx_lens: tokens already cached before this step."""
         num_seqs = len(q_lens)
         seq_lens = [c + q for c, q in zip(ctx_lens, q_lens)]
         starts = [0]
@@ -98,10 +99,11 @@ class AttentionMetadata:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
             num_tokens=starts[-1],
-            use_triton=use_triton,
+            backend=backend,
             groups=[],
         )
-        if not use_triton:
+        c_kernels = backend == "cpu-c"
+        if backend != "triton":
             decode = [i for i in range(num_seqs) if q_lens[i] == 1]
             fresh = [i for i in range(num_seqs) if q_lens[i] > 1 and ctx_lens[i] == 0]
             continued = [i for i in range(num_seqs) if q_lens[i] > 1 and ctx_lens[i] > 0]
@@ -174,8 +176,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.
               meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q: [T, H, D]; k, v: [T, KVH, D]. Writes k, v to the cache, returns attention output [T, H, D]."""
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    if meta.use_triton:
-        return paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
+    if meta.backend == "triton":
+        return paged_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                      scale)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, bs, kvh, d = k_cache.shape
     for g in meta.groups:
