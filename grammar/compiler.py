@@ -9,8 +9,8 @@ so later requests get the faster backend.
 
 Engine use: `fut = compiler.submit(spec)` when the request arrives (GrammarError -> 400); schedule
 the request once `fut.done()`; refuse it if max_tokens < grammar.min_tokens; per step
-`matcher.fill_bitmask(row, remaining_tokens=max_tokens - generated)` (best into a pinned CPU
-buffer moved to the device once per step), then `matcher.accept_token(sampled)`; the output is
+`matcher.fill_bitmask(row, remaining_tokens=max_tokens - generated)` (rows of one host int32 tensor,
+copied to the logits' device once per step), then `matcher.accept_token(sampled)`; the output is
 finished when `matcher.is_terminated()` (EOS accepted, or nothing can follow).
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any
 
-from loraplex.grammar.base import CompiledGrammar
-from loraplex.grammar.compile_job import CompileOptions
-from loraplex.grammar.pool import JobFailed, WorkerPool
+from loraplex.grammar.backend_types import CompiledGrammar
+from loraplex.grammar.workers.job import CompileOptions
+from loraplex.grammar.workers.pool import JobFailed, WorkerPool
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import vocab_from_hf
 
@@ -153,10 +153,10 @@ class GrammarCompiler:
 
     def _materialize(self, artifact: dict, close_within_budget: bool) -> CompiledGrammar:
         if artifact["kind"] == "dfa":
-            from loraplex.grammar.dfa_grammar import AutomatonGrammar
+            from loraplex.grammar.backend_outlines.grammar import AutomatonGrammar
 
             return AutomatonGrammar(artifact["data"], self.vocab.eos_ids, close_within_budget)
-        from loraplex.grammar.llg_grammar import LLGuidanceGrammar
+        from loraplex.grammar.backend_llguidance.grammar import LLGuidanceGrammar
 
         ll_tokenizer, search = self._llguidance_parts()
         plan = artifact["plan"]
@@ -168,7 +168,7 @@ class GrammarCompiler:
             if self._ll_tokenizer is None:
                 from llguidance import LLTokenizer
 
-                from loraplex.grammar.llg_search import CompletionSearch
+                from loraplex.grammar.backend_llguidance.search import CompletionSearch
 
                 v = self.vocab
                 self._ll_tokenizer = LLTokenizer(v.tokenizer_json, n_vocab=v.vocab_size, eos_token=list(v.eos_ids))

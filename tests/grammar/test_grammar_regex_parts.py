@@ -8,9 +8,9 @@ from decimal import Decimal
 
 import pytest
 
-from loraplex.grammar.json_text import UNIT, content_not_in, string_literal
-from loraplex.grammar.numeric import decimal_range, integer_range
-from loraplex.grammar.schema_strict import close_schema
+from loraplex.grammar.schema.json_text import UNIT, content_not_in, string_literal
+from loraplex.grammar.schema.numeric import decimal_range, integer_range
+from loraplex.grammar.schema.strict import close_schema
 
 BOUNDS = [None, -300, -17, -5, -1, 0, 1, 5, 9, 10, 99, 100, 250]
 

@@ -17,7 +17,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from loraplex.grammar import GrammarError, StructuredSpec
-from loraplex.grammar.schema_strict import close_schema
+from loraplex.grammar.schema.strict import close_schema
 from tests.grammar.helpers import feed, load_suite
 
 CASES = load_suite()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any, Callable
 
-from loraplex.grammar.ipc import Deadline, PipeClosed, read_frame, write_frame
+from loraplex.grammar.workers.ipc import Deadline, PipeClosed, read_frame, write_frame
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class _Job:
 
 class _Worker:
     def __init__(self, init: tuple) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "loraplex.grammar._worker"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "loraplex.grammar.workers.worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.fd_in = self.proc.stdin.fileno()

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 
-from loraplex.grammar.json_text import alt
+from loraplex.grammar.schema.json_text import alt
 
 
 def _same_length(a: str, b: str) -> str:

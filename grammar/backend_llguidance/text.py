@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from loraplex.grammar.ecma_pattern import pattern_to_rust
-from loraplex.grammar.formats import DECODED_FORMATS
+from loraplex.grammar.schema.ecma_pattern import pattern_to_rust
+from loraplex.grammar.schema.formats import DECODED_FORMATS
 from loraplex.grammar.spec import GrammarError
 
 _JSON_OPTIONS = {"whitespace_flexible": False, "coerce_one_of": False, "lenient": False}

@@ -15,14 +15,14 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from loraplex.grammar import llg_text
-from loraplex.grammar.automaton import OutlinesVocab, build_automaton, count_states
-from loraplex.grammar.json_text import alt, rx_escape
-from loraplex.grammar.llg_search import CompletionSearch
-from loraplex.grammar.schema_check import check_schema
-from loraplex.grammar.schema_norm import NotRegular
-from loraplex.grammar.schema_regex import SchemaRegex
-from loraplex.grammar.schema_strict import close_schema
+from loraplex.grammar.backend_llguidance import text as llg_text
+from loraplex.grammar.backend_outlines.automaton import OutlinesVocab, build_automaton, count_states
+from loraplex.grammar.schema.json_text import alt, rx_escape
+from loraplex.grammar.backend_llguidance.search import CompletionSearch
+from loraplex.grammar.schema.check import check_schema
+from loraplex.grammar.schema.normalize import NotRegular
+from loraplex.grammar.schema.to_regex import SchemaRegex
+from loraplex.grammar.schema.strict import close_schema
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import VocabInfo
 
@@ -30,7 +30,7 @@ from loraplex.grammar.vocab import VocabInfo
 @dataclass(frozen=True)
 class CompileOptions:
     backend: str = "auto"  # auto | outlines | llguidance
-    strict_objects: bool = True  # see schema_strict
+    strict_objects: bool = True  # see schema.strict
     inline_states: int = 160  # automata up to this many states are built inside the request (<~50 ms)
     max_states: int = 8192  # larger automata are never built (llguidance serves them)
     probe_max_chars: int = 2000  # longer regexes are not counted inside the request (too slow)

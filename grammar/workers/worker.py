@@ -1,4 +1,4 @@
-"""A compile worker process: `python -m loraplex.grammar._worker`, driven over stdin/stdout.
+"""A compile worker process: `python -m loraplex.grammar.workers.worker`, driven over stdin/stdout.
 
 First frame: (VocabInfo, CompileOptions, memory limit in bytes). Then jobs (job_id, kind,
 payload), each answered by ("ok", job_id, artifact, recycle) or ("err", job_id, message, recycle);
@@ -14,7 +14,7 @@ import sys
 
 
 def main() -> None:
-    from loraplex.grammar.ipc import PipeClosed, read_frame, write_frame
+    from loraplex.grammar.workers.ipc import PipeClosed, read_frame, write_frame
 
     fd_in, fd_out = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the frames
@@ -24,7 +24,7 @@ def main() -> None:
         return
     if memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
-    from loraplex.grammar.compile_job import WorkerContext, run_job
+    from loraplex.grammar.workers.job import WorkerContext, run_job
     from loraplex.grammar.spec import GrammarError
 
     ctx = WorkerContext(info, options)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from loraplex.grammar.schema_check import resolve_pointer
+from loraplex.grammar.schema.check import resolve_pointer
 
 _OBJECT_KEYS = ("properties", "required", "additionalProperties")
 _ARRAY_KEYS = ("prefixItems", "items")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from loraplex.grammar.json_text import SPECIALS, UNIT, class_escape, rx_escape, special_escape_rx
+from loraplex.grammar.schema.json_text import SPECIALS, UNIT, class_escape, rx_escape, special_escape_rx
 from loraplex.grammar.spec import GrammarError
 
 _SYNTAX = set("^$\\.*+?()[]{}|/")

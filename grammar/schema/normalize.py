@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 import referencing.exceptions
 
-from loraplex.grammar.schema_check import resolve_pointer
+from loraplex.grammar.schema.check import resolve_pointer
 
 APPLICATORS = frozenset({"$ref", "allOf", "anyOf", "oneOf"})
 _NOT_ASSERTIONS = frozenset({

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from loraplex.grammar import json_text as jt
-from loraplex.grammar.ecma_pattern import pattern_to_content_regex
-from loraplex.grammar.formats import FORMATS
-from loraplex.grammar.numeric import decimal_range, integer_bounds, integer_range
-from loraplex.grammar.schema_norm import Ctx, Node, Normalizer, NotRegular, Sub
+from loraplex.grammar.schema import json_text as jt
+from loraplex.grammar.schema.ecma_pattern import pattern_to_content_regex
+from loraplex.grammar.schema.formats import FORMATS
+from loraplex.grammar.schema.numeric import decimal_range, integer_bounds, integer_range
+from loraplex.grammar.schema.normalize import Ctx, Node, Normalizer, NotRegular, Sub
 from loraplex.grammar.spec import GrammarError
 
 MAX_REGEX_CHARS = 4_000_000

@@ -11,8 +11,8 @@ import threading
 import numpy as np
 import torch
 
-from loraplex.grammar.automaton import AutomatonData, token_row
-from loraplex.grammar.base import CompiledGrammar, GrammarMatcher
+from loraplex.grammar.backend_outlines.automaton import AutomatonData, token_row
+from loraplex.grammar.backend_types import CompiledGrammar, GrammarMatcher
 
 
 class AutomatonGrammar(CompiledGrammar):

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from loraplex.grammar.automaton import token_row
-from loraplex.grammar.base import CompiledGrammar, GrammarMatcher
-from loraplex.grammar.llg_search import CompletionSearch
+from loraplex.grammar.backend_outlines.automaton import token_row
+from loraplex.grammar.backend_types import CompiledGrammar, GrammarMatcher
+from loraplex.grammar.backend_llguidance.search import CompletionSearch
 from loraplex.grammar.spec import GrammarError
 from loraplex.grammar.vocab import VocabInfo
 

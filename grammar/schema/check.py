@@ -12,7 +12,7 @@ from urllib.parse import unquote
 import jsonschema
 from jsonschema.validators import validator_for
 
-from loraplex.grammar.formats import FORMATS
+from loraplex.grammar.schema.formats import FORMATS
 from loraplex.grammar.spec import GrammarError
 
 ENFORCED = frozenset({

@@ -1,0 +1,3 @@
+"""Compiling off the serving process: worker processes with per-job deadlines (``pool``, ``worker``, ``ipc``)
+and what a worker does with one constraint (``job``: translate, choose a backend, build). Nothing here
+imports torch."""
