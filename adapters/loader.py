@@ -252,7 +252,7 @@ def _tensor_view(blob: bytearray, entry: TensorEntry) -> torch.Tensor:
 def _check_finite(tensors: dict[str, torch.Tensor]) -> None:
     """Refuse NaN / Inf anywhere, naming the first tensor (in name order) that holds one.
 
-    NaN and Inf carry through a sum, so a finite sum of the tensors' sums clears them all, ~5x faster than
+    NaN and Inf carry through a sum, so a finite sum of the tensors' sums clears them all, much faster than
     ``isfinite`` over every value (which dominated loading). Only a non-finite sum (a NaN / Inf, or
     finite values too large to add up) takes the exact check.
     """

@@ -20,7 +20,7 @@ MODULE_BLOCKS: dict[str, str] = {
 LORA_MODULES: tuple[str, ...] = tuple(MODULE_BLOCKS)
 
 # Class names for configs that do not list `architectures` (e.g. a LlamaConfig built in code).
-_DEFAULT_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+_DEFAULT_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
 
 
 def _field(config: Any, name: str) -> Any:

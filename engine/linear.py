@@ -2,10 +2,9 @@
 
 On the CPU, float32 and bfloat16 weights are reordered at load time into oneDNN's blocked layout and
 multiplied with oneDNN's linear: the path PyTorch's inductor takes for frozen CPU models, and the one
-vLLM-CPU's linear layers use. ``F.linear`` goes to MKL, which runs its AVX2 code on AMD processors: on
-the two-core AMD EPYC machines this project benchmarks on, MKL reaches ~215 GFLOP/s and oneDNN ~470
-(float32, same results to rounding), for every projection shape of SmolLM2 from 7 to 2048 rows. On
-CUDA, and wherever oneDNN is missing or fails a first-use probe, ``F.linear`` on the plain weight.
+vLLM-CPU's linear layers use. ``F.linear`` goes to MKL, which runs its AVX2 code on AMD processors, well
+below oneDNN's rate there (same results to rounding; ``bench.throughput`` prints both rates). On CUDA,
+and wherever oneDNN is missing or fails a first-use probe, ``F.linear`` on the plain weight.
 ``LORAPLEX_ONEDNN=0`` turns the oneDNN path off.
 """
 from __future__ import annotations
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 
 from loraplex import env
 
-BATCH_HINT = 64  # oneDNN picks its blocking for this many rows; measured equally fast from 7 to 2048 rows
+BATCH_HINT = 64  # oneDNN picks its blocking for this many rows (as fast for 7 as for 2048 rows)
 
 
 @lru_cache(maxsize=None)

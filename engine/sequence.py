@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import enum
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,7 +28,6 @@ class Sequence:
     params: SamplingParams
     adapter_hash: str | None = None  # content hash of the LoRA adapter, None = base model
     cache_salt: str | None = None  # isolates prefix-cache sharing (e.g. per tenant)
-    arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
@@ -65,10 +63,6 @@ class Sequence:
         if start >= n:
             return self.output_token_ids[start - n:end - n]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
 
     @property
     def remaining_tokens(self) -> int | None:

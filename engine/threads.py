@@ -2,9 +2,8 @@
 
 With libgomp (PyTorch's CPU wheels) every thread that enters a parallel region gets a team of its own.
 Once the process holds more OpenMP threads than CPUs, libgomp stops spin-waiting at barriers and parks
-threads on futexes for good, so every small parallel op of the engine thread pays a wake-up: on the
-2-core benchmark machine, one matmul in an adapter-loader thread made the engine's element-wise ops
-4-10x slower for the rest of the process (a Workload A decode step: 83 -> 115-150 ms). Helper threads
+threads on futexes for good, so every small parallel op of the engine thread pays a wake-up, for the rest
+of the process, after a single matmul in an adapter-loader thread (bench/README.md has the figures). Helper threads
 that touch torch (adapter loading and checks) call `single_threaded_torch` first; their work is small
 next to the engine's, and the engine thread keeps every core.
 

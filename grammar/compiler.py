@@ -55,7 +55,7 @@ class GrammarCompiler:
                        "timeouts": 0, "outlines": 0, "llguidance": 0, "upgrades": 0}
         self._ll_tokenizer: Any = None
         self._search: Any = None
-        self._ll_lock = threading.Lock()  # building the llguidance tokenizer takes ~0.3 s: not under _lock
+        self._ll_lock = threading.Lock()  # building the llguidance tokenizer is slow: not under _lock
         self._closed = False
         threading.Thread(target=self._llguidance_parts, name="grammar-llg-init", daemon=True).start()
 

@@ -44,7 +44,7 @@ def _uses_byte_level(tok_json: dict[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class VocabInfo:
-    """Token id -> bytes (None for special or unused ids), with EOS and special ids.
+    """Token id -> bytes (None for special or unused ids), with the EOS ids.
 
     `vocab_size` is the model's logit width; ids at or above the tokenizer's size are padding and
     never allowed. `tokenizer_json` is the tokenizers-library JSON llguidance is built from.
@@ -53,7 +53,6 @@ class VocabInfo:
     token_bytes: tuple[bytes | None, ...]
     eos_ids: tuple[int, ...]
     vocab_size: int
-    special_ids: frozenset[int]
     tokenizer_json: str
     identity: str = field(default="")
 
@@ -98,5 +97,4 @@ def vocab_from_hf(tokenizer: Any, eos_token_ids: list[int], vocab_size: int) -> 
     for data in table:
         digest.update(b"\x00" if data is None else len(data).to_bytes(2, "little") + data)
     digest.update(repr((sorted(eos_token_ids), vocab_size, sorted(special))).encode())
-    return VocabInfo(tuple(table), tuple(eos_token_ids), vocab_size, frozenset(special), tok_json_text,
-                     digest.hexdigest()[:24])
+    return VocabInfo(tuple(table), tuple(eos_token_ids), vocab_size, tok_json_text, digest.hexdigest()[:24])

@@ -52,10 +52,6 @@ class ComputeBackend:
     lora_shrink: Callable[..., torch.Tensor]  # the torch and Triton LoRA paths; cpu-c runs kernels.cpu_lora
     lora_expand: Callable[..., torch.Tensor]
 
-    @property
-    def on_cpu(self) -> bool:
-        return self.name != "triton"
-
 
 def triton_backend() -> ComputeBackend:
     return ComputeBackend("triton", add_rms_norm_ref, rope_ref, silu_mul_ref, lora_shrink_triton, lora_expand_triton)

@@ -81,10 +81,10 @@ def lora_apply_c(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt
 class CLoRAStep:
     """``lora_apply_c`` for every layer of one step, with the per-call Python work done once.
 
-    A decode step calls the kernel 120 times (30 layers x 4 projection groups) for ~150 us of C work each;
-    the checks, tensor conversions and pointer lookups of ``lora_apply_c`` added ~40 us to every call.
-    Here the weights' shapes are checked once per group and the segment arguments converted once per
-    step; each call checks only that ``x`` and ``y`` are the step's contiguous float32 rows.
+    A step calls the kernel once per layer and projection group, each call short enough that the checks,
+    tensor conversions and pointer lookups of ``lora_apply_c`` would be a large part of it. Here the
+    weights' shapes are checked once per group and the segment arguments converted once per step; each
+    call checks only that ``x`` and ``y`` are the step's contiguous float32 rows.
 
     ``weights[group] = (a, bt, slice_offsets)``: the slot tensors of every layer, ``a`` ``[layers,
     num_slots, num_slices, max_rank, in]`` and ``bt`` ``[layers, num_slots, max_rank, out_total]``

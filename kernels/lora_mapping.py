@@ -18,7 +18,7 @@ __all__ = ["GroupedPlan", "LoRABatchMapping"]
 
 # Cost model of the CPU plan, in units of "one padded token row of a batched matmul":
 # every batch entry costs about one extra row (weight read, call overhead), and copying
-# one slot's weights into a gathered batch about three more (measured with torch.bmm on
+# one slot's weights into a gathered batch about three more (calibrated with torch.bmm on
 # SmolLM2 shapes, float32, one CPU thread).
 _ENTRY_COST = 1.0
 _GATHER_COST = 3.0

@@ -5,8 +5,8 @@ Per group (``qkv``, ``o``, ``gate_up``, ``down``) one tensor holds every layer a
 ``bt[group]``: ``[num_layers, num_slots, max_rank, out_total]`` (B transposed, scaling folded in, zero padding).
 ``a[group][layer]`` is the kernels' ``lora_a`` as a contiguous view and ``bt[group][layer].transpose(1, 2)``
 their ``lora_b`` ``[num_slots, out_total, max_rank]``: a strided view whose per-slot matrices the CPU path
-multiplies as plain row-major GEMMs (about 30% faster than through the transposed layout) and whose rows
-the Triton kernels read coalesced.
+multiplies as plain row-major GEMMs (faster than through the transposed layout) and whose rows the Triton
+kernels read coalesced.
 """
 from __future__ import annotations
 

@@ -41,10 +41,6 @@ class AutomatonData:
     dist: np.ndarray  # int32 [S]: fewest tokens to an accepting state
     rows: np.ndarray  # int32 [S, words]: allowed tokens (EOS bits set where accepting)
 
-    @property
-    def num_states(self) -> int:
-        return len(self.accepting)
-
 
 class OutlinesVocab:
     """outlines_core vocabularies for one tokenizer: the full one and a 256-byte probe."""

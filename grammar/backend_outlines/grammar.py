@@ -36,10 +36,6 @@ class AutomatonGrammar(CompiledGrammar):
         self.max_next_dist = [max((self.dist[n] for n in row if n >= 0), default=0) for row in self.table]
         self._lock = threading.Lock()
 
-    @property
-    def num_states(self) -> int:
-        return len(self.dist)
-
     def new_matcher(self) -> "AutomatonMatcher":
         return AutomatonMatcher(self)
 

@@ -14,7 +14,6 @@ SPECIALS = frozenset(['"', "\\"] + [chr(c) for c in range(0x20)])
 _META = frozenset("\\.+*?()|[]{}^$#&-~")
 _CLASS_META = frozenset("\\[]^-&~")
 
-RAW_CLASS = r'[^"\\\x00-\x1F]'
 UNIT = r'(?:[^"\\\x00-\x1F]|\\["\\bfnrt]|\\u00(?:0[0-7]|0b|0e|0f|1[0-9a-f]))'
 STRING = f'"{UNIT}*"'
 INTEGER = r"-?(?:0|[1-9][0-9]*)"

@@ -1,9 +1,9 @@
 """What a compile worker does with one request: translate, choose a backend, build.
 
-Backend choice ("auto"), from measurements on SmolLM2's 49k-token vocabulary: outlines_core's
-Index costs ~0.1-1 ms per automaton state (strings admit most tokens in every state) and its
-regex determinization explodes for nested free-form values, while llguidance compiles any schema
-in ~5-10 ms and computes a mask in ~10 us. So a constraint with an exact regex (JSON schemas we
+Backend choice ("auto"): on a vocabulary of tens of thousands of tokens, outlines_core's Index pays
+for every automaton state (strings admit most tokens in every state) and its regex determinization
+explodes for nested free-form values, while llguidance compiles any schema quickly but computes each
+mask at run time (bench/README.md has the figures). So a constraint with an exact regex (JSON schemas we
 can translate, regexes, choices) gets a token automaton when the regex is short and its state
 count (found cheaply with a 256-byte probe vocabulary, time-boxed) is small; otherwise, and for
 Lark grammars, llguidance serves it, and the automaton may be built later by a background worker
@@ -31,7 +31,7 @@ from loraplex.grammar.vocab import VocabInfo
 class CompileOptions:
     backend: str = "auto"  # auto | outlines | llguidance
     strict_objects: bool = True  # see schema.strict
-    inline_states: int = 160  # automata up to this many states are built inside the request (<~50 ms)
+    inline_states: int = 160  # automata up to this many states are built inside the request
     max_states: int = 8192  # larger automata are never built (llguidance serves them)
     probe_max_chars: int = 2000  # longer regexes are not counted inside the request (too slow)
     upgrade_max_chars: int = 50_000  # longer regexes are never tried in the background

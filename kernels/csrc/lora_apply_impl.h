@@ -5,8 +5,7 @@
  * float32. */
 
 /* How far ahead the decode loops prefetch the weight row they stream: one core keeps only so many misses
- * in flight on its own, and a decode step reads each adapter's rows once, from memory (2 and 4 KB measured
- * alike; no prefetch was 5% slower with float32 weights and 12% with bfloat16). */
+ * in flight on its own, and a decode step reads each adapter's rows once, from memory. */
 #ifndef PF_BYTES
 #define PF_BYTES 2048
 #endif
@@ -21,7 +20,7 @@ static inline void W(axpy)(float *y, const WT *b, float c, int64_t n)
 /* out[j * stride] = a . x_j for the n < TILE tokens of a short segment (decodes): each vector of the row
  * is loaded once for all of them. N is a compile-time count so the sums stay in registers; one token
  * gets two sums (even and odd vectors) so that it is not bound by the FMA latency. Rows go one at a
- * time: several rows side by side (more streams, fewer loads of x) measured slower. */
+ * time: several rows side by side (more streams, fewer loads of x) are slower. */
 #define DEFINE_DOT_N(N)                                                                                      \
     static inline void W(dot_n##N)(const WT *a, const float *const *xs, int64_t len, float *out,             \
                                 int64_t stride)                                                              \
@@ -170,7 +169,7 @@ int W(loraplex_lora_apply)(
                 /* a few tokens (decodes): B's used rows are one contiguous block (rank x out_total), read
                  * front to back four rows at a time (each y row then read and written once per four ranks),
                  * every slice's columns of a row with that slice's coefficient; short per-slice sweeps
-                 * instead left the prefetchers idle (~1.5x slower) */
+                 * instead leave the prefetchers idle */
                 int64_t r = 0;
                 for (; r + 4 <= rank; r += 4) {
                     const WT *brow = bt + (slot * max_rank + r) * out_total;
