@@ -103,8 +103,7 @@ def find_adapter_root(dest: Path) -> Path:
     if len(entries) == 1 and entries[0].is_dir() and (entries[0] / CONFIG_NAME).is_file():
         return entries[0]
     raise AdapterError(
-        f"missing {CONFIG_NAME}: the archive must hold the adapter files at its top level "
-        "or inside a single folder",
+        f"missing {CONFIG_NAME}: the archive must hold the adapter files at its top level or inside a single folder",
         code="missing_file",
     )
 
@@ -136,9 +135,7 @@ class _MemberWriter:
     def count(self, name: str, declared_size: int) -> PurePosixPath:
         self.members += 1
         if self.members > self.limits.max_members:
-            raise AdapterError(
-                f"archive has more than {self.limits.max_members} members", code="archive_too_large"
-            )
+            raise AdapterError(f"archive has more than {self.limits.max_members} members", code="archive_too_large")
         if declared_size < 0:
             raise AdapterError(f"archive member {name!r} declares a negative size", code="corrupt_archive")
         self.declared += declared_size
@@ -270,9 +267,7 @@ class _BoundedReader(io.RawIOBase):
         data = self._inner.read(want)
         self._left -= len(data)
         if self._left < 0:
-            raise AdapterError(
-                "archive decompresses to more data than its size limits allow", code="archive_too_large"
-            )
+            raise AdapterError("archive decompresses to more data than its size limits allow", code="archive_too_large")
         return data
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]

@@ -12,14 +12,50 @@ from .errors import AdapterError
 # Every LoraConfig field of peft 0.21 (plus a few older ones). An option not listed here that is set
 # to something truthy is refused: a future peft feature may change the forward pass.
 _KNOWN_FIELDS = {
-    "task_type", "peft_type", "auto_mapping", "peft_version", "base_model_name_or_path", "revision",
-    "inference_mode", "r", "target_modules", "exclude_modules", "lora_alpha", "lora_dropout",
-    "fan_in_fan_out", "bias", "use_rslora", "modules_to_save", "init_lora_weights", "layers_to_transform",
-    "layers_pattern", "rank_pattern", "alpha_pattern", "megatron_config", "megatron_core",
-    "trainable_token_indices", "loftq_config", "eva_config", "corda_config", "lora_ga_config", "use_dora",
-    "velora_config", "alora_invocation_tokens", "use_qalora", "qalora_group_size", "monteclora_config",
-    "layer_replication", "runtime_config", "lora_bias", "target_parameters", "use_bdlora", "arrow_config",
-    "kasa_config", "ensure_weight_tying", "enable_lora", "merge_weights",
+    "task_type",
+    "peft_type",
+    "auto_mapping",
+    "peft_version",
+    "base_model_name_or_path",
+    "revision",
+    "inference_mode",
+    "r",
+    "target_modules",
+    "exclude_modules",
+    "lora_alpha",
+    "lora_dropout",
+    "fan_in_fan_out",
+    "bias",
+    "use_rslora",
+    "modules_to_save",
+    "init_lora_weights",
+    "layers_to_transform",
+    "layers_pattern",
+    "rank_pattern",
+    "alpha_pattern",
+    "megatron_config",
+    "megatron_core",
+    "trainable_token_indices",
+    "loftq_config",
+    "eva_config",
+    "corda_config",
+    "lora_ga_config",
+    "use_dora",
+    "velora_config",
+    "alora_invocation_tokens",
+    "use_qalora",
+    "qalora_group_size",
+    "monteclora_config",
+    "layer_replication",
+    "runtime_config",
+    "lora_bias",
+    "target_parameters",
+    "use_bdlora",
+    "arrow_config",
+    "kasa_config",
+    "ensure_weight_tying",
+    "enable_lora",
+    "merge_weights",
 }
 # LoRA variants whose forward pass is not plain x @ A.T @ B.T * scaling, or whose weights do not live
 # in lora_A / lora_B; refused when set.
@@ -97,7 +133,7 @@ def _refuse_unsupported(data: dict[str, Any]) -> None:
     peft_type = data.get("peft_type")
     if peft_type != "LORA":
         raise AdapterError(
-            f"peft_type {peft_type!r} is not supported; only LoRA adapters (peft_type \"LORA\") are",
+            f'peft_type {peft_type!r} is not supported; only LoRA adapters (peft_type "LORA") are',
             code="unsupported_peft_type",
         )
     if data.get("task_type") not in (None, "CAUSAL_LM"):

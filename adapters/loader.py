@@ -25,7 +25,6 @@ from .targets import TargetModule, resolve_targets
 from .tensors import parse_tensor_name
 
 
-
 @dataclass
 class LoRAModuleWeights:
     """LoRA factors of one (layer, module), in the dtype they were stored in."""
@@ -245,7 +244,7 @@ def _tensor_view(blob: bytearray, entry: TensorEntry) -> torch.Tensor:
     if entry.begin % dtype.itemsize == 0:
         flat = torch.frombuffer(blob, dtype=dtype, count=count, offset=entry.begin)
     else:
-        flat = torch.frombuffer(bytearray(blob[entry.begin:entry.end]), dtype=dtype, count=count)
+        flat = torch.frombuffer(bytearray(blob[entry.begin : entry.end]), dtype=dtype, count=count)
     return flat.view(entry.shape)
 
 
@@ -304,13 +303,15 @@ def _load_tensors(
         raw.seek(header.data_start)
         blob = bytearray(raw.read(end))
     if len(blob) < end:
-        raise AdapterError(f"{path.name} holds {len(blob)} of its {end} data bytes (it changed while it was read)",
-                           code="malformed_safetensors")
+        raise AdapterError(
+            f"{path.name} holds {len(blob)} of its {end} data bytes (it changed while it was read)",
+            code="malformed_safetensors",
+        )
     view = memoryview(blob)
     tensors: dict[str, torch.Tensor] = {}
     for canonical, key, ab in named:
         entry = pairs[key][ab]
-        hasher.add_tensor(canonical, entry.dtype, entry.shape, view[entry.begin:entry.end])
+        hasher.add_tensor(canonical, entry.dtype, entry.shape, view[entry.begin : entry.end])
         tensors[canonical] = _tensor_view(blob, entry)
     _check_finite(tensors)
     size = sum(t.nbytes for t in tensors.values())
@@ -319,9 +320,7 @@ def _load_tensors(
         for canonical, key, ab in named:
             loaded.setdefault(key, {})[ab] = tensors[canonical]
     weights = {
-        key: LoRAModuleWeights(a=loaded[key]["A"], b=loaded[key]["B"], scaling=scalings[key])
-        for key in modules
-        if keep
+        key: LoRAModuleWeights(a=loaded[key]["A"], b=loaded[key]["B"], scaling=scalings[key]) for key in modules if keep
     }
     info = AdapterInfo(
         content_hash=hasher.hexdigest(),

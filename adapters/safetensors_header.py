@@ -115,7 +115,5 @@ def _entry(path: Path, name: str, spec: Any) -> TensorEntry:
     begin, end = offsets
     expected = math.prod(shape) * DTYPE_SIZES[dtype]
     if end < begin or end - begin != expected:
-        raise _malformed(
-            path, f"tensor {name!r} spans {end - begin} bytes but {dtype} {shape} needs {expected}"
-        )
+        raise _malformed(path, f"tensor {name!r} spans {end - begin} bytes but {dtype} {shape} needs {expected}")
     return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)

@@ -132,8 +132,7 @@ def resolve_targets(config: AdapterConfig, base: BaseModelSpec) -> dict[tuple[in
             )
         if len(parts) != 5 or parts[-1] not in LORA_MODULES:
             raise AdapterError(
-                f"unknown target module {key!r}: LoRA is supported only on the projections "
-                f"{', '.join(LORA_MODULES)}",
+                f"unknown target module {key!r}: LoRA is supported only on the projections {', '.join(LORA_MODULES)}",
                 code="unknown_target_module",
             )
         rank = _pattern_value(config.rank_pattern, key, "rank_pattern key")
@@ -148,8 +147,7 @@ def resolve_targets(config: AdapterConfig, base: BaseModelSpec) -> dict[tuple[in
         )
     if not found:
         raise AdapterError(
-            f"unknown target modules: target_modules {config.target_modules!r} matches no projection of the "
-            "base model",
+            f"unknown target modules: target_modules {config.target_modules!r} matches no projection of the base model",
             code="unknown_target_module",
         )
     return found

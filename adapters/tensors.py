@@ -22,8 +22,7 @@ def parse_tensor_name(name: str) -> tuple[int, str, str]:
         if MODULE_BLOCKS.get(module) == m["block"]:
             return int(m["layer"]), module, m["ab"]
         raise AdapterError(
-            f"unknown target module in tensor {name!r}: LoRA is supported only on "
-            f"{', '.join(MODULE_BLOCKS)}",
+            f"unknown target module in tensor {name!r}: LoRA is supported only on {', '.join(MODULE_BLOCKS)}",
             code="unknown_target_module",
         )
     raise _refusal(name)

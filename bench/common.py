@@ -1,4 +1,5 @@
 """Shared pieces of the benchmark scripts: Workload A, the matmul ceiling, timing and table printing."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -64,8 +65,11 @@ def count_params(model_dir: Path) -> int:
     for f in model_dir.glob("*.safetensors"):
         with safe_open(str(f), framework="pt") as sf:
             for k in sf.keys():
-                total += sf.get_slice(k).get_shape().numel() if hasattr(sf.get_slice(k).get_shape(), "numel") \
+                total += (
+                    sf.get_slice(k).get_shape().numel()
+                    if hasattr(sf.get_slice(k).get_shape(), "numel")
                     else _prod(sf.get_slice(k).get_shape())
+                )
     return total
 
 
@@ -113,13 +117,18 @@ def run_vllm_peer(python: str, model_dir: Path, lora_dir: Path | None = None, ma
     import tempfile
     import threading
 
-    cmd = [python, str(Path(__file__).with_name("peer_vllm.py")), "--model", str(model_dir),
-           "--workload-dir", str(workload_dir())]
+    cmd = [
+        python,
+        str(Path(__file__).with_name("peer_vllm.py")),
+        "--model",
+        str(model_dir),
+        "--workload-dir",
+        str(workload_dir()),
+    ]
     if lora_dir is not None:
         cmd += ["--lora-dir", str(lora_dir), "--max-loras", str(max_loras)]
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd="/tmp",
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd="/tmp", start_new_session=True)
         result = None
         watchdog = threading.Timer(PEER_TIMEOUT_S, lambda: os.killpg(proc.pid, signal.SIGKILL))
         watchdog.start()

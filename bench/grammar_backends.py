@@ -6,6 +6,7 @@ For each backend: compile every distinct schema of suite.jsonl (p50/p95/max, ref
 the latency of a cache hit, and for every valid instance the time of one fill_bitmask per token
 of its compact JSON (p50/p99 over all sequence-steps) plus accept_token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,14 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run(backend: str, cases: list[dict], tokenizer, timeout_s: float) -> dict:
-    compiler = GrammarCompiler(tokenizer, eos_token_ids=[tokenizer.eos_token_id], vocab_size=len(tokenizer),
-                               backend=backend, upgrade_in_background=False, timeout_s=timeout_s)
+    compiler = GrammarCompiler(
+        tokenizer,
+        eos_token_ids=[tokenizer.eos_token_id],
+        vocab_size=len(tokenizer),
+        backend=backend,
+        upgrade_in_background=False,
+        timeout_s=timeout_s,
+    )
     try:
         compiler.compile(StructuredSpec(regex="warm-up"))  # start the worker outside the timings
         grammars: dict[str, object] = {}
@@ -59,8 +66,9 @@ def run(backend: str, cases: list[dict], tokenizer, timeout_s: float) -> dict:
             g = grammars[json.dumps(case["schema"], sort_keys=True)]
             if g is None or not case["valid"]:
                 continue
-            ids = tokenizer.encode(json.dumps(case["data"], ensure_ascii=False, separators=(",", ":")),
-                                   add_special_tokens=False)
+            ids = tokenizer.encode(
+                json.dumps(case["data"], ensure_ascii=False, separators=(",", ":")), add_special_tokens=False
+            )
             m = g.new_matcher()  # type: ignore[attr-defined]
             for step, tid in enumerate(ids):
                 t = time.perf_counter()
@@ -71,14 +79,29 @@ def run(backend: str, cases: list[dict], tokenizer, timeout_s: float) -> dict:
                 accept_us.append((time.perf_counter() - t) * 1e6)
                 if not ok:
                     break
-        res = {"backend": backend, "schemas": len(compile_ms), "refused": refused, "timeouts": timeouts,
-               "served_by": used, "compile_ms_p50": _pct(compile_ms, 0.5), "compile_ms_p95": _pct(compile_ms, 0.95),
-               "compile_ms_max": max(compile_ms), "cache_hit_us_p50": _pct(hit_us, 0.5),
-               "cache_hit_us_max": max(hit_us), "accept_us_p50": _pct(accept_us, 0.5)}
+        res = {
+            "backend": backend,
+            "schemas": len(compile_ms),
+            "refused": refused,
+            "timeouts": timeouts,
+            "served_by": used,
+            "compile_ms_p50": _pct(compile_ms, 0.5),
+            "compile_ms_p95": _pct(compile_ms, 0.95),
+            "compile_ms_max": max(compile_ms),
+            "cache_hit_us_p50": _pct(hit_us, 0.5),
+            "cache_hit_us_max": max(hit_us),
+            "accept_us_p50": _pct(accept_us, 0.5),
+        }
         for name, values in mask_us.items():
             if values:
-                res.update({f"{name}_mask_steps": len(values), f"{name}_mask_us_p50": _pct(values, 0.5),
-                            f"{name}_mask_us_p99": _pct(values, 0.99), f"{name}_mask_us_max": max(values)})
+                res.update(
+                    {
+                        f"{name}_mask_steps": len(values),
+                        f"{name}_mask_us_p50": _pct(values, 0.5),
+                        f"{name}_mask_us_p99": _pct(values, 0.99),
+                        f"{name}_mask_us_max": max(values),
+                    }
+                )
         return res
     finally:
         compiler.close()

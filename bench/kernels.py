@@ -54,10 +54,14 @@ def bench_lora(indices: torch.Tensor, title: str, num_slots: int = 16, rank: int
     mapping = LoRABatchMapping.build(indices, num_slots)
     build_us = median_us(lambda: LoRABatchMapping.build(indices, num_slots).grouped_plan)
     plan = mapping.grouped_plan
-    print(f"\n{title}: T={num_tokens}, {mapping.num_active} active slots, rank {rank}, "
-          f"torch threads={torch.get_num_threads()}")
-    print(f"CPU plan: {plan.num_entries} entries x {plan.chunk_size} rows, "
-          f"weights {'viewed' if plan.entry_slots is None else 'gathered'}")
+    print(
+        f"\n{title}: T={num_tokens}, {mapping.num_active} active slots, rank {rank}, "
+        f"torch threads={torch.get_num_threads()}"
+    )
+    print(
+        f"CPU plan: {plan.num_entries} entries x {plan.chunk_size} rows, "
+        f"weights {'viewed' if plan.entry_slots is None else 'gathered'}"
+    )
     print(f"mapping build + CPU plan (once per step): {build_us:8.1f} us")
     has_c = cpu_lora_kernel_available()
     print(f"{'group':8s} {'base us':>9s} {'grouped us':>11s} {'ratio':>6s} {'C us':>9s} {'ratio':>6s} {'ref us':>9s}")
@@ -85,12 +89,18 @@ def bench_lora(indices: torch.Tensor, title: str, num_slots: int = 16, rank: int
         totals[0] += base_us
         totals[1] += grouped_us
         totals[2] += c_us
-        print(f"{name:8s} {base_us:9.1f} {grouped_us:11.1f} {grouped_us / base_us:6.2f} {c_us:9.1f} "
-              f"{c_us / base_us:6.2f} {ref_us:9.1f}")
-    print(f"{'layer':8s} {totals[0]:9.1f} {totals[1]:11.1f} {totals[1] / totals[0]:6.2f} {totals[2]:9.1f} "
-          f"{totals[2] / totals[0]:6.2f}")
-    print(f"30 layers: base {30 * totals[0] / 1e3:.1f} ms, LoRA grouped {30 * totals[1] / 1e3:.1f} ms, "
-          f"C {30 * totals[2] / 1e3:.1f} ms per step")
+        print(
+            f"{name:8s} {base_us:9.1f} {grouped_us:11.1f} {grouped_us / base_us:6.2f} {c_us:9.1f} "
+            f"{c_us / base_us:6.2f} {ref_us:9.1f}"
+        )
+    print(
+        f"{'layer':8s} {totals[0]:9.1f} {totals[1]:11.1f} {totals[1] / totals[0]:6.2f} {totals[2]:9.1f} "
+        f"{totals[2] / totals[0]:6.2f}"
+    )
+    print(
+        f"30 layers: base {30 * totals[0] / 1e3:.1f} ms, LoRA grouped {30 * totals[1] / 1e3:.1f} ms, "
+        f"C {30 * totals[2] / 1e3:.1f} ms per step"
+    )
 
 
 def bench_attention(num_seqs: int = 32, context: int = 512, block_size: int = 16) -> None:
@@ -103,10 +113,15 @@ def bench_attention(num_seqs: int = 32, context: int = 512, block_size: int = 16
     qsl = torch.arange(num_seqs + 1, dtype=torch.int32)
     scale = HEAD_DIM**-0.5
     us = median_us(lambda: paged_attention_ref(q, k_cache, v_cache, tables, seq_lens, qsl, scale), repeats=10, inner=3)
-    c_us = (median_us(lambda: paged_decode_attention_c(q, k_cache, v_cache, tables, seq_lens, scale))
-            if cpu_decode_kernel_available() else nan)
-    print(f"paged attention decode: {num_seqs} seqs x {context} context: torch {us:8.1f} us, C {c_us:8.1f} us per "
-          f"layer (torch / C = {us / c_us:.1f}x)")
+    c_us = (
+        median_us(lambda: paged_decode_attention_c(q, k_cache, v_cache, tables, seq_lens, scale))
+        if cpu_decode_kernel_available()
+        else nan
+    )
+    print(
+        f"paged attention decode: {num_seqs} seqs x {context} context: torch {us:8.1f} us, C {c_us:8.1f} us per "
+        f"layer (torch / C = {us / c_us:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ alike.
 Usage: python -m bench.lora [--bench-dir ../shared/bench] [--adapters DIR] [--max-loras 32] [--repeats 3]
                             [--interleaved] [--skip-hf] [--threads N] [--lora-dtype float16]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,20 @@ def ensure_adapters(bench_dir: Path, base_dir: Path, out: Path, n: int) -> list[
     dirs = [out / f"a{i}" for i in range(n)]
     if not all((d / "adapter_model.safetensors").is_file() for d in dirs):
         print(f"making {n} adapters in {out} ...", flush=True)
-        subprocess.run([sys.executable, str(bench_dir / "make_adapters.py"), "--base", str(base_dir), "--out",
-                        str(out), "--n", str(n)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                str(bench_dir / "make_adapters.py"),
+                "--base",
+                str(base_dir),
+                "--out",
+                str(out),
+                "--n",
+                str(n),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return dirs
 
 
@@ -89,9 +102,17 @@ def run_interleaved(llm_a, llm_b, prompts: list[list[int]], adapters, max_tokens
 
 
 @torch.inference_mode()
-def run_hf_peft(model_dir: Path, prompts: list[list[int]], adapter_dirs: list[Path], adapter_idx: list[int],
-                batch_size: int, max_tokens: int, pad_id: int, device: torch.device,
-                dtype: torch.dtype) -> tuple[float, list[list[int]]]:
+def run_hf_peft(
+    model_dir: Path,
+    prompts: list[list[int]],
+    adapter_dirs: list[Path],
+    adapter_idx: list[int],
+    batch_size: int,
+    max_tokens: int,
+    pad_id: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[float, list[list[int]]]:
     """(c) on the engine's device, in the engine's dtype (float32 on CPU, bfloat16 on CUDA by default)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -104,14 +125,19 @@ def run_hf_peft(model_dir: Path, prompts: list[list[int]], adapter_dirs: list[Pa
     outputs: list[list[int]] = []
     t0 = time.perf_counter()
     for lo in range(0, len(prompts), batch_size):
-        batch = prompts[lo:lo + batch_size]
+        batch = prompts[lo : lo + batch_size]
         width = max(map(len, batch))
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch], device=device)  # left padding
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
-        out = model.generate(input_ids=ids, attention_mask=mask, adapter_names=[f"a{i}" for i in
-                                                                                  adapter_idx[lo:lo + batch_size]],
-                             max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                             pad_token_id=pad_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            adapter_names=[f"a{i}" for i in adapter_idx[lo : lo + batch_size]],
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+        )
         outputs += out[:, width:].tolist()  # .tolist() waits for the device
     return time.perf_counter() - t0, outputs
 
@@ -123,16 +149,23 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="HF model directory (default: the bundled SmolLM2)")
     ap.add_argument("--max-loras", type=int, default=32)
     ap.add_argument("--max-cpu-loras", type=int, default=32)
-    ap.add_argument("--lora-dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="adapter storage dtype (default: the model's, float32); 16-bit types round each weight once")
+    ap.add_argument(
+        "--lora-dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="adapter storage dtype (default: the model's, float32); 16-bit types round each weight once",
+    )
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--hf-batch-size", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="runs of (a) and (b), alternating; the best counts")
     ap.add_argument("--interleaved", action="store_true", help="also compare (a) and (b) step by step under equal load")
     ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--no-prefix-caching", action="store_true",
-                    help="(a) shares the chat template's prefix across all requests, (b) only within an adapter")
+    ap.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="(a) shares the chat template's prefix across all requests, (b) only within an adapter",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
     if args.threads:
@@ -145,9 +178,15 @@ def main() -> None:
     wl = load_workload(args.bench_dir)
     model_dir = resolve_model_dir(args.model)
     load_before = os.getloadavg()
-    llm = LLM(model=args.model, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
-              lora_dtype=args.lora_dtype, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching)
+    llm = LLM(
+        model=args.model,
+        max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
+        lora_dtype=args.lora_dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
     reqs = wl.build_requests(llm.tokenizer)
     prompts = [r["prompt_token_ids"] for r in reqs]
     adapter_dirs = ensure_adapters(args.bench_dir, model_dir, args.adapters, wl.N_ADAPTERS)
@@ -155,15 +194,20 @@ def main() -> None:
     per_request = [refs[r["adapter"]] for r in reqs]
     n_out = len(prompts) * wl.MAX_TOKENS
     n_total = n_out + sum(map(len, prompts))
-    print(f"Workload A {wl.fingerprint(reqs)}: {len(prompts)} requests, {wl.N_ADAPTERS} adapters, "
-          f"{sum(map(len, prompts)) / len(prompts):.0f} prompt tokens on average, {wl.MAX_TOKENS} output tokens each")
+    print(
+        f"Workload A {wl.fingerprint(reqs)}: {len(prompts)} requests, {wl.N_ADAPTERS} adapters, "
+        f"{sum(map(len, prompts)) / len(prompts):.0f} prompt tokens on average, {wl.MAX_TOKENS} output tokens each"
+    )
     runner = llm.engine.runner
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {runner.device}, dtype "
-          f"{str(runner.dtype).removeprefix('torch.')}, max_loras={args.max_loras}, "
-          f"max_cpu_loras={args.max_cpu_loras}, lora_dtype={args.lora_dtype or 'the model dtype'}, "
-          f"max_num_seqs={args.max_num_seqs}, "
-          f"max_num_batched_tokens={args.max_num_batched_tokens}, prefix caching "
-          f"{'off' if args.no_prefix_caching else 'on'}", flush=True)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {runner.device}, dtype "
+        f"{str(runner.dtype).removeprefix('torch.')}, max_loras={args.max_loras}, "
+        f"max_cpu_loras={args.max_cpu_loras}, lora_dtype={args.lora_dtype or 'the model dtype'}, "
+        f"max_num_seqs={args.max_num_seqs}, "
+        f"max_num_batched_tokens={args.max_num_batched_tokens}, prefix caching "
+        f"{'off' if args.no_prefix_caching else 'on'}",
+        flush=True,
+    )
 
     run_loraplex(llm, prompts[:2], None, 4)  # warm-up
     secs_a, secs_b, secs_disk, secs_bw, out_b = [], [], [], [], []
@@ -178,21 +222,39 @@ def main() -> None:
         s, out_b = run_loraplex(llm, prompts, per_request, wl.MAX_TOKENS)
         secs_b.append(s)
         secs_bw.append(run_loraplex(llm, prompts, per_request, wl.MAX_TOKENS)[0])
-        print(f"  run {rep + 1}: (a) {secs_a[-1]:.1f} s, (b-disk) {secs_disk[-1]:.1f} s ({disk_loads} adapters "
-              f"read from disk), (b) {s:.1f} s, (b') {secs_bw[-1]:.1f} s", flush=True)
-    rows = [("(a) loraplex, base model", min(secs_a)), ("(b) loraplex, multi-LoRA", min(secs_b)),
-            ("(b') loraplex, multi-LoRA, warm", min(secs_bw)),
-            ("(b-disk) multi-LoRA, read from disk", min(secs_disk))]
+        print(
+            f"  run {rep + 1}: (a) {secs_a[-1]:.1f} s, (b-disk) {secs_disk[-1]:.1f} s ({disk_loads} adapters "
+            f"read from disk), (b) {s:.1f} s, (b') {secs_bw[-1]:.1f} s",
+            flush=True,
+        )
+    rows = [
+        ("(a) loraplex, base model", min(secs_a)),
+        ("(b) loraplex, multi-LoRA", min(secs_b)),
+        ("(b') loraplex, multi-LoRA, warm", min(secs_bw)),
+        ("(b-disk) multi-LoRA, read from disk", min(secs_disk)),
+    ]
     if not args.skip_hf:
         pad = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else llm.tokenizer.eos_token_id
-        s, out_c = run_hf_peft(model_dir, prompts, adapter_dirs, [r["adapter"] for r in reqs], args.hf_batch_size,
-                               wl.MAX_TOKENS, pad, runner.device, runner.dtype)
+        s, out_c = run_hf_peft(
+            model_dir,
+            prompts,
+            adapter_dirs,
+            [r["adapter"] for r in reqs],
+            args.hf_batch_size,
+            wl.MAX_TOKENS,
+            pad,
+            runner.device,
+            runner.dtype,
+        )
         rows.append((f"(c) HF + peft, mixed batches of {args.hf_batch_size}", s))  # rows[4]
         same = sum(b == c for b, c in zip(out_b, out_c))
     if args.interleaved:
-        llm_base = LLM(model=args.model, max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens,
-                       enable_prefix_caching=not args.no_prefix_caching)
+        llm_base = LLM(
+            model=args.model,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            enable_prefix_caching=not args.no_prefix_caching,
+        )
         readd_adapters(llm, refs, adapter_dirs)  # as in (b)
         busy_a, busy_b = run_interleaved(llm_base, llm, prompts, per_request, wl.MAX_TOKENS)
         print(f"  interleaved: (a) {busy_a:.1f} s, (b) {busy_b:.1f} s of steps", flush=True)
@@ -203,16 +265,22 @@ def main() -> None:
         print(f"{name:<40} {s:>8.1f} {n_out / s:>13.1f} {n_total / s:>12.1f}")
     a, b = rows[0][1], rows[1][1]
     median_ratio = statistics.median(secs_a) / statistics.median(secs_b)
-    print(f"\nb / a = {a / b:.2f}   (target >= 0.85; from the medians of the runs: {median_ratio:.2f}); "
-          f"warm b' / a = {a / rows[2][1]:.2f}; from disk b-disk / a = {a / rows[3][1]:.2f}")
+    print(
+        f"\nb / a = {a / b:.2f}   (target >= 0.85; from the medians of the runs: {median_ratio:.2f}); "
+        f"warm b' / a = {a / rows[2][1]:.2f}; from disk b-disk / a = {a / rows[3][1]:.2f}"
+    )
     if not args.skip_hf:
         print(f"b / c = {rows[4][1] / b:.2f}   (target >= 2)")
         print(f"(b) and (c) agree on {same}/{len(out_b)} greedy outputs (HF pads left, so a few may differ)")
     if args.interleaved:
-        print(f"interleaved step by step (equal background load): b / a = {busy_a / busy_b:.2f}, "
-              f"(a) {n_out / busy_a:.1f}, (b) {n_out / busy_b:.1f} output tok/s")
-    print(f"load average (1/5/15 min): before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
-          f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}; {os.cpu_count()} CPUs")
+        print(
+            f"interleaved step by step (equal background load): b / a = {busy_a / busy_b:.2f}, "
+            f"(a) {n_out / busy_a:.1f}, (b) {n_out / busy_b:.1f} output tok/s"
+        )
+    print(
+        f"load average (1/5/15 min): before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
+        f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}; {os.cpu_count()} CPUs"
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 Kept free of loraplex imports so it runs in vLLM's virtual environment. bench/throughput.py and
 bench/lora.py start it as a subprocess with `--vllm-python` to get side-by-side figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,16 +53,19 @@ def main() -> None:
     if args.lora_dir:
         from vllm.lora.request import LoRARequest
 
-        lora = [LoRARequest(f"a{r['adapter']}", r["adapter"] + 1, str(Path(args.lora_dir) / f"a{r['adapter']}"))
-                for r in reqs]
+        lora = [
+            LoRARequest(f"a{r['adapter']}", r["adapter"] + 1, str(Path(args.lora_dir) / f"a{r['adapter']}"))
+            for r in reqs
+        ]
     llm.generate(prompts[:2], SamplingParams(max_tokens=2), lora_request=lora[:2] if lora else None)
     t = time.perf_counter()
     outs = llm.generate(prompts, sp, lora_request=lora, use_tqdm=False)
     dt = time.perf_counter() - t
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     n_in = sum(len(r["prompt_token_ids"]) for r in reqs)
-    print(json.dumps({"seconds": dt, "prompt_tokens": n_in, "output_tokens": n_out,
-                      "fingerprint": wl.fingerprint(reqs)}))
+    print(
+        json.dumps({"seconds": dt, "prompt_tokens": n_in, "output_tokens": n_out, "fingerprint": wl.fingerprint(reqs)})
+    )
 
 
 if __name__ == "__main__":

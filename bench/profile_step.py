@@ -6,6 +6,7 @@ Profiles one prefill step (a full token budget of prompt chunks) and one decode 
 ~200 tokens of context) with torch.profiler and groups the operators. The C kernels are not torch
 operators: each call is wrapped in a ``record_function`` range named after it for the profile.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,14 +38,22 @@ def _label_c_kernels(llm: LLM) -> None:
     for name in ATTENTION_KERNELS:
         setattr(attention_plan, name, _labelled(getattr(attention_plan, name), name))
     model = llm.engine.runner.model
-    model.backend = dataclasses.replace(model.backend, **{name: _labelled(getattr(model.backend, name), name)
-                                                          for name in ELEMENTWISE})
+    model.backend = dataclasses.replace(
+        model.backend, **{name: _labelled(getattr(model.backend, name), name) for name in ELEMENTWISE}
+    )
+
 
 GROUPS = {
     "matmuls": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise"),
-    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::index", "aten::_index_put_impl_",
-                  "aten::index_copy_", "aten::_scaled_dot_product_attention_math", "paged_decode_attention_c",
-                  "paged_prefill_attention_c"),
+    "attention": (
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::index",
+        "aten::_index_put_impl_",
+        "aten::index_copy_",
+        "aten::_scaled_dot_product_attention_math",
+        "paged_decode_attention_c",
+        "paged_prefill_attention_c",
+    ),
     "norm, rope, silu": ("add_rms_norm", "rope_", "silu_mul"),
 }
 

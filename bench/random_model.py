@@ -5,6 +5,7 @@ bundled SmolLM2 GGUF alone is 98 MB): SRC needs only config.json and the tokeniz
 Workload A does not depend on the weights' values, since every request decodes exactly 64 tokens
 (ignore_eos). The weights get transformers' own initialisation, seeded, and are saved in float32.
 """
+
 from __future__ import annotations
 
 import argparse

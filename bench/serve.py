@@ -10,6 +10,7 @@ an in-process AsyncEngine. The two take turns over `--rounds` slices of the sche
 a whole-run comparison mostly measures which run hit a slow phase). Prints requests/s, output tokens/s,
 time-to-first-token and inter-token latency p50/p99 for both, and the HTTP layer's share of TTFT.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,24 @@ def free_port() -> int:
 
 
 def start_server(port: int, data_dir: Path, max_loras: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "loraplex.platform.cli", "serve", "--port", str(port), "--data-dir", str(data_dir),
-           "--admin-key", ADMIN_KEY, "--max-loras", str(max_loras), "--default-rate-limit-per-minute", "0",
-           "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "loraplex.platform.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--admin-key",
+        ADMIN_KEY,
+        "--max-loras",
+        str(max_loras),
+        "--default-rate-limit-per-minute",
+        "0",
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(data_dir / "server.log", "w"))
     for _ in range(600):
         try:
@@ -71,10 +87,17 @@ def setup_tenant(url: str, adapter_dirs: list[Path]) -> tuple[str, list[str]]:
     key = r.json()["api_key"]["key"]
     models = []
     for i, d in enumerate(adapter_dirs):
-        files = {"adapter_config": ("adapter_config.json", (d / "adapter_config.json").read_bytes()),
-                 "adapter_model": ("adapter_model.safetensors", (d / "adapter_model.safetensors").read_bytes())}
-        r = httpx.post(f"{url}/v1/adapters", data={"name": f"bench-a{i}"}, files=files,
-                       headers={"Authorization": f"Bearer {key}"}, timeout=120)
+        files = {
+            "adapter_config": ("adapter_config.json", (d / "adapter_config.json").read_bytes()),
+            "adapter_model": ("adapter_model.safetensors", (d / "adapter_model.safetensors").read_bytes()),
+        }
+        r = httpx.post(
+            f"{url}/v1/adapters",
+            data={"name": f"bench-a{i}"},
+            files=files,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=120,
+        )
         r.raise_for_status()
         models.append(r.json()["model"])
     return key, models
@@ -94,12 +117,18 @@ def plan(reqs: list[dict], n: int, n_adapters: int, rate: float, seed: int = 0) 
 class HttpRunner:
     """Streams requests through the official openai client to a running `loraplex serve`."""
 
-    def __init__(self, url: str, key: str, base_model: str, adapter_models: list[str], schema: dict,
-                 max_tokens: int) -> None:
+    def __init__(
+        self, url: str, key: str, base_model: str, adapter_models: list[str], schema: dict, max_tokens: int
+    ) -> None:
         from openai import AsyncOpenAI
 
         self.client = AsyncOpenAI(base_url=f"{url}/v1", api_key=key, timeout=600, max_retries=0)
-        self.base_model, self.adapter_models, self.schema, self.max_tokens = base_model, adapter_models, schema, max_tokens
+        self.base_model, self.adapter_models, self.schema, self.max_tokens = (
+            base_model,
+            adapter_models,
+            schema,
+            max_tokens,
+        )
 
     async def one(self, offset: float, req: dict, kind: str, a: int, t0: float) -> Result:
         await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
@@ -111,8 +140,14 @@ class HttpRunner:
         start = time.perf_counter()
         last = None
         stream = await self.client.chat.completions.create(
-            model=model, messages=req["messages"], max_tokens=self.max_tokens, temperature=0.0, stream=True,
-            stream_options={"include_usage": True}, **extra)
+            model=model,
+            messages=req["messages"],
+            max_tokens=self.max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            **extra,
+        )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 now = time.perf_counter()
@@ -139,8 +174,11 @@ class OfflineRunner:
         await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
         ids = self.engine.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0,
-                                structured=StructuredSpec(json=self.schema) if kind == "json" else None)
+        params = SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=0.0,
+            structured=StructuredSpec(json=self.schema) if kind == "json" else None,
+        )
         res = Result()
         start = time.perf_counter()
         last = None
@@ -171,24 +209,35 @@ async def run_round(runner, schedule) -> tuple[list[Result], float]:
     return list(results), time.perf_counter() - t0
 
 
-async def compare(url: str, key: str, base_model: str, adapter_models: list[str], adapter_dirs: list[Path],
-                  schedule, schema: dict, max_tokens: int, max_loras: int, rounds: int):
+async def compare(
+    url: str,
+    key: str,
+    base_model: str,
+    adapter_models: list[str],
+    adapter_dirs: list[Path],
+    schedule,
+    schema: dict,
+    max_tokens: int,
+    max_loras: int,
+    rounds: int,
+):
     """HTTP and offline take turns round by round on consecutive slices of the schedule (the server's engine
     idles while the offline one runs and the other way round), so slow phases of a shared machine hit both."""
     from loraplex.engine import AsyncEngine
 
     engine = await asyncio.to_thread(AsyncEngine, max_loras=max_loras)
     try:
-        runners = {"http": HttpRunner(url, key, base_model, adapter_models, schema, max_tokens),
-                   "offline": OfflineRunner(engine, [engine.add_adapter(str(d)) for d in adapter_dirs], schema,
-                                            max_tokens)}
+        runners = {
+            "http": HttpRunner(url, key, base_model, adapter_models, schema, max_tokens),
+            "offline": OfflineRunner(engine, [engine.add_adapter(str(d)) for d in adapter_dirs], schema, max_tokens),
+        }
         for runner in runners.values():
             await warm_up(runner, schedule)
         results: dict[str, list[Result]] = {"http": [], "offline": []}
         seconds = {"http": 0.0, "offline": 0.0}
         size = -(-len(schedule) // rounds)
         for i in range(rounds):
-            part = schedule[i * size:(i + 1) * size]
+            part = schedule[i * size : (i + 1) * size]
             if not part:
                 break
             order = ("http", "offline") if i % 2 == 0 else ("offline", "http")
@@ -211,8 +260,15 @@ def summarise(name: str, results: list[Result], seconds: float) -> list:
     ttft = [r.ttft for r in results]
     itl = [x for r in results for x in r.itl]
     out_tokens = sum(r.output_tokens for r in results)
-    return [name, len(results) / seconds, out_tokens / seconds, pct(ttft, 50) * 1e3, pct(ttft, 99) * 1e3,
-            pct(itl, 50) * 1e3, pct(itl, 99) * 1e3]
+    return [
+        name,
+        len(results) / seconds,
+        out_tokens / seconds,
+        pct(ttft, 50) * 1e3,
+        pct(ttft, 99) * 1e3,
+        pct(itl, 50) * 1e3,
+        pct(itl, 99) * 1e3,
+    ]
 
 
 def main() -> None:
@@ -232,12 +288,15 @@ def main() -> None:
     model_dir = prepare_default_model()
     reqs = wl.build_requests(AutoTokenizer.from_pretrained(str(model_dir)))
     bench_dir = Path(wl.__file__).parent
-    adapter_dirs = ensure_adapters(bench_dir, model_dir,
-                                   Path.home() / ".cache" / "loraplex" / "bench" / "workload-a-adapters", 32)
+    adapter_dirs = ensure_adapters(
+        bench_dir, model_dir, Path.home() / ".cache" / "loraplex" / "bench" / "workload-a-adapters", 32
+    )
     adapter_dirs = adapter_dirs[: args.adapters]
     schedule = plan(reqs, args.requests, len(adapter_dirs), args.rate)
-    print(f"{args.requests} requests at {args.rate}/s (base / adapter / JSON schema, a third each), "
-          f"{args.max_tokens} max tokens; {machine_load()}")
+    print(
+        f"{args.requests} requests at {args.rate}/s (base / adapter / JSON schema, a third each), "
+        f"{args.max_tokens} max tokens; {machine_load()}"
+    )
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -245,8 +304,20 @@ def main() -> None:
         proc = start_server(port, Path(tmp), args.max_loras)
         try:
             key, models = setup_tenant(url, adapter_dirs)
-            results, seconds = asyncio.run(compare(url, key, DEFAULT_MODEL_NAME, models, adapter_dirs, schedule,
-                                                   wl.SCHEMA, args.max_tokens, args.max_loras, args.rounds))
+            results, seconds = asyncio.run(
+                compare(
+                    url,
+                    key,
+                    DEFAULT_MODEL_NAME,
+                    models,
+                    adapter_dirs,
+                    schedule,
+                    wl.SCHEMA,
+                    args.max_tokens,
+                    args.max_loras,
+                    args.rounds,
+                )
+            )
         finally:
             proc.terminate()
             proc.wait(timeout=60)

@@ -10,6 +10,7 @@ its constrained output had, so the two runs do the same model work and their rat
 constraint itself. Prints tokens/s of each run, the share of constrained outputs that validate, the mask time per constrained sequence-step
 (p50/p99, measured inside the engine) and compile times over ../shared/schemas (bench.grammar_backends).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,10 +46,12 @@ def main() -> None:
         if share is None:  # the unconstrained batch, each output as long as its constrained counterpart
             params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in constrained_lens]
         else:
-            params = [SamplingParams(max_tokens=wl.MAX_TOKENS, temperature=0.0, structured=spec)
-                      if i < n_constrained else SamplingParams(max_tokens=wl.MAX_TOKENS, temperature=0.0,
-                                                               ignore_eos=True)
-                      for i in range(len(prompts))]
+            params = [
+                SamplingParams(max_tokens=wl.MAX_TOKENS, temperature=0.0, structured=spec)
+                if i < n_constrained
+                else SamplingParams(max_tokens=wl.MAX_TOKENS, temperature=0.0, ignore_eos=True)
+                for i in range(len(prompts))
+            ]
         llm.engine.block_manager.reset_prefix_cache()
         probe = llm.engine.probe = EngineProbe(time_structured=True)
         t = time.perf_counter()
@@ -62,13 +65,37 @@ def main() -> None:
         if share == 1.0:
             constrained_lens = [len(o.token_ids) for o in outs]
         label = "0% (matched lengths)" if share is None else f"{share:.0%} constrained"
-        rows.append([label, n_out / dt, (n_in + n_out) / dt,
-                     f"{valid}/{n_constrained}", pct(masks, 0.5) * 1e6, pct(masks, 0.99) * 1e6,
-                     len(checks), pct(checks, 0.5) * 1e6, f"{dt:.1f}"])
-    print_table(["run", "output tok/s", "total tok/s", "valid", "mask p50 us", "mask p99 us", "budget checks",
-                 "check p50 us", "seconds"], rows)
-    print(f"100% / 0% constrained: output {rows[2][1] / rows[0][1]:.2f}x, total {rows[2][2] / rows[0][2]:.2f}x; "
-          f"100% / matched-length 0%: output {rows[2][1] / rows[3][1]:.2f}x, total {rows[2][2] / rows[3][2]:.2f}x")
+        rows.append(
+            [
+                label,
+                n_out / dt,
+                (n_in + n_out) / dt,
+                f"{valid}/{n_constrained}",
+                pct(masks, 0.5) * 1e6,
+                pct(masks, 0.99) * 1e6,
+                len(checks),
+                pct(checks, 0.5) * 1e6,
+                f"{dt:.1f}",
+            ]
+        )
+    print_table(
+        [
+            "run",
+            "output tok/s",
+            "total tok/s",
+            "valid",
+            "mask p50 us",
+            "mask p99 us",
+            "budget checks",
+            "check p50 us",
+            "seconds",
+        ],
+        rows,
+    )
+    print(
+        f"100% / 0% constrained: output {rows[2][1] / rows[0][1]:.2f}x, total {rows[2][2] / rows[0][2]:.2f}x; "
+        f"100% / matched-length 0%: output {rows[2][1] / rows[3][1]:.2f}x, total {rows[2][2] / rows[3][2]:.2f}x"
+    )
     if not args.skip_compile:
         from transformers import AutoTokenizer
 
@@ -78,9 +105,11 @@ def main() -> None:
         if suite.is_file():
             cases = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()]
             res = run("auto", cases, AutoTokenizer.from_pretrained(str(llm.engine.model_dir)), 10.0)
-            print(f"compile over {suite}: {res['schemas']} schemas, p50 {res['compile_ms_p50']:.1f} ms, "
-                  f"p95 {res['compile_ms_p95']:.1f} ms, max {res['compile_ms_max']:.1f} ms, refused {res['refused']}; "
-                  f"cache hit p50 {res['cache_hit_us_p50']:.1f} us")
+            print(
+                f"compile over {suite}: {res['schemas']} schemas, p50 {res['compile_ms_p50']:.1f} ms, "
+                f"p95 {res['compile_ms_p95']:.1f} ms, max {res['compile_ms_max']:.1f} ms, refused {res['refused']}; "
+                f"cache hit p50 {res['cache_hit_us_p50']:.1f} us"
+            )
 
 
 if __name__ == "__main__":

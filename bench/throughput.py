@@ -6,6 +6,7 @@ Prints output and total (prompt + output) tokens/s of each, their ratio, and the
 machine's float32 ceiling: the matmul rate measured first (the faster of torch.mm and oneDNN's packed
 linear), divided by 2 x parameters FLOPs per token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ def run_hf(model_dir, reqs, max_tokens: int, batch: int, tokenizer) -> tuple[flo
 
     def batches():
         for i in range(0, len(reqs), batch):
-            chunk = [r["prompt_token_ids"] for r in reqs[i:i + batch]]
+            chunk = [r["prompt_token_ids"] for r in reqs[i : i + batch]]
             width = max(len(c) for c in chunk)
             ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk])  # left padding
             mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunk])
@@ -51,8 +52,14 @@ def run_hf(model_dir, reqs, max_tokens: int, batch: int, tokenizer) -> tuple[flo
     t = time.perf_counter()
     n_out = 0
     for ids, mask in batches():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens,
-                             min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
         n_out += (out.shape[1] - ids.shape[1]) * ids.shape[0]
     dt = time.perf_counter() - t
     return dt, sum(len(r["prompt_token_ids"]) for r in reqs), n_out
@@ -65,15 +72,21 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--no-prefix-caching", action="store_true")
-    ap.add_argument("--vllm-python", default=None,
-                    help="interpreter of a vLLM-CPU venv (see ../shared/bench/README.md) for a side-by-side run")
+    ap.add_argument(
+        "--vllm-python",
+        default=None,
+        help="interpreter of a vLLM-CPU venv (see ../shared/bench/README.md) for a side-by-side run",
+    )
     args = ap.parse_args()
 
     wl = load_workload()
     rates = matmul_rates()
     gflops = max(rates.values())
-    engine_args = dict(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                       enable_prefix_caching=not args.no_prefix_caching)
+    engine_args = dict(
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
     from transformers import AutoTokenizer
     from loraplex.engine.model_files import prepare_default_model
 
@@ -82,11 +95,15 @@ def main() -> None:
     reqs = wl.build_requests(tok)
     params = count_params(model_dir)
     ceiling = gflops * 1e9 / (2 * params)
-    print(f"Workload A: {len(reqs)} requests, fingerprint {wl.fingerprint(reqs)}, "
-          f"{sum(len(r['prompt_token_ids']) for r in reqs)} prompt tokens, {wl.MAX_TOKENS} output tokens each")
+    print(
+        f"Workload A: {len(reqs)} requests, fingerprint {wl.fingerprint(reqs)}, "
+        f"{sum(len(r['prompt_token_ids']) for r in reqs)} prompt tokens, {wl.MAX_TOKENS} output tokens each"
+    )
     measured = ", ".join(f"{name} {r:.0f}" for name, r in rates.items())
-    print(f"float32 matmul rate {gflops:.0f} GFLOP/s ({measured}) x {torch.get_num_threads()} threads; "
-          f"{params / 1e6:.1f} M parameters -> ceiling {ceiling:.0f} tokens/s; {machine_load()}")
+    print(
+        f"float32 matmul rate {gflops:.0f} GFLOP/s ({measured}) x {torch.get_num_threads()} threads; "
+        f"{params / 1e6:.1f} M parameters -> ceiling {ceiling:.0f} tokens/s; {machine_load()}"
+    )
 
     dt, n_in, n_out, llm = run_loraplex(reqs, wl.MAX_TOKENS, engine_args)
     rows = [["loraplex LLM.generate", n_out / dt, (n_in + n_out) / dt, (n_in + n_out) / dt / ceiling, f"{dt:.1f}"]]
@@ -95,21 +112,38 @@ def main() -> None:
     if not args.skip_hf:
         del llm
         hdt, hin, hout = run_hf(model_dir, reqs, wl.MAX_TOKENS, args.hf_batch, tok)
-        rows.append([f"HF generate (batch {args.hf_batch})", hout / hdt, (hin + hout) / hdt,
-                     (hin + hout) / hdt / ceiling, f"{hdt:.1f}"])
+        rows.append(
+            [
+                f"HF generate (batch {args.hf_batch})",
+                hout / hdt,
+                (hin + hout) / hdt,
+                (hin + hout) / hdt / ceiling,
+                f"{hdt:.1f}",
+            ]
+        )
     if args.vllm_python:
         peer = run_vllm_peer(args.vllm_python, model_dir)
         if peer:
             pdt = peer["seconds"]
-            rows.append(["vLLM-CPU (side by side)", peer["output_tokens"] / pdt,
-                         (peer["prompt_tokens"] + peer["output_tokens"]) / pdt,
-                         (peer["prompt_tokens"] + peer["output_tokens"]) / pdt / ceiling, f"{pdt:.1f}"])
+            rows.append(
+                [
+                    "vLLM-CPU (side by side)",
+                    peer["output_tokens"] / pdt,
+                    (peer["prompt_tokens"] + peer["output_tokens"]) / pdt,
+                    (peer["prompt_tokens"] + peer["output_tokens"]) / pdt / ceiling,
+                    f"{pdt:.1f}",
+                ]
+            )
     print_table(["engine", "output tok/s", "total tok/s", "of ceiling", "seconds"], rows)
     for peer_row in rows[1:]:
-        print(f"ratio loraplex / {peer_row[0]}: output {rows[0][1] / peer_row[1]:.2f}x, "
-              f"total {rows[0][2] / peer_row[2]:.2f}x")
-    print("reference (../shared/bench/README.md, same machine kind, idle): vLLM-CPU 0.32 base 75.3 output / "
-          f"283 total tok/s -> ratio output {rows[0][1] / 75.3:.2f}x, total {rows[0][2] / 283:.2f}x")
+        print(
+            f"ratio loraplex / {peer_row[0]}: output {rows[0][1] / peer_row[1]:.2f}x, "
+            f"total {rows[0][2] / peer_row[2]:.2f}x"
+        )
+    print(
+        "reference (../shared/bench/README.md, same machine kind, idle): vLLM-CPU 0.32 base 75.3 output / "
+        f"283 total tok/s -> ratio output {rows[0][1] / 75.3:.2f}x, total {rows[0][2] / 283:.2f}x"
+    )
 
 
 if __name__ == "__main__":

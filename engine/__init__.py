@@ -1,4 +1,5 @@
 """loraplex.engine: the serving core (model, paged KV cache, scheduler, sampler, engines)."""
+
 from loraplex.engine.async_engine import AsyncEngine
 from loraplex.engine.config import EngineArgs
 from loraplex.engine.errors import EngineError, ModelLoadError, RequestError
@@ -10,6 +11,19 @@ from loraplex.engine.outputs import FinishReason, RequestOutput, TokenLogprob
 from loraplex.engine.probe import EngineProbe
 from loraplex.engine.sampling_params import SamplingParams
 
-__all__ = ["AdapterRef", "AsyncEngine", "EngineArgs", "EngineError", "EngineProbe", "FinishReason", "LLM",
-           "LLMEngine", "ModelLoadError", "RequestError", "RequestOutput", "SamplingParams", "TokenLogprob",
-           "prepare_default_model"]
+__all__ = [
+    "AdapterRef",
+    "AsyncEngine",
+    "EngineArgs",
+    "EngineError",
+    "EngineProbe",
+    "FinishReason",
+    "LLM",
+    "LLMEngine",
+    "ModelLoadError",
+    "RequestError",
+    "RequestOutput",
+    "SamplingParams",
+    "TokenLogprob",
+    "prepare_default_model",
+]

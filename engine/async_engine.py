@@ -6,6 +6,7 @@ and the engine thread pushes each request's outputs back onto that request's asy
 ``call_soon_threadsafe``. A failing step fails the requests in that step, never the thread; closing a
 request's stream early aborts it and frees its KV blocks.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,8 +53,9 @@ class AsyncEngine:
         self._ready = threading.Event()
         self._init_error: BaseException | None = None
         self._stats: dict[str, Any] = {}
-        self._thread = threading.Thread(target=self._main, args=(args or EngineArgs(**kwargs),),
-                                        name="loraplex-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._main, args=(args or EngineArgs(**kwargs),), name="loraplex-engine", daemon=True
+        )
         self._thread.start()
         self._ready.wait()
         if self._init_error is not None:
@@ -66,9 +68,14 @@ class AsyncEngine:
         self.args = self.engine.args
 
     # ------------------------------------------------------------------ asyncio side
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                       adapter: AdapterRef | None = None, cache_salt: str | None = None
-                       ) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        adapter: AdapterRef | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs; validation, grammar and budget errors raise before anything is
         generated (the engine thread keeps stepping while a grammar compiles)."""
         if self._stopped:
@@ -141,9 +148,14 @@ class AsyncEngine:
         match message:
             case AddRequest():
                 try:
-                    self.engine.add_request(message.prompt_token_ids, message.params, message.request_id,
-                                            adapter=message.adapter, cache_salt=message.cache_salt,
-                                            grammar=message.grammar)
+                    self.engine.add_request(
+                        message.prompt_token_ids,
+                        message.params,
+                        message.request_id,
+                        adapter=message.adapter,
+                        cache_salt=message.cache_salt,
+                        grammar=message.grammar,
+                    )
                 except Exception as exc:  # prechecked already; anything left is reported to that request only
                     self._deliver(message.request_id, exc)
             case Abort():

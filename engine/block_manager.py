@@ -7,6 +7,7 @@ prefixes under the same adapter share physical blocks. Freed blocks keep their h
 reusable until the allocator needs them: the free queue is ordered least-recently-freed first, and
 a sequence's blocks are freed tail first so that shared prefixes are evicted last.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +17,7 @@ from collections import OrderedDict
 from loraplex.engine.sequence import Sequence
 
 
-def hash_block(parent: bytes | None, token_ids: list[int], adapter_hash: str | None,
-               cache_salt: str | None) -> bytes:
+def hash_block(parent: bytes | None, token_ids: list[int], adapter_hash: str | None, cache_salt: str | None) -> bytes:
     """Content hash of one full block; the adapter hash keeps one adapter's KV from serving another."""
     h = hashlib.sha256()
     h.update(parent or b"root")
@@ -95,8 +95,11 @@ class BlockManager:
         bs = self.block_size
         hashes = seq.prefix_hashes
         for i in range(len(hashes), (seq.num_tokens - 1) // bs):  # grows only when preemption added tokens
-            hashes.append(hash_block(hashes[-1] if hashes else None, seq.tokens(i * bs, (i + 1) * bs),
-                                     seq.adapter_hash, seq.cache_salt))
+            hashes.append(
+                hash_block(
+                    hashes[-1] if hashes else None, seq.tokens(i * bs, (i + 1) * bs), seq.adapter_hash, seq.cache_salt
+                )
+            )
         return hashes  # never longer than that: a sequence's tokens only grow
 
     def first_uncached_block(self, seq: Sequence) -> bytes | None:
@@ -133,8 +136,11 @@ class BlockManager:
         parent = seq.block_hashes[-1] if seq.block_hashes else None
         hashes = []
         for i in range(len(seq.block_hashes), num_tokens // bs):
-            parent = known[i] if i < len(known) else hash_block(parent, seq.tokens(i * bs, (i + 1) * bs),
-                                                                seq.adapter_hash, seq.cache_salt)
+            parent = (
+                known[i]
+                if i < len(known)
+                else hash_block(parent, seq.tokens(i * bs, (i + 1) * bs), seq.adapter_hash, seq.cache_salt)
+            )
             hashes.append(parent)
         return hashes
 
@@ -186,7 +192,9 @@ class BlockManager:
             if owners[block] != self.ref_counts[block]:
                 raise AssertionError(f"block {block}: ref count {self.ref_counts[block]} != owners {owners[block]}")
             if (owners[block] == 0) != (block in self.free_queue):
-                raise AssertionError(f"block {block}: owned={owners[block]} but in free queue={block in self.free_queue}")
+                raise AssertionError(
+                    f"block {block}: owned={owners[block]} but in free queue={block in self.free_queue}"
+                )
         for h, block in self.cached.items():
             if self.block_hash[block] != h:
                 raise AssertionError(f"cache map points to block {block} whose hash differs")

@@ -1,4 +1,5 @@
 """Engine arguments (names follow vLLM's where the meaning is the same) and the model's shape."""
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,14 @@ class EngineArgs:
     served_model_name: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras", "max_lora_rank",
-                     "max_cpu_loras"):
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "block_size",
+            "max_loras",
+            "max_lora_rank",
+            "max_cpu_loras",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len <= 0:
@@ -77,8 +84,10 @@ class EngineArgs:
             return model_dtype
         dt = getattr(torch, self.lora_dtype, None)
         if dt not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"lora_dtype must be float32, bfloat16 or float16 (or unset: the model's dtype), "
-                             f"got {self.lora_dtype!r}")
+            raise ValueError(
+                f"lora_dtype must be float32, bfloat16 or float16 (or unset: the model's dtype), "
+                f"got {self.lora_dtype!r}"
+            )
         return dt
 
 

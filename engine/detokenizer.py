@@ -4,6 +4,7 @@
 character. Text that could be the beginning of a stop string is held back until it is known not to
 be one, so a stop string never leaks into what was already streamed.
 """
+
 from __future__ import annotations
 
 from tokenizers.decoders import DecodeStream
@@ -33,6 +34,6 @@ class IncrementalDetokenizer:
     def release(self, final: bool) -> str:
         """New text safe to show: all of it when finished, else all but a possible stop-string prefix."""
         end = len(self.text) if (final or self.stopped) else max(self.emitted, len(self.text) - self._hold)
-        out = self.text[self.emitted:end]
+        out = self.text[self.emitted : end]
         self.emitted = end
         return out

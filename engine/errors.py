@@ -1,5 +1,6 @@
 """The engine's error types. Each carries a ``code``, a short stable tag (as ``AdapterError`` does), so the
 HTTP layer maps errors to API responses without reading their messages."""
+
 from __future__ import annotations
 
 

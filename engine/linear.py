@@ -7,6 +7,7 @@ below oneDNN's rate there (same results to rounding; ``bench.throughput`` prints
 and wherever oneDNN is missing or fails a first-use probe, ``F.linear`` on the plain weight.
 ``LORAPLEX_ONEDNN=0`` turns the oneDNN path off.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

@@ -5,6 +5,7 @@ projection, so each layer runs four matmuls. The model works on a flat batch of 
 sequences (prefill chunks and decodes together); attention reads and writes the paged cache through
 the per-step metadata, and an optional per-step LoRA context adds adapter deltas per token.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,8 +41,16 @@ class LlamaLayer:
 
 
 class LlamaModel:
-    def __init__(self, shape: ModelShape, embed: torch.Tensor, layers: list[LlamaLayer], norm: torch.Tensor,
-                 lm_head: torch.Tensor, rotary: RotaryEmbedding, backend: ComputeBackend) -> None:
+    def __init__(
+        self,
+        shape: ModelShape,
+        embed: torch.Tensor,
+        layers: list[LlamaLayer],
+        norm: torch.Tensor,
+        lm_head: torch.Tensor,
+        rotary: RotaryEmbedding,
+        backend: ComputeBackend,
+    ) -> None:
         self.shape = shape
         self.backend = backend
         self.embed = embed
@@ -49,7 +58,7 @@ class LlamaModel:
         self.norm = norm
         self.lm_head = Linear(lm_head)
         self.rotary = rotary
-        self.scale = shape.head_dim ** -0.5
+        self.scale = shape.head_dim**-0.5
 
     @property
     def device(self) -> torch.device:
@@ -59,8 +68,14 @@ class LlamaModel:
     def dtype(self) -> torch.dtype:
         return self.embed.dtype
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], lora: LoRAContext | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        lora: LoRAContext | None = None,
+    ) -> torch.Tensor:
         """Hidden states after the final norm, [T, hidden], for a flat batch of T tokens."""
         s = self.shape
         add_rms_norm, rope_, silu_mul = self.backend.add_rms_norm, self.backend.rope_, self.backend.silu_mul
@@ -78,8 +93,8 @@ class LlamaModel:
             # q and k heads, in place; the positions are the same in every layer, checked in the first
             rope_(qkv, s.num_heads + s.num_kv_heads, s.head_dim, cos, sin, positions, check_positions=i == 0)
             q = qkv[:, :q_size].view(-1, s.num_heads, s.head_dim)
-            k = qkv[:, q_size:q_size + kv_size].view(-1, s.num_kv_heads, s.head_dim)
-            v = qkv[:, q_size + kv_size:].view(-1, s.num_kv_heads, s.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(-1, s.num_kv_heads, s.head_dim)
+            v = qkv[:, q_size + kv_size :].view(-1, s.num_kv_heads, s.head_dim)
             k_cache, v_cache = kv_caches[i]
             a = attention(q, k, v, k_cache, v_cache, meta, self.scale).view(-1, q_size)
             o = layer.o(a)
@@ -114,8 +129,14 @@ def _open_weights(model_dir: Path) -> dict[str, tuple[Path, str]]:
     return index
 
 
-def load_llama(model_dir: Path, shape: ModelShape, device: torch.device, dtype: torch.dtype,
-               max_positions: int, backend: ComputeBackend) -> LlamaModel:
+def load_llama(
+    model_dir: Path,
+    shape: ModelShape,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_positions: int,
+    backend: ComputeBackend,
+) -> LlamaModel:
     index = _open_weights(model_dir)
     handles: dict[Path, object] = {}
 
@@ -144,8 +165,9 @@ def load_llama(model_dir: Path, shape: ModelShape, device: torch.device, dtype: 
     layers = []
     for i in range(shape.num_layers):
         p = f"layers.{i}."
-        qkv = torch.cat([get(p + "self_attn.q_proj.weight"), get(p + "self_attn.k_proj.weight"),
-                         get(p + "self_attn.v_proj.weight")])
+        qkv = torch.cat(
+            [get(p + "self_attn.q_proj.weight"), get(p + "self_attn.k_proj.weight"), get(p + "self_attn.v_proj.weight")]
+        )
         gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
         w = {
             "input_layernorm": put(get(p + "input_layernorm.weight"), (hs,), p + "input_layernorm"),

@@ -1,4 +1,5 @@
 """Offline API: `LLM(model=...).generate(prompts, sampling_params)`, outputs in input order."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,14 @@ class LLM:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
-    def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 *, adapters: Adapter | Seq[Adapter] = None, use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        adapters: Adapter | Seq[Adapter] = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
         """Run every prompt to completion; all are validated before any is submitted.
 
         ``adapters``: one per prompt (or one for all): an AdapterRef, an adapter folder / archive path
@@ -47,8 +54,10 @@ class LLM:
         encoded = [self._encode(p) for p in prompts]
         for ids, p in zip(encoded, param_list):
             self.engine.validate(ids, p)
-        order = {self.engine.add_request(ids, p, adapter=a): i
-                 for i, (ids, p, a) in enumerate(zip(encoded, param_list, adapter_list))}
+        order = {
+            self.engine.add_request(ids, p, adapter=a): i
+            for i, (ids, p, a) in enumerate(zip(encoded, param_list, adapter_list))
+        }
         results: list[RequestOutput | None] = [None] * len(prompts)
         bar = tqdm(total=len(prompts), disable=not use_tqdm, desc="generate")
         while self.engine.has_unfinished():

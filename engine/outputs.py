@@ -1,4 +1,5 @@
 """What the engine hands back for each request after a step."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

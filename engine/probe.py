@@ -2,6 +2,7 @@
 
 Serving runs without a probe: the hot paths only test the attribute for None.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,4 +1,5 @@
 """Rotary position embeddings (rotate-half convention of Hugging Face's Llama), with rope scaling."""
+
 from __future__ import annotations
 
 import math

@@ -8,6 +8,7 @@ Sampling is an exponential race (argmax of p / E, E ~ Exp(1)); the runners-up of
 draws without replacement. A `TokenCheck` uses that: a row whose sampled token fails the check takes
 the next runner-up, which is a draw from the distribution with the rejected tokens removed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,8 +44,13 @@ class Sampler:
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
-    def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None], check: TokenCheck | None = None) -> SampleResult:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        check: TokenCheck | None = None,
+    ) -> SampleResult:
         """logits: [N, V] float32, already grammar-masked; one params/generator per row."""
         n = logits.shape[0]
         want_logprobs = any(p.logprobs is not None for p in params)
@@ -83,8 +89,13 @@ class Sampler:
             chosen[r] = check.fallback(r) if token is None else token
         return chosen
 
-    def _race_keys(self, logits: torch.Tensor, params: list[SamplingParams],
-                   generators: list[torch.Generator | None], greedy: list[bool]) -> torch.Tensor:
+    def _race_keys(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        greedy: list[bool],
+    ) -> torch.Tensor:
         """Per row, scores whose argmax is the sampled token and whose order ranks the runners-up.
 
         -inf marks tokens a row cannot draw (masked, or cut by top-k/top-p/min-p); greedy rows score

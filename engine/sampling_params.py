@@ -1,4 +1,5 @@
 """Per-request sampling parameters, validated when the request is created."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

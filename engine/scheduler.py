@@ -7,6 +7,7 @@ unfinished prefills) go first, oldest first; then waiting ones are admitted whil
 When the cache runs out, the newest running sequence is preempted: its blocks are freed and it is
 recomputed later (prefix caching usually brings most of it back).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -42,8 +43,13 @@ class AdmissionPolicy(Protocol):
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 admission: list[AdmissionPolicy] | None = None) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        admission: list[AdmissionPolicy] | None = None,
+    ) -> None:
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -107,8 +113,7 @@ class Scheduler:
         # 2. admit waiting sequences (none when this step had to preempt). A sequence whose first uncached
         # block another sequence of this step computes waits for the next step, where that block is cached,
         # rather than computing it a second time now (it keeps its place in the queue).
-        computing = {h for seq, n in zip(batch.seqs, batch.num_new_tokens)
-                     for h in self.bm.blocks_completed_by(seq, n)}
+        computing = {h for seq, n in zip(batch.seqs, batch.num_new_tokens) for h in self.bm.blocks_completed_by(seq, n)}
         skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
             seq = self.waiting.popleft()

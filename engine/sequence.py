@@ -1,4 +1,5 @@
 """The engine-side state of one request."""
+
 from __future__ import annotations
 
 import enum
@@ -61,7 +62,7 @@ class Sequence:
         if end <= n:
             return self.prompt_token_ids[start:end]
         if start >= n:
-            return self.output_token_ids[start - n:end - n]
+            return self.output_token_ids[start - n : end - n]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
 
     @property

@@ -9,6 +9,7 @@ complete the document, only tokens on a shortest completion path stay allowed. W
 guarantee that by itself (llguidance), the sampled token of that row is checked before it is taken
 (`budget_check`: the sampler then falls back to the runner-up of the same draw).
 """
+
 from __future__ import annotations
 
 import threading
@@ -31,8 +32,9 @@ if TYPE_CHECKING:
 class StructuredOutputManager:
     """Owns the grammar compiler, gates admission on compiled grammars, fills and applies bitmasks."""
 
-    def __init__(self, tokenizer, eos_token_ids: list[int], vocab_size: int, timeout_s: float, cache_size: int,
-                 workers: int) -> None:
+    def __init__(
+        self, tokenizer, eos_token_ids: list[int], vocab_size: int, timeout_s: float, cache_size: int, workers: int
+    ) -> None:
         self._tokenizer = tokenizer
         self._eos = eos_token_ids
         self.vocab_size = vocab_size
@@ -50,16 +52,24 @@ class StructuredOutputManager:
             if self._compiler is None:
                 from loraplex.grammar.compiler import GrammarCompiler
 
-                self._compiler = GrammarCompiler(self._tokenizer, eos_token_ids=self._eos,
-                                                 vocab_size=self.vocab_size, timeout_s=self._timeout,
-                                                 cache_size=self._cache_size, max_workers=self._workers)
+                self._compiler = GrammarCompiler(
+                    self._tokenizer,
+                    eos_token_ids=self._eos,
+                    vocab_size=self.vocab_size,
+                    timeout_s=self._timeout,
+                    cache_size=self._cache_size,
+                    max_workers=self._workers,
+                )
             return self._compiler
 
     def stats(self) -> dict:
         """Compile counters for metrics (zeros until the first constrained request starts the compiler)."""
         st = self._compiler.stats() if self._compiler is not None else {}
-        return {"grammar_compiles": st.get("compiles", 0), "grammar_compile_seconds": st.get("compile_seconds", 0.0),
-                "grammar_cache_hits": st.get("cache_hits", 0)}
+        return {
+            "grammar_compiles": st.get("compiles", 0),
+            "grammar_compile_seconds": st.get("compile_seconds", 0.0),
+            "grammar_cache_hits": st.get("cache_hits", 0),
+        }
 
     def close(self) -> None:
         if self._compiler is not None:
@@ -97,8 +107,10 @@ class StructuredOutputManager:
     def check_budget(compiled: CompiledGrammar, max_tokens: int | None) -> None:
         """Refuse a request whose max_tokens cannot hold even the shortest valid output."""
         if max_tokens is not None and compiled.min_tokens > max_tokens:
-            raise RequestError(f"max_tokens={max_tokens} is too small for this structured output: the shortest "
-                               f"valid output needs {compiled.min_tokens} tokens")
+            raise RequestError(
+                f"max_tokens={max_tokens} is too small for this structured output: the shortest "
+                f"valid output needs {compiled.min_tokens} tokens"
+            )
 
     # ---------------------------------------------------------------- AdmissionPolicy
     def begin_step(self, running: list[Sequence]) -> None:
@@ -142,8 +154,11 @@ class StructuredOutputManager:
             seq.grammar.fill_bitmask(bitmask[j], remaining)
             if timings is not None:
                 timings.append(time.perf_counter() - t)
-        apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True),
-                            torch.tensor(rows, dtype=torch.long, device=logits.device))
+        apply_token_bitmask(
+            logits,
+            bitmask.to(logits.device, non_blocking=True),
+            torch.tensor(rows, dtype=torch.long, device=logits.device),
+        )
 
     def budget_check(self, seqs: list[Sequence]) -> BudgetCheck | None:
         """The rows (aligned with `seqs`) whose sampled token must be checked against the budget."""

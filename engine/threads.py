@@ -11,6 +11,7 @@ next to the engine's, and the engine thread keeps every core.
 first torch op, so a thread started later (the server's engine thread) would run single-threaded.
 Instead this thread's own OpenMP setting is changed, after torch has initialised it.
 """
+
 from __future__ import annotations
 
 import ctypes

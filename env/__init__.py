@@ -5,6 +5,7 @@ field ``name`` is ``LORAPLEX_<NAME>`` (``setting``, used by ``loraplex.platform.
 below are the others. This module is a leaf (no torch, no loraplex imports): the kernels, the engine, the
 platform, the tests and the benchmarks all read their variables through it.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,19 +23,28 @@ class Variable:
 
 
 VARIABLES = (
-    Variable("LORAPLEX_CACHE_DIR", "root of loraplex's caches (default ~/.cache/loraplex): the converted default "
-             "model under models/, the C kernels under kernels/"),
+    Variable(
+        "LORAPLEX_CACHE_DIR",
+        "root of loraplex's caches (default ~/.cache/loraplex): the converted default "
+        "model under models/, the C kernels under kernels/",
+    ),
     Variable("LORAPLEX_KERNEL_CACHE", "where the compiled C kernels go (default <cache dir>/kernels)"),
     Variable("LORAPLEX_CPU_KERNELS", "0 runs the torch paths instead of the C kernels on the CPU (default 1)"),
-    Variable("LORAPLEX_ONEDNN", "0 runs the CPU projections on F.linear instead of oneDNN's packed linear "
-             "(default 1)"),
-    Variable("LORAPLEX_DATA_DIR", "the server's SQLite registry and adapter store (default "
-             "$XDG_DATA_HOME/loraplex, else ~/.local/share/loraplex)"),
-    Variable("LORAPLEX_<SETTING>", "any server setting or engine argument, e.g. LORAPLEX_PORT, "
-             "LORAPLEX_REDIS_URL, LORAPLEX_MAX_NUM_SEQS (`loraplex serve --help` lists them)"),
+    Variable("LORAPLEX_ONEDNN", "0 runs the CPU projections on F.linear instead of oneDNN's packed linear (default 1)"),
+    Variable(
+        "LORAPLEX_DATA_DIR",
+        "the server's SQLite registry and adapter store (default "
+        "$XDG_DATA_HOME/loraplex, else ~/.local/share/loraplex)",
+    ),
+    Variable(
+        "LORAPLEX_<SETTING>",
+        "any server setting or engine argument, e.g. LORAPLEX_PORT, "
+        "LORAPLEX_REDIS_URL, LORAPLEX_MAX_NUM_SEQS (`loraplex serve --help` lists them)",
+    ),
     Variable("LORAPLEX_TEST_DEVICE", "tests only: cuda runs the kernel and engine tests on a GPU (default cpu)"),
-    Variable("LORAPLEX_SCHEMA_SUITE", "tests only: the JSON Schema Test Suite subset (default "
-             "../shared/schemas/suite.jsonl)"),
+    Variable(
+        "LORAPLEX_SCHEMA_SUITE", "tests only: the JSON Schema Test Suite subset (default ../shared/schemas/suite.jsonl)"
+    ),
     Variable("LORAPLEX_WORKLOAD_DIR", "benchmarks only: Workload A's folder (default ../shared/bench)"),
 )
 

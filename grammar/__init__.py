@@ -10,6 +10,7 @@ Public API: StructuredSpec, GrammarError, GrammarCompiler, CompiledGrammar, Gram
 
 Exports are resolved lazily so compile worker processes never import torch.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -22,8 +23,11 @@ if TYPE_CHECKING:
 
 __all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarError", "GrammarMatcher", "StructuredSpec"]
 
-_LAZY = {"CompiledGrammar": "loraplex.grammar.backend_types", "GrammarMatcher": "loraplex.grammar.backend_types",
-         "GrammarCompiler": "loraplex.grammar.compiler"}
+_LAZY = {
+    "CompiledGrammar": "loraplex.grammar.backend_types",
+    "GrammarMatcher": "loraplex.grammar.backend_types",
+    "GrammarCompiler": "loraplex.grammar.compiler",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,5 @@
 """The interface the engine codes against: a compiled constraint and its per-sequence matcher."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -13,6 +13,7 @@ the request once `fut.done()`; refuse it if max_tokens < grammar.min_tokens; per
 copied to the logits' device once per step), then `matcher.accept_token(sampled)`; the output is
 finished when `matcher.is_terminated()` (EOS accepted, or nothing can follow).
 """
+
 from __future__ import annotations
 
 import threading
@@ -32,18 +33,31 @@ DEFAULT_MEMORY_LIMIT = 4 << 30
 
 
 class GrammarCompiler:
-    def __init__(self, tokenizer: Any, *, eos_token_ids: list[int], vocab_size: int, timeout_s: float = 10.0,
-                 cache_size: int = 256, max_workers: int = 1, backend: str = "auto",
-                 upgrade_in_background: bool = True, memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT,
-                 strict_objects: bool = True, max_ref_depth: int = 3, any_depth: int = 2) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        eos_token_ids: list[int],
+        vocab_size: int,
+        timeout_s: float = 10.0,
+        cache_size: int = 256,
+        max_workers: int = 1,
+        backend: str = "auto",
+        upgrade_in_background: bool = True,
+        memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT,
+        strict_objects: bool = True,
+        max_ref_depth: int = 3,
+        any_depth: int = 2,
+    ) -> None:
         if backend not in ("auto", "outlines", "llguidance"):
             raise ValueError(f"backend must be auto, outlines or llguidance, not {backend!r}")
         self.vocab = vocab_from_hf(tokenizer, list(eos_token_ids), vocab_size)
         self.timeout_s = timeout_s
         self.cache_size = cache_size
         self.backend = backend
-        options = CompileOptions(backend=backend, strict_objects=strict_objects, max_ref_depth=max_ref_depth,
-                                 any_depth=any_depth)
+        options = CompileOptions(
+            backend=backend, strict_objects=strict_objects, max_ref_depth=max_ref_depth, any_depth=any_depth
+        )
         self._init = (self.vocab, options, memory_limit_bytes)
         self._pool = WorkerPool(self._init, max_workers, "grammar-compile")
         self._upgrade_pool: WorkerPool | None = None
@@ -51,8 +65,17 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self._inflight: dict[tuple[str, str], Future] = {}
-        self._stats = {"compiles": 0, "cache_hits": 0, "inflight_joins": 0, "compile_seconds": 0.0, "errors": 0,
-                       "timeouts": 0, "outlines": 0, "llguidance": 0, "upgrades": 0}
+        self._stats = {
+            "compiles": 0,
+            "cache_hits": 0,
+            "inflight_joins": 0,
+            "compile_seconds": 0.0,
+            "errors": 0,
+            "timeouts": 0,
+            "outlines": 0,
+            "llguidance": 0,
+            "upgrades": 0,
+        }
         self._ll_tokenizer: Any = None
         self._search: Any = None
         self._ll_lock = threading.Lock()  # building the llguidance tokenizer is slow: not under _lock
@@ -86,10 +109,17 @@ class GrammarCompiler:
             fut.set_running_or_notify_cancel()
             self._inflight[key] = fut
         started = time.perf_counter()
-        payload = {"json": spec.json, "regex": spec.regex, "choice": spec.choice, "grammar": spec.grammar,
-                   "json_object": spec.json_object, "close_within_budget": spec.close_within_budget}
-        self._pool.submit("compile", payload, self.timeout_s,
-                          lambda art, err: self._finish(key, spec, fut, started, art, err))
+        payload = {
+            "json": spec.json,
+            "regex": spec.regex,
+            "choice": spec.choice,
+            "grammar": spec.grammar,
+            "json_object": spec.json_object,
+            "close_within_budget": spec.close_within_budget,
+        }
+        self._pool.submit(
+            "compile", payload, self.timeout_s, lambda art, err: self._finish(key, spec, fut, started, art, err)
+        )
         return fut
 
     def compile(self, spec: StructuredSpec) -> CompiledGrammar:
@@ -115,8 +145,15 @@ class GrammarCompiler:
         self.close()
 
     # ---- completion (runs on a pool thread) --------------------------------------------------------
-    def _finish(self, key: tuple[str, str], spec: StructuredSpec, fut: Future, started: float,
-                artifact: dict | None, failure: JobFailed | None) -> None:
+    def _finish(
+        self,
+        key: tuple[str, str],
+        spec: StructuredSpec,
+        fut: Future,
+        started: float,
+        artifact: dict | None,
+        failure: JobFailed | None,
+    ) -> None:
         grammar: CompiledGrammar | None = None
         error: GrammarError | None = None
         cacheable = True
@@ -160,8 +197,9 @@ class GrammarCompiler:
 
         ll_tokenizer, search = self._llguidance_parts()
         plan = artifact["plan"]
-        return LLGuidanceGrammar(artifact["grammar"], ll_tokenizer, self.vocab, search, len(plan), plan,
-                                 close_within_budget)
+        return LLGuidanceGrammar(
+            artifact["grammar"], ll_tokenizer, self.vocab, search, len(plan), plan, close_within_budget
+        )
 
     def _llguidance_parts(self) -> tuple[Any, Any]:
         with self._ll_lock:

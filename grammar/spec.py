@@ -1,4 +1,5 @@
 """What a request asks its output to look like, and the one error type for every refusal."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,21 @@ _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 # default, ...) whose key order is kept: a const object is generated in the order it is written.
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
 _SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_SCHEMA_ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains",
-                         "propertyNames", "additionalItems", "unevaluatedItems", "unevaluatedProperties"})
+_SCHEMA_ONE = frozenset(
+    {
+        "items",
+        "additionalProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+        "propertyNames",
+        "additionalItems",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+    }
+)
 
 
 def canonical_schema(node: Any) -> Any:

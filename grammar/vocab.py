@@ -3,6 +3,7 @@
 Built once from a Hugging Face tokenizer in the serving process; a plain picklable value so the
 compile workers can rebuild both backends' vocabularies without importing transformers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,9 @@ _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 @lru_cache(maxsize=1)
 def _byte_level_decoder() -> dict[str, int]:
     """GPT-2's printable-character alphabet for raw bytes, inverted (character -> byte)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     extra = 0
     for b in range(256):
@@ -39,6 +41,7 @@ def _uses_byte_level(tok_json: dict[str, Any]) -> bool:
         if node.get("type") == "ByteLevel":
             return True
         return any(has(n) for n in node.get("decoders", []) or node.get("pretokenizers", []) or [])
+
     return has(tok_json.get("decoder")) or has(tok_json.get("pre_tokenizer"))
 
 

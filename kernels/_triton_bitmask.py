@@ -10,9 +10,13 @@ import triton.language as tl
 
 @triton.jit
 def _apply_bitmask_kernel(
-    logits_ptr, bitmask_ptr, indices_ptr,
-    vocab_size, num_words,
-    stride_logits_row, stride_mask_row,
+    logits_ptr,
+    bitmask_ptr,
+    indices_ptr,
+    vocab_size,
+    num_words,
+    stride_logits_row,
+    stride_mask_row,
     BLOCK_V: tl.constexpr,
 ):
     mask_row = tl.program_id(0)
@@ -37,8 +41,12 @@ def launch_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.T
     block_v = 1024
     grid = (indices.shape[0], triton.cdiv(vocab_size, block_v))
     _apply_bitmask_kernel[grid](
-        logits, bitmask, indices,
-        vocab_size, bitmask.shape[1],
-        logits.stride(0), bitmask.stride(0),
+        logits,
+        bitmask,
+        indices,
+        vocab_size,
+        bitmask.shape[1],
+        logits.stride(0),
+        bitmask.stride(0),
         BLOCK_V=block_v,
     )

@@ -55,9 +55,7 @@ def _check_shapes(
             f"query_start_loc must have num_seqs + 1 = {num_seqs + 1} entries, got {tuple(query_start_loc.shape)}"
         )
     if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise ValueError(
-            f"block_tables must be [num_seqs={num_seqs}, max_blocks], got {tuple(block_tables.shape)}"
-        )
+        raise ValueError(f"block_tables must be [num_seqs={num_seqs}, max_blocks], got {tuple(block_tables.shape)}")
 
 
 def _attend_padded(
@@ -149,8 +147,15 @@ def paged_attention_ref(
     for group in (is_decode, (~is_decode) & (q_lens > 0)):
         if bool(group.any()):
             _attend_padded(
-                q, k_cache, v_cache, block_tables[group], seq_lens_l[group], qsl[:-1][group],
-                q_lens[group], scale, out,
+                q,
+                k_cache,
+                v_cache,
+                block_tables[group],
+                seq_lens_l[group],
+                qsl[:-1][group],
+                q_lens[group],
+                scale,
+                out,
             )
     return out.to(q.dtype)
 

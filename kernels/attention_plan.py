@@ -17,6 +17,7 @@ into vectorised groups (no loop over sequences):
   - prefill chunks that continue a cached context: their blocks are gathered once per layer and one
     scaled-dot-product attention runs with an explicit position mask.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -79,8 +80,15 @@ class AttentionMetadata:
     groups: list[GroupPlan | CDecodePlan | CausalPlan | CPrefillPlan]
 
     @classmethod
-    def build(cls, q_lens: list[int], ctx_lens: list[int], block_tables: list[list[int]], block_size: int,
-              device: torch.device, backend: BackendName) -> AttentionMetadata:
+    def build(
+        cls,
+        q_lens: list[int],
+        ctx_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device,
+        backend: BackendName,
+    ) -> AttentionMetadata:
         """q_lens: new tokens per sequence; ctx_lens: tokens already cached before this step."""
         num_seqs = len(q_lens)
         seq_lens = [c + q for c, q in zip(ctx_lens, q_lens)]
@@ -117,22 +125,32 @@ class AttentionMetadata:
                 if fresh:
                     meta.groups.append(_causal_plan(fresh, q_lens, starts, device))
                 if continued:
-                    meta.groups.append(_group_plan(continued, q_lens, seq_lens, starts, block_tables, block_size,
-                                                   device))
+                    meta.groups.append(
+                        _group_plan(continued, q_lens, seq_lens, starts, block_tables, block_size, device)
+                    )
         return meta
 
 
-def _c_decode_plan(members: list[int], seq_lens: list[int], starts: list[int], block_tables: list[list[int]],
-                   block_size: int, device: torch.device) -> CDecodePlan:
+def _c_decode_plan(
+    members: list[int],
+    seq_lens: list[int],
+    starts: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device,
+) -> CDecodePlan:
     nblk = max(-(-seq_lens[i] // block_size) for i in members)
     tables = [block_tables[i][:nblk] + [0] * (nblk - min(nblk, len(block_tables[i]))) for i in members]
-    return CDecodePlan(rows=torch.tensor([starts[i] for i in members], dtype=torch.long, device=device),
-                       tables=torch.tensor(tables, dtype=torch.int32, device=device),
-                       seq_lens=torch.tensor([seq_lens[i] for i in members], dtype=torch.int32, device=device))
+    return CDecodePlan(
+        rows=torch.tensor([starts[i] for i in members], dtype=torch.long, device=device),
+        tables=torch.tensor(tables, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([seq_lens[i] for i in members], dtype=torch.int32, device=device),
+    )
 
 
-def _padded_rows(members: list[int], q_lens: list[int], starts: list[int], device: torch.device
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+def _padded_rows(
+    members: list[int], q_lens: list[int], starts: list[int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Each member's token rows right-padded (repeating its last row) to the longest [B, Q]; which of
     them are real [B*Q] (None without padding); the real rows in order."""
     qmax = max(q_lens[i] for i in members)
@@ -142,9 +160,11 @@ def _padded_rows(members: list[int], q_lens: list[int], starts: list[int], devic
         flat_rows.extend(r)
         rows.append(r + [r[-1]] * (qmax - len(r)))
         valid.extend([True] * len(r) + [False] * (qmax - len(r)))
-    return (torch.tensor(rows, dtype=torch.long, device=device),
-            None if all(valid) else torch.tensor(valid, dtype=torch.bool, device=device),
-            torch.tensor(flat_rows, dtype=torch.long, device=device))
+    return (
+        torch.tensor(rows, dtype=torch.long, device=device),
+        None if all(valid) else torch.tensor(valid, dtype=torch.bool, device=device),
+        torch.tensor(flat_rows, dtype=torch.long, device=device),
+    )
 
 
 def _causal_plan(members: list[int], q_lens: list[int], starts: list[int], device: torch.device) -> CausalPlan:
@@ -152,8 +172,15 @@ def _causal_plan(members: list[int], q_lens: list[int], starts: list[int], devic
     return CausalPlan(rows=rows, valid=valid, flat_rows=flat_rows)
 
 
-def _group_plan(members: list[int], q_lens: list[int], seq_lens: list[int], starts: list[int],
-                block_tables: list[list[int]], block_size: int, device: torch.device) -> GroupPlan:
+def _group_plan(
+    members: list[int],
+    q_lens: list[int],
+    seq_lens: list[int],
+    starts: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device,
+) -> GroupPlan:
     qmax = max(q_lens[i] for i in members)
     nblk = max(-(-seq_lens[i] // block_size) for i in members)
     rows, valid, flat_rows = _padded_rows(members, q_lens, starts, device)
@@ -168,28 +195,52 @@ def _group_plan(members: list[int], q_lens: list[int], seq_lens: list[int], star
     # query j of a sequence sits at position seq_len - q_len + j and sees keys 0..that position
     q_pos = slen_t[:, None] - qlen_t[:, None] + torch.arange(qmax, device=device)[None, :]
     mask = key_pos[None, None, :] <= q_pos[:, :, None]
-    return GroupPlan(rows=rows, valid=valid, blocks=torch.tensor(blocks, dtype=torch.long, device=device),
-                     mask=mask.unsqueeze(1), flat_rows=flat_rows)
+    return GroupPlan(
+        rows=rows,
+        valid=valid,
+        blocks=torch.tensor(blocks, dtype=torch.long, device=device),
+        mask=mask.unsqueeze(1),
+        flat_rows=flat_rows,
+    )
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
     """q: [T, H, D]; k, v: [T, KVH, D]. Writes k, v to the cache, returns attention output [T, H, D]."""
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if meta.backend == "triton":
-        return paged_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                      scale)
+        return paged_attention_triton(
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
+        )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, bs, kvh, d = k_cache.shape
     for g in meta.groups:
         if isinstance(g, CPrefillPlan):
-            paged_prefill_attention_c(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                      scale, out=out, skip_decodes=g.skip_decodes, check_tables=not g.checked)
+            paged_prefill_attention_c(
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                meta.query_start_loc,
+                scale,
+                out=out,
+                skip_decodes=g.skip_decodes,
+                check_tables=not g.checked,
+            )
             g.checked = True
             continue
         if isinstance(g, CDecodePlan):
-            out[g.rows] = paged_decode_attention_c(q[g.rows], k_cache, v_cache, g.tables, g.seq_lens, scale,
-                                                   check_tables=not g.checked)
+            out[g.rows] = paged_decode_attention_c(
+                q[g.rows], k_cache, v_cache, g.tables, g.seq_lens, scale, check_tables=not g.checked
+            )
             g.checked = True  # every layer's cache has the same number of blocks
             continue
         if isinstance(g, CausalPlan):

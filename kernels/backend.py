@@ -10,6 +10,7 @@
 The model, the attention plan and the per-step LoRA context call the functions of the one ``ComputeBackend``
 they are given; none of them decides again per call.
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,27 +63,39 @@ def cpu_c_backend() -> ComputeBackend:
 
 
 def torch_backend() -> ComputeBackend:
-    return ComputeBackend("torch", add_rms_norm_ref, rope_ref, silu_mul_ref, lora_shrink_grouped,
-                          lora_expand_grouped)
+    return ComputeBackend("torch", add_rms_norm_ref, rope_ref, silu_mul_ref, lora_shrink_grouped, lora_expand_grouped)
 
 
 def cpu_kernels_available() -> bool:
     """Every C kernel is built and loaded (False when they are switched off or no C compiler exists; a
     compiler that fails raises KernelBuildError naming the kernel)."""
-    return all(check() for check in (cpu_decode_kernel_available, cpu_prefill_kernel_available,
-                                     cpu_lora_kernel_available, cpu_elementwise_available))
+    return all(
+        check()
+        for check in (
+            cpu_decode_kernel_available,
+            cpu_prefill_kernel_available,
+            cpu_lora_kernel_available,
+            cpu_elementwise_available,
+        )
+    )
 
 
-def select_backend(device: torch.device, dtype: torch.dtype, head_dim: int, num_heads: int,
-                   num_kv_heads: int) -> ComputeBackend:
+def select_backend(
+    device: torch.device, dtype: torch.dtype, head_dim: int, num_heads: int, num_kv_heads: int
+) -> ComputeBackend:
     """The backend for a model of this shape on ``device`` in ``dtype``."""
     if device.type == "cuda":
         return triton_backend()
     if device.type != "cpu" or dtype != torch.float32:
         return torch_backend()
     if head_dim % 8 != 0 or num_heads // num_kv_heads > MAX_GROUP:
-        log.warning("the C kernels need head_dim a multiple of 8 and at most %d query heads per KV head (got "
-                    "%d and %d): running the torch paths", MAX_GROUP, head_dim, num_heads // num_kv_heads)
+        log.warning(
+            "the C kernels need head_dim a multiple of 8 and at most %d query heads per KV head (got "
+            "%d and %d): running the torch paths",
+            MAX_GROUP,
+            head_dim,
+            num_heads // num_kv_heads,
+        )
         return torch_backend()
     try:
         available = cpu_kernels_available()

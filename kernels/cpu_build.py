@@ -12,6 +12,7 @@ OpenMP: the objects link ``libgomp.so.1``; torch's CPU wheel has already loaded 
 soname, so the dynamic linker binds ours to it and the kernels share torch's thread pool rather than
 starting a second one that would spin against it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -89,8 +90,7 @@ def _build_and_load(name: str) -> ctypes.CDLL | None:
         return None
     source = CSRC / f"{name}.c"
     headers = b"".join(h.read_bytes() for h in sorted(CSRC.glob("*.h")))  # an edited shared header rebuilds too
-    key = hashlib.sha256(source.read_bytes() + headers + " ".join([cc, *FLAGS]).encode()
-                         + _cpu_signature().encode())
+    key = hashlib.sha256(source.read_bytes() + headers + " ".join([cc, *FLAGS]).encode() + _cpu_signature().encode())
     target = env.kernel_cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -102,8 +102,10 @@ def _build_and_load(name: str) -> ctypes.CDLL | None:
             except OSError as exc:
                 raise KernelBuildError(f"C kernel {name}: cannot run the compiler {cc!r}: {exc}") from exc
             if proc.returncode != 0:
-                raise KernelBuildError(f"C kernel {name}: {cc} failed to build {source.name} (exit "
-                                       f"{proc.returncode}):\n{(proc.stderr or proc.stdout)[-2000:]}")
+                raise KernelBuildError(
+                    f"C kernel {name}: {cc} failed to build {source.name} (exit "
+                    f"{proc.returncode}):\n{(proc.stderr or proc.stdout)[-2000:]}"
+                )
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):

@@ -6,6 +6,7 @@ and ``seq_lens`` as in :mod:`kernels.attention`, this step's K/V already stored)
 (``csrc/paged_decode_attention.c``) serves float32 CPU tensors; the reference — the general torch paged
 attention with one query per sequence — serves everything else and is what the tests compare it with.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -15,8 +16,12 @@ import torch
 from .attention import paged_attention_ref
 from .cpu_build import load
 
-__all__ = ["cpu_decode_kernel_available", "paged_decode_attention", "paged_decode_attention_c",
-           "paged_decode_attention_ref"]
+__all__ = [
+    "cpu_decode_kernel_available",
+    "paged_decode_attention",
+    "paged_decode_attention_c",
+    "paged_decode_attention_ref",
+]
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -32,21 +37,28 @@ def cpu_decode_kernel_available() -> bool:
     return _library() is not None
 
 
-def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-           seq_lens: torch.Tensor) -> None:
+def _check(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor
+) -> None:
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"q must be [num_seqs, heads, head_dim] and the caches [blocks, block_size, kv_heads, "
-                         f"head_dim]; got {tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"q must be [num_seqs, heads, head_dim] and the caches [blocks, block_size, kv_heads, "
+            f"head_dim]; got {tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
     if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2] != 0:
-        raise ValueError(f"q {tuple(q.shape)} does not fit a cache of {k_cache.shape[2]} kv heads x "
-                         f"{k_cache.shape[3]} dims")
+        raise ValueError(
+            f"q {tuple(q.shape)} does not fit a cache of {k_cache.shape[2]} kv heads x {k_cache.shape[3]} dims"
+        )
     if seq_lens.shape != (q.shape[0],) or block_tables.dim() != 2 or block_tables.shape[0] != q.shape[0]:
-        raise ValueError(f"need one seq_len and one block-table row per query row ({q.shape[0]}), got "
-                         f"{tuple(seq_lens.shape)} and {tuple(block_tables.shape)}")
+        raise ValueError(
+            f"need one seq_len and one block-table row per query row ({q.shape[0]}), got "
+            f"{tuple(seq_lens.shape)} and {tuple(block_tables.shape)}"
+        )
 
 
-def check_block_tables(tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int,
-                       rows: torch.Tensor | None = None) -> None:
+def check_block_tables(
+    tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int, rows: torch.Tensor | None = None
+) -> None:
     """Memory safety for the C attention kernels: every block a sequence's context reads lies in the cache.
 
     ``rows`` (bool per sequence, default all) picks the sequences the kernel will read."""
@@ -60,17 +72,29 @@ def check_block_tables(tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks:
         raise ValueError(f"block table entries must lie in [0, {num_blocks})")
 
 
-def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                               block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Torch reference: the general paged attention with a one-token chunk per sequence."""
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, starts, scale)
 
 
-def paged_decode_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                             block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                             check_tables: bool = True) -> torch.Tensor:
+def paged_decode_attention_c(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    check_tables: bool = True,
+) -> torch.Tensor:
     """The C kernel; raises when it cannot serve these tensors (not float32 CPU, or not built).
 
     ``check_tables=False`` skips the bounds check of the table entries, for a caller that already checked
@@ -97,8 +121,21 @@ def paged_decode_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         check_block_tables(tables, lens, num_blocks, block_size)
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     rc = lib.loraplex_paged_decode_attention_f32(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
-        num_seqs, num_heads, kv_heads, head_dim, block_size, tables.shape[1], float(scale), torch.get_num_threads())
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        lens.data_ptr(),
+        out.data_ptr(),
+        num_seqs,
+        num_heads,
+        kv_heads,
+        head_dim,
+        block_size,
+        tables.shape[1],
+        float(scale),
+        torch.get_num_threads(),
+    )
     if rc == -2:
         raise ValueError("the C decode-attention kernel refused the shapes (head_dim or GQA ratio)")
     if rc != 0:
@@ -106,10 +143,20 @@ def paged_decode_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     return out
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """The C kernel for float32 CPU tensors when it is built, the torch reference otherwise."""
-    if (q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and q.shape[-1] % 8 == 0
-            and cpu_decode_kernel_available()):
+    if (
+        q.device.type == "cpu"
+        and q.dtype == k_cache.dtype == torch.float32
+        and q.shape[-1] % 8 == 0
+        and cpu_decode_kernel_available()
+    ):
         return paged_decode_attention_c(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)

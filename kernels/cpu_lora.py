@@ -8,6 +8,7 @@ activations with float32, bfloat16 or float16 weights (widened exactly on load; 
 bytes a decode step reads) and reads each active slot's weights once at its own rank; the reference is the per-token
 ``lora_shrink_ref`` / ``lora_expand_ref`` pair on the weights widened to the activations' dtype.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -25,8 +26,11 @@ __all__ = ["WEIGHT_DTYPES", "CLoRAStep", "cpu_lora_kernel_available", "lora_appl
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 _ARGS = [_p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _p, _p, _p, _i64, _p, _p, ctypes.c_int]
-_VARIANTS = {torch.float32: "loraplex_lora_apply_f32", torch.bfloat16: "loraplex_lora_apply_bf16w",
-             torch.float16: "loraplex_lora_apply_f16w"}  # by weight dtype; activations are float32 in all
+_VARIANTS = {
+    torch.float32: "loraplex_lora_apply_f32",
+    torch.bfloat16: "loraplex_lora_apply_bf16w",
+    torch.float16: "loraplex_lora_apply_f16w",
+}  # by weight dtype; activations are float32 in all
 _SIGNATURES = {name: (ctypes.c_int, _ARGS) for name in _VARIANTS.values()}
 WEIGHT_DTYPES = tuple(_VARIANTS)
 
@@ -39,8 +43,15 @@ def cpu_lora_kernel_available() -> bool:
     return _library() is not None
 
 
-def _check(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt: torch.Tensor,
-           mapping: LoRABatchMapping, slice_offsets: Sequence[int], slot_ranks: torch.Tensor) -> None:
+def _check(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_bt: torch.Tensor,
+    mapping: LoRABatchMapping,
+    slice_offsets: Sequence[int],
+    slot_ranks: torch.Tensor,
+) -> None:
     _check_shrink(x, lora_a, mapping)
     _check_expand(y, (lora_a.shape[1], x.shape[0], lora_a.shape[2]), lora_bt.transpose(1, 2), mapping, slice_offsets)
     if lora_bt.shape[:2] != (lora_a.shape[0], lora_a.shape[2]):
@@ -54,8 +65,15 @@ def _offsets_tensor(offsets: tuple[int, ...]) -> torch.Tensor:
     return torch.tensor(offsets, dtype=torch.int64)
 
 
-def lora_apply_ref(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt: torch.Tensor,
-                   mapping: LoRABatchMapping, slice_offsets: Sequence[int], slot_ranks: torch.Tensor) -> torch.Tensor:
+def lora_apply_ref(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_bt: torch.Tensor,
+    mapping: LoRABatchMapping,
+    slice_offsets: Sequence[int],
+    slot_ranks: torch.Tensor,
+) -> torch.Tensor:
     """Torch reference: per-token shrink, then per-token expand (ranks are implied by the zero padding);
     weights of another dtype than ``x`` are widened to it first, as the C kernel widens them on load."""
     _check(x, y, lora_a, lora_bt, mapping, slice_offsets, slot_ranks)
@@ -63,8 +81,15 @@ def lora_apply_ref(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_
     return lora_expand_ref(y, buf, lora_bt.to(x.dtype).transpose(1, 2), mapping, slice_offsets)
 
 
-def lora_apply_c(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt: torch.Tensor,
-                 mapping: LoRABatchMapping, slice_offsets: Sequence[int], slot_ranks: torch.Tensor) -> torch.Tensor:
+def lora_apply_c(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_bt: torch.Tensor,
+    mapping: LoRABatchMapping,
+    slice_offsets: Sequence[int],
+    slot_ranks: torch.Tensor,
+) -> torch.Tensor:
     """The C kernel, in place on ``y``; raises when it cannot serve these tensors (float32 CPU activations,
     float32, bfloat16 or float16 CPU weights)."""
     _check(x, y, lora_a, lora_bt, mapping, slice_offsets, slot_ranks)
@@ -72,8 +97,9 @@ def lora_apply_c(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_bt
         raise ValueError("the C LoRA kernel takes float32 CPU activations")
     if mapping.num_active_tokens == 0:
         return y
-    step = CLoRAStep({"lora": (lora_a.contiguous()[None], lora_bt.contiguous()[None], slice_offsets)}, mapping,
-                     slot_ranks)
+    step = CLoRAStep(
+        {"lora": (lora_a.contiguous()[None], lora_bt.contiguous()[None], slice_offsets)}, mapping, slot_ranks
+    )
     step.apply("lora", 0, x, y)
     return y
 
@@ -91,22 +117,34 @@ class CLoRAStep:
     (contiguous on the CPU, as ``SlotWeights`` holds them), all of one dtype in ``WEIGHT_DTYPES``.
     """
 
-    def __init__(self, weights: dict[str, tuple[torch.Tensor, torch.Tensor, Sequence[int]]],
-                 mapping: LoRABatchMapping, slot_ranks: torch.Tensor) -> None:
+    def __init__(
+        self,
+        weights: dict[str, tuple[torch.Tensor, torch.Tensor, Sequence[int]]],
+        mapping: LoRABatchMapping,
+        slot_ranks: torch.Tensor,
+    ) -> None:
         lib = _library()
         if lib is None:
             raise RuntimeError("the C LoRA kernel is not available on this machine")
         dtypes = {t.dtype for a, bt, _ in weights.values() for t in (a, bt)}
         if len(dtypes) != 1 or not dtypes <= set(WEIGHT_DTYPES):
-            raise ValueError("the C LoRA kernel takes float32, bfloat16 or float16 weights of one dtype, got "
-                             f"{sorted(map(str, dtypes))}")
+            raise ValueError(
+                "the C LoRA kernel takes float32, bfloat16 or float16 weights of one dtype, got "
+                f"{sorted(map(str, dtypes))}"
+            )
         self._fn = getattr(lib, _VARIANTS[dtypes.pop()])
         self.num_tokens = mapping.num_tokens
         self._ranks = slot_ranks.to(torch.int32).contiguous()
         self._segments = mapping.host_segments  # kept alive: the kernel reads them through pointers
         tokens, slots, lens, starts = self._segments
-        self._segment_args = (slots.data_ptr(), starts.data_ptr(), lens.data_ptr(), slots.shape[0],
-                              tokens.data_ptr(), self._ranks.data_ptr())
+        self._segment_args = (
+            slots.data_ptr(),
+            starts.data_ptr(),
+            lens.data_ptr(),
+            slots.shape[0],
+            tokens.data_ptr(),
+            self._ranks.data_ptr(),
+        )
         self._groups: dict[str, tuple] = {}
         for group, (a, bt, offsets) in weights.items():
             _check_mapping(mapping.num_tokens, a.shape[1], mapping)
@@ -117,11 +155,21 @@ class CLoRAStep:
             if len(offsets) != a.shape[2] + 1 or offsets[0] != 0 or offsets[-1] != bt.shape[3]:
                 raise ValueError(f"{group}: slice offsets {tuple(offsets)} do not cover {bt.shape[3]} columns")
             if self._ranks.shape != (a.shape[1],):
-                raise ValueError(f"slot_ranks must hold one rank per slot ({a.shape[1]}), got "
-                                 f"{tuple(self._ranks.shape)}")
+                raise ValueError(
+                    f"slot_ranks must hold one rank per slot ({a.shape[1]}), got {tuple(self._ranks.shape)}"
+                )
             offsets_t = _offsets_tensor(tuple(offsets))
-            self._groups[group] = (a, bt, offsets_t, a.shape[2], a.shape[4], bt.shape[3], a.shape[3],
-                                   a.stride(0) * a.element_size(), bt.stride(0) * bt.element_size())
+            self._groups[group] = (
+                a,
+                bt,
+                offsets_t,
+                a.shape[2],
+                a.shape[4],
+                bt.shape[3],
+                a.shape[3],
+                a.stride(0) * a.element_size(),
+                bt.stride(0) * bt.element_size(),
+            )
         self._threads = torch.get_num_threads()
 
     def apply(self, group: str, layer: int, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -130,15 +178,27 @@ class CLoRAStep:
         if not 0 <= layer < a.shape[0]:
             raise IndexError(f"layer {layer} out of range for {a.shape[0]} layers")
         if x.shape != (self.num_tokens, in_features) or y.shape != (self.num_tokens, out_total):
-            raise ValueError(f"{group}: x {tuple(x.shape)} / y {tuple(y.shape)} are not this step's "
-                             f"[{self.num_tokens}, {in_features}] / [{self.num_tokens}, {out_total}] rows")
+            raise ValueError(
+                f"{group}: x {tuple(x.shape)} / y {tuple(y.shape)} are not this step's "
+                f"[{self.num_tokens}, {in_features}] / [{self.num_tokens}, {out_total}] rows"
+            )
         if x.dtype != torch.float32 or y.dtype != torch.float32 or x.device.type != "cpu" or y.device.type != "cpu":
             raise ValueError("the C LoRA kernel takes float32 CPU tensors")
         if not y.is_contiguous():
             raise ValueError("the C LoRA kernel updates y in place and needs it contiguous")
         x = x.contiguous()
-        rc = self._fn(x.data_ptr(), y.data_ptr(), a.data_ptr() + layer * a_step, bt.data_ptr() + layer * bt_step,
-                      offsets.data_ptr(), num_slices, in_features, out_total, max_rank, *self._segment_args,
-                      self._threads)
+        rc = self._fn(
+            x.data_ptr(),
+            y.data_ptr(),
+            a.data_ptr() + layer * a_step,
+            bt.data_ptr() + layer * bt_step,
+            offsets.data_ptr(),
+            num_slices,
+            in_features,
+            out_total,
+            max_rank,
+            *self._segment_args,
+            self._threads,
+        )
         if rc != 0:
             raise MemoryError("the C LoRA kernel could not allocate its scratch buffer")

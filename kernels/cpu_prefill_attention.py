@@ -11,6 +11,7 @@ the rows of one-token sequences alone (the decode kernel of ``cpu_decode_attenti
 ``check_tables=False`` the bounds check of the block tables is skipped for a caller that checked the same
 tables already (once per step, not per layer).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -24,9 +25,30 @@ from .cpu_build import load
 __all__ = ["cpu_prefill_kernel_available", "paged_prefill_attention_c", "paged_prefill_attention_ref"]
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
-_SIGNATURES = {"loraplex_paged_prefill_attention_f32": (
-    ctypes.c_int, [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _i64, _i64,
-                   ctypes.c_float, ctypes.c_int])}
+_SIGNATURES = {
+    "loraplex_paged_prefill_attention_f32": (
+        ctypes.c_int,
+        [
+            _ptr,
+            _i64,
+            _ptr,
+            _ptr,
+            _ptr,
+            _i64,
+            _ptr,
+            _ptr,
+            _i64,
+            _i64,
+            _ptr,
+            _i64,
+            _i64,
+            _i64,
+            _i64,
+            ctypes.c_float,
+            ctypes.c_int,
+        ],
+    )
+}
 
 MAX_GROUP = 64  # the kernel's largest GQA group
 
@@ -42,8 +64,14 @@ def cpu_prefill_kernel_available() -> bool:
 paged_prefill_attention_ref = paged_attention_ref
 
 
-def _check_tables(tables: torch.Tensor, seq_lens: torch.Tensor, q_lens: torch.Tensor, num_tokens: int,
-                  num_blocks: int, block_size: int) -> None:
+def _check_tables(
+    tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    q_lens: torch.Tensor,
+    num_tokens: int,
+    num_blocks: int,
+    block_size: int,
+) -> None:
     """Memory safety: every row and block the kernel touches lies inside q and the cache."""
     if int(q_lens.min()) < 0 or int(q_lens.sum()) > num_tokens:
         raise ValueError("query_start_loc must be non-decreasing and within the query rows")
@@ -52,10 +80,19 @@ def _check_tables(tables: torch.Tensor, seq_lens: torch.Tensor, q_lens: torch.Te
     check_block_tables(tables, seq_lens, num_blocks, block_size, rows=q_lens > 0)
 
 
-def paged_prefill_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                              block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                              scale: float, *, out: torch.Tensor | None = None, skip_decodes: bool = False,
-                              check_tables: bool = True) -> torch.Tensor:
+def paged_prefill_attention_c(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    skip_decodes: bool = False,
+    check_tables: bool = True,
+) -> torch.Tensor:
     """The C kernel; raises when it cannot serve these tensors (not float32 CPU, or not built)."""
     _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     lib = _library()
@@ -66,8 +103,10 @@ def paged_prefill_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     num_heads = q.shape[1]
     if head_dim % 8 != 0 or num_heads // kv_heads > MAX_GROUP:
-        raise ValueError(f"the C prefill-attention kernel needs head_dim a multiple of 8 and a GQA group of at "
-                         f"most {MAX_GROUP}; got {head_dim} and {num_heads // kv_heads}")
+        raise ValueError(
+            f"the C prefill-attention kernel needs head_dim a multiple of 8 and a GQA group of at "
+            f"most {MAX_GROUP}; got {head_dim} and {num_heads // kv_heads}"
+        )
     if out is None:
         out = torch.zeros(q.shape, dtype=torch.float32)
     elif out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
@@ -86,9 +125,24 @@ def paged_prefill_attention_c(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         _check_tables(tables, lens.long(), q_lens, q.shape[0] - int(starts[0]), num_blocks, block_size)
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     rc = lib.loraplex_paged_prefill_attention_f32(
-        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
-        lens.data_ptr(), starts.data_ptr(), lens.shape[0], 2 if skip_decodes else 1, out.data_ptr(), num_heads,
-        kv_heads, head_dim, block_size, float(scale), torch.get_num_threads())
+        q.data_ptr(),
+        q.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        tables.shape[1],
+        lens.data_ptr(),
+        starts.data_ptr(),
+        lens.shape[0],
+        2 if skip_decodes else 1,
+        out.data_ptr(),
+        num_heads,
+        kv_heads,
+        head_dim,
+        block_size,
+        float(scale),
+        torch.get_num_threads(),
+    )
     if rc == -2:
         raise ValueError("the C prefill-attention kernel refused the shapes (head_dim or GQA ratio)")
     if rc != 0:

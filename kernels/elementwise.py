@@ -12,6 +12,7 @@ kernels on the CPU, each beside its torch reference with the same signature.
 The C paths (``csrc/elementwise.c``) serve float32 CPU tensors; the dispatchers fall back to the references
 for anything else (other dtypes, CUDA, no compiler).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -21,8 +22,18 @@ import torch.nn.functional as F
 
 from .cpu_build import load
 
-__all__ = ["add_rms_norm", "add_rms_norm_c", "add_rms_norm_ref", "cpu_elementwise_available", "rope_", "rope_c",
-           "rope_ref", "silu_mul", "silu_mul_c", "silu_mul_ref"]
+__all__ = [
+    "add_rms_norm",
+    "add_rms_norm_c",
+    "add_rms_norm_ref",
+    "cpu_elementwise_available",
+    "rope_",
+    "rope_c",
+    "rope_ref",
+    "silu_mul",
+    "silu_mul_c",
+    "silu_mul_ref",
+]
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -53,14 +64,16 @@ def _norm_tensors(residual: torch.Tensor, delta: torch.Tensor | None, weight: to
 
 def _check_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> None:
     if residual.dim() != 2 or weight.shape != (residual.shape[1],):
-        raise ValueError(f"residual must be [rows, dim] and weight [dim]; got {tuple(residual.shape)} and "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"residual must be [rows, dim] and weight [dim]; got {tuple(residual.shape)} and {tuple(weight.shape)}"
+        )
     if delta is not None and delta.shape != residual.shape:
         raise ValueError(f"delta {tuple(delta.shape)} does not match residual {tuple(residual.shape)}")
 
 
-def add_rms_norm_ref(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> torch.Tensor:
+def add_rms_norm_ref(
+    residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """Torch reference: normalise in float32, then scale (transformers' LlamaRMSNorm)."""
     _check_norm(residual, delta, weight)
     if delta is not None:
@@ -70,8 +83,9 @@ def add_rms_norm_ref(residual: torch.Tensor, delta: torch.Tensor | None, weight:
     return weight * xf.to(residual.dtype)
 
 
-def add_rms_norm_c(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                   eps: float) -> torch.Tensor:
+def add_rms_norm_c(
+    residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """The C kernel; raises when it cannot serve these tensors."""
     _check_norm(residual, delta, weight)
     if not _c_ready(*_norm_tensors(residual, delta, weight)):
@@ -82,45 +96,68 @@ def add_rms_norm_c(residual: torch.Tensor, delta: torch.Tensor | None, weight: t
     weight = weight.contiguous()
     out = torch.empty_like(residual)
     _library().loraplex_add_rms_norm_f32(
-        residual.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), out.data_ptr(),
-        residual.shape[0], residual.shape[1], float(eps), torch.get_num_threads())
+        residual.data_ptr(),
+        None if delta is None else delta.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        residual.shape[0],
+        residual.shape[1],
+        float(eps),
+        torch.get_num_threads(),
+    )
     return out
 
 
-def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float) -> torch.Tensor:
+def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if residual.is_contiguous() and _c_ready(*_norm_tensors(residual, delta, weight)):
         return add_rms_norm_c(residual, delta, weight, eps)
     return add_rms_norm_ref(residual, delta, weight, eps)
 
 
 # ------------------------------------------------------------------------------------------ rotary
-def _check_rope(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
-                positions: torch.Tensor) -> None:
+def _check_rope(
+    qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+) -> None:
     if qkv.dim() != 2 or qkv.shape[1] < heads * head_dim or head_dim % 2:
-        raise ValueError(f"qkv must be [rows, >= heads * head_dim] with an even head_dim; got {tuple(qkv.shape)} "
-                         f"for {heads} heads of {head_dim}")
+        raise ValueError(
+            f"qkv must be [rows, >= heads * head_dim] with an even head_dim; got {tuple(qkv.shape)} "
+            f"for {heads} heads of {head_dim}"
+        )
     if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != head_dim:
         raise ValueError(f"cos/sin must be [max_positions, {head_dim}]; got {tuple(cos.shape)}, {tuple(sin.shape)}")
     if positions.shape != (qkv.shape[0],):
         raise ValueError(f"need one position per row ({qkv.shape[0]}), got {tuple(positions.shape)}")
 
 
-def rope_ref(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
-             positions: torch.Tensor, check_positions: bool = True) -> None:
+def rope_ref(
+    qkv: torch.Tensor,
+    heads: int,
+    head_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    check_positions: bool = True,
+) -> None:
     """Torch reference: x * cos + rotate_half(x) * sin on the first `heads` heads, written back in place.
 
     (``check_positions`` is the C kernel's; indexing the tables checks the positions here.)"""
     _check_rope(qkv, heads, head_dim, cos, sin, positions)
-    x = qkv[:, :heads * head_dim].view(-1, heads, head_dim)
+    x = qkv[:, : heads * head_dim].view(-1, heads, head_dim)
     c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
     half = head_dim // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     x.copy_(x * c + rotated * s)
 
 
-def rope_c(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
-           positions: torch.Tensor, check_positions: bool = True) -> None:
+def rope_c(
+    qkv: torch.Tensor,
+    heads: int,
+    head_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    check_positions: bool = True,
+) -> None:
     """The C kernel; raises when it cannot serve these tensors.
 
     ``check_positions=False`` skips the bounds check of the positions against the tables, for a caller that
@@ -133,12 +170,28 @@ def rope_c(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin:
     if check_positions and positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= cos.shape[0]):
         raise ValueError(f"positions must lie in [0, {cos.shape[0]})")
     pos = positions.to(torch.int64).contiguous()
-    _library().loraplex_rope_f32(qkv.data_ptr(), qkv.shape[0], qkv.stride(0), heads, head_dim, cos.data_ptr(),
-                                 sin.data_ptr(), pos.data_ptr(), torch.get_num_threads())
+    _library().loraplex_rope_f32(
+        qkv.data_ptr(),
+        qkv.shape[0],
+        qkv.stride(0),
+        heads,
+        head_dim,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        pos.data_ptr(),
+        torch.get_num_threads(),
+    )
 
 
-def rope_(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
-          positions: torch.Tensor, check_positions: bool = True) -> None:
+def rope_(
+    qkv: torch.Tensor,
+    heads: int,
+    head_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    check_positions: bool = True,
+) -> None:
     if qkv.stride(1) == 1 and _c_ready(qkv, cos, sin):
         rope_c(qkv, heads, head_dim, cos, sin, positions, check_positions)
     else:
@@ -164,8 +217,9 @@ def silu_mul_c(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
         raise ValueError("the C silu_mul kernel takes float32 CPU tensors (and a C compiler)")
     gate_up = gate_up.contiguous()
     out = gate_up.new_empty((gate_up.shape[0], inter))
-    _library().loraplex_silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter,
-                                     torch.get_num_threads())
+    _library().loraplex_silu_mul_f32(
+        gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter, torch.get_num_threads()
+    )
     return out
 
 

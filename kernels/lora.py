@@ -39,9 +39,7 @@ __all__ = [
 
 def _check_shrink(x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRABatchMapping) -> None:
     if lora_a.dim() != 4:
-        raise ValueError(
-            f"lora_a must be [num_slots, num_slices, max_rank, in_features], got {tuple(lora_a.shape)}"
-        )
+        raise ValueError(f"lora_a must be [num_slots, num_slices, max_rank, in_features], got {tuple(lora_a.shape)}")
     if x.dim() != 2 or x.shape[1] != lora_a.shape[3]:
         raise ValueError(f"x must be [num_tokens, {lora_a.shape[3]}], got {tuple(x.shape)}")
     _check_mapping(x.shape[0], lora_a.shape[0], mapping)
@@ -64,9 +62,7 @@ def _check_expand(
         or offsets[-1] != out_total
         or any(b < a for a, b in zip(offsets, offsets[1:]))
     ):
-        raise ValueError(
-            f"slice_offsets must rise from 0 to out_total={out_total}, got {tuple(slice_offsets)}"
-        )
+        raise ValueError(f"slice_offsets must rise from 0 to out_total={out_total}, got {tuple(slice_offsets)}")
     if y.dim() != 2 or y.shape[1] != out_total:
         raise ValueError(f"y must be [num_tokens, {out_total}], got {tuple(y.shape)}")
     expected = (len(offsets) - 1, y.shape[0], rank)

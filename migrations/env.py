@@ -3,6 +3,7 @@
 `loraplex db upgrade` (and server start-up) pass an open connection in `config.attributes`;
 run directly with an alembic.ini, `sqlalchemy.url` (an async URL) is used instead.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,7 @@ async def _run_with_url(url: str) -> None:
 
 
 if context.is_offline_mode():
-    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
-                      literal_binds=True)
+    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata, literal_binds=True)
     with context.begin_transaction():
         context.run_migrations()
 elif (conn := config.attributes.get("connection")) is not None:

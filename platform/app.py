@@ -1,4 +1,5 @@
 """The Litestar application: `create_app(settings)`; its lifespan builds the services and the engine."""
+
 from __future__ import annotations
 
 import asyncio
@@ -72,14 +73,31 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
         tenants = TenantService(db, cache, settings.admin_key)
         new_admin_key = await tenants.ensure_admin_key()
         adapters = AdapterService(
-            db, store, cache, engine.base_spec, base_model_name=engine.model_name, max_lora_rank=engine.args.max_lora_rank,
+            db,
+            store,
+            cache,
+            engine.base_spec,
+            base_model_name=engine.model_name,
+            max_lora_rank=engine.args.max_lora_rank,
             limits=AdapterLimits(max_archive_bytes=settings.max_upload_bytes),
-            quotas=QuotaDefaults(settings.default_max_adapters, settings.default_max_adapter_bytes))
+            quotas=QuotaDefaults(settings.default_max_adapters, settings.default_max_adapter_bytes),
+        )
         engine_adapters = EngineAdapters(store)
-        services = Services(settings=settings, db=db, redis=redis, cache=cache, store=store, tenants=tenants,
-                            rate_limiter=RateLimiter(redis), adapters=adapters, engine=engine,
-                            engine_adapters=engine_adapters, metrics=Metrics(engine.stats, engine_adapters.names),
-                            token_texts=TokenTexts(engine.tokenizer), started=int(time.time()))
+        services = Services(
+            settings=settings,
+            db=db,
+            redis=redis,
+            cache=cache,
+            store=store,
+            tenants=tenants,
+            rate_limiter=RateLimiter(redis),
+            adapters=adapters,
+            engine=engine,
+            engine_adapters=engine_adapters,
+            metrics=Metrics(engine.stats, engine_adapters.names),
+            token_texts=TokenTexts(engine.tokenizer),
+            started=int(time.time()),
+        )
     except BaseException:
         if owns_engine and engine is not None:
             await asyncio.to_thread(engine.shutdown)
@@ -98,8 +116,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         services, new_admin_key = await build_services(settings, engine)
         if new_admin_key is not None:
-            print(f"loraplex: generated admin key (shown only this once; stored hashed): {new_admin_key}",
-                  flush=True)
+            print(f"loraplex: generated admin key (shown only this once; stored hashed): {new_admin_key}", flush=True)
         app.state.services = services
         try:
             yield
@@ -118,10 +135,16 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=settings.max_request_bytes,
         openapi_config=OpenAPIConfig(
-            title="loraplex", version=_version(),
+            title="loraplex",
+            version=_version(),
             description="Multi-tenant LoRA serving with an OpenAI-compatible API.",
-            components=Components(security_schemes={"BearerAuth": SecurityScheme(
-                type="http", scheme="bearer", description="a tenant API key, or the admin key for admin routes")}),
+            components=Components(
+                security_schemes={
+                    "BearerAuth": SecurityScheme(
+                        type="http", scheme="bearer", description="a tenant API key, or the admin key for admin routes"
+                    )
+                }
+            ),
         ),
         logging_config=None,
     )

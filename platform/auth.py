@@ -1,5 +1,6 @@
 """Bearer-key authentication: the `principal` dependency (a tenant key, rate limited), the admin guard,
 and `caller` for routes open to both (a tenant managing its own keys)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,14 +36,24 @@ async def provide_principal(request: Request) -> Principal:
     principal = await services.tenants.authenticate(bearer_token(request))
     if principal is None:
         raise _invalid_key()
-    limit = (principal.rate_limit_per_minute if principal.rate_limit_per_minute is not None
-             else services.settings.default_rate_limit_per_minute)
+    limit = (
+        principal.rate_limit_per_minute
+        if principal.rate_limit_per_minute is not None
+        else services.settings.default_rate_limit_per_minute
+    )
     decision = await services.rate_limiter.hit(principal.tenant_id, limit)
     if not decision.allowed:
-        raise ApiError(429, f"rate limit exceeded: tenant {principal.tenant_name!r} may send {decision.limit} "
-                       f"requests per minute; retry in {decision.retry_after_s}s", code="rate_limit_exceeded",
-                       headers={"Retry-After": str(decision.retry_after_s),
-                                "X-RateLimit-Limit": str(decision.limit), "X-RateLimit-Remaining": "0"})
+        raise ApiError(
+            429,
+            f"rate limit exceeded: tenant {principal.tenant_name!r} may send {decision.limit} "
+            f"requests per minute; retry in {decision.retry_after_s}s",
+            code="rate_limit_exceeded",
+            headers={
+                "Retry-After": str(decision.retry_after_s),
+                "X-RateLimit-Limit": str(decision.limit),
+                "X-RateLimit-Remaining": "0",
+            },
+        )
     return principal
 
 

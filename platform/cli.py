@@ -1,4 +1,5 @@
 """`loraplex` command line: prepare-model, generate (offline), and the server commands."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """API errors and the exception handlers that render every failure in OpenAI's error body:
 `{"error": {"message", "type", "param", "code"}}` with a fitting HTTP status."""
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,15 @@ _TYPES = {
 class ApiError(Exception):
     """An error with an HTTP status, rendered in OpenAI's format."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -70,15 +78,22 @@ REFUSALS = (EngineError, GrammarError, AdapterError)  # what engine_error maps
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error" if status >= 500
-                                                              else "invalid_request_error"),
-                      "param": param, "code": code}}
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "param": param,
+            "code": code,
+        }
+    }
 
 
-def _response(status: int, message: str, param: str | None = None, code: str | None = None,
-              headers: dict[str, str] | None = None) -> Response[dict[str, Any]]:
-    return Response(error_body(status, message, param, code), status_code=status, headers=headers,
-                    media_type=MediaType.JSON)
+def _response(
+    status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None
+) -> Response[dict[str, Any]]:
+    return Response(
+        error_body(status, message, param, code), status_code=status, headers=headers, media_type=MediaType.JSON
+    )
 
 
 def _param_of(exc: ValidationException) -> str | None:
@@ -116,8 +131,10 @@ def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
     """OpenAPI entries documenting the error body for `statuses` (replacing Litestar's default 400)."""
     from loraplex.platform.schemas import ErrorResponse
 
-    return {status: ResponseSpec(data_container=ErrorResponse, description=_DESCRIPTIONS[status],
-                                 generate_examples=False) for status in statuses}
+    return {
+        status: ResponseSpec(data_container=ErrorResponse, description=_DESCRIPTIONS[status], generate_examples=False)
+        for status in statuses
+    }
 
 
 def handle_api_error(_: Request, exc: ApiError) -> Response[dict[str, Any]]:
@@ -130,8 +147,13 @@ def handle_http_exception(_: Request, exc: HTTPException) -> Response[dict[str, 
         param = _param_of(exc)
         message = _message_of(exc)
         return _response(400, f"{param}: {message}" if param else message, param, "invalid_request")
-    codes = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
-             429: "rate_limit_exceeded"}
+    codes = {
+        401: "invalid_api_key",
+        404: "not_found",
+        405: "method_not_allowed",
+        413: "request_too_large",
+        429: "rate_limit_exceeded",
+    }
     message = str(exc.detail)
     if status == 413 and message == "Request Entity Too Large":
         message = "request body too large"

@@ -2,6 +2,7 @@
 collector that reads the engine's live state (queues, KV cache, LoRA slots) at scrape time.
 
 Each app gets its own CollectorRegistry, so several apps can live in one process (tests)."""
+
 from __future__ import annotations
 
 import time
@@ -14,24 +15,60 @@ from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-                    10.0, 20.0, 40.0, 80.0)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 class Metrics:
     def __init__(self, stats: Callable[[], dict[str, Any]], adapter_names: Callable[[list[str]], list[str]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.ttft = Histogram("loraplex_time_to_first_token_seconds", "Time from request arrival to the first "
-                              "generated token", buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("loraplex_inter_token_latency_seconds", "Time between consecutive output chunks "
-                             "of one request, per token", buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("loraplex_e2e_request_latency_seconds", "Request latency from arrival to the last "
-                             "token", buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "loraplex_time_to_first_token_seconds",
+            "Time from request arrival to the first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "loraplex_inter_token_latency_seconds",
+            "Time between consecutive output chunks of one request, per token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "loraplex_e2e_request_latency_seconds",
+            "Request latency from arrival to the last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.prompt_tokens = Counter("loraplex_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("loraplex_generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter("loraplex_requests", "Finished generation requests by model (base or adapter) "
-                                "and finish reason", ["tenant", "model", "finish_reason"], registry=r)
+        self.requests = Counter(
+            "loraplex_requests",
+            "Finished generation requests by model (base or adapter) and finish reason",
+            ["tenant", "model", "finish_reason"],
+            registry=r,
+        )
         r.register(EngineCollector(stats, adapter_names))
         ProcessCollector(registry=r)  # CPU, memory, open files of the server process
         GCCollector(registry=r)
@@ -57,15 +94,21 @@ class EngineCollector(Collector):
             "loraplex_num_requests_waiting": ("Requests waiting to be scheduled", s["num_waiting"]),
             "loraplex_kv_cache_blocks_used": ("KV-cache blocks allocated", s["kv_blocks_used"]),
             "loraplex_kv_cache_blocks_total": ("KV-cache blocks in the pool", s["kv_blocks_total"]),
-            "loraplex_kv_cache_usage_ratio": ("Fraction of KV-cache blocks in use",
-                                              s["kv_blocks_used"] / max(1, s["kv_blocks_total"])),
-            "loraplex_prefix_cache_hit_rate": ("Prompt tokens served from the prefix cache / prompt tokens",
-                                               s["prefix_cache_hit_rate"]),
+            "loraplex_kv_cache_usage_ratio": (
+                "Fraction of KV-cache blocks in use",
+                s["kv_blocks_used"] / max(1, s["kv_blocks_total"]),
+            ),
+            "loraplex_prefix_cache_hit_rate": (
+                "Prompt tokens served from the prefix cache / prompt tokens",
+                s["prefix_cache_hit_rate"],
+            ),
             # The names adapter-aware gateways read from vLLM servers.
             "vllm:num_requests_running": ("Requests in the running batch", s["num_running"]),
             "vllm:num_requests_waiting": ("Requests waiting to be scheduled", s["num_waiting"]),
-            "vllm:kv_cache_usage_perc": ("KV-cache usage (1 = full)",
-                                         s["kv_blocks_used"] / max(1, s["kv_blocks_total"])),
+            "vllm:kv_cache_usage_perc": (
+                "KV-cache usage (1 = full)",
+                s["kv_blocks_used"] / max(1, s["kv_blocks_total"]),
+            ),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=float(value))
@@ -83,8 +126,17 @@ class EngineCollector(Collector):
         for name, (key, doc) in counters.items():
             if key in s:
                 yield CounterMetricFamily(name, doc, value=float(s[key]))
-        info = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on LoRA requests",
-                                 labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
-        info.add_metric([str(s["max_loras"]), ",".join(self.adapter_names(list(s["running_adapters"]))),
-                         ",".join(self.adapter_names(list(s["waiting_adapters"])))], time.time())
+        info = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on LoRA requests",
+            labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        info.add_metric(
+            [
+                str(s["max_loras"]),
+                ",".join(self.adapter_names(list(s["running_adapters"]))),
+                ",".join(self.adapter_names(list(s["waiting_adapters"]))),
+            ],
+            time.time(),
+        )
         yield info

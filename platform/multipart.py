@@ -1,6 +1,7 @@
 """Streaming multipart/form-data reception: file parts go straight to disk while the byte count is
 checked against the limit, so an oversized upload is refused (413) as soon as it crosses the limit
 instead of after being buffered."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -91,8 +92,9 @@ class _FormCollector:
         else:
             expected = sorted(self.field_names | self.file_names)
             kind = "file" if filename is not None else "field"
-            self._fail(bad_request(f"unexpected form {kind} {name!r}; expected parts: {', '.join(expected)}",
-                                   param=name))
+            self._fail(
+                bad_request(f"unexpected form {kind} {name!r}; expected parts: {', '.join(expected)}", param=name)
+            )
         self._name = name
 
     def _part_data(self, data: bytes, start: int, end: int) -> None:
@@ -102,8 +104,9 @@ class _FormCollector:
         elif self._buffer is not None:
             self._buffer += data[start:end]
             if len(self._buffer) > MAX_FIELD_BYTES:
-                self._fail(bad_request(f"form field {self._name!r} is longer than {MAX_FIELD_BYTES} bytes",
-                                       param=self._name))
+                self._fail(
+                    bad_request(f"form field {self._name!r} is longer than {MAX_FIELD_BYTES} bytes", param=self._name)
+                )
 
     def _part_end(self) -> None:
         if self._file is not None:
@@ -122,8 +125,9 @@ class _FormCollector:
             self._file = None
 
 
-async def receive_form(request: Request, dest: Path, max_bytes: int, *, fields: set[str],
-                       files: set[str]) -> UploadedForm:
+async def receive_form(
+    request: Request, dest: Path, max_bytes: int, *, fields: set[str], files: set[str]
+) -> UploadedForm:
     """Read a multipart body into `dest` (files) and memory (small fields), enforcing `max_bytes`."""
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or b"boundary" not in options:

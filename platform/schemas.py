@@ -1,4 +1,5 @@
 """Request and response bodies of the tenant and adapter routes (msgspec; they drive the OpenAPI document)."""
+
 from __future__ import annotations
 
 from datetime import datetime

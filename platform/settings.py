@@ -3,6 +3,7 @@
 Engine arguments are not repeated here: every field of `EngineArgs` becomes a `--flag` and a
 `LORAPLEX_<FIELD>` variable (see `engine_arg_specs`), so new engine arguments need no change here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,11 @@ class Settings:
             raw = setting(f.name, env)
             if raw is not None:
                 values[f.name] = _parse(raw, hints[f.name], setting_variable(f.name))
-        engine_args = {spec.name: _parse(raw, spec.type, spec.env)
-                       for spec in engine_arg_specs() if (raw := setting(spec.name, env)) is not None}
+        engine_args = {
+            spec.name: _parse(raw, spec.type, spec.env)
+            for spec in engine_arg_specs()
+            if (raw := setting(spec.name, env)) is not None
+        }
         engine_args.update(overrides.pop("engine_args", None) or {})
         values.update({k: v for k, v in overrides.items() if v is not None})
         values.setdefault("data_dir", default_data_dir(env))
@@ -103,8 +107,7 @@ def engine_arg_specs() -> list[EngineArgSpec]:
     from loraplex.engine.config import EngineArgs  # not the package: building --help need not load the engine
 
     hints = typing.get_type_hints(EngineArgs)
-    return [EngineArgSpec(f.name, hints[f.name], f.default) for f in dataclasses.fields(EngineArgs)
-            if f.init]
+    return [EngineArgSpec(f.name, hints[f.name], f.default) for f in dataclasses.fields(EngineArgs) if f.init]
 
 
 def _scalar_type(tp: Any) -> type:
@@ -140,12 +143,19 @@ def _parse(raw: str, tp: Any, name: str) -> Any:
 
 
 def add_database_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    parser.add_argument("--data-dir", type=Path,
-                        help="SQLite file and adapter store (default ~/.local/share/loraplex); env LORAPLEX_DATA_DIR")
-    parser.add_argument("--database-url", help="SQLAlchemy async URL, e.g. postgresql+asyncpg://user@host/db "
-                        "(default: SQLite under the data dir); env LORAPLEX_DATABASE_URL")
-    parser.add_argument("--database-schema", help="PostgreSQL schema to use (created if missing); "
-                        "env LORAPLEX_DATABASE_SCHEMA")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="SQLite file and adapter store (default ~/.local/share/loraplex); env LORAPLEX_DATA_DIR",
+    )
+    parser.add_argument(
+        "--database-url",
+        help="SQLAlchemy async URL, e.g. postgresql+asyncpg://user@host/db "
+        "(default: SQLite under the data dir); env LORAPLEX_DATABASE_URL",
+    )
+    parser.add_argument(
+        "--database-schema", help="PostgreSQL schema to use (created if missing); env LORAPLEX_DATABASE_SCHEMA"
+    )
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -163,12 +173,22 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     for spec in engine_arg_specs():
         kind = _scalar_type(spec.type)
         if kind is bool:
-            eng.add_argument(spec.flag, dest=f"engine__{spec.name}", action=argparse.BooleanOptionalAction,
-                             default=None, help=f"default {spec.default}")
+            eng.add_argument(
+                spec.flag,
+                dest=f"engine__{spec.name}",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"default {spec.default}",
+            )
         else:
-            eng.add_argument(spec.flag, dest=f"engine__{spec.name}", default=None, metavar=spec.name.upper(),
-                             type=lambda raw, s=spec: _parse(raw, s.type, s.flag),
-                             help=f"default {spec.default}")
+            eng.add_argument(
+                spec.flag,
+                dest=f"engine__{spec.name}",
+                default=None,
+                metavar=spec.name.upper(),
+                type=lambda raw, s=spec: _parse(raw, s.type, s.flag),
+                help=f"default {spec.default}",
+            )
 
 
 def settings_from_args(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> Settings:

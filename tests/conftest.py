@@ -1,4 +1,5 @@
 """Shared fixtures: the real SmolLM2 directory and tiny random Llama directories."""
+
 from __future__ import annotations
 
 # The Triton kernels are compared with their torch references under the interpreter on CPU (or compiled,
@@ -22,17 +23,37 @@ def smol_dir() -> Path:
     return prepare_default_model()
 
 
-def make_tiny_llama(dest: Path, tokenizer_src: Path, *, hidden: int = 64, layers: int = 2, heads: int = 4,
-                    kv_heads: int = 2, inter: int = 128, tie: bool = True, seed: int = 0,
-                    rope_theta: float = 10000.0) -> Path:
+def make_tiny_llama(
+    dest: Path,
+    tokenizer_src: Path,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    inter: int = 128,
+    tie: bool = True,
+    seed: int = 0,
+    rope_theta: float = 10000.0,
+) -> Path:
     """A random Llama checkpoint with SmolLM2's tokenizer (so real text works), saved as HF does."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     vocab = json.loads((tokenizer_src / "config.json").read_text())["vocab_size"]
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
-                      tie_word_embeddings=tie, rope_theta=rope_theta, bos_token_id=1, eos_token_id=2,
-                      pad_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tie,
+        rope_theta=rope_theta,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # larger weights than the default init so logits differ clearly between tokens
@@ -60,5 +81,8 @@ def _float32_engines_on_gpu(monkeypatch):
     from loraplex.engine.config import EngineArgs
 
     resolved = EngineArgs.resolved_dtype
-    monkeypatch.setattr(EngineArgs, "resolved_dtype",
-                        lambda self, device, ckpt: resolved(self, device, ckpt) if self.dtype else torch.float32)
+    monkeypatch.setattr(
+        EngineArgs,
+        "resolved_dtype",
+        lambda self, device, ckpt: resolved(self, device, ckpt) if self.dtype else torch.float32,
+    )

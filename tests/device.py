@@ -5,6 +5,7 @@ By default (CI, these CPU machines) the Triton kernels run through the interpret
 the tensors on the GPU; engines built by the tests then run there too (they pick CUDA when it is
 present). Import this module before anything imports triton: the interpreter is chosen then.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """The wheel carries every module of every package (a missing entry in pyproject's package list shows here)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,15 +10,23 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FOLDERS = {"engine": "loraplex/engine", "kernels": "loraplex/kernels", "adapters": "loraplex/adapters",
-           "grammar": "loraplex/grammar", "platform": "loraplex/platform", "migrations": "loraplex/migrations"}
+FOLDERS = {
+    "engine": "loraplex/engine",
+    "kernels": "loraplex/kernels",
+    "adapters": "loraplex/adapters",
+    "grammar": "loraplex/grammar",
+    "platform": "loraplex/platform",
+    "migrations": "loraplex/migrations",
+}
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(REPO)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        check=True,
+    )
     return next(out.glob("loraplex-*.whl"))
 
 
@@ -49,6 +58,10 @@ def test_every_module_imports():
         for src in sorted((REPO / folder).rglob("*.py")):
             if "__pycache__" in src.parts or src.name.startswith("_triton") or folder == "migrations":
                 continue
-            mod = pkg.replace("/", ".") + "." + src.relative_to(REPO / folder).with_suffix("").as_posix().replace("/", ".")
+            mod = (
+                pkg.replace("/", ".")
+                + "."
+                + src.relative_to(REPO / folder).with_suffix("").as_posix().replace("/", ".")
+            )
             mod = mod.removesuffix(".__init__")
             __import__(mod)

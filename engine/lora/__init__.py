@@ -5,6 +5,7 @@ loads them off the engine thread; ``slot_table`` says which adapter holds which 
 ``slot_weights`` holds the slots' weights in the kernels' layout; ``context`` adds every scheduled token's
 adapter delta during a step; ``admission`` lets the scheduler run at most ``max_loras`` adapters at once.
 """
+
 from loraplex.engine.lora.ref import AdapterRef
 
 __all__ = ["AdapterRef"]

@@ -11,6 +11,7 @@ sequences finish (each within its max_tokens / max_model_len). The oldest blocke
 slot, as the waiting queue is visited oldest first. So an adapter waits at most one drain per adapter
 whose requests are queued ahead of it, however steady the stream of requests for the other adapters.
 """
+
 from __future__ import annotations
 
 from collections import Counter

@@ -13,6 +13,7 @@ order, which is the order of their tokens in the flat batch. The path follows th
   materialises every token's full-width delta several times (padding, slice concatenation, row
   selection, scatter-add); the other tokens through the grouped bmm path of ``kernels.lora``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -57,8 +58,14 @@ class DenseRun:
 class StepLoRAContext:
     """Dense runs and a kernel mapping over the remaining tokens of one step."""
 
-    def __init__(self, weights: SlotWeights, seq_slots: list[int], seq_lens: list[int], backend: ComputeBackend,
-                 compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        weights: SlotWeights,
+        seq_slots: list[int],
+        seq_lens: list[int],
+        backend: ComputeBackend,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
         """``seq_slots[i]``: the slot of the i-th scheduled sequence (-1 = base model); ``seq_lens[i]``: its
         number of tokens in this step. ``backend`` picks the path: ``cpu-c`` sends every token to the C
         kernel, ``torch`` makes dense runs and expands slice by slice, ``triton`` sends every token through the
@@ -97,14 +104,18 @@ class StepLoRAContext:
         self.c_step: CLoRAStep | None = None
         if rows and use_c:
             self.mapping = LoRABatchMapping.build(token_slots, weights.num_slots)
-            self.c_step = CLoRAStep({g: (weights.a[g], weights.bt[g], weights.slice_offsets[g]) for g in weights.a},
-                                    self.mapping, torch.tensor(weights.ranks, dtype=torch.int32))
+            self.c_step = CLoRAStep(
+                {g: (weights.a[g], weights.bt[g], weights.slice_offsets[g]) for g in weights.a},
+                self.mapping,
+                torch.tensor(weights.ranks, dtype=torch.int32),
+            )
         elif rows:
             if len(rows) < len(token_slots):
                 self.rows = torch.tensor(rows, dtype=torch.long, device=weights.device)
                 token_slots = [token_slots[t] for t in rows]
-            self.mapping = LoRABatchMapping.build(torch.tensor(token_slots, dtype=torch.long), weights.num_slots,
-                                                  device=weights.device)
+            self.mapping = LoRABatchMapping.build(
+                torch.tensor(token_slots, dtype=torch.long), weights.num_slots, device=weights.device
+            )
         active: set[LayerGroup] = set()
         for slot in {s for s in seq_slots if s >= 0}:
             active |= weights.touched[slot]
@@ -130,21 +141,30 @@ class StepLoRAContext:
                 self._kernels(x.index_select(0, self.rows), delta, a, bt, offsets)
                 y.index_add_(0, self.rows, delta)
 
-    def _dense(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
-               offsets: tuple[int, ...]) -> None:
+    def _dense(
+        self,
+        layer: int,
+        group: str,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        a: torch.Tensor,
+        bt: torch.Tensor,
+        offsets: tuple[int, ...],
+    ) -> None:
         s = self.weights
         for run in self.runs:
             if (layer, group) not in s.touched[run.slot]:
                 continue
             r = s.ranks[run.slot]
             # one GEMM for all slices (A at rank r: a small copy when r < max_rank), one per slice back
-            shrunk = torch.mm(x[run.start:run.end], a[run.slot, :, :r].reshape(-1, a.shape[-1]).t())
-            out = y[run.start:run.end]
+            shrunk = torch.mm(x[run.start : run.end], a[run.slot, :, :r].reshape(-1, a.shape[-1]).t())
+            out = y[run.start : run.end]
             for k, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:])):
-                out[:, lo:hi].addmm_(shrunk[:, k * r:(k + 1) * r], bt[run.slot, :r, lo:hi])
+                out[:, lo:hi].addmm_(shrunk[:, k * r : (k + 1) * r], bt[run.slot, :r, lo:hi])
 
-    def _kernels(self, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
-                 offsets: tuple[int, ...]) -> None:
+    def _kernels(
+        self, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, offsets: tuple[int, ...]
+    ) -> None:
         buf = self.backend.lora_shrink(x, a, self.mapping)
         if not self.cpu_paths or len(offsets) == 2:
             self.backend.lora_expand(y, buf, bt.transpose(1, 2), self.mapping, offsets)
@@ -153,6 +173,7 @@ class StepLoRAContext:
             # slices' padded outputs, and its row scatter-add into a column slice of y is far slower.
             for k, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:])):
                 part = y.new_zeros(y.shape[0], hi - lo)
-                self.backend.lora_expand(part, buf[k:k + 1], bt[:, :, lo:hi].transpose(1, 2), self.mapping,
-                                         (0, hi - lo))
+                self.backend.lora_expand(
+                    part, buf[k : k + 1], bt[:, :, lo:hi].transpose(1, 2), self.mapping, (0, hi - lo)
+                )
                 y[:, lo:hi] += part

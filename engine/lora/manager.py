@@ -16,6 +16,7 @@ Life of an adapter, by content hash:
 All methods except ``read`` and the loader callbacks run on the engine thread; the host LRU and the loading /
 failure tables are shared with the loader threads under one lock.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,7 @@ from pathlib import Path
 
 import torch
 
-from loraplex.adapters import (LORA_GROUPS, AdapterError, AdapterLimits, BaseModelSpec, load_adapter,
-                               stack_adapter)
+from loraplex.adapters import LORA_GROUPS, AdapterError, AdapterLimits, BaseModelSpec, load_adapter, stack_adapter
 from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.lora.context import StepLoRAContext
 from loraplex.engine.lora.slot_table import SlotTable
@@ -50,10 +50,20 @@ class CheckedAdapter:
 
 
 class LoRAManager:
-    def __init__(self, base: BaseModelSpec, *, max_loras: int, max_cpu_loras: int, max_lora_rank: int,
-                 device: torch.device, dtype: torch.dtype, backend: ComputeBackend,
-                 compute_dtype: torch.dtype | None = None, loader_workers: int = 2,
-                 limits: AdapterLimits = AdapterLimits()) -> None:
+    def __init__(
+        self,
+        base: BaseModelSpec,
+        *,
+        max_loras: int,
+        max_cpu_loras: int,
+        max_lora_rank: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        backend: ComputeBackend,
+        compute_dtype: torch.dtype | None = None,
+        loader_workers: int = 2,
+        limits: AdapterLimits = AdapterLimits(),
+    ) -> None:
         """``dtype``: the weights' storage dtype; ``compute_dtype`` (default: ``dtype``): the model's, which
         the LoRA arithmetic runs in; ``backend``: the engine's kernels, which the step contexts use."""
         if max_cpu_loras < max_loras:
@@ -76,8 +86,9 @@ class LoRAManager:
         self._host: OrderedDict[str, HostAdapter] = OrderedDict()  # LRU order, oldest first
         self._loading: set[str] = set()
         self._failed: dict[str, str] = {}
-        self._pool = ThreadPoolExecutor(max_workers=loader_workers, thread_name_prefix="loraplex-lora-loader",
-                                        initializer=single_threaded_torch)
+        self._pool = ThreadPoolExecutor(
+            max_workers=loader_workers, thread_name_prefix="loraplex-lora-loader", initializer=single_threaded_torch
+        )
         # statistics (device slot loads and evictions: self.slot_table)
         self.num_disk_loads = 0
         self.num_host_evictions = 0
@@ -88,8 +99,9 @@ class LoRAManager:
         """Read, check and stack an adapter (raises AdapterError). Touches no manager state: any thread may call
         it, and the engine thread then ``install``s the result."""
         host = self._read_host_adapter(str(path))
-        return CheckedAdapter(AdapterRef(content_hash=host.content_hash, path=str(path), name=name or Path(path).name),
-                              host)
+        return CheckedAdapter(
+            AdapterRef(content_hash=host.content_hash, path=str(path), name=name or Path(path).name), host
+        )
 
     def install(self, adapter: CheckedAdapter) -> None:
         """Remember where the adapter loads from, and keep its host copy while a host slot is free.
@@ -164,7 +176,14 @@ class LoRAManager:
                 self._loading.add(h)  # reserves the host room
                 start.append(h)
                 pinned.add(h)
-            live = set(wanted) | keep | set(self.slot_table.resident()) | set(self._host) | self._loading | set(self._failed)
+            live = (
+                set(wanted)
+                | keep
+                | set(self.slot_table.resident())
+                | set(self._host)
+                | self._loading
+                | set(self._failed)
+            )
         # Submitted outside the lock: a callback of an already finished future runs in this thread.
         for h in start:
             fut = self._pool.submit(self._load, h, self._paths[h])
@@ -176,9 +195,11 @@ class LoRAManager:
         """Loader thread: read, check and stack one adapter, which must still have ``content_hash``."""
         host = self._read_host_adapter(path)
         if host.content_hash != content_hash:
-            raise AdapterError(f"the adapter at {path!r} has content hash {host.content_hash}, but the request "
-                               f"names {content_hash} (the file changed after it was registered)",
-                               code="hash_mismatch")
+            raise AdapterError(
+                f"the adapter at {path!r} has content hash {host.content_hash}, but the request "
+                f"names {content_hash} (the file changed after it was registered)",
+                code="hash_mismatch",
+            )
         return host
 
     def _read_host_adapter(self, path: str) -> HostAdapter:
@@ -240,8 +261,9 @@ class LoRAManager:
                 self._host.move_to_end(content_hash)
         return host
 
-    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int],
-                running: Iterable[Sequence]) -> StepLoRAContext | None:
+    def prepare(
+        self, seqs: list[Sequence], num_new_tokens: list[int], running: Iterable[Sequence]
+    ) -> StepLoRAContext | None:
         """Make the step's adapters resident and build its LoRA context; None when no sequence uses one.
 
         Slots of adapters used by ``running`` sequences (which include every scheduled one) are pinned.
@@ -258,8 +280,9 @@ class LoRAManager:
                 host = None if h in self.slot_table else self._host_copy(h)
                 slot_of[h] = self.slot_table.activate(h, host, in_use | {h}, self._step)
             slots.append(slot_of[h] if h is not None else -1)
-        return StepLoRAContext(self.slot_table.weights, slots, list(num_new_tokens), self.backend,
-                               compute_dtype=self.compute_dtype)
+        return StepLoRAContext(
+            self.slot_table.weights, slots, list(num_new_tokens), self.backend, compute_dtype=self.compute_dtype
+        )
 
     # ------------------------------------------------------------------ introspection
     def resident(self) -> list[str]:
@@ -292,8 +315,10 @@ class LoRAManager:
         self.slot_table.check_invariants(adapters)
         with self._lock:
             if len(self._host) + len(self._loading) > self.max_cpu_loras:
-                raise AssertionError(f"{len(self._host)} loaded + {len(self._loading)} loading adapters exceed "
-                                     f"max_cpu_loras {self.max_cpu_loras}")
+                raise AssertionError(
+                    f"{len(self._host)} loaded + {len(self._loading)} loading adapters exceed "
+                    f"max_cpu_loras {self.max_cpu_loras}"
+                )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,4 +1,5 @@
 """How requests name a LoRA adapter: by content hash, with where to load it from."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,6 +1,7 @@
 """Which adapter sits in which device slot: slot choice (free first, then the least recently used among
 those no running sequence needs), and load / eviction counts. The weights live in ``SlotWeights``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -10,8 +11,9 @@ from loraplex.engine.lora.slot_weights import HostAdapter, SlotWeights
 
 
 class SlotTable:
-    def __init__(self, base: BaseModelSpec, num_slots: int, max_rank: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, base: BaseModelSpec, num_slots: int, max_rank: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
         self.num_slots = num_slots
         self.weights = SlotWeights(base, num_slots, max_rank, device, dtype)
         self._where: dict[str, int] = {}
@@ -49,8 +51,10 @@ class SlotTable:
             return free[0]  # lowest first: keeps active slots in a short range (the CPU path reads the range)
         idle = [i for i, h in enumerate(self._holder) if h not in running]
         if not idle:
-            raise RuntimeError(f"all {self.num_slots} LoRA slots hold adapters of running sequences "
-                               f"(the scheduler admitted more than max_loras adapters)")
+            raise RuntimeError(
+                f"all {self.num_slots} LoRA slots hold adapters of running sequences "
+                f"(the scheduler admitted more than max_loras adapters)"
+            )
         slot = min(idle, key=lambda i: self._last_used[i])
         self.release(self._holder[slot])  # type: ignore[arg-type]
         self.num_evictions += 1

@@ -8,6 +8,7 @@ their ``lora_b`` ``[num_slots, out_total, max_rank]``: a strided view whose per-
 multiplies as plain row-major GEMMs (faster than through the transposed layout) and whose rows the Triton
 kernels read coalesced.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,9 @@ class HostAdapter:
 
 
 class SlotWeights:
-    def __init__(self, base: BaseModelSpec, num_slots: int, max_rank: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, base: BaseModelSpec, num_slots: int, max_rank: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
         self.num_slots = num_slots
         self.max_rank = max_rank
         self.a: dict[str, torch.Tensor] = {}
@@ -44,8 +46,9 @@ class SlotWeights:
             for module in modules:
                 offsets.append(offsets[-1] + base.module_shape(module)[1])
             self.slice_offsets[group] = tuple(offsets)
-            self.a[group] = torch.zeros(layers, num_slots, len(modules), max_rank, in_features, device=device,
-                                        dtype=dtype)
+            self.a[group] = torch.zeros(
+                layers, num_slots, len(modules), max_rank, in_features, device=device, dtype=dtype
+            )
             self.bt[group] = torch.zeros(layers, num_slots, max_rank, offsets[-1], device=device, dtype=dtype)
         # per slot: (layer, group) pairs holding non-zero weights, and the occupant's rank
         self.touched: list[frozenset[LayerGroup]] = [frozenset()] * num_slots

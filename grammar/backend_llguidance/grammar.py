@@ -14,6 +14,7 @@ at position q is estimated as d + GROWTH * (q - p), and a new plan is made once 
 within MARGIN of that. That estimate only decides when to start following the plan; correctness
 rests on the per-token check.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -35,8 +36,16 @@ ENGAGE_SLACK = 4
 class LLGuidanceGrammar(CompiledGrammar):
     backend = "llguidance"
 
-    def __init__(self, grammar: str, ll_tokenizer: Any, info: VocabInfo, search: CompletionSearch,
-                 min_tokens: int, plan: list[int], close_within_budget: bool) -> None:
+    def __init__(
+        self,
+        grammar: str,
+        ll_tokenizer: Any,
+        info: VocabInfo,
+        search: CompletionSearch,
+        min_tokens: int,
+        plan: list[int],
+        close_within_budget: bool,
+    ) -> None:
         from llguidance import LLMatcher
 
         template = LLMatcher(ll_tokenizer, grammar, log_level=0)
@@ -157,8 +166,12 @@ class LLGuidanceMatcher(GrammarMatcher):
         if self._terminated:
             out.copy_(g.eos_row)
             return
-        if remaining_tokens is not None and g.close_within_budget and not self._m.is_accepting() \
-                and self._near_budget(remaining_tokens):
+        if (
+            remaining_tokens is not None
+            and g.close_within_budget
+            and not self._m.is_accepting()
+            and self._near_budget(remaining_tokens)
+        ):
             out.copy_(torch.from_numpy(token_row(np.asarray(self._make_plan()[:1]), g.words)))
             return
         if remaining_tokens is not None and g.close_within_budget and remaining_tokens <= 0:

@@ -9,6 +9,7 @@ used to refine it. The byte string is split into as few tokens as the
 matcher allows (dynamic programming over the vocabulary). The result is a concrete plan:
 achievable and short, an upper bound on the true distance (not always the minimum).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,7 +21,9 @@ from loraplex.grammar.vocab import VocabInfo
 MAX_TOKEN_BYTES = 48
 # Greedy completion prefers bytes that close what is open, then short values.
 REPEAT = 8
-CLOSING_ORDER = '"}])>,0123456789' + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" + " -+.:;_'!?#$%&*/=@^`|~<({[\\\n\t"
+CLOSING_ORDER = (
+    '"}])>,0123456789' + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" + " -+.:;_'!?#$%&*/=@^`|~<({[\\\n\t"
+)
 
 
 class CompletionSearch:

@@ -6,6 +6,7 @@ regexes as patterns, so both backends enforce the same formats (llguidance's own
 check days per month), and patterns are rewritten with ECMA's meaning of \d, \w, \s and `.`
 (Rust's, which llguidance would use, match all Unicode digits, letters and spaces).
 """
+
 from __future__ import annotations
 
 import copy

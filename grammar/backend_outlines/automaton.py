@@ -11,6 +11,7 @@ From the Index we keep: a transition table over token classes, which states acce
 state's distance in tokens to acceptance (backwards BFS), and one int32 bitmask row per state, so
 a mask fill is a row copy. Tokens into states that cannot reach acceptance are dropped.
 """
+
 from __future__ import annotations
 
 from collections import deque

@@ -4,6 +4,7 @@ A matcher is one integer state: accepting a token is two table lookups (token ->
 [state, class] -> next state), a mask fill is a copy of that state's precomputed row. Budget mode allows exactly the
 tokens whose next state is one step closer to acceptance (rows built on first use, cached).
 """
+
 from __future__ import annotations
 
 import threading
@@ -63,7 +64,6 @@ class AutomatonGrammar(CompiledGrammar):
                 self._short[state] = row
         return row
 
-
     def budget_row(self, state: int, limit: int) -> torch.Tensor:
         """Tokens after which acceptance stays reachable within `limit` more tokens (EOS when accepting).
 
@@ -112,11 +112,13 @@ class AutomatonMatcher(GrammarMatcher):
         g = self._g
         if self._terminated:
             out.copy_(g.eos_row)
-        elif (remaining_tokens is not None and g.close_within_budget
-              and remaining_tokens <= g.dist[self.state]):
+        elif remaining_tokens is not None and g.close_within_budget and remaining_tokens <= g.dist[self.state]:
             out.copy_(g.shortest_row(self.state))
-        elif (remaining_tokens is not None and g.close_within_budget
-              and remaining_tokens - 1 < g.max_next_dist[self.state]):
+        elif (
+            remaining_tokens is not None
+            and g.close_within_budget
+            and remaining_tokens - 1 < g.max_next_dist[self.state]
+        ):
             out.copy_(g.budget_row(self.state, remaining_tokens - 1))
         else:
             out.copy_(g.rows[self.state])

@@ -4,6 +4,7 @@ Walks every sub-schema reachable from the root (through `$ref`), never into valu
 `enum`, `const` or `default`. Annotations are allowed; any other keyword we do not enforce is a
 GrammarError such as "unsupported keyword 'multipleOf' at /properties/x".
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,15 +16,53 @@ from jsonschema.validators import validator_for
 from loraplex.grammar.schema.formats import FORMATS
 from loraplex.grammar.spec import GrammarError
 
-ENFORCED = frozenset({
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum", "const",
-    "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "minLength", "maxLength", "pattern",
-    "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems",
-})
-ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "$comment",
-    "$schema", "$id", "$anchor", "$vocabulary", "contentMediaType", "contentEncoding", "discriminator",
-})
+ENFORCED = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "prefixItems",
+        "enum",
+        "const",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "$ref",
+        "$defs",
+        "definitions",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "minItems",
+        "maxItems",
+    }
+)
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$comment",
+        "$schema",
+        "$id",
+        "$anchor",
+        "$vocabulary",
+        "contentMediaType",
+        "contentEncoding",
+        "discriminator",
+    }
+)
 _SUPPORTED_DIALECTS = (
     "https://json-schema.org/draft/2020-12/schema",
     "https://json-schema.org/draft/2019-09/schema",

@@ -6,6 +6,7 @@ canonical escapes of its members that JSON must escape", and the pattern is wrap
 "any units" on the sides that are not anchored. Look-arounds, back-references and word
 boundaries cannot be enforced by an automaton and are refused.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,8 +16,10 @@ from loraplex.grammar.schema.json_text import SPECIALS, UNIT, class_escape, rx_e
 from loraplex.grammar.spec import GrammarError
 
 _SYNTAX = set("^$\\.*+?()[]{}|/")
-_ECMA_SPACE = "\t\n\x0b\x0c\r \xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009" \
-              "\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_ECMA_SPACE = (
+    "\t\n\x0b\x0c\r \xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+    "\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
 _LINE_TERMINATORS = "\n\r\u2028\u2029"
 
 
@@ -30,8 +33,11 @@ class CharSet:
     negated: bool = False
 
     def contains(self, ch: str) -> bool:
-        hit = any(lo <= ch <= hi for lo, hi in self.ranges) or any(_class_has(c, ch) for c in self.classes) \
+        hit = (
+            any(lo <= ch <= hi for lo, hi in self.ranges)
+            or any(_class_has(c, ch) for c in self.classes)
             or any(_prop_has(name, ch) != neg for name, neg in self.props)
+        )
         return hit != self.negated
 
     def rust(self) -> str:

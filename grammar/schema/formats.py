@@ -6,6 +6,7 @@ out, as Python and most parsers reject it). A leap second
 a deliberate superset. email follows RFC 5321 (dot-atom or quoted local part; host name or an
 address literal); uri is an RFC 3986 absolute URI.
 """
+
 from __future__ import annotations
 
 _HEX = "[0-9a-fA-F]"
@@ -15,8 +16,7 @@ _DAY_28 = "(?:0[1-9]|1[0-9]|2[0-8])"
 # Year 0000 is valid RFC 3339 but not a year Python (and most parsers) accept: left out.
 _YEAR = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
 _LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
-DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-{_DAY_31}|(?:0[469]|11)-{_DAY_30}|02-{_DAY_28})"
-        f"|{_LEAP_YEAR}-02-29)")
+DATE = f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-{_DAY_31}|(?:0[469]|11)-{_DAY_30}|02-{_DAY_28})|{_LEAP_YEAR}-02-29)"
 
 _FRAC = r"(?:\.[0-9]+)?"
 _HOUR = "(?:[01][0-9]|2[0-3])"
@@ -24,9 +24,9 @@ _MIN = "[0-5][0-9]"
 _ZERO_OFFSET = "(?:[Zz]|[+-]00:00)"
 _NONZERO_OFFSET = f"[+-](?:(?:0[1-9]|1[0-9]|2[0-3]):{_MIN}|00:(?:0[1-9]|[1-5][0-9]))"
 _OFFSET = f"(?:[Zz]|[+-]{_HOUR}:{_MIN})"
-TIME = (f"(?:{_HOUR}:{_MIN}:{_MIN}{_FRAC}{_OFFSET}"
-        f"|23:59:60{_FRAC}{_ZERO_OFFSET}"
-        f"|{_HOUR}:{_MIN}:60{_FRAC}{_NONZERO_OFFSET})")
+TIME = (
+    f"(?:{_HOUR}:{_MIN}:{_MIN}{_FRAC}{_OFFSET}|23:59:60{_FRAC}{_ZERO_OFFSET}|{_HOUR}:{_MIN}:60{_FRAC}{_NONZERO_OFFSET})"
+)
 DATE_TIME = f"{DATE}[Tt]{TIME}"
 
 UUID = f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
@@ -82,8 +82,7 @@ _IP_LITERAL = rf"\[(?:{IPV6}|v{_HEX}+\.[{_UNRESERVED}{_SUB_DELIMS}:]+)\]"
 _REG_NAME = f"(?:[{_UNRESERVED}{_SUB_DELIMS}]|{_PCT})*"
 _AUTHORITY = f"(?:{_USERINFO}@)?(?:{_IP_LITERAL}|{IPV4}|{_REG_NAME})(?::[0-9]*)?"
 _PATH_ABEMPTY = f"(?:/{_PCHAR}*)*"
-_HIER = (f"(?://{_AUTHORITY}{_PATH_ABEMPTY}|/(?:{_PCHAR}+(?:/{_PCHAR}*)*)?"
-         f"|{_PCHAR}+(?:/{_PCHAR}*)*|)")
+_HIER = f"(?://{_AUTHORITY}{_PATH_ABEMPTY}|/(?:{_PCHAR}+(?:/{_PCHAR}*)*)?|{_PCHAR}+(?:/{_PCHAR}*)*|)"
 _QUERY = f"(?:{_PCHAR}|[/?])*"
 URI = rf"[A-Za-z][A-Za-z0-9+\-.]*:{_HIER}(?:\?{_QUERY})?(?:#{_QUERY})?"
 

@@ -5,6 +5,7 @@ ensure_ascii=False)` writes): `"` and `\\` and control characters escaped, short
 JSON has them, `\\u00xx` (lower-case hex) for the other control characters, everything else raw.
 One spelling per character keeps "a key other than these names" expressible as a regex.
 """
+
 from __future__ import annotations
 
 import json

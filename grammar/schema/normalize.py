@@ -10,6 +10,7 @@ so recursive `$ref`s unroll only as deep as the output nests, up to a bound.
 What a regex cannot express exactly (two patterns on one string, a pattern with a length,
 overlapping oneOf branches, ...) raises NotRegular and the schema goes to llguidance instead.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,11 +24,27 @@ import referencing.exceptions
 from loraplex.grammar.schema.check import resolve_pointer
 
 APPLICATORS = frozenset({"$ref", "allOf", "anyOf", "oneOf"})
-_NOT_ASSERTIONS = frozenset({
-    "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "$comment",
-    "$schema", "$id", "$anchor", "$vocabulary", "contentMediaType", "contentEncoding", "discriminator",
-    "$defs", "definitions",
-})
+_NOT_ASSERTIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$comment",
+        "$schema",
+        "$id",
+        "$anchor",
+        "$vocabulary",
+        "contentMediaType",
+        "contentEncoding",
+        "discriminator",
+        "$defs",
+        "definitions",
+    }
+)
 KINDS = frozenset({"null", "boolean", "integer", "fraction", "string", "array", "object"})
 MAX_TERMS = 64
 
@@ -155,8 +172,12 @@ class Normalizer:
         for i, sub in enumerate(schema.get("allOf", [])):
             out = [t2 for t in out for t2 in self._conjoin(t, sub, f"{ptr}/allOf/{i}")]
         if "anyOf" in schema:
-            out = [t2 for t in out for i, sub in enumerate(schema["anyOf"])
-                   for t2 in self._conjoin(t, sub, f"{ptr}/anyOf/{i}")]
+            out = [
+                t2
+                for t in out
+                for i, sub in enumerate(schema["anyOf"])
+                for t2 in self._conjoin(t, sub, f"{ptr}/anyOf/{i}")
+            ]
         if "oneOf" in schema:
             out = self._one_of(out, schema["oneOf"], f"{ptr}/oneOf")
         if len(out) > MAX_TERMS:
@@ -174,8 +195,9 @@ class Normalizer:
             for x in range(len(live)):
                 for y in range(x + 1, len(live)):
                     if not all(self.disjoint(n, m, 2) for n in nodes[live[x]] for m in nodes[live[y]]):
-                        raise NotRegular(f"oneOf at {ptr}: cannot prove branches {live[x]} and {live[y]} "
-                                         "are mutually exclusive")
+                        raise NotRegular(
+                            f"oneOf at {ptr}: cannot prove branches {live[x]} and {live[y]} are mutually exclusive"
+                        )
             out += [bt for i in live for bt in per_branch[i]]
         return out
 
@@ -292,8 +314,11 @@ class Normalizer:
                 elif "additionalProperties" in p:
                     subs.append((p["additionalProperties"], f"{ptr}/additionalProperties"))
             node.keys.append((name, subs, name in required))
-        node.extra = [(p["additionalProperties"], f"{ptr}/additionalProperties")
-                      for p, ptr in term.parts if "additionalProperties" in p]
+        node.extra = [
+            (p["additionalProperties"], f"{ptr}/additionalProperties")
+            for p, ptr in term.parts
+            if "additionalProperties" in p
+        ]
         return node
 
     # ---- disjointness (for oneOf) --------------------------------------------------------------
@@ -302,8 +327,9 @@ class Normalizer:
             if a.kind == "const" and b.kind == "const":
                 return not ({json_key(v) for v in a.values} & {json_key(v) for v in b.values})
             c, other = (a, b) if a.kind == "const" else (b, a)
-            return not any(kind_of(v) == other.kind and all(self.valid(v, p) for p, _ in other.term.parts)
-                           for v in c.values)
+            return not any(
+                kind_of(v) == other.kind and all(self.valid(v, p) for p, _ in other.term.parts) for v in c.values
+            )
         if a.kind != b.kind:
             return True
         if a.kind == "number":
@@ -343,4 +369,5 @@ def _ranges_disjoint(a: Node, b: Node) -> bool:
         if x.hi is None or y.lo is None:
             return False
         return x.hi < y.lo or (x.hi == y.lo and (x.hi_strict or y.lo_strict))
+
     return below(a, b) or below(b, a)

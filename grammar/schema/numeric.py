@@ -3,6 +3,7 @@
 Bounds are Decimals so 1.1 means 1.1, not its binary float. Each function returns None when no
 number satisfies the bounds.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,9 @@ def integer_range(lo: int | None, hi: int | None) -> str | None:
     return alt(parts) if parts else None
 
 
-def integer_bounds(minimum: Decimal | None, maximum: Decimal | None, ex_min: Decimal | None,
-                   ex_max: Decimal | None) -> tuple[int | None, int | None]:
+def integer_bounds(
+    minimum: Decimal | None, maximum: Decimal | None, ex_min: Decimal | None, ex_max: Decimal | None
+) -> tuple[int | None, int | None]:
     """Fold (exclusive) decimal bounds into inclusive integer bounds."""
     lo = hi = None
     if minimum is not None:

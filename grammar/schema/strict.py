@@ -11,6 +11,7 @@ are combined with another schema's (an allOf member, a branch under a parent tha
 properties, a $ref with sibling keywords, a $ref target used in such places), because
 `additionalProperties` does not see the other schema's properties.
 """
+
 from __future__ import annotations
 
 import copy
@@ -71,11 +72,20 @@ class _Closer:
                 others = [m for j, m in enumerate(members) if j != i] if k == "allOf" else []
                 others_obj = any(_shapes(m, _OBJECT_KEYS, self.root, set()) for m in others)
                 others_arr = any(_shapes(m, _ARRAY_KEYS, self.root, set()) for m in others)
-                self.walk(sub, obj_conj or own_obj or others_obj or (target is not None and _shapes(
-                    target, _OBJECT_KEYS, self.root, set())), arr_conj or own_arr or others_arr)
+                self.walk(
+                    sub,
+                    obj_conj
+                    or own_obj
+                    or others_obj
+                    or (target is not None and _shapes(target, _OBJECT_KEYS, self.root, set())),
+                    arr_conj or own_arr or others_arr,
+                )
         if target is not None:
-            self.walk(target, obj_conj or own_obj or any(_shapes(s, _OBJECT_KEYS, self.root, set()) for s in applicators),
-                      arr_conj or own_arr or any(_shapes(s, _ARRAY_KEYS, self.root, set()) for s in applicators))
+            self.walk(
+                target,
+                obj_conj or own_obj or any(_shapes(s, _OBJECT_KEYS, self.root, set()) for s in applicators),
+                arr_conj or own_arr or any(_shapes(s, _ARRAY_KEYS, self.root, set()) for s in applicators),
+            )
         for name in ("properties", "$defs", "definitions"):
             for sub in (node.get(name) or {}).values():
                 self.walk(sub, False, False)
@@ -97,8 +107,11 @@ def close_schema(schema: Any) -> Any:
         if id(node) in done:
             continue
         done.add(id(node))
-        if ("properties" in node or "required" in node) and "additionalProperties" not in node \
-                and id(node) not in closer.unsafe["obj"]:
+        if (
+            ("properties" in node or "required" in node)
+            and "additionalProperties" not in node
+            and id(node) not in closer.unsafe["obj"]
+        ):
             declared = dict(node.get("properties", {}))
             for name in node.get("required", []):
                 declared.setdefault(name, True)  # a required key stays allowed (with any value)

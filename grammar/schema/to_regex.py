@@ -5,6 +5,7 @@ maybe), then any additional properties (keys other than the declared names). Val
 constraints ("any JSON") nest at most `any_depth` levels; recursive `$ref`s unroll at most
 `max_ref_depth` times. Both bounds only narrow what is generated.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -114,8 +115,12 @@ class SchemaRegex:
         if node.integer_only:
             if not bounded:
                 return jt.INTEGER
-            lo, hi = integer_bounds(node.lo if not node.lo_strict else None, node.hi if not node.hi_strict else None,
-                                    node.lo if node.lo_strict else None, node.hi if node.hi_strict else None)
+            lo, hi = integer_bounds(
+                node.lo if not node.lo_strict else None,
+                node.hi if not node.hi_strict else None,
+                node.lo if node.lo_strict else None,
+                node.hi if node.hi_strict else None,
+            )
             return integer_range(lo, hi)
         if not bounded:
             return jt.NUMBER

@@ -1,4 +1,5 @@
 """Length-prefixed pickle frames over pipes, with deadlines on the reading side."""
+
 from __future__ import annotations
 
 import os

@@ -9,6 +9,7 @@ count (found cheaply with a 256-byte probe vocabulary, time-boxed) is small; oth
 Lark grammars, llguidance serves it, and the automaton may be built later by a background worker
 to replace the cache entry. Both backends are exact: nothing is ever widened to make it compile.
 """
+
 from __future__ import annotations
 
 import threading

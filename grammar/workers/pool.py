@@ -5,6 +5,7 @@ ended by killing its process, and a fresh one takes its place, so one runaway co
 only its own request and can never wedge the pool. Each pool thread owns one worker process and
 takes jobs from a shared queue in order.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,12 @@ class _Job:
 
 class _Worker:
     def __init__(self, init: tuple) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "loraplex.grammar.workers.worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "loraplex.grammar.workers.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+        )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.fd_in = self.proc.stdin.fileno()
         self.fd_out = self.proc.stdout.fileno()
@@ -68,13 +73,15 @@ class WorkerPool:
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._closed = False
         self._workers: list[_Worker | None] = [None] * size
-        self._threads = [threading.Thread(target=self._serve, args=(i,), name=f"{name}-{i}", daemon=True)
-                         for i in range(size)]
+        self._threads = [
+            threading.Thread(target=self._serve, args=(i,), name=f"{name}-{i}", daemon=True) for i in range(size)
+        ]
         for t in self._threads:
             t.start()
 
-    def submit(self, kind: str, payload: Any, timeout_s: float,
-               done: Callable[[dict | None, JobFailed | None], None]) -> None:
+    def submit(
+        self, kind: str, payload: Any, timeout_s: float, done: Callable[[dict | None, JobFailed | None], None]
+    ) -> None:
         """Queue a job; `done(artifact, None)` or `done(None, JobFailed)` runs on a pool thread.
 
         The time limit counts from when a worker starts the job, so a runaway compile fails only
@@ -121,8 +128,7 @@ class WorkerPool:
             raise timeout from None
         except (PipeClosed, OSError, EOFError) as e:
             self._discard(slot)
-            raise JobFailed(f"compile worker crashed ({e}); it may have hit its memory limit",
-                            transient=True) from None
+            raise JobFailed(f"compile worker crashed ({e}); it may have hit its memory limit", transient=True) from None
         assert job_id == job.id
         if recycle:  # the worker exits after this reply (a stuck thread or a memory error)
             self._discard(slot)

@@ -6,6 +6,7 @@ recycle=True means this process exits after the reply (a stuck thread, a memory 
 the process when a job passes its deadline; the address-space limit makes a runaway automaton
 fail here instead of exhausting the machine.
 """
+
 from __future__ import annotations
 
 import os

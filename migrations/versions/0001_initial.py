@@ -4,6 +4,7 @@ Revision ID: 0001
 Revises:
 Create Date: 2026-11-30
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -46,8 +47,9 @@ def upgrade() -> None:
         sa.Column("key_hash", sa.String(length=64), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"], name=op.f("fk_api_keys_tenant_id_tenants"),
-                                ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(
+            ["tenant_id"], ["tenants.id"], name=op.f("fk_api_keys_tenant_id_tenants"), ondelete="CASCADE"
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_api_keys")),
         sa.UniqueConstraint("prefix", name=op.f("uq_api_keys_prefix")),
     )
@@ -66,14 +68,21 @@ def upgrade() -> None:
         sa.Column("blob", sa.String(length=64), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("deleted_at", sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"], name=op.f("fk_adapters_tenant_id_tenants"),
-                                ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(
+            ["tenant_id"], ["tenants.id"], name=op.f("fk_adapters_tenant_id_tenants"), ondelete="CASCADE"
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_adapters")),
         sa.UniqueConstraint("tenant_id", "name", "version", name=op.f("uq_adapters_tenant_id_name_version")),
     )
     op.create_index(op.f("ix_adapters_tenant_id"), "adapters", ["tenant_id"])
-    op.create_index("uq_adapters_live_name", "adapters", ["tenant_id", "name"], unique=True,
-                    sqlite_where=_LIVE, postgresql_where=_LIVE)
+    op.create_index(
+        "uq_adapters_live_name",
+        "adapters",
+        ["tenant_id", "name"],
+        unique=True,
+        sqlite_where=_LIVE,
+        postgresql_where=_LIVE,
+    )
 
 
 def downgrade() -> None:

@@ -1,4 +1,5 @@
 """Adapter upload, listing, lookup and deletion for the calling tenant."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,9 +24,18 @@ FORM_FILES = {"file", "adapter_config", "adapter_model"}
 
 
 def adapter_out(r: AdapterRecord) -> AdapterOut:
-    return AdapterOut(id=r.id, name=r.name, model=r.name, version=r.version, sha256=r.sha256, rank=r.rank,
-                      alpha=r.alpha, target_modules=list(r.target_modules), size_bytes=r.size_bytes,
-                      created_at=r.created)
+    return AdapterOut(
+        id=r.id,
+        name=r.name,
+        model=r.name,
+        version=r.version,
+        sha256=r.sha256,
+        rank=r.rank,
+        alpha=r.alpha,
+        target_modules=list(r.target_modules),
+        size_bytes=r.size_bytes,
+        created_at=r.created,
+    )
 
 
 @dataclass
@@ -35,13 +45,28 @@ class UploadOperation(Operation):
 
     def __post_init__(self) -> None:
         binary = Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY)
-        self.request_body = RequestBody(required=True, description="name + file, or name + adapter_config + "
-                                        "adapter_model", content={"multipart/form-data": OpenAPIMediaType(
-            schema=Schema(type=OpenAPIType.OBJECT, required=["name"], properties={
-                "name": Schema(type=OpenAPIType.STRING, description="model name clients will use"),
-                "file": Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY,
-                               description=".zip or .tar.gz of the PEFT adapter folder"),
-                "adapter_config": binary, "adapter_model": binary}))})
+        self.request_body = RequestBody(
+            required=True,
+            description="name + file, or name + adapter_config + adapter_model",
+            content={
+                "multipart/form-data": OpenAPIMediaType(
+                    schema=Schema(
+                        type=OpenAPIType.OBJECT,
+                        required=["name"],
+                        properties={
+                            "name": Schema(type=OpenAPIType.STRING, description="model name clients will use"),
+                            "file": Schema(
+                                type=OpenAPIType.STRING,
+                                format=OpenAPIFormat.BINARY,
+                                description=".zip or .tar.gz of the PEFT adapter folder",
+                            ),
+                            "adapter_config": binary,
+                            "adapter_model": binary,
+                        },
+                    )
+                )
+            },
+        )
 
 
 class AdapterController(Controller):
@@ -50,32 +75,46 @@ class AdapterController(Controller):
     security = [{"BearerAuth": []}]
     dependencies = {"principal": Provide(provide_principal)}
 
-    @post("/", status_code=201, request_max_body_size=None, operation_class=UploadOperation,
-          responses=error_responses(400, 401, 403, 409, 413, 415, 429),
-          summary="Upload a PEFT LoRA adapter (a new version if the name exists)")
-    async def upload(self, request: Request, principal: NamedDependency[Principal],
-                     services: NamedDependency[Services]) -> AdapterOut:
+    @post(
+        "/",
+        status_code=201,
+        request_max_body_size=None,
+        operation_class=UploadOperation,
+        responses=error_responses(400, 401, 403, 409, 413, 415, 429),
+        summary="Upload a PEFT LoRA adapter (a new version if the name exists)",
+    )
+    async def upload(
+        self, request: Request, principal: NamedDependency[Principal], services: NamedDependency[Services]
+    ) -> AdapterOut:
         workdir = services.store.new_tmp_dir()
         try:
-            form = await receive_form(request, workdir, services.settings.max_upload_bytes,
-                                      fields=FORM_FIELDS, files=FORM_FILES)
+            form = await receive_form(
+                request, workdir, services.settings.max_upload_bytes, fields=FORM_FIELDS, files=FORM_FILES
+            )
             record = await services.adapters.create(principal, form, workdir)
         finally:
             await asyncio.to_thread(shutil.rmtree, workdir, True)
         return adapter_out(record)
 
     @get("/", responses=error_responses(401, 429), summary="List the caller's adapters")
-    async def list_adapters(self, principal: NamedDependency[Principal],
-                            services: NamedDependency[Services]) -> AdapterList:
+    async def list_adapters(
+        self, principal: NamedDependency[Principal], services: NamedDependency[Services]
+    ) -> AdapterList:
         return AdapterList(data=[adapter_out(r) for r in await services.adapters.list(principal)])
 
     @get("/{name:str}", responses=error_responses(400, 401, 404, 429), summary="Get one of the caller's adapters")
-    async def get_adapter(self, name: FromPath[str], principal: NamedDependency[Principal],
-                          services: NamedDependency[Services]) -> AdapterOut:
+    async def get_adapter(
+        self, name: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
+    ) -> AdapterOut:
         return adapter_out(await services.adapters.get(principal, name))
 
-    @delete("/{name:str}", status_code=200, responses=error_responses(400, 401, 404, 429),
-            summary="Delete one of the caller's adapters")
-    async def delete_adapter(self, name: FromPath[str], principal: NamedDependency[Principal],
-                             services: NamedDependency[Services]) -> AdapterOut:
+    @delete(
+        "/{name:str}",
+        status_code=200,
+        responses=error_responses(400, 401, 404, 429),
+        summary="Delete one of the caller's adapters",
+    )
+    async def delete_adapter(
+        self, name: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
+    ) -> AdapterOut:
         return adapter_out(await services.adapters.delete(principal, name))

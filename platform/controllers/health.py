@@ -1,4 +1,5 @@
 """Liveness, readiness and Prometheus metrics."""
+
 from __future__ import annotations
 
 from litestar import Controller, Response, get
@@ -28,8 +29,9 @@ class HealthController(Controller):
         if services.redis is not None:
             detail["redis"] = "ok" if await services.redis.ping() else "unavailable (serving from the database)"
         ready = detail["engine"] == "ok" and detail["database"] == "ok"
-        return Response(Health(status="ready" if ready else "not_ready", detail=detail),
-                        status_code=200 if ready else 503)
+        return Response(
+            Health(status="ready" if ready else "not_ready", detail=detail), status_code=200 if ready else 503
+        )
 
     @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE)
     async def metrics(self, services: NamedDependency[Services]) -> Response[bytes]:

@@ -1,4 +1,5 @@
 """Admin routes for tenants, and key rotation (admin, or the tenant itself)."""
+
 from __future__ import annotations
 
 from litestar import Controller, delete, get, post
@@ -8,20 +9,37 @@ from litestar.params import FromPath, JSONBody
 from loraplex.platform.auth import Caller, provide_caller, require_admin
 from loraplex.platform.db.models import ApiKey, Tenant, as_utc
 from loraplex.platform.errors import error_responses, not_found
-from loraplex.platform.schemas import ApiKeyList, ApiKeyOut, NewApiKey, TenantCreate, TenantCreated, TenantList, \
-    TenantOut
+from loraplex.platform.schemas import (
+    ApiKeyList,
+    ApiKeyOut,
+    NewApiKey,
+    TenantCreate,
+    TenantCreated,
+    TenantList,
+    TenantOut,
+)
 from loraplex.platform.services.container import Services
 from loraplex.platform.services.tenants import Quotas
 
 
 def tenant_out(t: Tenant) -> TenantOut:
-    return TenantOut(id=str(t.id), name=t.name, max_adapters=t.max_adapters, max_adapter_bytes=t.max_adapter_bytes,
-                     rate_limit_per_minute=t.rate_limit_per_minute, created_at=as_utc(t.created_at))
+    return TenantOut(
+        id=str(t.id),
+        name=t.name,
+        max_adapters=t.max_adapters,
+        max_adapter_bytes=t.max_adapter_bytes,
+        rate_limit_per_minute=t.rate_limit_per_minute,
+        created_at=as_utc(t.created_at),
+    )
 
 
 def key_out(k: ApiKey) -> ApiKeyOut:
-    return ApiKeyOut(id=str(k.id), prefix=k.prefix, created_at=as_utc(k.created_at),
-                     revoked_at=as_utc(k.revoked_at) if k.revoked_at else None)
+    return ApiKeyOut(
+        id=str(k.id),
+        prefix=k.prefix,
+        created_at=as_utc(k.created_at),
+        revoked_at=as_utc(k.revoked_at) if k.revoked_at else None,
+    )
 
 
 def new_key(k: ApiKey, secret: str) -> NewApiKey:
@@ -33,19 +51,28 @@ class TenantController(Controller):
     tags = ["tenants"]
     security = [{"BearerAuth": []}]
 
-    @post("/", guards=[require_admin], responses=error_responses(400, 401, 403, 409),
-          summary="Create a tenant (admin); returns its first API key once")
+    @post(
+        "/",
+        guards=[require_admin],
+        responses=error_responses(400, 401, 403, 409),
+        summary="Create a tenant (admin); returns its first API key once",
+    )
     async def create_tenant(self, data: JSONBody[TenantCreate], services: NamedDependency[Services]) -> TenantCreated:
         tenant, key, secret = await services.tenants.create_tenant(
-            data.name, Quotas(data.max_adapters, data.max_adapter_bytes, data.rate_limit_per_minute))
+            data.name, Quotas(data.max_adapters, data.max_adapter_bytes, data.rate_limit_per_minute)
+        )
         return TenantCreated(tenant=tenant_out(tenant), api_key=new_key(key, secret))
 
     @get("/", guards=[require_admin], responses=error_responses(401, 403), summary="List tenants (admin)")
     async def list_tenants(self, services: NamedDependency[Services]) -> TenantList:
         return TenantList(data=[tenant_out(t) for t in await services.tenants.list_tenants()])
 
-    @get("/{tenant:str}", guards=[require_admin], responses=error_responses(400, 401, 403, 404),
-         summary="Get a tenant (admin)")
+    @get(
+        "/{tenant:str}",
+        guards=[require_admin],
+        responses=error_responses(400, 401, 403, 404),
+        summary="Get a tenant (admin)",
+    )
     async def get_tenant(self, tenant: FromPath[str], services: NamedDependency[Services]) -> TenantOut:
         return tenant_out(await services.tenants.get_tenant(tenant))
 
@@ -62,23 +89,37 @@ class ApiKeyController(Controller):
     security = [{"BearerAuth": []}]
     dependencies = {"caller": Provide(provide_caller)}
 
-    @post("/", responses=error_responses(400, 401, 404),
-          summary="Create another API key (admin or the tenant itself); the key is shown once")
-    async def create_key(self, tenant: FromPath[str], caller: NamedDependency[Caller],
-                         services: NamedDependency[Services]) -> NewApiKey:
+    @post(
+        "/",
+        responses=error_responses(400, 401, 404),
+        summary="Create another API key (admin or the tenant itself); the key is shown once",
+    )
+    async def create_key(
+        self, tenant: FromPath[str], caller: NamedDependency[Caller], services: NamedDependency[Services]
+    ) -> NewApiKey:
         _check_access(caller, tenant)
         key, secret = await services.tenants.create_key(tenant)
         return new_key(key, secret)
 
     @get("/", responses=error_responses(400, 401, 404), summary="List a tenant's keys (prefixes only)")
-    async def list_keys(self, tenant: FromPath[str], caller: NamedDependency[Caller],
-                        services: NamedDependency[Services]) -> ApiKeyList:
+    async def list_keys(
+        self, tenant: FromPath[str], caller: NamedDependency[Caller], services: NamedDependency[Services]
+    ) -> ApiKeyList:
         _check_access(caller, tenant)
         return ApiKeyList(data=[key_out(k) for k in await services.tenants.list_keys(tenant)])
 
-    @delete("/{key_id:str}", status_code=200, responses=error_responses(400, 401, 404),
-            summary="Revoke a key by id or prefix")
-    async def revoke_key(self, tenant: FromPath[str], key_id: FromPath[str], caller: NamedDependency[Caller],
-                         services: NamedDependency[Services]) -> ApiKeyOut:
+    @delete(
+        "/{key_id:str}",
+        status_code=200,
+        responses=error_responses(400, 401, 404),
+        summary="Revoke a key by id or prefix",
+    )
+    async def revoke_key(
+        self,
+        tenant: FromPath[str],
+        key_id: FromPath[str],
+        caller: NamedDependency[Caller],
+        services: NamedDependency[Services],
+    ) -> ApiKeyOut:
         _check_access(caller, tenant)
         return key_out(await services.tenants.revoke_key(tenant, key_id))

@@ -1,4 +1,5 @@
 """Apply the Alembic migrations in `migrations/` programmatically (no alembic.ini needed)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

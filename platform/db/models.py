@@ -1,11 +1,24 @@
 """Registry tables (SQLAlchemy 2.0 typed models). The schema itself is created by Alembic (`migrations/`)."""
+
 from __future__ import annotations
 
 import uuid
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, \
-    UniqueConstraint, Uuid, text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    UniqueConstraint,
+    Uuid,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Deterministic constraint names keep migrations identical on SQLite and PostgreSQL.
@@ -74,8 +87,14 @@ class Adapter(Base):
     __table_args__ = (
         UniqueConstraint("tenant_id", "name", "version"),
         # Partial unique index: one live (not deleted) version per (tenant, name).
-        Index("uq_adapters_live_name", "tenant_id", "name", unique=True,
-              sqlite_where=text("deleted_at IS NULL"), postgresql_where=text("deleted_at IS NULL")),
+        Index(
+            "uq_adapters_live_name",
+            "tenant_id",
+            "name",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)

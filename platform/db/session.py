@@ -1,4 +1,5 @@
 """Async SQLAlchemy engine and session factory for SQLite (aiosqlite) or PostgreSQL (asyncpg)."""
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator

@@ -3,6 +3,7 @@
 Completions and chat completions share one handler body (`_generate`): only the translation of the
 request into engine inputs (`translate.choice_inputs`) and the shape of the response (`responses`) differ.
 """
+
 from __future__ import annotations
 
 import time
@@ -57,8 +58,7 @@ async def resolve_adapter(services: Services, principal: Principal, model: str) 
 def _sse(events: AsyncGenerator[bytes, None]) -> Stream:
     # Closing the event generator after the response (also after a client disconnect, which cancels
     # the sending task while the generator may be suspended) aborts the engine requests at once.
-    return Stream(events, media_type="text/event-stream", headers=SSE_HEADERS,
-                  background=BackgroundTask(events.aclose))
+    return Stream(events, media_type="text/event-stream", headers=SSE_HEADERS, background=BackgroundTask(events.aclose))
 
 
 def _engine_failure(results: dict[int, list[RequestOutput]]) -> None:
@@ -67,8 +67,9 @@ def _engine_failure(results: dict[int, list[RequestOutput]]) -> None:
             raise ApiError(500, outputs[-1].error or "the engine failed this request", code="engine_error")
 
 
-async def _generate(data: CompletionRequest | ChatCompletionRequest, principal: Principal,
-                    services: Services) -> Response[Any]:
+async def _generate(
+    data: CompletionRequest | ChatCompletionRequest, principal: Principal, services: Services
+) -> Response[Any]:
     """The body of both generation routes: refuse what we cannot honour, resolve the model, run every choice
     in the engine, then stream server-sent events or answer with one JSON body."""
     arrival = time.perf_counter()
@@ -76,11 +77,19 @@ async def _generate(data: CompletionRequest | ChatCompletionRequest, principal: 
     adapter = await resolve_adapter(services, principal, data.model)
     engine = services.engine
     structured = translate.structured_request(data)
-    inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data,
-                                     translate.structured_spec(structured))
-    gen = await Generation.start(engine, inputs, adapter, salt=principal.tenant_id, metrics=services.metrics,
-                                 labels=(principal.tenant_name, data.model), arrival=arrival,
-                                 structured_param=structured["field"] if structured else None)
+    inputs = translate.choice_inputs(
+        engine.tokenizer, engine.max_model_len, data, translate.structured_spec(structured)
+    )
+    gen = await Generation.start(
+        engine,
+        inputs,
+        adapter,
+        salt=principal.tenant_id,
+        metrics=services.metrics,
+        labels=(principal.tenant_name, data.model),
+        arrival=arrival,
+        structured_param=structured["field"] if structured else None,
+    )
     chat = isinstance(data, ChatCompletionRequest)
     rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
     if data.stream:
@@ -92,8 +101,14 @@ async def _generate(data: CompletionRequest | ChatCompletionRequest, principal: 
 
 
 def _adapter_card(record: AdapterRecord, principal: Principal, engine_model: str, max_model_len: int) -> ModelCard:
-    return ModelCard(id=record.name, created=int(record.created.timestamp()), owned_by=principal.tenant_name,
-                     root=record.sha256, parent=engine_model, max_model_len=max_model_len)
+    return ModelCard(
+        id=record.name,
+        created=int(record.created.timestamp()),
+        owned_by=principal.tenant_name,
+        root=record.sha256,
+        parent=engine_model,
+        max_model_len=max_model_len,
+    )
 
 
 def _streaming_operation(chunk: str) -> type[Operation]:
@@ -104,9 +119,13 @@ def _streaming_operation(chunk: str) -> type[Operation]:
         def __post_init__(self) -> None:
             ok = (self.responses or {}).get("200")
             if ok is not None and not isinstance(ok, Reference) and ok.content is not None:
-                ok.content["text/event-stream"] = OpenAPIMediaType(schema=Schema(
-                    type=OpenAPIType.STRING, description=f"with stream: true, server-sent events: each `data:` "
-                    f"line holds one {chunk}; the stream ends with `data: [DONE]`"))
+                ok.content["text/event-stream"] = OpenAPIMediaType(
+                    schema=Schema(
+                        type=OpenAPIType.STRING,
+                        description=f"with stream: true, server-sent events: each `data:` "
+                        f"line holds one {chunk}; the stream ends with `data: [DONE]`",
+                    )
+                )
 
     return StreamingOperation
 
@@ -118,39 +137,73 @@ class OpenAIController(Controller):
     dependencies = {"principal": Provide(provide_principal)}
 
     @get("/models", responses=error_responses(401, 429), summary="The base model and the caller's adapters")
-    async def list_models(self, principal: NamedDependency[Principal],
-                          services: NamedDependency[Services]) -> ModelList:
+    async def list_models(
+        self, principal: NamedDependency[Principal], services: NamedDependency[Services]
+    ) -> ModelList:
         engine = services.engine
-        base = ModelCard(id=engine.model_name, created=services.started, owned_by="loraplex",
-                         root=engine.model_name, max_model_len=engine.max_model_len)
-        cards = [base] + [_adapter_card(r, principal, engine.model_name, engine.max_model_len)
-                          for r in await services.adapters.list(principal)]
+        base = ModelCard(
+            id=engine.model_name,
+            created=services.started,
+            owned_by="loraplex",
+            root=engine.model_name,
+            max_model_len=engine.max_model_len,
+        )
+        cards = [base] + [
+            _adapter_card(r, principal, engine.model_name, engine.max_model_len)
+            for r in await services.adapters.list(principal)
+        ]
         return ModelList(data=cards)
 
-    @get("/models/{model:str}", responses=error_responses(400, 401, 404, 429),
-         summary="One model (base or one of the caller's adapters)")
-    async def get_model(self, model: FromPath[str], principal: NamedDependency[Principal],
-                        services: NamedDependency[Services]) -> ModelCard:
+    @get(
+        "/models/{model:str}",
+        responses=error_responses(400, 401, 404, 429),
+        summary="One model (base or one of the caller's adapters)",
+    )
+    async def get_model(
+        self, model: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
+    ) -> ModelCard:
         engine = services.engine
         if model == engine.model_name:
-            return ModelCard(id=model, created=services.started, owned_by="loraplex", root=model,
-                             max_model_len=engine.max_model_len)
+            return ModelCard(
+                id=model, created=services.started, owned_by="loraplex", root=model, max_model_len=engine.max_model_len
+            )
         record = await services.adapters.resolve(principal.tenant_id, model)
         if record is None:
             raise _model_not_found(model)
         return _adapter_card(record, principal, engine.model_name, engine.max_model_len)
 
-    @post("/completions", status_code=200, summary="Text completion", responses=OPENAI_ERRORS,
-          operation_class=_streaming_operation("`text_completion` object with the new text of one choice "
-                                               "(the last one of a choice has its finish_reason)"))
-    async def completions(self, data: JSONBody[CompletionRequest], principal: NamedDependency[Principal],
-                          services: NamedDependency[Services]) -> Response[Completion]:
+    @post(
+        "/completions",
+        status_code=200,
+        summary="Text completion",
+        responses=OPENAI_ERRORS,
+        operation_class=_streaming_operation(
+            "`text_completion` object with the new text of one choice (the last one of a choice has its finish_reason)"
+        ),
+    )
+    async def completions(
+        self,
+        data: JSONBody[CompletionRequest],
+        principal: NamedDependency[Principal],
+        services: NamedDependency[Services],
+    ) -> Response[Completion]:
         return await _generate(data, principal, services)
 
-    @post("/chat/completions", status_code=200, summary="Chat completion", responses=OPENAI_ERRORS,
-          operation_class=_streaming_operation("`chat.completion.chunk` object: {id, object, created, model, "
-                                               "choices: [{index, delta: {role, content}, finish_reason, "
-                                               "logprobs}], usage}"))
-    async def chat_completions(self, data: JSONBody[ChatCompletionRequest], principal: NamedDependency[Principal],
-                               services: NamedDependency[Services]) -> Response[ChatCompletion]:
+    @post(
+        "/chat/completions",
+        status_code=200,
+        summary="Chat completion",
+        responses=OPENAI_ERRORS,
+        operation_class=_streaming_operation(
+            "`chat.completion.chunk` object: {id, object, created, model, "
+            "choices: [{index, delta: {role, content}, finish_reason, "
+            "logprobs}], usage}"
+        ),
+    )
+    async def chat_completions(
+        self,
+        data: JSONBody[ChatCompletionRequest],
+        principal: NamedDependency[Principal],
+        services: NamedDependency[Services],
+    ) -> Response[ChatCompletion]:
         return await _generate(data, principal, services)

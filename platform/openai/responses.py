@@ -1,4 +1,5 @@
 """Build OpenAI response bodies and SSE chunks from engine outputs."""
+
 from __future__ import annotations
 
 import functools
@@ -9,9 +10,24 @@ import msgspec
 
 from loraplex.engine import RequestOutput, TokenLogprob
 from loraplex.platform.errors import error_body
-from loraplex.platform.openai.schemas import AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, \
-    ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatLogprobs, ChatTokenLogprob, Completion, \
-    CompletionChoice, CompletionLogprobs, CompletionRequest, PromptTokensDetails, TopLogprob, Usage
+from loraplex.platform.openai.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    PromptTokensDetails,
+    TopLogprob,
+    Usage,
+)
 from loraplex.platform.services.generation import Generation
 
 _encoder = msgspec.json.Encoder()
@@ -26,8 +42,12 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 def usage(prompt_lens: Sequence[int], completion_tokens: int, cached: int) -> Usage:
     prompt = sum(prompt_lens)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
 
 
 class TokenTexts:
@@ -35,7 +55,8 @@ class TokenTexts:
 
     def __init__(self, tokenizer: Any) -> None:
         self._text = functools.lru_cache(maxsize=65536)(
-            lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False))
+            lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)
+        )
 
     def __call__(self, token_id: int) -> str:
         return self._text(token_id)  # type: ignore[no-any-return]
@@ -49,8 +70,11 @@ def chat_logprobs(items: Sequence[TokenLogprob], text: TokenTexts) -> ChatLogpro
     content = []
     for lp in items:
         tops = [TopLogprob(token=text(i), logprob=v, bytes=_bytes(text(i))) for i, _, v in lp.top]
-        content.append(ChatTokenLogprob(token=text(lp.token_id), logprob=lp.logprob, bytes=_bytes(text(lp.token_id)),
-                                        top_logprobs=tops))
+        content.append(
+            ChatTokenLogprob(
+                token=text(lp.token_id), logprob=lp.logprob, bytes=_bytes(text(lp.token_id)), top_logprobs=tops
+            )
+        )
     return ChatLogprobs(content=content)
 
 
@@ -74,45 +98,75 @@ def _all_logprobs(outputs: list[RequestOutput]) -> list[TokenLogprob]:
     return [lp for o in outputs for lp in (o.new_logprobs or [])]
 
 
-def chat_completion(rid: str, created: int, model: str, results: dict[int, list[RequestOutput]],
-                    want_logprobs: bool, text: TokenTexts) -> ChatCompletion:
+def chat_completion(
+    rid: str, created: int, model: str, results: dict[int, list[RequestOutput]], want_logprobs: bool, text: TokenTexts
+) -> ChatCompletion:
     choices, completion, prompt_len, cached = [], 0, 0, 0
     for index in sorted(results):
         final = _final(results[index])
         completion += len(final.token_ids)
         prompt_len, cached = final.num_prompt_tokens, max(cached, final.num_cached_tokens)
-        choices.append(ChatChoice(index=index, message=AssistantMessage(content=final.text),
-                                  finish_reason=final.finish_reason,
-                                  logprobs=chat_logprobs(_all_logprobs(results[index]), text)
-                                  if want_logprobs else None))
-    return ChatCompletion(id=rid, created=created, model=model, choices=choices,
-                          usage=usage([prompt_len], completion, cached))
+        choices.append(
+            ChatChoice(
+                index=index,
+                message=AssistantMessage(content=final.text),
+                finish_reason=final.finish_reason,
+                logprobs=chat_logprobs(_all_logprobs(results[index]), text) if want_logprobs else None,
+            )
+        )
+    return ChatCompletion(
+        id=rid, created=created, model=model, choices=choices, usage=usage([prompt_len], completion, cached)
+    )
 
 
-def completion(rid: str, created: int, model: str, results: dict[int, list[RequestOutput]], n: int,
-               want_logprobs: bool, text: TokenTexts) -> Completion:
+def completion(
+    rid: str,
+    created: int,
+    model: str,
+    results: dict[int, list[RequestOutput]],
+    n: int,
+    want_logprobs: bool,
+    text: TokenTexts,
+) -> Completion:
     choices, completion_tokens, prompt_lens, cached = [], 0, {}, 0
     for index in sorted(results):
         final = _final(results[index])
         completion_tokens += len(final.token_ids)
         prompt_lens[index // n] = final.num_prompt_tokens
         cached = max(cached, final.num_cached_tokens)
-        choices.append(CompletionChoice(index=index, text=final.text, finish_reason=final.finish_reason,
-                                        logprobs=completion_logprobs(_all_logprobs(results[index]), 0, text)
-                                        if want_logprobs else None))
-    return Completion(id=rid, created=created, model=model, choices=choices,
-                      usage=usage(list(prompt_lens.values()), completion_tokens, cached))
+        choices.append(
+            CompletionChoice(
+                index=index,
+                text=final.text,
+                finish_reason=final.finish_reason,
+                logprobs=completion_logprobs(_all_logprobs(results[index]), 0, text) if want_logprobs else None,
+            )
+        )
+    return Completion(
+        id=rid,
+        created=created,
+        model=model,
+        choices=choices,
+        usage=usage(list(prompt_lens.values()), completion_tokens, cached),
+    )
 
 
-async def chat_stream(gen: Generation, rid: str, created: int, model: str, want_logprobs: bool,
-                      include_usage: bool, text: TokenTexts) -> AsyncGenerator[bytes, None]:
+async def chat_stream(
+    gen: Generation, rid: str, created: int, model: str, want_logprobs: bool, include_usage: bool, text: TokenTexts
+) -> AsyncGenerator[bytes, None]:
     """SSE events of a streamed chat completion; closing this iterator aborts the generation."""
     tokens: dict[int, int] = {}
     prompt_len = cached = 0
     try:
         for ch in gen.choices:
-            yield sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[ChatChunkChoice(
-                index=ch.index, delta=ChatDelta(role="assistant", content=""))]))
+            yield sse(
+                ChatCompletionChunk(
+                    id=rid,
+                    created=created,
+                    model=model,
+                    choices=[ChatChunkChoice(index=ch.index, delta=ChatDelta(role="assistant", content=""))],
+                )
+            )
         async for index, out in gen.outputs():
             if out.finish_reason == "error":
                 yield sse(error_body(500, out.error or "engine error", None, "engine_error"))
@@ -121,19 +175,46 @@ async def chat_stream(gen: Generation, rid: str, created: int, model: str, want_
             prompt_len, cached = out.num_prompt_tokens, max(cached, out.num_cached_tokens)
             if not out.new_text and not out.finished:
                 continue
-            yield sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[ChatChunkChoice(
-                index=index, delta=ChatDelta(content=out.new_text), finish_reason=out.finish_reason,
-                logprobs=chat_logprobs(out.new_logprobs or [], text) if want_logprobs else None)]))
+            yield sse(
+                ChatCompletionChunk(
+                    id=rid,
+                    created=created,
+                    model=model,
+                    choices=[
+                        ChatChunkChoice(
+                            index=index,
+                            delta=ChatDelta(content=out.new_text),
+                            finish_reason=out.finish_reason,
+                            logprobs=chat_logprobs(out.new_logprobs or [], text) if want_logprobs else None,
+                        )
+                    ],
+                )
+            )
         if include_usage:
-            yield sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
-                                          usage=usage([prompt_len], sum(tokens.values()), cached)))
+            yield sse(
+                ChatCompletionChunk(
+                    id=rid,
+                    created=created,
+                    model=model,
+                    choices=[],
+                    usage=usage([prompt_len], sum(tokens.values()), cached),
+                )
+            )
         yield SSE_DONE
     finally:
         await gen.close()
 
 
-async def completion_stream(gen: Generation, rid: str, created: int, model: str, n: int, want_logprobs: bool,
-                            include_usage: bool, text: TokenTexts) -> AsyncGenerator[bytes, None]:
+async def completion_stream(
+    gen: Generation,
+    rid: str,
+    created: int,
+    model: str,
+    n: int,
+    want_logprobs: bool,
+    include_usage: bool,
+    text: TokenTexts,
+) -> AsyncGenerator[bytes, None]:
     tokens: dict[int, int] = {}
     prompt_lens: dict[int, int] = {}
     offsets: dict[int, int] = {}
@@ -148,29 +229,58 @@ async def completion_stream(gen: Generation, rid: str, created: int, model: str,
             cached = max(cached, out.num_cached_tokens)
             if not out.new_text and not out.finished:
                 continue
-            logprobs = (completion_logprobs(out.new_logprobs or [], offsets.get(index, 0), text) if want_logprobs
-                        else None)
+            logprobs = (
+                completion_logprobs(out.new_logprobs or [], offsets.get(index, 0), text) if want_logprobs else None
+            )
             offsets[index] = offsets.get(index, 0) + len(out.new_text)
-            yield sse(Completion(id=rid, created=created, model=model, choices=[CompletionChoice(
-                index=index, text=out.new_text, finish_reason=out.finish_reason, logprobs=logprobs)]))
+            yield sse(
+                Completion(
+                    id=rid,
+                    created=created,
+                    model=model,
+                    choices=[
+                        CompletionChoice(
+                            index=index, text=out.new_text, finish_reason=out.finish_reason, logprobs=logprobs
+                        )
+                    ],
+                )
+            )
         if include_usage:
-            yield sse(Completion(id=rid, created=created, model=model, choices=[],
-                                 usage=usage(list(prompt_lens.values()), sum(tokens.values()), cached)))
+            yield sse(
+                Completion(
+                    id=rid,
+                    created=created,
+                    model=model,
+                    choices=[],
+                    usage=usage(list(prompt_lens.values()), sum(tokens.values()), cached),
+                )
+            )
         yield SSE_DONE
     finally:
         await gen.close()
 
 
-def body(rid: str, created: int, req: CompletionRequest | ChatCompletionRequest,
-         results: dict[int, list[RequestOutput]], text: TokenTexts) -> Completion | ChatCompletion:
+def body(
+    rid: str,
+    created: int,
+    req: CompletionRequest | ChatCompletionRequest,
+    results: dict[int, list[RequestOutput]],
+    text: TokenTexts,
+) -> Completion | ChatCompletion:
     """The JSON response of a finished generation request, in the shape of its route."""
     if isinstance(req, ChatCompletionRequest):
         return chat_completion(rid, created, req.model, results, req.logprobs, text)
     return completion(rid, created, req.model, results, req.n, req.logprobs is not None, text)
 
 
-def stream(gen: Generation, rid: str, created: int, req: CompletionRequest | ChatCompletionRequest,
-           include_usage: bool, text: TokenTexts) -> AsyncGenerator[bytes, None]:
+def stream(
+    gen: Generation,
+    rid: str,
+    created: int,
+    req: CompletionRequest | ChatCompletionRequest,
+    include_usage: bool,
+    text: TokenTexts,
+) -> AsyncGenerator[bytes, None]:
     """The server-sent events of a streamed generation request, in the shape of its route."""
     if isinstance(req, ChatCompletionRequest):
         return chat_stream(gen, rid, created, req.model, req.logprobs, include_usage, text)

@@ -2,6 +2,7 @@
 
 Requests accept unknown fields (clients send new OpenAI fields all the time); fields we cannot honour
 are refused explicitly in `translate.py` rather than ignored silently."""
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal

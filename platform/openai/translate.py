@@ -1,5 +1,6 @@
 """Translate OpenAI request bodies into engine inputs: prompt token ids, SamplingParams and the
 structured-output spec. Every refusal is a 400 naming the offending field."""
+
 from __future__ import annotations
 
 import json
@@ -48,11 +49,14 @@ def completion_prompts(tokenizer: Any, prompt: Any) -> list[list[int]]:
             return [_encode(tokenizer, p) for p in prompt]
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return [list(prompt)]
-        if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-               for p in prompt):
+        if all(
+            isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt
+        ):
             return [list(p) for p in prompt]
-    raise bad_request("prompt must be a non-empty string, a list of strings, a list of token ids, or a list of "
-                      "token-id lists", param="prompt")
+    raise bad_request(
+        "prompt must be a non-empty string, a list of strings, a list of token ids, or a list of token-id lists",
+        param="prompt",
+    )
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
@@ -68,8 +72,10 @@ def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
             texts = []
             for part in m.content:
                 if part.type != "text" or part.text is None:
-                    raise bad_request(f"messages[{i}]: content part type {part.type!r} is not supported (text only)",
-                                      param=f"messages[{i}].content")
+                    raise bad_request(
+                        f"messages[{i}]: content part type {part.type!r} is not supported (text only)",
+                        param=f"messages[{i}].content",
+                    )
                 texts.append(part.text)
             content = "".join(texts)
         else:
@@ -77,9 +83,12 @@ def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
         messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
     try:
         text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=req.add_generation_prompt and not
-            req.continue_final_message, continue_final_message=req.continue_final_message,
-            **(req.chat_template_kwargs or {}))
+            messages,
+            tokenize=False,
+            add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+            continue_final_message=req.continue_final_message,
+            **(req.chat_template_kwargs or {}),
+        )
     except Exception as exc:  # jinja errors from the model's template name the problem
         raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None
     ids = list(tokenizer.encode(text, add_special_tokens=False))
@@ -88,68 +97,85 @@ def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
     return ids
 
 
-def resolve_max_tokens(prompt_len: int, requested: int | None, default: int | None, max_model_len: int,
-                       param: str) -> int:
+def resolve_max_tokens(
+    prompt_len: int, requested: int | None, default: int | None, max_model_len: int, param: str
+) -> int:
     """The generation budget; a prompt or prompt + max_tokens over the context length is a 400."""
     if prompt_len >= max_model_len:
-        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
-                       f"{prompt_len} tokens (prompt plus at least one generated token must fit)",
-                       param="messages" if param == "max_completion_tokens" else "prompt",
-                       code="context_length_exceeded")
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+            f"{prompt_len} tokens (prompt plus at least one generated token must fit)",
+            param="messages" if param == "max_completion_tokens" else "prompt",
+            code="context_length_exceeded",
+        )
     room = max_model_len - prompt_len
     if requested is None:
         return room if default is None else min(default, room)
     if requested > room:
-        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens: the prompt has "
-                       f"{prompt_len} tokens and {param} is {requested}, together over the limit by "
-                       f"{requested - room}", param=param, code="context_length_exceeded")
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens: the prompt has "
+            f"{prompt_len} tokens and {param} is {requested}, together over the limit by "
+            f"{requested - room}",
+            param=param,
+            code="context_length_exceeded",
+        )
     return requested
 
 
 # ---------------------------------------------------------------------------------- parameters
 
 
-def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
-                    structured: StructuredSpec | None) -> list[SamplingParams]:
+def sampling_params(
+    req: SamplingFields, max_tokens: int, logprobs: int | None, structured: StructuredSpec | None
+) -> list[SamplingParams]:
     """One SamplingParams per choice (n); with a seed, choice i uses seed + i so choices differ."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     params = []
     for i in range(req.n):
         try:
-            params.append(SamplingParams(
-                max_tokens=max_tokens,
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=req.top_k if req.top_k is not None else 0,
-                min_p=req.min_p or 0.0,
-                seed=None if req.seed is None else req.seed + i,
-                stop=stop,
-                stop_token_ids=list(req.stop_token_ids or []),
-                ignore_eos=req.ignore_eos,
-                logprobs=logprobs,
-                min_tokens=req.min_tokens,
-                structured=structured,
-                skip_special_tokens=req.skip_special_tokens,
-            ))
+            params.append(
+                SamplingParams(
+                    max_tokens=max_tokens,
+                    temperature=1.0 if req.temperature is None else req.temperature,
+                    top_p=1.0 if req.top_p is None else req.top_p,
+                    top_k=req.top_k if req.top_k is not None else 0,
+                    min_p=req.min_p or 0.0,
+                    seed=None if req.seed is None else req.seed + i,
+                    stop=stop,
+                    stop_token_ids=list(req.stop_token_ids or []),
+                    ignore_eos=req.ignore_eos,
+                    logprobs=logprobs,
+                    min_tokens=req.min_tokens,
+                    structured=structured,
+                    skip_special_tokens=req.skip_special_tokens,
+                )
+            )
         except RequestError as exc:
             raise engine_error(exc) from None
     return params
 
 
-def choice_inputs(tokenizer: Any, max_model_len: int, req: CompletionRequest | ChatCompletionRequest,
-                  spec: StructuredSpec | None) -> list[ChoiceInput]:
+def choice_inputs(
+    tokenizer: Any, max_model_len: int, req: CompletionRequest | ChatCompletionRequest, spec: StructuredSpec | None
+) -> list[ChoiceInput]:
     """One engine input per choice: ``n`` per prompt (a completion request may carry several prompts)."""
     if isinstance(req, ChatCompletionRequest):
         prompt_ids = chat_prompt(tokenizer, req)
-        requested, param = ((req.max_completion_tokens, "max_completion_tokens")
-                            if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
+        requested, param = (
+            (req.max_completion_tokens, "max_completion_tokens")
+            if req.max_completion_tokens is not None
+            else (req.max_tokens, "max_tokens")
+        )
         max_tokens = resolve_max_tokens(len(prompt_ids), requested, None, max_model_len, param)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         return [ChoiceInput(i, prompt_ids, p) for i, p in enumerate(sampling_params(req, max_tokens, logprobs, spec))]
     inputs: list[ChoiceInput] = []
     for p, ids in enumerate(completion_prompts(tokenizer, req.prompt)):
-        max_tokens = resolve_max_tokens(len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, max_model_len,
-                                        "max_tokens")
+        max_tokens = resolve_max_tokens(
+            len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, max_model_len, "max_tokens"
+        )
         for i, params in enumerate(sampling_params(req, max_tokens, req.logprobs, spec)):
             inputs.append(ChoiceInput(p * req.n + i, ids, params))
     return inputs
@@ -174,15 +200,21 @@ def structured_request(req: SamplingFields) -> dict[str, Any] | None:
                 found.append((f"structured_outputs.{kind}", kind, getattr(so, kind)))
         if so.json_object:
             found.append(("structured_outputs.json_object", "json_object", True))
-    for field, kind in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                        ("guided_grammar", "grammar")):
+    for field, kind in (
+        ("guided_json", "json"),
+        ("guided_regex", "regex"),
+        ("guided_choice", "choice"),
+        ("guided_grammar", "grammar"),
+    ):
         if getattr(req, field) is not None:
             found.append((field, kind, getattr(req, field)))
     if not found:
         return None
     if len(found) > 1:
-        raise bad_request("only one structured-output constraint may be given, got "
-                          + ", ".join(f for f, _, _ in found), param=found[1][0])
+        raise bad_request(
+            "only one structured-output constraint may be given, got " + ", ".join(f for f, _, _ in found),
+            param=found[1][0],
+        )
     field, kind, value = found[0]
     if kind == "json" and isinstance(value, str):
         try:

@@ -1,5 +1,6 @@
 """Adapter registry: validate an upload with `loraplex.adapters`, store it atomically, version it,
 enforce quotas, and resolve (tenant, model name) -> adapter record through the registry cache."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,17 @@ from pathlib import Path
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from loraplex.adapters import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME, AdapterError, AdapterInfo, AdapterLimits, \
-    BaseModelSpec, extract_archive, inspect_adapter
+from loraplex.adapters import (
+    CONFIG_NAME,
+    PICKLE_SUFFIXES,
+    WEIGHTS_NAME,
+    AdapterError,
+    AdapterInfo,
+    AdapterLimits,
+    BaseModelSpec,
+    extract_archive,
+    inspect_adapter,
+)
 from loraplex.engine.threads import single_threaded_torch
 from loraplex.platform.db.models import Adapter, Tenant, as_utc, utcnow
 from loraplex.platform.db.session import Database
@@ -21,7 +31,6 @@ from loraplex.platform.multipart import UploadedForm
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.tenants import Principal, check_name
-
 
 
 @dataclass(frozen=True)
@@ -42,8 +51,19 @@ class AdapterRecord:
 
     @classmethod
     def from_row(cls, row: Adapter) -> "AdapterRecord":
-        return cls(str(row.id), str(row.tenant_id), row.name, row.version, row.sha256, row.rank, row.alpha,
-                   list(row.target_modules), row.size_bytes, row.blob, as_utc(row.created_at).isoformat())
+        return cls(
+            str(row.id),
+            str(row.tenant_id),
+            row.name,
+            row.version,
+            row.sha256,
+            row.rank,
+            row.alpha,
+            list(row.target_modules),
+            row.size_bytes,
+            row.blob,
+            as_utc(row.created_at).isoformat(),
+        )
 
     @property
     def created(self) -> datetime:
@@ -66,9 +86,18 @@ RETIRED_CONTENT = "adapter-content-retired:"
 
 
 class AdapterService:
-    def __init__(self, db: Database, store: BlobStore, cache: RegistryCache, base: BaseModelSpec, *,
-                 base_model_name: str, max_lora_rank: int, limits: AdapterLimits,
-                 quotas: QuotaDefaults) -> None:
+    def __init__(
+        self,
+        db: Database,
+        store: BlobStore,
+        cache: RegistryCache,
+        base: BaseModelSpec,
+        *,
+        base_model_name: str,
+        max_lora_rank: int,
+        limits: AdapterLimits,
+        quotas: QuotaDefaults,
+    ) -> None:
         self.db = db
         self.store = store
         self.cache = cache
@@ -111,9 +140,13 @@ class AdapterService:
         if parts == {"file"}:
             upload = form.files["file"]
             if upload.filename.lower().endswith(PICKLE_SUFFIXES):
-                raise engine_error(AdapterError(
-                    f"{upload.filename!r} is a pickled checkpoint; pickled weights are never loaded: upload "
-                    f"a .zip or .tar.gz of the adapter folder with {WEIGHTS_NAME}", code="pickled_weights"))
+                raise engine_error(
+                    AdapterError(
+                        f"{upload.filename!r} is a pickled checkpoint; pickled weights are never loaded: upload "
+                        f"a .zip or .tar.gz of the adapter folder with {WEIGHTS_NAME}",
+                        code="pickled_weights",
+                    )
+                )
             archive = upload.path.with_name("upload-" + (upload.filename or "adapter.zip"))
             upload.path.rename(archive)
             info = self._inspect(archive)
@@ -124,18 +157,25 @@ class AdapterService:
         elif parts == {"adapter_config", "adapter_model"}:
             model_name = form.files["adapter_model"].filename.lower()
             if model_name.endswith(PICKLE_SUFFIXES):
-                raise engine_error(AdapterError(
-                    f"adapter_model {form.files['adapter_model'].filename!r} is a pickled checkpoint; "
-                    f"upload {WEIGHTS_NAME} (pickled weights are never loaded)", code="pickled_weights"))
+                raise engine_error(
+                    AdapterError(
+                        f"adapter_model {form.files['adapter_model'].filename!r} is a pickled checkpoint; "
+                        f"upload {WEIGHTS_NAME} (pickled weights are never loaded)",
+                        code="pickled_weights",
+                    )
+                )
             root = workdir / "adapter"
             root.mkdir()
             form.files["adapter_config"].path.rename(root / CONFIG_NAME)
             form.files["adapter_model"].path.rename(root / WEIGHTS_NAME)
             info = self._inspect(root)
         else:
-            raise bad_request("upload either one 'file' (a .zip or .tar.gz of the PEFT adapter folder) or the "
-                              f"two files 'adapter_config' ({CONFIG_NAME}) and 'adapter_model' ({WEIGHTS_NAME}); "
-                              f"got {', '.join(sorted(parts)) or 'no file'}", param="file")
+            raise bad_request(
+                "upload either one 'file' (a .zip or .tar.gz of the PEFT adapter folder) or the "
+                f"two files 'adapter_config' ({CONFIG_NAME}) and 'adapter_model' ({WEIGHTS_NAME}); "
+                f"got {', '.join(sorted(parts)) or 'no file'}",
+                param="file",
+            )
         return info, {CONFIG_NAME: root / CONFIG_NAME, WEIGHTS_NAME: root / WEIGHTS_NAME}
 
     def _inspect(self, source: Path) -> AdapterInfo:
@@ -144,8 +184,9 @@ class AdapterService:
         except AdapterError as exc:
             raise engine_error(exc) from None
 
-    async def _commit(self, principal: Principal, name: str, info: AdapterInfo,
-                      blob: str) -> tuple[AdapterRecord, tuple[str, str] | None]:
+    async def _commit(
+        self, principal: Principal, name: str, info: AdapterInfo, blob: str
+    ) -> tuple[AdapterRecord, tuple[str, str] | None]:
         """The new version's record, and the (blob, content hash) of the version it replaced, if any."""
         tenant_id = uuid.UUID(principal.tenant_id)
         async with self.db.session() as session:
@@ -153,48 +194,70 @@ class AdapterService:
             tenant = await session.scalar(select(Tenant).where(Tenant.id == tenant_id).with_for_update())
             if tenant is None:
                 raise not_found("tenant no longer exists", code="tenant_not_found")
-            live = (await session.scalars(select(Adapter).where(
-                Adapter.tenant_id == tenant_id, Adapter.deleted_at.is_(None)))).all()
+            live = (
+                await session.scalars(
+                    select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.deleted_at.is_(None))
+                )
+            ).all()
             current = next((a for a in live if a.name == name), None)
             others = [a for a in live if a.name != name]
             self._check_quotas(tenant, others, info)
-            last = await session.scalar(select(func.max(Adapter.version)).where(
-                Adapter.tenant_id == tenant_id, Adapter.name == name))
+            last = await session.scalar(
+                select(func.max(Adapter.version)).where(Adapter.tenant_id == tenant_id, Adapter.name == name)
+            )
             if current is not None:
                 current.deleted_at = utcnow()
                 await session.flush()  # frees the live-name slot before the new row goes in
-            row = Adapter(id=uuid.uuid4(), tenant_id=tenant_id, name=name, version=(last or 0) + 1,
-                          sha256=info.content_hash, rank=info.rank, alpha=float(info.alpha),
-                          target_modules=list(info.target_modules), size_bytes=info.size_bytes, blob=blob,
-                          created_at=utcnow())
+            row = Adapter(
+                id=uuid.uuid4(),
+                tenant_id=tenant_id,
+                name=name,
+                version=(last or 0) + 1,
+                sha256=info.content_hash,
+                rank=info.rank,
+                alpha=float(info.alpha),
+                target_modules=list(info.target_modules),
+                size_bytes=info.size_bytes,
+                blob=blob,
+                created_at=utcnow(),
+            )
             session.add(row)
             try:
                 await session.commit()
             except IntegrityError:
-                raise ApiError(409, f"adapter {name!r} was uploaded concurrently; retry the upload",
-                               param="name", code="conflict") from None
+                raise ApiError(
+                    409, f"adapter {name!r} was uploaded concurrently; retry the upload", param="name", code="conflict"
+                ) from None
         return AdapterRecord.from_row(row), ((current.blob, current.sha256) if current is not None else None)
 
     def _check_quotas(self, tenant: Tenant, others: list[Adapter], info: AdapterInfo) -> None:
         max_count = tenant.max_adapters if tenant.max_adapters is not None else self.quotas.max_adapters
-        max_bytes = (tenant.max_adapter_bytes if tenant.max_adapter_bytes is not None
-                     else self.quotas.max_adapter_bytes)
+        max_bytes = tenant.max_adapter_bytes if tenant.max_adapter_bytes is not None else self.quotas.max_adapter_bytes
         if len(others) + 1 > max_count:
-            raise ApiError(403, f"adapter quota exceeded: tenant {tenant.name!r} may keep {max_count} adapters "
-                           f"and has {len(others)}; delete one first", code="adapter_quota_exceeded")
+            raise ApiError(
+                403,
+                f"adapter quota exceeded: tenant {tenant.name!r} may keep {max_count} adapters "
+                f"and has {len(others)}; delete one first",
+                code="adapter_quota_exceeded",
+            )
         used = sum(a.size_bytes for a in others)
         if used + info.size_bytes > max_bytes:
-            raise ApiError(403, f"storage quota exceeded: this adapter has {info.size_bytes} bytes of weights, "
-                           f"tenant {tenant.name!r} uses {used} of {max_bytes} bytes",
-                           code="storage_quota_exceeded")
+            raise ApiError(
+                403,
+                f"storage quota exceeded: this adapter has {info.size_bytes} bytes of weights, "
+                f"tenant {tenant.name!r} uses {used} of {max_bytes} bytes",
+                code="storage_quota_exceeded",
+            )
 
     # -- read / delete -----------------------------------------------------------------------
 
     async def list(self, principal: Principal) -> list[AdapterRecord]:
         async with self.db.session() as session:
-            rows = await session.scalars(select(Adapter).where(
-                Adapter.tenant_id == uuid.UUID(principal.tenant_id), Adapter.deleted_at.is_(None))
-                .order_by(Adapter.name))
+            rows = await session.scalars(
+                select(Adapter)
+                .where(Adapter.tenant_id == uuid.UUID(principal.tenant_id), Adapter.deleted_at.is_(None))
+                .order_by(Adapter.name)
+            )
             return [AdapterRecord.from_row(r) for r in rows.all()]
 
     async def resolve(self, tenant_id: str, name: str) -> AdapterRecord | None:
@@ -202,8 +265,11 @@ class AdapterService:
 
         async def load() -> dict[str, object] | None:
             async with self.db.session() as session:
-                row = await session.scalar(select(Adapter).where(
-                    Adapter.tenant_id == uuid.UUID(tenant_id), Adapter.name == name, Adapter.deleted_at.is_(None)))
+                row = await session.scalar(
+                    select(Adapter).where(
+                        Adapter.tenant_id == uuid.UUID(tenant_id), Adapter.name == name, Adapter.deleted_at.is_(None)
+                    )
+                )
             return asdict(AdapterRecord.from_row(row)) if row is not None else None
 
         found = await self.cache.get_or_load(cache_key(tenant_id, name), load)
@@ -217,9 +283,13 @@ class AdapterService:
 
     async def delete(self, principal: Principal, name: str) -> AdapterRecord:
         async with self.db.session() as session:
-            row = await session.scalar(select(Adapter).where(
-                Adapter.tenant_id == uuid.UUID(principal.tenant_id), Adapter.name == name,
-                Adapter.deleted_at.is_(None)))
+            row = await session.scalar(
+                select(Adapter).where(
+                    Adapter.tenant_id == uuid.UUID(principal.tenant_id),
+                    Adapter.name == name,
+                    Adapter.deleted_at.is_(None),
+                )
+            )
             if row is None:
                 raise not_found(f"adapter {name!r} not found", code="adapter_not_found")
             await session.execute(update(Adapter).where(Adapter.id == row.id).values(deleted_at=utcnow()))
@@ -232,7 +302,8 @@ class AdapterService:
     async def _retire(self, sha256: str) -> None:
         """Tell every replica that no live adapter has these weights any more (unless one still does)."""
         async with self.db.session() as session:
-            still_live = await session.scalar(select(func.count()).select_from(Adapter).where(
-                Adapter.sha256 == sha256, Adapter.deleted_at.is_(None)))
+            still_live = await session.scalar(
+                select(func.count()).select_from(Adapter).where(Adapter.sha256 == sha256, Adapter.deleted_at.is_(None))
+            )
         if not still_live:
             await self.cache.invalidate(RETIRED_CONTENT + sha256)

@@ -5,6 +5,7 @@ the folder are fsynced, and the folder is renamed into place (then the parent is
 therefore sees either nothing or the complete adapter, and a crash leaves only a `tmp/` leftover,
 which `sweep_tmp` removes at start-up. Several replicas may share the folder (e.g. over NFS).
 """
+
 from __future__ import annotations
 
 import os

@@ -12,6 +12,7 @@ Correctness across replicas rests on two mechanisms:
 While Redis is unreachable, invalidations from other replicas cannot arrive, so L1 is bypassed
 and every lookup goes to SQL; when Redis comes back L1 is cleared.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -114,7 +115,7 @@ class RegistryCache:
         for prefix, callback in self._watchers:
             if key.startswith(prefix):
                 try:
-                    callback(key[len(prefix):])
+                    callback(key[len(prefix) :])
                 except Exception:  # a watcher's failure must not stop invalidation
                     log.exception("invalidation watcher for %r failed on %r", prefix, key)
 

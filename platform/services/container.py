@@ -1,4 +1,5 @@
 """Everything a request handler needs, built once per server process (see app.lifespan)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

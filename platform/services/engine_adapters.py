@@ -1,5 +1,6 @@
 """From registry records to the engine's AdapterRef (content hash + where the LoRA manager loads it
 from), and back from content hashes to public names for metrics."""
+
 from __future__ import annotations
 
 from collections import OrderedDict

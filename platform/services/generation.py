@@ -6,6 +6,7 @@ errors (prompt too long, bad grammar) surface before any HTTP response has start
 proper 4xx. `Generation.outputs()` then yields (choice index, output) as they arrive; `close()`
 aborts whatever is still running (client disconnect), which frees the requests' KV blocks.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,12 +56,25 @@ class Generation:
     _merged: AsyncGenerator[tuple[int, RequestOutput], None] | None = field(default=None)
 
     @classmethod
-    async def start(cls, engine: AsyncEngine, inputs: list[ChoiceInput], adapter: AdapterRef | None, *, salt: str,
-                    metrics: Metrics, labels: tuple[str, str], arrival: float,
-                    structured_param: str | None = None) -> "Generation":
+    async def start(
+        cls,
+        engine: AsyncEngine,
+        inputs: list[ChoiceInput],
+        adapter: AdapterRef | None,
+        *,
+        salt: str,
+        metrics: Metrics,
+        labels: tuple[str, str],
+        arrival: float,
+        structured_param: str | None = None,
+    ) -> "Generation":
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = [engine.generate(c.prompt_ids, c.params, request_id=f"{request_id}-{c.index}", adapter=adapter,
-                                   cache_salt=salt) for c in inputs]
+        streams = [
+            engine.generate(
+                c.prompt_ids, c.params, request_id=f"{request_id}-{c.index}", adapter=adapter, cache_salt=salt
+            )
+            for c in inputs
+        ]
         firsts = await asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True)
         errors = [f for f in firsts if isinstance(f, BaseException)]
         failed = [f for f in firsts if isinstance(f, RequestOutput) and f.finish_reason == "error"]

@@ -1,6 +1,7 @@
 """API key format and hashing. A key is `lpx-<prefix>.<secret>`: the prefix is a public lookup id
 stored in clear, the database keeps only sha256(key). Keys carry 256 random bits, so a fast hash
 is enough (there is nothing to brute-force)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -32,7 +33,7 @@ def split_key(key: str) -> str | None:
     """The lookup prefix of a well-formed key, else None."""
     if not key.startswith(KEY_PREFIX) or "." not in key:
         return None
-    prefix = key[len(KEY_PREFIX):].split(".", 1)[0]
+    prefix = key[len(KEY_PREFIX) :].split(".", 1)[0]
     return prefix if 0 < len(prefix) <= 32 else None
 
 

@@ -1,5 +1,6 @@
 """Per-tenant request-rate limits: fixed one-minute windows, counted in Redis (shared by all replicas)
 or, without Redis or while it is unreachable, in this process."""
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ turns a connection failure into `None` (the caller falls back to SQL / local sta
 warning per outage, and skips Redis entirely for a short back-off so a dead server does not add a
 timeout to every request.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,8 @@ class RedisLink:
     def __init__(self, url: str, *, timeout_s: float = 0.5) -> None:
         self.url = url
         self.client: aioredis.Redis = aioredis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=10)
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=10
+        )
         self._down_since: float | None = None
         self._retry_at = 0.0
         self._on_recover: list[Callable[[], Awaitable[None]]] = []
@@ -45,8 +47,12 @@ class RedisLink:
     def mark_down(self, exc: BaseException) -> None:
         if self._down_since is None:
             self._down_since = time.monotonic()
-            log.warning("Redis at %s unavailable (%s: %s); falling back to the database and local state",
-                        self.url, type(exc).__name__, exc)
+            log.warning(
+                "Redis at %s unavailable (%s: %s); falling back to the database and local state",
+                self.url,
+                type(exc).__name__,
+                exc,
+            )
         self._retry_at = time.monotonic() + RETRY_AFTER_S
 
     async def mark_up(self) -> None:

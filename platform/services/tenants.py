@@ -1,4 +1,5 @@
 """Tenants, their API keys, admin keys, and authentication of bearer tokens."""
+
 from __future__ import annotations
 
 import re
@@ -61,16 +62,16 @@ class TenantService:
         new = keys.generate_key()
         async with self.db.session() as session:
             tenant = Tenant(id=uuid.uuid4(), name=name, created_at=utcnow(), **asdict(quotas))
-            key = ApiKey(id=uuid.uuid4(), tenant_id=tenant.id, prefix=new.prefix, key_hash=new.key_hash,
-                         created_at=utcnow())
+            key = ApiKey(
+                id=uuid.uuid4(), tenant_id=tenant.id, prefix=new.prefix, key_hash=new.key_hash, created_at=utcnow()
+            )
             try:
                 session.add(tenant)
                 await session.flush()  # the tenant row must exist before its key (no relationship() here)
                 session.add(key)
                 await session.commit()
             except IntegrityError:
-                raise ApiError(409, f"tenant {name!r} already exists", param="name",
-                               code="tenant_exists") from None
+                raise ApiError(409, f"tenant {name!r} already exists", param="name", code="tenant_exists") from None
         return tenant, key, new.secret_key
 
     async def list_tenants(self) -> list[Tenant]:
@@ -90,8 +91,9 @@ class TenantService:
         tenant = await self.get_tenant(tenant_name)
         new = keys.generate_key()
         async with self.db.session() as session:
-            key = ApiKey(id=uuid.uuid4(), tenant_id=tenant.id, prefix=new.prefix, key_hash=new.key_hash,
-                         created_at=utcnow())
+            key = ApiKey(
+                id=uuid.uuid4(), tenant_id=tenant.id, prefix=new.prefix, key_hash=new.key_hash, created_at=utcnow()
+            )
             session.add(key)
             await session.commit()
         return key, new.secret_key
@@ -99,8 +101,9 @@ class TenantService:
     async def list_keys(self, tenant_name: str) -> list[ApiKey]:
         tenant = await self.get_tenant(tenant_name)
         async with self.db.session() as session:
-            rows = await session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant.id)
-                                         .order_by(ApiKey.created_at))
+            rows = await session.scalars(
+                select(ApiKey).where(ApiKey.tenant_id == tenant.id).order_by(ApiKey.created_at)
+            )
             return list(rows.all())
 
     async def revoke_key(self, tenant_name: str, key_id: str) -> ApiKey:
@@ -128,15 +131,29 @@ class TenantService:
 
         async def load() -> dict[str, Any] | None:
             async with self.db.session() as session:
-                row = (await session.execute(
-                    select(ApiKey, Tenant).join(Tenant, Tenant.id == ApiKey.tenant_id)
-                    .where(ApiKey.prefix == prefix, ApiKey.revoked_at.is_(None)))).first()
+                row = (
+                    await session.execute(
+                        select(ApiKey, Tenant)
+                        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+                        .where(ApiKey.prefix == prefix, ApiKey.revoked_at.is_(None))
+                    )
+                ).first()
             if row is None:
                 return None
             key, tenant = row
-            return {"key_hash": key.key_hash, "principal": asdict(Principal(
-                str(tenant.id), tenant.name, prefix, tenant.max_adapters, tenant.max_adapter_bytes,
-                tenant.rate_limit_per_minute))}
+            return {
+                "key_hash": key.key_hash,
+                "principal": asdict(
+                    Principal(
+                        str(tenant.id),
+                        tenant.name,
+                        prefix,
+                        tenant.max_adapters,
+                        tenant.max_adapter_bytes,
+                        tenant.rate_limit_per_minute,
+                    )
+                ),
+            }
 
         found = await self.cache.get_or_load(_key_cache_key(prefix), load)
         if found is None or not keys.matches(token, found["key_hash"]):

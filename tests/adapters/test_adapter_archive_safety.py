@@ -63,8 +63,12 @@ def _refused(archive: Path, tmp_path: Path, code: str, *fragments: str, limits: 
     ],
 )
 def test_zip_member_names_that_escape(tmp_path: Path, name: str, fragment: str) -> None:
-    _refused(_zip(tmp_path / "a.zip", [("adapter_config.json", b"{}"), (zipfile.ZipInfo(name), b"x")]),
-             tmp_path, "unsafe_archive", fragment)
+    _refused(
+        _zip(tmp_path / "a.zip", [("adapter_config.json", b"{}"), (zipfile.ZipInfo(name), b"x")]),
+        tmp_path,
+        "unsafe_archive",
+        fragment,
+    )
 
 
 @pytest.mark.parametrize("name", ["../evil", "/tmp/evil", "x/../../evil"])

@@ -57,7 +57,10 @@ def test_inspect_matches_load_without_keeping_weights(adapter_dir, base: BaseMod
     assert not hasattr(info, "weights")
     assert info.content_hash == loaded.content_hash
     assert (info.rank, info.layers, info.target_modules, info.size_bytes) == (
-        loaded.rank, loaded.layers, loaded.target_modules, loaded.size_bytes
+        loaded.rank,
+        loaded.layers,
+        loaded.target_modules,
+        loaded.size_bytes,
     )
 
 

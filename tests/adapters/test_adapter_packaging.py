@@ -31,9 +31,10 @@ def test_archives_load_like_the_folder(adapter_dir, base, tmp_path, zip_folder, 
 
 def test_archive_kind_is_sniffed_when_the_name_has_no_suffix(adapter_dir, base, tmp_path, zip_folder) -> None:
     archive = zip_folder(adapter_dir, tmp_path / "blob-0001")
-    assert load_adapter(archive, base, max_lora_rank=MAX_RANK).content_hash == load_adapter(
-        adapter_dir, base, max_lora_rank=MAX_RANK
-    ).content_hash
+    assert (
+        load_adapter(archive, base, max_lora_rank=MAX_RANK).content_hash
+        == load_adapter(adapter_dir, base, max_lora_rank=MAX_RANK).content_hash
+    )
 
 
 def test_extract_archive_returns_the_adapter_folder(adapter_dir, tmp_path, zip_folder) -> None:
@@ -83,6 +84,7 @@ def test_hash_changes_with_weights_or_scaling(adapter_dir, base, tmp_path, edit_
 def test_different_seeds_give_different_hashes(make_adapter, base: BaseModelSpec) -> None:
     a, _ = make_adapter("a", seed=1)
     b, _ = make_adapter("b", seed=2)
-    assert load_adapter(a, base, max_lora_rank=MAX_RANK).content_hash != load_adapter(
-        b, base, max_lora_rank=MAX_RANK
-    ).content_hash
+    assert (
+        load_adapter(a, base, max_lora_rank=MAX_RANK).content_hash
+        != load_adapter(b, base, max_lora_rank=MAX_RANK).content_hash
+    )

@@ -263,6 +263,7 @@ def test_non_finite_values_are_refused(adapter_dir, base, edit_tensors, value: f
 
 def test_huge_finite_values_are_not_mistaken_for_inf(adapter_dir, base, edit_tensors) -> None:
     """The finiteness check sums the values first; a sum that overflows must not refuse finite weights."""
+
     def huge(t):
         b = t[Q_B].clone()
         b[0, 0] = b[1, 0] = 3e38  # finite in float32, their sum is not

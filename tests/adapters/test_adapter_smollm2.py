@@ -43,8 +43,9 @@ def test_smollm2_adapter_is_accepted(smol_dir: Path, tmp_path: Path) -> None:
 
 def test_adapter_for_another_hidden_size_is_refused(smol_dir: Path, tmp_path: Path) -> None:
     base = BaseModelSpec.from_hf_config(AutoConfig.from_pretrained(smol_dir))
-    other = AutoConfig.from_pretrained(smol_dir, hidden_size=512, num_attention_heads=8, num_key_value_heads=4,
-                                       num_hidden_layers=2)
+    other = AutoConfig.from_pretrained(
+        smol_dir, hidden_size=512, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=2
+    )
     folder = _save_adapter(other, tmp_path / "other", r=8, target_modules=["q_proj", "v_proj"])
     with pytest.raises(AdapterError, match="wrong base model") as info:
         load_adapter(folder, base, max_lora_rank=16)

@@ -1,4 +1,5 @@
 """Helpers shared by the engine tests: an HF greedy oracle and a step-by-step driver."""
+
 from __future__ import annotations
 
 import torch
@@ -14,9 +15,14 @@ class HFOracle:
 
     @torch.inference_mode()
     def greedy(self, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
-        out = self.model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                                  eos_token_id=eos, pad_token_id=eos if eos is not None else 0)
-        return out[0, len(prompt):].tolist()
+        out = self.model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos if eos is not None else 0,
+        )
+        return out[0, len(prompt) :].tolist()
 
     @torch.inference_mode()
     def last_logits(self, prompt: list[int]) -> torch.Tensor:

@@ -1,4 +1,5 @@
 """Bad input gets a clear error naming the problem, and the engine keeps serving everyone else."""
+
 from __future__ import annotations
 
 import json
@@ -15,17 +16,20 @@ def engine(tiny_llama_dir):
     return LLMEngine(model=str(tiny_llama_dir), num_kv_blocks=64, block_size=8, max_model_len=128)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_tokens": 0}, "max_tokens must be a positive integer"),
-    ({"max_tokens": -5}, "max_tokens must be a positive integer"),
-    ({"top_p": 0.0}, "top_p must be in (0, 1]"),
-    ({"top_p": 1.5}, "top_p must be in (0, 1]"),
-    ({"temperature": -1.0}, "temperature must be in [0, 100]"),
-    ({"top_k": -3}, "top_k must be -1, 0 (off) or a positive integer"),
-    ({"min_p": 2.0}, "min_p must be in [0, 1]"),
-    ({"logprobs": 50}, "logprobs must be between 0 and 20"),
-    ({"stop": [""]}, "stop strings must be non-empty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_tokens": 0}, "max_tokens must be a positive integer"),
+        ({"max_tokens": -5}, "max_tokens must be a positive integer"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1]"),
+        ({"temperature": -1.0}, "temperature must be in [0, 100]"),
+        ({"top_k": -3}, "top_k must be -1, 0 (off) or a positive integer"),
+        ({"min_p": 2.0}, "min_p must be in [0, 1]"),
+        ({"logprobs": 50}, "logprobs must be between 0 and 20"),
+        ({"stop": [""]}, "stop strings must be non-empty"),
+    ],
+)
 def test_bad_sampling_params_are_refused(kwargs, message):
     with pytest.raises(RequestError) as err:
         SamplingParams(**kwargs)

@@ -1,4 +1,5 @@
 """Block manager: free list, reference counts, prefix sharing, LRU eviction, invariants."""
+
 from __future__ import annotations
 
 from loraplex.engine.block_manager import BlockManager

@@ -1,4 +1,5 @@
 """Engine behaviour on a tiny random Llama (fast): HF parity, continuous batching, preemption, aborts."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,14 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def test_staggered_chunked_batch_matches_hf(tiny_llama_dir, oracle):
-    eng = LLMEngine(model=str(tiny_llama_dir), max_num_batched_tokens=48, max_num_seqs=6, num_kv_blocks=200,
-                    block_size=8, enable_prefix_caching=True)
+    eng = LLMEngine(
+        model=str(tiny_llama_dir),
+        max_num_batched_tokens=48,
+        max_num_seqs=6,
+        num_kv_blocks=200,
+        block_size=8,
+        enable_prefix_caching=True,
+    )
     rec = LogitsRecorder()
     eng.probe = EngineProbe(on_logits=rec)
     ps = prompts(14)
@@ -80,18 +87,22 @@ def test_seeded_sampling_is_independent_of_the_batch(tiny_llama_dir):
     p = prompts(1, seed=3)[0]
     sp = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True)
     alone = run_to_completion(eng, {0: [(p, sp, "alone")]})["alone"].token_ids
-    others = [(q, SamplingParams(max_tokens=9, temperature=0.8, ignore_eos=True), f"o{i}")
-              for i, q in enumerate(prompts(5, seed=4))]
+    others = [
+        (q, SamplingParams(max_tokens=9, temperature=0.8, ignore_eos=True), f"o{i}")
+        for i, q in enumerate(prompts(5, seed=4))
+    ]
     batched = run_to_completion(eng, {0: others + [(p, sp, "again")]})["again"].token_ids
     assert alone == batched
-    other_seed = run_to_completion(eng, {0: [(p, SamplingParams(max_tokens=12, temperature=1.0, seed=8,
-                                                                ignore_eos=True), "x")]})["x"].token_ids
+    other_seed = run_to_completion(
+        eng, {0: [(p, SamplingParams(max_tokens=12, temperature=1.0, seed=8, ignore_eos=True), "x")]}
+    )["x"].token_ids
     assert other_seed != alone
 
 
 def test_max_num_seqs_and_budget_are_respected(tiny_llama_dir):
-    eng = LLMEngine(model=str(tiny_llama_dir), num_kv_blocks=300, block_size=8, max_num_seqs=3,
-                    max_num_batched_tokens=20)
+    eng = LLMEngine(
+        model=str(tiny_llama_dir), num_kv_blocks=300, block_size=8, max_num_seqs=3, max_num_batched_tokens=20
+    )
     for i, p in enumerate(prompts(7, seed=5)):
         eng.add_request(p, SamplingParams(max_tokens=5, **GREEDY), f"r{i}")
     finished = 0

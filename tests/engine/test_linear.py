@@ -1,4 +1,5 @@
 """engine.linear.Linear: the oneDNN-packed CPU projection equals F.linear; the fallback is F.linear itself."""
+
 from __future__ import annotations
 
 import pytest

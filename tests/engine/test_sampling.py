@@ -1,4 +1,5 @@
 """Sampler and output processing: greedy equivalences, stop strings and ids, logprobs, detokenisation."""
+
 from __future__ import annotations
 
 import math
@@ -24,9 +25,16 @@ def generate(engine, params: SamplingParams, prompt=PROMPT):
 
 def test_top_k_1_and_tiny_top_p_equal_greedy(engine):
     greedy = generate(engine, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)).token_ids
-    assert generate(engine, SamplingParams(max_tokens=10, temperature=1.0, top_k=1, ignore_eos=True)).token_ids == greedy
-    assert generate(engine, SamplingParams(max_tokens=10, temperature=1.0, top_p=1e-6, ignore_eos=True)).token_ids == greedy
-    assert generate(engine, SamplingParams(max_tokens=10, temperature=1.0, min_p=1.0, ignore_eos=True)).token_ids == greedy
+    assert (
+        generate(engine, SamplingParams(max_tokens=10, temperature=1.0, top_k=1, ignore_eos=True)).token_ids == greedy
+    )
+    assert (
+        generate(engine, SamplingParams(max_tokens=10, temperature=1.0, top_p=1e-6, ignore_eos=True)).token_ids
+        == greedy
+    )
+    assert (
+        generate(engine, SamplingParams(max_tokens=10, temperature=1.0, min_p=1.0, ignore_eos=True)).token_ids == greedy
+    )
 
 
 def test_top_k_restricts_to_the_k_most_likely(engine):
@@ -45,7 +53,7 @@ def test_stop_string_is_cut_and_never_streamed(engine):
     base = generate(engine, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
     text = base.text
     assert len(text) > 10
-    stop = text[len(text) // 2: len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     engine.add_request(PROMPT, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop]), "s")
     streamed = ""
     final = None
@@ -62,8 +70,7 @@ def test_stop_token_ids_and_max_tokens(engine):
     base = generate(engine, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     assert base.finish_reason == "length" and len(base.token_ids) == 12
     target = base.token_ids[5]
-    stopped = generate(engine, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
-                                              stop_token_ids=[target]))
+    stopped = generate(engine, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop_token_ids=[target]))
     first = base.token_ids.index(target)
     assert stopped.finish_reason == "stop" and stopped.token_ids == base.token_ids[: first + 1]
 
@@ -91,8 +98,9 @@ def test_seed_reproducible_and_temperature_changes_output(engine):
 
 def test_min_tokens_suppresses_eos(engine):
     eos = next(iter(engine.eos_token_ids))
-    out = generate(engine, SamplingParams(max_tokens=8, min_tokens=8, temperature=0.0, stop_token_ids=[],
-                                          ignore_eos=False))
+    out = generate(
+        engine, SamplingParams(max_tokens=8, min_tokens=8, temperature=0.0, stop_token_ids=[], ignore_eos=False)
+    )
     assert eos not in out.token_ids[:7]
 
 
@@ -148,7 +156,11 @@ def test_token_check_takes_the_runner_up_of_the_same_draw():
 
     sampler = Sampler(torch.device("cpu"))
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=7), SamplingParams(temperature=1.0, seed=8)]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, seed=7),
+        SamplingParams(temperature=1.0, seed=8),
+    ]
 
     def draw(check=None):
         gens = [None] + [torch.Generator().manual_seed(p.seed) for p in params[1:]]
@@ -169,7 +181,8 @@ def test_token_check_falls_back_when_no_candidate_fits():
     logits = torch.full((1, 20), float("-inf"))
     logits[0, [3, 4]] = 0.0  # two allowed tokens, both rejected
     check = _RejectSome([0], {3, 4}, fallback=11)
-    out = Sampler(torch.device("cpu"))(logits, [SamplingParams(temperature=1.0, seed=1)],
-                                       [torch.Generator().manual_seed(1)], check)
+    out = Sampler(torch.device("cpu"))(
+        logits, [SamplingParams(temperature=1.0, seed=1)], [torch.Generator().manual_seed(1)], check
+    )
     assert out.token_ids == [11]
     assert {t for _, t in check.asked} == {3, 4}  # masked tokens are never offered

@@ -1,4 +1,5 @@
 """Scheduler admission: a prefix that one sequence of a step computes is not computed again by another."""
+
 from __future__ import annotations
 
 from loraplex.engine.block_manager import BlockManager

@@ -1,4 +1,5 @@
 """The real SmolLM2 model in one running engine agrees with Hugging Face on every prompt alone."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,16 +16,32 @@ LONG_SYSTEM = (
     "fiction on the ground floor, science and history on the first, and archives on the second."
 )
 QUESTIONS = [
-    "What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers.",
-    "Explain photosynthesis in one sentence.", "Translate 'good morning' into Spanish.",
-    "What is 17 times 3?", "Give me a name for a grey cat.", "Where are the history books?",
-    "Can I borrow a map from the archives?", "Summarise the plot of Cinderella.",
-    "What colour is the sky on Mars?", "Name a famous physicist.", "Is a tomato a fruit?",
-    "How many legs does a spider have?", "Write one line of Python that prints hello.",
-    "Où se trouve la bibliothèque ?", "日本の首都はどこですか？", "Suggest a healthy breakfast.",
-    "What does HTTP stand for?", "Describe the ocean in five words.", "Which floor has fiction?",
-    "What is the boiling point of water?", "Tell me a joke about computers.", "Why do leaves fall?",
-    "Who wrote Hamlet?", "Recommend a book for a long train ride.",
+    "What is the capital of France?",
+    "Write a haiku about autumn.",
+    "List three prime numbers.",
+    "Explain photosynthesis in one sentence.",
+    "Translate 'good morning' into Spanish.",
+    "What is 17 times 3?",
+    "Give me a name for a grey cat.",
+    "Where are the history books?",
+    "Can I borrow a map from the archives?",
+    "Summarise the plot of Cinderella.",
+    "What colour is the sky on Mars?",
+    "Name a famous physicist.",
+    "Is a tomato a fruit?",
+    "How many legs does a spider have?",
+    "Write one line of Python that prints hello.",
+    "Où se trouve la bibliothèque ?",
+    "日本の首都はどこですか？",
+    "Suggest a healthy breakfast.",
+    "What does HTTP stand for?",
+    "Describe the ocean in five words.",
+    "Which floor has fiction?",
+    "What is the boiling point of water?",
+    "Tell me a joke about computers.",
+    "Why do leaves fall?",
+    "Who wrote Hamlet?",
+    "Recommend a book for a long train ride.",
 ]
 
 
@@ -40,8 +57,9 @@ def build_prompts(tok) -> list[list[int]]:
 
 
 def test_staggered_continuous_batch_matches_hf_alone(smol_dir):
-    eng = LLMEngine(model=None, max_num_batched_tokens=64, max_num_seqs=16, num_kv_blocks=400,
-                    enable_prefix_caching=True)
+    eng = LLMEngine(
+        model=None, max_num_batched_tokens=64, max_num_seqs=16, num_kv_blocks=400, enable_prefix_caching=True
+    )
     rec = LogitsRecorder()
     eng.probe = EngineProbe(on_logits=rec)
     prompts = build_prompts(eng.tokenizer)
@@ -49,8 +67,9 @@ def test_staggered_continuous_batch_matches_hf_alone(smol_dir):
     eos = eng.tokenizer.eos_token_id
     arrivals: dict[int, list] = {}
     for i, p in enumerate(prompts):
-        arrivals.setdefault(i * 3 // 2, []).append((p, SamplingParams(max_tokens=10 + (i % 4) * 4, temperature=0.0),
-                                                     f"q{i}"))
+        arrivals.setdefault(i * 3 // 2, []).append(
+            (p, SamplingParams(max_tokens=10 + (i % 4) * 4, temperature=0.0), f"q{i}")
+        )
     done = run_to_completion(eng, arrivals)
     assert len(done) == len(prompts)
     assert eng.stats()["prefix_cache_hits"] > 0

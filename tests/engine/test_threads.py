@@ -1,4 +1,5 @@
 """Helper threads run torch on one thread without changing anybody else's thread count (engine.threads)."""
+
 from __future__ import annotations
 
 import threading

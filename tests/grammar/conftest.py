@@ -1,4 +1,5 @@
 """Fixtures for the grammar tests: SmolLM2's real tokenizer and shared compilers."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,4 +42,3 @@ def dfa_compiler(tokenizer):
     c = GrammarCompiler(tokenizer, eos_token_ids=[EOS], vocab_size=VOCAB, backend="outlines", timeout_s=60)
     yield c
     c.close()
-

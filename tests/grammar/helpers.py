@@ -1,4 +1,5 @@
 """Helpers shared by the grammar tests."""
+
 from __future__ import annotations
 
 import json

@@ -8,6 +8,7 @@ With slack (a budget of 1.5x the shortest output from the start), tokens are dra
 engine's sampler does: a token the matcher wants checked must pass fits_budget, else a runner-up,
 else the matcher's fallback. The output must still end complete within the budget.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,26 +35,39 @@ PERSON = {
     "required": ["name", "age", "role", "born", "tags"],
 }
 TREE = {
-    "$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
-                                                          "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
-                       "required": ["v"]}},
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            "required": ["v"],
+        }
+    },
     "$ref": "#/$defs/node",
 }
 SPECS = {
     "person": StructuredSpec(json=PERSON),
     "tree": StructuredSpec(json=TREE),
     "json_object": StructuredSpec(json_object=True),
-    "email": StructuredSpec(json={"type": "object", "properties": {"to": {"type": "string", "format": "email"}},
-                                  "required": ["to"]}),
+    "email": StructuredSpec(
+        json={"type": "object", "properties": {"to": {"type": "string", "format": "email"}}, "required": ["to"]}
+    ),
     "regex": StructuredSpec(regex=r"[A-Z][a-z]{2,8}( [A-Z][a-z]{2,8}){0,2}\."),
     "choice": StructuredSpec(choice=["alpha", "beta", "gamma delta"]),
     # one token ("when") commits to an optional key whose value alone takes ~20 tokens
-    "optional_long": StructuredSpec(json={
-        "type": "object", "additionalProperties": False, "required": ["people"],
-        "properties": {"when": {"type": "string", "format": "date-time"},
-                       "people": {"type": "array", "items": {"type": "string"}, "minItems": 1}}}),
-    "grammar": StructuredSpec(grammar='start: expr\nexpr: term (("+" | "-") term)*\nterm: NUMBER | "(" expr ")"\n'
-                                      '%import common.NUMBER\n'),
+    "optional_long": StructuredSpec(
+        json={
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["people"],
+            "properties": {
+                "when": {"type": "string", "format": "date-time"},
+                "people": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            },
+        }
+    ),
+    "grammar": StructuredSpec(
+        grammar='start: expr\nexpr: term (("+" | "-") term)*\nterm: NUMBER | "(" expr ")"\n%import common.NUMBER\n'
+    ),
 }
 
 

@@ -1,4 +1,5 @@
 """GrammarCompiler: non-blocking submits, cache, in-flight de-duplication, timeouts, upgrades."""
+
 from __future__ import annotations
 
 import threading

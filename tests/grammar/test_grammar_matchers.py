@@ -1,5 +1,6 @@
 """Matcher behaviour for regex, choice and Lark grammars on both backends: acceptance, EOS,
 special tokens, termination, the bitmask layout."""
+
 from __future__ import annotations
 
 import pytest
@@ -73,8 +74,9 @@ def test_choice(request, tokenizer, backend):
 
 
 def test_grammar_lark(compiler, tokenizer):
-    g = compiler.compile(StructuredSpec(grammar='start: expr\nexpr: term (("+" | "*") term)*\n'
-                                                'term: /[0-9]+/ | "(" expr ")"\n'))
+    g = compiler.compile(
+        StructuredSpec(grammar='start: expr\nexpr: term (("+" | "*") term)*\nterm: /[0-9]+/ | "(" expr ")"\n')
+    )
     assert g.backend == "llguidance" and g.min_tokens == 1
     for text, ok in [("(1+2)*3", True), ("((4))", True), ("1+", False), ("(1", False), ("1++2", None)]:
         m = g.new_matcher()
@@ -98,8 +100,15 @@ def test_grammar_cannot_reach_special_tokens(compiler, tokenizer):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_json_never_allows_whitespace_or_special_tokens(request, tokenizer, backend):
-    g = request.getfixturevalue(backend).compile(StructuredSpec(json={
-        "type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}, "required": ["a"]}))
+    g = request.getfixturevalue(backend).compile(
+        StructuredSpec(
+            json={
+                "type": "object",
+                "properties": {"a": {"type": "array", "items": {"type": "integer"}}},
+                "required": ["a"],
+            }
+        )
+    )
     m = g.new_matcher()
     space_ids = {t for t in range(17, VOCAB) if tokenizer.convert_ids_to_tokens(t).strip("ĠĉĊ") == ""}
     for piece in ['{"a":[', "1", ",", "2", "]", "}"]:
@@ -120,7 +129,7 @@ def test_bitmask_layout_and_padding(tokenizer):
             x = _ids(tokenizer, "x")[0]
             assert allowed_ids(out) == [x]
             assert (out[x // 32].item() >> (x % 32)) & 1  # bit x%32 of word x//32, LSB first
-            assert not out[VOCAB // 32:].any()  # padding ids are never allowed
+            assert not out[VOCAB // 32 :].any()  # padding ids are never allowed
 
 
 def test_two_eos_ids(tokenizer):

@@ -1,4 +1,5 @@
 """Every kind of refusal is a GrammarError whose message names the problem."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,10 @@ SCHEMA_REFUSALS = [
     ({"type": "object", "properties": {"x": {"multipleOf": 2}}}, "unsupported keyword 'multipleOf' at /properties/x"),
     ({"not": {"type": "null"}}, "unsupported keyword 'not' at /"),
     ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "unsupported keyword 'uniqueItems' at /"),
-    ({"$defs": {"p": {"patternProperties": {"^a": {}}}}, "$ref": "#/$defs/p"},
-     "unsupported keyword .patternProperties. at /\\$defs/p"),
+    (
+        {"$defs": {"p": {"patternProperties": {"^a": {}}}}, "$ref": "#/$defs/p"},
+        "unsupported keyword .patternProperties. at /\\$defs/p",
+    ),
     ({"anyOf": [{"type": "string"}, {"if": {}, "then": {}}]}, "unsupported keyword 'if' at /anyOf/1"),
     ({"type": "string", "format": "ipv4"}, "unsupported format 'ipv4' at /format"),
     ({"type": "strin"}, "invalid schema: .* at /type"),
@@ -40,11 +43,14 @@ def test_refusal_through_llguidance_too(llg_compiler):
         llg_compiler.compile(StructuredSpec(json={"properties": {"x": {"multipleOf": 2}}}))
 
 
-@pytest.mark.parametrize("regex, message", [
-    ("(ab", "(?s)invalid regex: .*unclosed group"),
-    ("a(?=b)", "(?s)invalid regex: .*look-around"),
-    ("x{3,1}", "(?s)invalid regex: .*repetition"),
-])
+@pytest.mark.parametrize(
+    "regex, message",
+    [
+        ("(ab", "(?s)invalid regex: .*unclosed group"),
+        ("a(?=b)", "(?s)invalid regex: .*look-around"),
+        ("x{3,1}", "(?s)invalid regex: .*repetition"),
+    ],
+)
 def test_bad_regex(compiler, regex, message):
     with pytest.raises(GrammarError, match=message):
         compiler.compile(StructuredSpec(regex=regex))

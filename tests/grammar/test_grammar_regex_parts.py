@@ -1,4 +1,5 @@
 """The regex building blocks, checked exhaustively against Python (no tokenizer needed)."""
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,9 @@ def test_integer_range(lo, hi):
         assert not any(re.fullmatch(rx, bad) for bad in ["01", "-0", "+1", "1.0", ""])
 
 
-DEC = [None] + [Decimal(x) for x in ["-100.5", "-1.1", "-0.05", "0", "0.001", "0.105", "1", "1.1", "1.15", "9.99", "10"]]
+DEC = [None] + [
+    Decimal(x) for x in ["-100.5", "-1.1", "-0.05", "0", "0.001", "0.105", "1", "1.1", "1.15", "9.99", "10"]
+]
 
 
 @pytest.mark.parametrize("lo", DEC)
@@ -42,7 +45,9 @@ def test_decimal_range(lo, hi, strict):
         x = Decimal(text)
         if text.startswith("-") and x == 0:
             continue
-        inside = (lo is None or (x > lo if lo_strict else x >= lo)) and (hi is None or (x < hi if hi_strict else x <= hi))
+        inside = (lo is None or (x > lo if lo_strict else x >= lo)) and (
+            hi is None or (x < hi if hi_strict else x <= hi)
+        )
         assert (rx is not None and re.fullmatch(rx, text) is not None) == inside, (lo, strict, hi, text, rx)
     if rx is not None:
         assert not any(re.fullmatch(rx, bad) for bad in ["-0", "-0.0", "01", "1.", ".5", ""])

@@ -7,6 +7,7 @@ label is listed below with its reason. Key order: our output lists declared prop
 schema order, so an instance counts as accepted if some ordering of its object keys is (JSON
 objects are unordered); an invalid instance must be rejected in every ordering.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -29,8 +30,17 @@ UNSATISFIABLE = {"allOf/4", "allOf/5", "anyOf/4", "enum/14", "oneOf/5", "ref/10"
 OVERLAPPING_ONE_OF = {"oneOf/0", "oneOf/1", "oneOf/2", "oneOf/4", "oneOf/6", "oneOf/7", "oneOf/9"}
 # Numbers are generated in canonical spelling only: an integral value has no fraction, so these
 # valid spellings of integral values ("1.0", "-2.0", ...) are rejected on purpose.
-NON_CANONICAL_NUMBERS = {"type/0/1", "const/10/2", "const/11/2", "const/12/2", "const/13/2",
-                         "enum/9/2", "enum/10/2", "enum/11/2", "enum/12/2"}
+NON_CANONICAL_NUMBERS = {
+    "type/0/1",
+    "const/10/2",
+    "const/11/2",
+    "const/12/2",
+    "const/13/2",
+    "enum/9/2",
+    "enum/10/2",
+    "enum/11/2",
+    "enum/12/2",
+}
 # Strict objects (the default): keys a schema does not declare, and items after prefixItems,
 # are not generated unless the schema allows them explicitly. These valid instances have such
 # keys/items, so they are rejected on purpose (computed below from the closed schema, and pinned).

@@ -1,4 +1,5 @@
 """StructuredSpec validation and cache keys (no tokenizer needed)."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,12 +13,15 @@ def test_exactly_one_constraint(kwargs):
         StructuredSpec(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"choice": []}, "non-empty list"),
-    ({"choice": ["a", 1]}, "only strings"),
-    ({"grammar": "   "}, "non-empty Lark grammar"),
-    ({"json": 3}, "schema object"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"choice": []}, "non-empty list"),
+        ({"choice": ["a", 1]}, "only strings"),
+        ({"grammar": "   "}, "non-empty Lark grammar"),
+        ({"json": 3}, "schema object"),
+    ],
+)
 def test_bad_values(kwargs, message):
     with pytest.raises(GrammarError, match=message):
         StructuredSpec(**kwargs)

@@ -1,12 +1,19 @@
 """The CPU attention plans against the torch reference: the C kernels (decodes, then every chunk in one call) and the
 torch groups (causal fresh chunks, masked continued chunks, padded decodes)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from loraplex.kernels.attention_plan import (AttentionMetadata, CausalPlan, CDecodePlan, CPrefillPlan, GroupPlan,
-                                               attention)
+from loraplex.kernels.attention_plan import (
+    AttentionMetadata,
+    CausalPlan,
+    CDecodePlan,
+    CPrefillPlan,
+    GroupPlan,
+    attention,
+)
 from loraplex.kernels.attention import paged_attention_ref
 from loraplex.kernels.cpu_decode_attention import cpu_decode_kernel_available
 from loraplex.kernels.cpu_prefill_attention import cpu_prefill_kernel_available
@@ -27,7 +34,7 @@ def test_mixed_step_matches_reference(c_kernels, heads, kv_heads):
     tables, used = [], 0
     for q, c in zip(q_lens, ctx_lens):
         n = -(-(q + c) // BLOCK)
-        tables.append(perm[used:used + n])
+        tables.append(perm[used : used + n])
         used += n
     k_cache = torch.randn(num_blocks, BLOCK, kv_heads, d, generator=g)
     v_cache = torch.randn(num_blocks, BLOCK, kv_heads, d, generator=g)
@@ -35,10 +42,11 @@ def test_mixed_step_matches_reference(c_kernels, heads, kv_heads):
     q = torch.randn(total, heads, d, generator=g)
     k = torch.randn(total, kv_heads, d, generator=g)
     v = torch.randn(total, kv_heads, d, generator=g)
-    meta = AttentionMetadata.build(q_lens, ctx_lens, tables, BLOCK, torch.device("cpu"),
-                                   backend="cpu-c" if c_kernels else "torch")
+    meta = AttentionMetadata.build(
+        q_lens, ctx_lens, tables, BLOCK, torch.device("cpu"), backend="cpu-c" if c_kernels else "torch"
+    )
     kinds = {type(p) for p in meta.groups}
     assert kinds == ({CDecodePlan, CPrefillPlan} if c_kernels else {CausalPlan, GroupPlan})
-    out = attention(q, k, v, k_cache, v_cache, meta, scale=d ** -0.5)  # also stores k/v into the caches
-    ref = paged_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, d ** -0.5)
+    out = attention(q, k, v, k_cache, v_cache, meta, scale=d**-0.5)  # also stores k/v into the caches
+    ref = paged_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, d**-0.5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

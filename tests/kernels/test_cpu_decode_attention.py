@@ -1,4 +1,5 @@
 """The C decode-attention kernel against its torch reference, and its refusals."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,16 +26,19 @@ def _case(num_seqs: int, heads: int, kv_heads: int, head_dim: int, block_size: i
     return q, k, v, tables.to(torch.int32), torch.tensor(lens, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,lens", [
-    (9, 3, 64, 16, [1, 17, 200, 16, 33]),       # SmolLM2's GQA 3, partial last blocks
-    (8, 8, 32, 16, [5, 64]),                    # no GQA
-    (12, 1, 64, 8, [7, 300, 1]),                # MQA, small blocks
-    (20, 2, 16, 32, [31, 32, 33]),              # group 10: the generic (non-specialised) body
-    (4, 2, 128, 16, [129]),
-])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size,lens",
+    [
+        (9, 3, 64, 16, [1, 17, 200, 16, 33]),  # SmolLM2's GQA 3, partial last blocks
+        (8, 8, 32, 16, [5, 64]),  # no GQA
+        (12, 1, 64, 8, [7, 300, 1]),  # MQA, small blocks
+        (20, 2, 16, 32, [31, 32, 33]),  # group 10: the generic (non-specialised) body
+        (4, 2, 128, 16, [129]),
+    ],
+)
 def test_matches_reference(heads, kv_heads, head_dim, block_size, lens):
     q, k, v, tables, seq_lens = _case(len(lens), heads, kv_heads, head_dim, block_size, lens)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     ref = paged_decode_attention_ref(q, k, v, tables, seq_lens, scale)
     out = paged_decode_attention_c(q, k, v, tables, seq_lens, scale)
     assert torch.allclose(out, ref, rtol=1e-4, atol=1e-5), (out - ref).abs().max()

@@ -1,4 +1,5 @@
 """The C multi-LoRA kernel against its torch reference."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,13 +25,16 @@ def _weights(num_slots: int, widths: list[int], in_features: int, max_rank: int,
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("widths,in_features,indices", [
-    ([576, 192, 192], 576, [3, -1, 0, 3, 3, 1, -1, 2, 0]),      # qkv slices, mixed, rows without adapter
-    ([1536, 1536], 576, [1] * 7 + [2] * 20),                   # gate_up, long segments
-    ([576], 1536, [-1, -1, 0]),                                 # down, mostly base rows
-    ([40, 13], 37, [0, 1, 2, 3, 0, 1]),                         # widths and in_features off the vector width
-    ([40, 13], 37, [0] * 9 + [1] * 8 + [2] * 16),               # the same with full tiles of 8 tokens
-])
+@pytest.mark.parametrize(
+    "widths,in_features,indices",
+    [
+        ([576, 192, 192], 576, [3, -1, 0, 3, 3, 1, -1, 2, 0]),  # qkv slices, mixed, rows without adapter
+        ([1536, 1536], 576, [1] * 7 + [2] * 20),  # gate_up, long segments
+        ([576], 1536, [-1, -1, 0]),  # down, mostly base rows
+        ([40, 13], 37, [0, 1, 2, 3, 0, 1]),  # widths and in_features off the vector width
+        ([40, 13], 37, [0] * 9 + [1] * 8 + [2] * 16),  # the same with full tiles of 8 tokens
+    ],
+)
 def test_matches_reference(widths, in_features, indices, weight_dtype):
     """16-bit weights are widened exactly, so every dtype meets the float32 tolerance against the reference on
     the same (rounded) weights."""
@@ -59,8 +63,9 @@ def test_refusals():
     a, bt, offsets, ranks = _weights(2, [8], 8, 4, [4, 4], seed=1)
     mapping = LoRABatchMapping.build([0, 1], 2)
     with pytest.raises(ValueError, match="float32"):
-        lora_apply_c(torch.randn(2, 8).double(), torch.randn(2, 8).double(), a.double(), bt.double(), mapping,
-                     offsets, ranks)
+        lora_apply_c(
+            torch.randn(2, 8).double(), torch.randn(2, 8).double(), a.double(), bt.double(), mapping, offsets, ranks
+        )
     with pytest.raises(ValueError, match="float32, bfloat16 or float16 weights"):
         lora_apply_c(torch.randn(2, 8), torch.randn(2, 8), a.double(), bt.double(), mapping, offsets, ranks)
     with pytest.raises(ValueError, match="one dtype"):

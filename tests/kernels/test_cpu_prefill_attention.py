@@ -1,4 +1,5 @@
 """The C prefill-attention kernel against its torch reference (the general paged attention), and its refusals."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,9 @@ from loraplex.kernels.cpu_prefill_attention import (
 pytestmark = pytest.mark.skipif(not cpu_prefill_kernel_available(), reason="needs a C compiler")
 
 
-def _case(heads: int, kv_heads: int, head_dim: int, block_size: int, q_lens: list[int], ctx_lens: list[int],
-          seed: int = 0):
+def _case(
+    heads: int, kv_heads: int, head_dim: int, block_size: int, q_lens: list[int], ctx_lens: list[int], seed: int = 0
+):
     """q as a view into a fused qkv row (strided, as the engine passes it); shuffled block tables."""
     g = torch.Generator().manual_seed(seed)
     seq_lens = [c + n for c, n in zip(ctx_lens, q_lens)]
@@ -30,17 +32,20 @@ def _case(heads: int, kv_heads: int, head_dim: int, block_size: int, q_lens: lis
     return q, k, v, tables.to(torch.int32), torch.tensor(seq_lens, dtype=torch.int32), starts
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,q_lens,ctx_lens", [
-    (9, 3, 64, 16, [5, 1, 17, 33, 170], [0, 3, 16, 40, 16]),  # SmolLM2: fresh, decode, continued chunks
-    (8, 8, 32, 16, [64, 2], [0, 61]),                         # no GQA: 32-token query tiles
-    (12, 1, 64, 8, [7, 30, 1], [300, 0, 9]),                  # MQA (group 12: generic body), small blocks
-    (20, 2, 16, 32, [31, 33], [1, 32]),                       # group 10, blocks of 32 (two key tiles each)
-    (4, 2, 128, 16, [129], [0]),
-    (64, 1, 16, 16, [9, 3], [20, 0]),                         # the largest group: one token per task
-])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size,q_lens,ctx_lens",
+    [
+        (9, 3, 64, 16, [5, 1, 17, 33, 170], [0, 3, 16, 40, 16]),  # SmolLM2: fresh, decode, continued chunks
+        (8, 8, 32, 16, [64, 2], [0, 61]),  # no GQA: 32-token query tiles
+        (12, 1, 64, 8, [7, 30, 1], [300, 0, 9]),  # MQA (group 12: generic body), small blocks
+        (20, 2, 16, 32, [31, 33], [1, 32]),  # group 10, blocks of 32 (two key tiles each)
+        (4, 2, 128, 16, [129], [0]),
+        (64, 1, 16, 16, [9, 3], [20, 0]),  # the largest group: one token per task
+    ],
+)
 def test_matches_reference(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens):
     q, k, v, tables, seq_lens, starts = _case(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     ref = paged_prefill_attention_ref(q, k, v, tables, seq_lens, starts, scale)
     out = paged_prefill_attention_c(q, k, v, tables, seq_lens, starts, scale)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)

@@ -1,5 +1,6 @@
 """The C residual-add + RMSNorm, rotary and SiLU-gated product kernels against their torch references, and
 their refusals."""
+
 from __future__ import annotations
 
 import pytest
@@ -69,7 +70,7 @@ def test_rope_matches_reference(rows, heads, kv_extra, head_dim):
     rope_ref(ref, heads, head_dim, cos, sin, positions)
     rope_c(out, heads, head_dim, cos, sin, positions)
     assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6), (out - ref).abs().max()
-    assert torch.equal(out[:, heads * head_dim:], qkv[:, heads * head_dim:])
+    assert torch.equal(out[:, heads * head_dim :], qkv[:, heads * head_dim :])
     unchecked = qkv.clone()  # the engine's later layers skip the positions check
     rope_c(unchecked, heads, head_dim, cos, sin, positions, check_positions=False)
     assert torch.equal(unchecked, out)

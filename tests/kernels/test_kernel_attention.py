@@ -157,8 +157,13 @@ def test_store_kv_writes_slots_and_skips_minus_one():
 
 def test_store_kv_rejects_mismatched_lengths():
     with pytest.raises(ValueError, match="number of tokens"):
-        store_kv(torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), torch.zeros(1, 16, 1, 4),
-                 torch.zeros(1, 16, 1, 4), torch.tensor([0]))
+        store_kv(
+            torch.zeros(2, 1, 4),
+            torch.zeros(2, 1, 4),
+            torch.zeros(1, 16, 1, 4),
+            torch.zeros(1, 16, 1, 4),
+            torch.tensor([0]),
+        )
 
 
 @pytest.mark.parametrize("block_size", [1, 8, 12, 24])

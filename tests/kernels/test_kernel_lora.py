@@ -155,8 +155,10 @@ def test_dispatch_uses_grouped_path_on_cpu():
     buf = lora_shrink(x, lora_a, mapping)
     assert torch.equal(buf, lora_shrink_grouped(x, lora_a, mapping))
     y = torch.zeros(4, 40)
-    assert torch.equal(lora_expand(y.clone(), buf, lora_b, mapping, offsets),
-                       lora_expand_grouped(y.clone(), buf, lora_b, mapping, offsets))
+    assert torch.equal(
+        lora_expand(y.clone(), buf, lora_b, mapping, offsets),
+        lora_expand_grouped(y.clone(), buf, lora_b, mapping, offsets),
+    )
 
 
 def test_triton_rank_above_one_rank_block():

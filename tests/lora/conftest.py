@@ -6,6 +6,7 @@ through the interpreter (on CPU tensors; compiled with LORAPLEX_TEST_DEVICE=cuda
 before triton.language is first imported (peft and transformers import it): hence tests.device is imported
 here, before any test module of this folder loads.
 """
+
 from __future__ import annotations
 
 from tests.device import TEST_DEVICE  # noqa: F401  (first: it chooses interpreter or compiler)
@@ -32,8 +33,9 @@ def tiny_adapter_config(i: int) -> dict:
 
     rng = random.Random(i)
     targets = MODULES if i % 3 == 0 else rng.sample(MODULES, rng.randint(1, 6))
-    cfg = dict(r=rng.choice([2, 4, 6, 8]), lora_alpha=rng.choice([4, 8, 16]), target_modules=targets,
-               use_rslora=i % 4 == 1)
+    cfg = dict(
+        r=rng.choice([2, 4, 6, 8]), lora_alpha=rng.choice([4, 8, 16]), target_modules=targets, use_rslora=i % 4 == 1
+    )
     if i % 5 == 2:
         cfg["rank_pattern"] = {targets[0]: 3}
     if i % 7 == 3:

@@ -1,4 +1,5 @@
 """Helpers of the multi-LoRA engine tests: peft adapters saved like users save them, and peft as the oracle."""
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -45,9 +46,14 @@ class PeftOracle:
     @torch.inference_mode()
     def greedy(self, adapter: str | None, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
         with self._forward_ctx(adapter):
-            out = self.model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                                      eos_token_id=eos, pad_token_id=eos if eos is not None else 0)
-        return out[0, len(prompt):].tolist()
+            out = self.model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos if eos is not None else 0,
+            )
+        return out[0, len(prompt) :].tolist()
 
     @torch.inference_mode()
     def last_logits(self, adapter: str | None, prompt: list[int]) -> torch.Tensor:

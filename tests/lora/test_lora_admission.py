@@ -1,4 +1,5 @@
 """LoRA admission: at most max_loras distinct adapters run, and no adapter is starved by a steady stream."""
+
 from __future__ import annotations
 
 from loraplex.engine import LLMEngine, SamplingParams
@@ -46,20 +47,39 @@ def test_policy_caps_distinct_adapters_and_drains_the_smallest():
 
 def test_no_adapter_starves_under_a_steady_stream(tiny_llama_dir, tiny_adapters):
     dirs, oracle = tiny_adapters
-    eng = LLMEngine(model=str(tiny_llama_dir), max_loras=2, max_cpu_loras=4, max_lora_rank=8, max_num_seqs=32,
-                    max_num_batched_tokens=256, num_kv_blocks=256, block_size=8)
+    eng = LLMEngine(
+        model=str(tiny_llama_dir),
+        max_loras=2,
+        max_cpu_loras=4,
+        max_lora_rank=8,
+        max_num_seqs=32,
+        max_num_batched_tokens=256,
+        num_kv_blocks=256,
+        block_size=8,
+    )
     refs = {name: eng.add_adapter(str(dirs[name])) for name in ("a0", "a1", "a2", "a3")}
     stream_steps = 60
     arrivals: dict[int, list[dict]] = {}
     for k in range(stream_steps):  # one new request for a0 and one for a1 at every step
         for name in ("a0", "a1"):
-            arrivals.setdefault(k, []).append(dict(prompt_token_ids=[100 + k, 200 + k, 300], request_id=f"{name}-{k}",
-                                                   params=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0,
-                                                                         ignore_eos=True), adapter=refs[name]))
+            arrivals.setdefault(k, []).append(
+                dict(
+                    prompt_token_ids=[100 + k, 200 + k, 300],
+                    request_id=f"{name}-{k}",
+                    params=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
+                    adapter=refs[name],
+                )
+            )
     late = {"a2": 3, "a3": 5}  # arrival steps of the adapters that must not starve
     for name, k in late.items():
-        arrivals[k].append(dict(prompt_token_ids=[7, 8, 9, 10], request_id=name, adapter=refs[name],
-                                params=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)))
+        arrivals[k].append(
+            dict(
+                prompt_token_ids=[7, 8, 9, 10],
+                request_id=name,
+                adapter=refs[name],
+                params=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
+            )
+        )
     first_token: dict[str, int] = {}
     widest = []
     run = eng.runner.run

@@ -1,4 +1,5 @@
 """The adapter API of LLM, LLMEngine and AsyncEngine; prefix-cache isolation between adapters."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,7 @@ PROMPTS = [[11, 22, 33, 44, 55], [66, 77, 88], [99, 111, 222, 333], [444, 555]]
 
 def test_llm_generate_with_refs_paths_and_base(tiny_llama_dir, tiny_adapters):
     dirs, oracle = tiny_adapters
-    llm = LLM(model=str(tiny_llama_dir), max_loras=2, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64,
-              block_size=8)
+    llm = LLM(model=str(tiny_llama_dir), max_loras=2, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64, block_size=8)
     ref = llm.add_adapter(dirs["a9"])
     base = BaseModelSpec.from_hf_config(check_model_dir(tiny_llama_dir))
     assert isinstance(ref, AdapterRef) and ref.name == "a9" and ref.path == str(dirs["a9"])
@@ -42,16 +42,24 @@ def test_add_adapter_loads_into_free_host_slots_only(tiny_llama_dir, tiny_adapte
     """add_adapter keeps the adapter in host memory while max_cpu_loras has room (its first request needs
     no disk read), and never evicts another adapter for it."""
     dirs, oracle = tiny_adapters
-    eng = LLMEngine(model=str(tiny_llama_dir), max_loras=1, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64,
-                    block_size=8)
+    eng = LLMEngine(
+        model=str(tiny_llama_dir), max_loras=1, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64, block_size=8
+    )
     a, b = eng.add_adapter(str(dirs["a9"])), eng.add_adapter(str(dirs["a10"]))
     assert eng.stats()["cpu_adapters"] == 2 and eng.stats()["lora_disk_loads"] == 2
     c = eng.add_adapter(str(dirs["a11"]))  # host memory full: checked and registered, not loaded
     assert eng.stats()["cpu_adapters"] == 2 and eng.lora_manager.is_ready(a.content_hash)
     assert not eng.lora_manager.is_ready(c.content_hash)
     params = SamplingParams(max_tokens=4, **GREEDY)
-    done = drive(eng, {0: [dict(prompt_token_ids=PROMPTS[i], params=params, request_id=n, adapter=ref)
-                           for i, (n, ref) in enumerate([("a9", a), ("a10", b)])]})
+    done = drive(
+        eng,
+        {
+            0: [
+                dict(prompt_token_ids=PROMPTS[i], params=params, request_id=n, adapter=ref)
+                for i, (n, ref) in enumerate([("a9", a), ("a10", b)])
+            ]
+        },
+    )
     assert eng.stats()["lora_disk_loads"] == 2  # both served from host memory
     done |= drive(eng, {0: [dict(prompt_token_ids=PROMPTS[2], params=params, request_id="a11", adapter=c)]})
     assert eng.stats()["lora_disk_loads"] == 3  # loaded on demand
@@ -62,15 +70,38 @@ def test_add_adapter_loads_into_free_host_slots_only(tiny_llama_dir, tiny_adapte
 
 def test_prefix_cache_is_never_shared_across_adapters(tiny_llama_dir, tiny_adapters):
     dirs, oracle = tiny_adapters
-    eng = LLMEngine(model=str(tiny_llama_dir), max_loras=2, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64,
-                    block_size=8, enable_prefix_caching=True)
+    eng = LLMEngine(
+        model=str(tiny_llama_dir),
+        max_loras=2,
+        max_cpu_loras=2,
+        max_lora_rank=8,
+        num_kv_blocks=64,
+        block_size=8,
+        enable_prefix_caching=True,
+    )
     a, b = eng.add_adapter(str(dirs["a12"])), eng.add_adapter(str(dirs["a13"]))
     prompt = list(range(1000, 1030))  # three full blocks
     cached = {}
-    for rid, ref, name in [("base", None, None), ("a-1", a, "a12"), ("a-2", a, "a12"), ("b-1", b, "a13"),
-                           ("base-2", None, None)]:
-        out = drive(eng, {0: [dict(prompt_token_ids=prompt, params=SamplingParams(max_tokens=4, **GREEDY),
-                                   request_id=rid, adapter=ref)]})[rid]
+    for rid, ref, name in [
+        ("base", None, None),
+        ("a-1", a, "a12"),
+        ("a-2", a, "a12"),
+        ("b-1", b, "a13"),
+        ("base-2", None, None),
+    ]:
+        out = drive(
+            eng,
+            {
+                0: [
+                    dict(
+                        prompt_token_ids=prompt,
+                        params=SamplingParams(max_tokens=4, **GREEDY),
+                        request_id=rid,
+                        adapter=ref,
+                    )
+                ]
+            },
+        )[rid]
         cached[rid] = out.num_cached_tokens
         assert out.token_ids == oracle.greedy(name, prompt, 4, None), rid
     assert cached == {"base": 0, "a-1": 0, "a-2": 24, "b-1": 0, "base-2": 24}
@@ -79,8 +110,9 @@ def test_prefix_cache_is_never_shared_across_adapters(tiny_llama_dir, tiny_adapt
 
 async def test_async_engine_adapters(tiny_llama_dir, tiny_adapters):
     dirs, oracle = tiny_adapters
-    engine = AsyncEngine(model=str(tiny_llama_dir), max_loras=2, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64,
-                         block_size=8)
+    engine = AsyncEngine(
+        model=str(tiny_llama_dir), max_loras=2, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64, block_size=8
+    )
     try:
         ref = engine.add_adapter(str(dirs["a14"]), name="tenant-a")
         assert ref.name == "tenant-a"
@@ -106,8 +138,9 @@ async def test_async_engine_adapters(tiny_llama_dir, tiny_adapters):
 
 def test_base_only_steps_get_no_lora_context(tiny_llama_dir, tiny_adapters):
     dirs, _ = tiny_adapters
-    eng = LLMEngine(model=str(tiny_llama_dir), max_loras=2, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64,
-                    block_size=8)
+    eng = LLMEngine(
+        model=str(tiny_llama_dir), max_loras=2, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64, block_size=8
+    )
     ref = eng.add_adapter(str(dirs["a15"]))
     contexts = []
     run = eng.runner.run
@@ -118,7 +151,12 @@ def test_base_only_steps_get_no_lora_context(tiny_llama_dir, tiny_adapters):
 
     eng.runner.run = spy
     params = SamplingParams(max_tokens=3, **GREEDY)
-    drive(eng, {0: [dict(prompt_token_ids=PROMPTS[0], params=params)],
-                4: [dict(prompt_token_ids=PROMPTS[1], params=params, adapter=ref)]})
+    drive(
+        eng,
+        {
+            0: [dict(prompt_token_ids=PROMPTS[0], params=params)],
+            4: [dict(prompt_token_ids=PROMPTS[1], params=params, adapter=ref)],
+        },
+    )
     assert any(uses for uses, _ in contexts) and not all(uses for uses, _ in contexts)
     assert all((lora is not None) == uses for uses, lora in contexts)

@@ -1,5 +1,6 @@
 """Eviction churn on a tiny random Llama: 40 adapters through 4 device slots and 8 host slots, requests for
 them interleaved with base requests; every output matches peft with that adapter alone."""
+
 from __future__ import annotations
 
 import random
@@ -15,8 +16,16 @@ NUM_ADAPTERS = 40
 
 def test_forty_adapters_through_four_slots(tiny_llama_dir, tiny_adapters):
     dirs, oracle = tiny_adapters
-    eng = LLMEngine(model=str(tiny_llama_dir), max_loras=4, max_cpu_loras=8, max_lora_rank=8, max_num_seqs=8,
-                    max_num_batched_tokens=64, num_kv_blocks=96, block_size=8)
+    eng = LLMEngine(
+        model=str(tiny_llama_dir),
+        max_loras=4,
+        max_cpu_loras=8,
+        max_lora_rank=8,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        num_kv_blocks=96,
+        block_size=8,
+    )
     rec = LogitsRecorder()
     eng.probe = EngineProbe(on_logits=rec)
     refs = {name: eng.add_adapter(str(path)) for name, path in dirs.items()}
@@ -34,8 +43,9 @@ def test_forty_adapters_through_four_slots(tiny_llama_dir, tiny_adapters):
     arrivals: dict[int, list[dict]] = {}
     for j, (name, prompt, n) in enumerate(jobs):
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-        arrivals.setdefault(j // 3, []).append(dict(prompt_token_ids=prompt, params=params, request_id=f"j{j}",
-                                                    adapter=refs[name] if name else None))
+        arrivals.setdefault(j // 3, []).append(
+            dict(prompt_token_ids=prompt, params=params, request_id=f"j{j}", adapter=refs[name] if name else None)
+        )
     widest = []
     run = eng.runner.run
 

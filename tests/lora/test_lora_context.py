@@ -1,6 +1,7 @@
 """The per-step LoRA context against plain per-token math: the C kernel (CPU, float32), the torch CPU paths
 (dense prefill runs + grouped kernels, where no C compiler is found) and the CUDA routing (everything
 through the Triton kernels: interpreted on CPU tensors here, compiled with LORAPLEX_TEST_DEVICE=cuda)."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,14 +14,24 @@ from loraplex.kernels.backend import cpu_c_backend, torch_backend, triton_backen
 from loraplex.kernels.cpu_lora import cpu_lora_kernel_available
 from tests.device import TEST_DEVICE, on_test_device
 
-BASE = BaseModelSpec(architecture="LlamaForCausalLM", model_type="llama", hidden_size=24, intermediate_size=40,
-                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=64)
+BASE = BaseModelSpec(
+    architecture="LlamaForCausalLM",
+    model_type="llama",
+    hidden_size=24,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    vocab_size=64,
+)
 MAX_RANK = 8
 RANKS = [8, 3, 5, 1]  # per slot; slot 3 touches layer 1's qkv only
 
 
-def make_slots(gen: torch.Generator, dtype: torch.dtype = torch.float32,
-               device: torch.device = torch.device("cpu")) -> tuple[SlotWeights, dict]:
+def make_slots(
+    gen: torch.Generator, dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu")
+) -> tuple[SlotWeights, dict]:
     """Slots of storage ``dtype`` on ``device`` and, for the reference, the float32 weights they hold (rounded
     to ``dtype``, on the CPU)."""
     slots = SlotWeights(BASE, len(RANKS), MAX_RANK, device, dtype)

@@ -4,6 +4,7 @@ The only error bfloat16 storage adds is one rounding of each weight (scaling fol
 whose weights are bfloat16 values and whose scaling is a power of two loses nothing, so there the engine
 must match peft exactly as with float32 storage; for any other adapter it stays within the rounding.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -34,14 +35,33 @@ def bf16_exact(tiny_llama_dir, tmp_path_factory):
 
 
 def _run(tiny_llama_dir, adapters: dict[str, str], lora_dtype: str | None) -> tuple[LLMEngine, dict, LogitsRecorder]:
-    eng = LLMEngine(model=str(tiny_llama_dir), max_loras=3, max_cpu_loras=3, max_lora_rank=8, num_kv_blocks=64,
-                    block_size=8, lora_dtype=lora_dtype)
+    eng = LLMEngine(
+        model=str(tiny_llama_dir),
+        max_loras=3,
+        max_cpu_loras=3,
+        max_lora_rank=8,
+        num_kv_blocks=64,
+        block_size=8,
+        lora_dtype=lora_dtype,
+    )
     rec = LogitsRecorder()
     eng.probe = EngineProbe(on_logits=rec)
     refs = {name: eng.add_adapter(path) for name, path in adapters.items()}
     names = [*adapters, None]
-    done = drive(eng, {0: [dict(prompt_token_ids=p, params=SamplingParams(**GREEDY), request_id=f"r{i}",
-                                adapter=refs[names[i]] if names[i] else None) for i, p in enumerate(PROMPTS)]})
+    done = drive(
+        eng,
+        {
+            0: [
+                dict(
+                    prompt_token_ids=p,
+                    params=SamplingParams(**GREEDY),
+                    request_id=f"r{i}",
+                    adapter=refs[names[i]] if names[i] else None,
+                )
+                for i, p in enumerate(PROMPTS)
+            ]
+        },
+    )
     assert_no_leaks(eng)
     return eng, done, rec
 

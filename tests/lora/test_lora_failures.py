@@ -1,4 +1,5 @@
 """A failing adapter load fails only the requests for that adapter; a slow load blocks nobody else."""
+
 from __future__ import annotations
 
 import shutil
@@ -57,7 +58,8 @@ def test_failed_loads_fail_only_their_requests(tiny_llama_dir, tiny_adapters, tm
     arrivals = {0: [], 2: []}
     for j, (name, ref) in enumerate(jobs):
         arrivals[0 if j < len(jobs) // 2 else 2].append(
-            dict(prompt_token_ids=PROMPTS[j % 3], params=greedy(), request_id=f"j{j}", adapter=ref))
+            dict(prompt_token_ids=PROMPTS[j % 3], params=greedy(), request_id=f"j{j}", adapter=ref)
+        )
     done = drive(eng, arrivals)
 
     for j, (name, ref) in enumerate(jobs):

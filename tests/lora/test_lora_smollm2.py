@@ -1,5 +1,6 @@
 """On the real SmolLM2: one continuous batch of base requests and nine different adapters agrees, request by
 request, with peft running that adapter alone (greedy tokens identical, last-position logits within 1e-3)."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,17 +17,33 @@ ADAPTERS = {
     "r8-all": dict(r=8, lora_alpha=16, target_modules=ALL),
     "r16-rslora": dict(r=16, lora_alpha=8, use_rslora=True, target_modules=ALL),
     "r4-qv": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-    "patterns": dict(r=16, lora_alpha=16, target_modules=ALL, rank_pattern={"down_proj": 4, "o_proj": 8},
-                     alpha_pattern={"gate_proj": 48}),
+    "patterns": dict(
+        r=16,
+        lora_alpha=16,
+        target_modules=ALL,
+        rank_pattern={"down_proj": 4, "o_proj": 8},
+        alpha_pattern={"gate_proj": 48},
+    ),
     "every-3rd-layer": dict(r=8, lora_alpha=32, target_modules=ALL, layers_to_transform=list(range(0, 30, 3))),
     "r2-mlp": dict(r=2, lora_alpha=4, target_modules=["gate_proj", "up_proj", "down_proj"]),
     "r12-ko-rslora": dict(r=12, lora_alpha=6, use_rslora=True, target_modules=["k_proj", "o_proj"]),
-    "layer-pattern": dict(r=8, lora_alpha=8, target_modules=ALL, rank_pattern={"model.layers.1.self_attn.q_proj": 2},
-                          alpha_pattern={"model.layers.2.mlp.up_proj": 32}),
+    "layer-pattern": dict(
+        r=8,
+        lora_alpha=8,
+        target_modules=ALL,
+        rank_pattern={"model.layers.1.self_attn.q_proj": 2},
+        alpha_pattern={"model.layers.2.mlp.up_proj": 32},
+    ),
     "r6-up-down-o": dict(r=6, lora_alpha=24, target_modules=["up_proj", "down_proj", "o_proj"]),
 }
-QUESTIONS = ["What is the capital of France?", "Write a haiku about rain.", "Name three colours.",
-             "What is 12 plus 7?", "Give me a name for a dog.", "Why is the sea salty?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about rain.",
+    "Name three colours.",
+    "What is 12 plus 7?",
+    "Give me a name for a dog.",
+    "Why is the sea salty?",
+]
 MAX_TOKENS = 10
 
 
@@ -43,8 +60,15 @@ def setup(smol_dir, tmp_path_factory):
 
 def test_mixed_batch_matches_peft_per_adapter(smol_dir, setup):
     dirs, oracle = setup
-    eng = LLMEngine(model=None, max_loras=16, max_cpu_loras=16, max_lora_rank=16, max_num_seqs=32,
-                    max_num_batched_tokens=1024, num_kv_blocks=256)
+    eng = LLMEngine(
+        model=None,
+        max_loras=16,
+        max_cpu_loras=16,
+        max_lora_rank=16,
+        max_num_seqs=32,
+        max_num_batched_tokens=1024,
+        num_kv_blocks=256,
+    )
     rec = LogitsRecorder()
     eng.probe = EngineProbe(on_logits=rec)
     tok = eng.tokenizer
@@ -58,8 +82,12 @@ def test_mixed_batch_matches_peft_per_adapter(smol_dir, setup):
     batches = []
     eng.runner.run = _spy(eng.runner.run, batches)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-    arrivals = {0: [dict(prompt_token_ids=p, params=params, request_id=f"j{i}",
-                         adapter=refs[name] if name else None) for i, (name, p) in enumerate(jobs)]}
+    arrivals = {
+        0: [
+            dict(prompt_token_ids=p, params=params, request_id=f"j{i}", adapter=refs[name] if name else None)
+            for i, (name, p) in enumerate(jobs)
+        ]
+    }
     done = drive(eng, arrivals)
     assert max(len({s.adapter_hash for s in b.seqs if s.adapter_hash}) for b in batches) == len(ADAPTERS)
 
@@ -87,4 +115,5 @@ def _spy(run, batches):
     def wrapped(batch, lora=None):
         batches.append(batch)
         return run(batch, lora=lora)
+
     return wrapped

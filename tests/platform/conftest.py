@@ -1,5 +1,6 @@
 """Platform fixtures: one real AsyncEngine on a tiny random Llama (shared by the session), servers on
 SQLite without Redis or on the machine's PostgreSQL + Redis, and tiny peft adapters."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,17 @@ MAX_UPLOAD = 256 * 1024  # small, so the oversized-upload test stays cheap
 def tiny_engine(tiny_llama_dir: Path) -> Iterator[Any]:
     from loraplex.engine import AsyncEngine, EngineArgs
 
-    engine = AsyncEngine(EngineArgs(model=str(tiny_llama_dir), max_model_len=1024, num_kv_blocks=2048,
-                                    max_num_seqs=32, max_num_batched_tokens=512, max_loras=4, max_cpu_loras=8))
+    engine = AsyncEngine(
+        EngineArgs(
+            model=str(tiny_llama_dir),
+            max_model_len=1024,
+            num_kv_blocks=2048,
+            max_num_seqs=32,
+            max_num_batched_tokens=512,
+            max_loras=4,
+            max_cpu_loras=8,
+        )
+    )
     yield engine
     engine.shutdown()
 
@@ -75,8 +85,10 @@ def start_server(tiny_engine: Any, tmp_path: Path, request: pytest.FixtureReques
         server.stop()
 
 
-BACKENDS = [pytest.param("sqlite", id="sqlite"),
-            pytest.param("postgres+redis", id="postgres+redis", marks=pytest.mark.services)]
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres+redis", id="postgres+redis", marks=pytest.mark.services),
+]
 
 
 @pytest.fixture(params=BACKENDS)

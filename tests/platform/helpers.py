@@ -1,4 +1,5 @@
 """Test helpers: a uvicorn server in a thread, `loraplex serve` in a subprocess, adapter builders."""
+
 from __future__ import annotations
 
 import io
@@ -33,8 +34,11 @@ class ServerThread:
 
     def __init__(self, app: Any) -> None:
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on", timeout_graceful_shutdown=5))
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
+            )
+        )
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
         self.settings: Any = None  # the Settings the app was built with (set by the fixture)
 
@@ -65,9 +69,13 @@ class ServerProcess:
         self.port = free_port()
         self.log = log
         self._log_file = open(log, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "loraplex.platform.cli", "serve", "--port",
-                                      str(self.port), *args], env={**os.environ, **env}, stdout=self._log_file,
-                                     stderr=subprocess.STDOUT, cwd="/")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "loraplex.platform.cli", "serve", "--port", str(self.port), *args],
+            env={**os.environ, **env},
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            cwd="/",
+        )
 
     @property
     def url(self) -> str:
@@ -110,9 +118,15 @@ def create_tenant(url: str, name: str, **quotas: Any) -> str:
 # ----------------------------------------------------------------------------------- adapters
 
 
-def make_peft_adapter(base_dir: Path, out: Path, *, r: int = 4, seed: int = 0,
-                      targets: tuple[str, ...] = ("q_proj", "v_proj", "down_proj"), config_overrides: dict | None
-                      = None) -> Path:
+def make_peft_adapter(
+    base_dir: Path,
+    out: Path,
+    *,
+    r: int = 4,
+    seed: int = 0,
+    targets: tuple[str, ...] = ("q_proj", "v_proj", "down_proj"),
+    config_overrides: dict | None = None,
+) -> Path:
     """A real peft LoRA adapter (random non-zero B) for the model in `base_dir` (or a variant of it)."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -124,8 +138,9 @@ def make_peft_adapter(base_dir: Path, out: Path, *, r: int = 4, seed: int = 0,
         model = AutoModelForCausalLM.from_config(cfg)
     else:
         model = AutoModelForCausalLM.from_pretrained(base_dir)
-    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(targets),
-                                                  init_lora_weights=False))
+    peft_model = get_peft_model(
+        model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(targets), init_lora_weights=False)
+    )
     peft_model.save_pretrained(out)
     (out / "README.md").unlink(missing_ok=True)
     return out
@@ -154,8 +169,16 @@ def targz_folder(folder: Path, symlink: tuple[str, str] | None = None) -> bytes:
     return buf.getvalue()
 
 
-def upload(url: str, key: str, name: str, *, archive: bytes | None = None, filename: str = "adapter.zip",
-           folder: Path | None = None, model_file: tuple[str, bytes] | None = None) -> httpx.Response:
+def upload(
+    url: str,
+    key: str,
+    name: str,
+    *,
+    archive: bytes | None = None,
+    filename: str = "adapter.zip",
+    folder: Path | None = None,
+    model_file: tuple[str, bytes] | None = None,
+) -> httpx.Response:
     """POST /v1/adapters with either one archive or the two files of `folder`."""
     files: dict[str, Any]
     if archive is not None:
@@ -163,8 +186,10 @@ def upload(url: str, key: str, name: str, *, archive: bytes | None = None, filen
     else:
         assert folder is not None
         weights = model_file or ("adapter_model.safetensors", (folder / "adapter_model.safetensors").read_bytes())
-        files = {"adapter_config": ("adapter_config.json", (folder / "adapter_config.json").read_bytes()),
-                 "adapter_model": (weights[0], weights[1])}
+        files = {
+            "adapter_config": ("adapter_config.json", (folder / "adapter_config.json").read_bytes()),
+            "adapter_model": (weights[0], weights[1]),
+        }
     return httpx.post(f"{url}/v1/adapters", data={"name": name}, files=files, headers=auth(key), timeout=60)
 
 
@@ -189,6 +214,6 @@ def sse_events(text: str) -> list[Any]:
     events = []
     for block in text.split("\n\n"):
         if block.startswith("data: "):
-            payload = block[len("data: "):]
+            payload = block[len("data: ") :]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events

@@ -1,5 +1,6 @@
 """Adapters over REST: both upload forms, versions, listing, deletion, quotas, isolation between
 tenants, and every kind of bad upload refused with a clear 4xx leaving neither row nor file."""
+
 from __future__ import annotations
 
 import io
@@ -13,11 +14,29 @@ import pytest
 import torch
 
 from tests.platform.conftest import MAX_UPLOAD
-from tests.platform.helpers import auth, create_tenant, error_of, leftover_tmp, stored_blobs, targz_folder, upload, \
-    zip_folder
+from tests.platform.helpers import (
+    auth,
+    create_tenant,
+    error_of,
+    leftover_tmp,
+    stored_blobs,
+    targz_folder,
+    upload,
+    zip_folder,
+)
 
-EXPECTED_FIELDS = {"id", "name", "model", "version", "sha256", "rank", "alpha", "target_modules", "size_bytes",
-                   "created_at"}
+EXPECTED_FIELDS = {
+    "id",
+    "name",
+    "model",
+    "version",
+    "sha256",
+    "rank",
+    "alpha",
+    "target_modules",
+    "size_bytes",
+    "created_at",
+}
 
 
 def test_upload_archive_and_two_files_then_list_get_delete(server, adapter_factory) -> None:
@@ -27,16 +46,26 @@ def test_upload_archive_and_two_files_then_list_get_delete(server, adapter_facto
     assert r.status_code == 201, r.text
     first = r.json()
     assert set(first) == EXPECTED_FIELDS
-    assert (first["name"], first["model"], first["version"], first["rank"], first["alpha"]) == \
-        ("support-bot", "support-bot", 1, 4, 8.0)
+    assert (first["name"], first["model"], first["version"], first["rank"], first["alpha"]) == (
+        "support-bot",
+        "support-bot",
+        1,
+        4,
+        8.0,
+    )
     assert first["target_modules"] == ["q_proj", "v_proj", "down_proj"] and len(first["sha256"]) == 64
     assert first["created_at"].endswith(("Z", "+00:00"))
 
     # The same adapter as two files under a second name; a .tar.gz re-upload is version 2 of the first.
     r = upload(server.url, key, "other", folder=folder)
     assert r.status_code == 201 and r.json()["sha256"] == first["sha256"]
-    r = upload(server.url, key, "support-bot", archive=targz_folder(adapter_factory("basic-r8", r=8, seed=1)),
-               filename="a.tar.gz")
+    r = upload(
+        server.url,
+        key,
+        "support-bot",
+        archive=targz_folder(adapter_factory("basic-r8", r=8, seed=1)),
+        filename="a.tar.gz",
+    )
     assert r.status_code == 201, r.text
     second = r.json()
     assert second["version"] == 2 and second["rank"] == 8 and second["sha256"] != first["sha256"]
@@ -75,16 +104,27 @@ def test_isolation_between_tenants(server, adapter_factory) -> None:
         assert error_of(r_other)["code"] == error_of(r_missing)["code"] == "adapter_not_found"
         assert httpx.delete(f"{server.url}/v1/adapters/secret-sauce", headers=auth(kb)).status_code == 404
         # Using it is a 404 exactly like a model that does not exist.
-        used = httpx.post(f"{server.url}/v1/completions", headers=auth(kb),
-                          json={"model": "secret-sauce", "prompt": "hi", "max_tokens": 2})
-        missing = httpx.post(f"{server.url}/v1/completions", headers=auth(kb),
-                             json={"model": "secret-saucf", "prompt": "hi", "max_tokens": 2})
+        used = httpx.post(
+            f"{server.url}/v1/completions",
+            headers=auth(kb),
+            json={"model": "secret-sauce", "prompt": "hi", "max_tokens": 2},
+        )
+        missing = httpx.post(
+            f"{server.url}/v1/completions",
+            headers=auth(kb),
+            json={"model": "secret-saucf", "prompt": "hi", "max_tokens": 2},
+        )
         assert used.status_code == missing.status_code == 404
-        assert error_of(used)["message"].replace("secret-sauce", "X") == \
-            error_of(missing)["message"].replace("secret-saucf", "X")
+        assert error_of(used)["message"].replace("secret-sauce", "X") == error_of(missing)["message"].replace(
+            "secret-saucf", "X"
+        )
         # B may upload its own adapter under the same name without touching A's.
-        assert upload(server.url, kb, "secret-sauce", archive=zip_folder(adapter_factory("basic-r8", r=8,
-                                                                                          seed=1))).status_code == 201
+        assert (
+            upload(
+                server.url, kb, "secret-sauce", archive=zip_folder(adapter_factory("basic-r8", r=8, seed=1))
+            ).status_code
+            == 201
+        )
         assert httpx.delete(f"{server.url}/v1/adapters/secret-sauce", headers=auth(kb)).status_code == 200
     still = httpx.get(f"{server.url}/v1/adapters/secret-sauce", headers=auth(key_a))
     assert still.status_code == 200 and still.json()["rank"] == 4
@@ -128,27 +168,57 @@ def _malformed_safetensors() -> bytes:
 
 def _bad_uploads(adapter_factory) -> dict[str, tuple[dict, int, str]]:
     good = adapter_factory("basic")
-    wrong = adapter_factory("wrong-shape", config_overrides={"hidden_size": 32, "intermediate_size": 96,
-                                                             "num_attention_heads": 2, "num_key_value_heads": 1})
+    wrong = adapter_factory(
+        "wrong-shape",
+        config_overrides={
+            "hidden_size": 32,
+            "intermediate_size": 96,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+        },
+    )
     config = (good / "adapter_config.json").read_bytes()
     escaping = zip_folder(good, extra={"../../escape.txt": b"owned"})
     return {
         "dotdot-zip": ({"archive": escaping}, 400, "unsafe_archive"),
-        "symlink-tar": ({"archive": targz_folder(good, symlink=("adapter_model2.safetensors", "/etc/passwd")),
-                         "filename": "a.tar.gz"}, 400, "unsafe_archive"),
-        "pickle-two-files": ({"folder": good, "model_file": ("adapter_model.bin", _pickle_bytes())}, 400,
-                             "pickled_weights"),
-        "pickle-in-archive": ({"archive": zip_folder(good, extra={"adapter/adapter_model.bin": _pickle_bytes()})},
-                              400, "pickled_weights"),
+        "symlink-tar": (
+            {
+                "archive": targz_folder(good, symlink=("adapter_model2.safetensors", "/etc/passwd")),
+                "filename": "a.tar.gz",
+            },
+            400,
+            "unsafe_archive",
+        ),
+        "pickle-two-files": (
+            {"folder": good, "model_file": ("adapter_model.bin", _pickle_bytes())},
+            400,
+            "pickled_weights",
+        ),
+        "pickle-in-archive": (
+            {"archive": zip_folder(good, extra={"adapter/adapter_model.bin": _pickle_bytes()})},
+            400,
+            "pickled_weights",
+        ),
         "pickle-archive-name": ({"archive": _pickle_bytes(), "filename": "adapter.pt"}, 400, "pickled_weights"),
         "wrong-shape": ({"folder": wrong}, 400, "wrong_base_model"),
-        "malformed-header": ({"folder": good, "model_file": ("adapter_model.safetensors",
-                                                             _malformed_safetensors())}, 400,
-                             "malformed_safetensors"),
+        "malformed-header": (
+            {"folder": good, "model_file": ("adapter_model.safetensors", _malformed_safetensors())},
+            400,
+            "malformed_safetensors",
+        ),
         "not-an-archive": ({"archive": b"just some text", "filename": "notes.txt"}, 400, "unsupported_archive"),
-        "bad-config-json": ({"archive": _zip({"adapter_config.json": b"{nope", "adapter_model.safetensors":
-                                              (good / "adapter_model.safetensors").read_bytes()})}, 400,
-                            "invalid_config"),
+        "bad-config-json": (
+            {
+                "archive": _zip(
+                    {
+                        "adapter_config.json": b"{nope",
+                        "adapter_model.safetensors": (good / "adapter_model.safetensors").read_bytes(),
+                    }
+                )
+            },
+            400,
+            "invalid_config",
+        ),
         "oversized": ({"archive": b"\x00" * (MAX_UPLOAD + 1)}, 413, "request_too_large"),
         "config-only-zip": ({"archive": _zip({"adapter_config.json": config})}, 400, "missing_file"),
     }
@@ -162,9 +232,22 @@ def _zip(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("case", ["dotdot-zip", "symlink-tar", "pickle-two-files", "pickle-in-archive",
-                                  "pickle-archive-name", "wrong-shape", "malformed-header", "not-an-archive",
-                                  "bad-config-json", "oversized", "config-only-zip"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "dotdot-zip",
+        "symlink-tar",
+        "pickle-two-files",
+        "pickle-in-archive",
+        "pickle-archive-name",
+        "wrong-shape",
+        "malformed-header",
+        "not-an-archive",
+        "bad-config-json",
+        "oversized",
+        "config-only-zip",
+    ],
+)
 def test_bad_uploads_are_refused_and_leave_nothing(start_server, adapter_factory, case) -> None:
     server = start_server("sqlite")
     key = create_tenant(server.url, "victim")
@@ -186,8 +269,11 @@ def test_upload_size_limit_applies_while_streaming(start_server) -> None:
     server = start_server("sqlite")
     key = create_tenant(server.url, "streamer")
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/adapters HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer " + key.encode()
-                     + b"\r\nContent-Type: multipart/form-data; boundary=xyz\r\nTransfer-Encoding: chunked\r\n\r\n")
+        sock.sendall(
+            b"POST /v1/adapters HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer "
+            + key.encode()
+            + b"\r\nContent-Type: multipart/form-data; boundary=xyz\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
 
         def chunk(data: bytes) -> None:
             sock.sendall(b"%x\r\n" % len(data) + data + b"\r\n")
@@ -212,14 +298,22 @@ def test_malformed_multipart_requests(start_server, adapter_factory) -> None:
     assert r.status_code == 400 and error_of(r)["param"] == "name"
     r = upload(server.url, key, "../../etc", archive=zip_folder(good))
     assert r.status_code == 400 and error_of(r)["param"] == "name"
-    r = httpx.post(f"{server.url}/v1/adapters", data={"name": "x"}, headers=auth(key),
-                   files={"adapter_config": ("adapter_config.json", (good / "adapter_config.json").read_bytes())})
+    r = httpx.post(
+        f"{server.url}/v1/adapters",
+        data={"name": "x"},
+        headers=auth(key),
+        files={"adapter_config": ("adapter_config.json", (good / "adapter_config.json").read_bytes())},
+    )
     assert r.status_code == 400 and "adapter_model" in error_of(r)["message"]
-    r = httpx.post(f"{server.url}/v1/adapters", data={"name": "x"}, headers=auth(key),
-                   files={"weights": ("w.bin", b"123")})
+    r = httpx.post(
+        f"{server.url}/v1/adapters", data={"name": "x"}, headers=auth(key), files={"weights": ("w.bin", b"123")}
+    )
     assert r.status_code == 400 and error_of(r)["param"] == "weights"
-    r = httpx.post(f"{server.url}/v1/adapters", headers={**auth(key), "Content-Type":
-                                                          "multipart/form-data; boundary=zz"}, content=b"garbage")
+    r = httpx.post(
+        f"{server.url}/v1/adapters",
+        headers={**auth(key), "Content-Type": "multipart/form-data; boundary=zz"},
+        content=b"garbage",
+    )
     assert r.status_code == 400
     # Uploading under the base model's name would shadow it.
     base = httpx.get(f"{server.url}/v1/models", headers=auth(key)).json()["data"][0]["id"]
@@ -233,6 +327,5 @@ def test_adapter_config_without_weights_is_listed_nowhere(start_server, adapter_
     server = start_server("sqlite")
     key = create_tenant(server.url, "json")
     good = adapter_factory("basic")
-    r = upload(server.url, key, "x", folder=good, model_file=("adapter_model.safetensors",
-                                                            json.dumps([1, 2]).encode()))
+    r = upload(server.url, key, "x", folder=good, model_file=("adapter_model.safetensors", json.dumps([1, 2]).encode()))
     assert r.status_code == 400 and error_of(r)["code"] == "malformed_safetensors"

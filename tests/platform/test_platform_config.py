@@ -1,5 +1,6 @@
 """Settings (defaults < LORAPLEX_* < flags), Alembic migrations on SQLite and PostgreSQL (schema equal
 to the models), `loraplex db upgrade`, and a first `loraplex serve` printing its generated admin key."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,9 +24,13 @@ from tests.platform.helpers import PG_URL, ServerProcess, auth
 
 
 def test_settings_defaults_env_and_flags(tmp_path: Path) -> None:
-    env = {"LORAPLEX_DATA_DIR": str(tmp_path / "env-data"), "LORAPLEX_PORT": "9100",
-           "LORAPLEX_MAX_NUM_SEQS": "7", "LORAPLEX_ENABLE_PREFIX_CACHING": "false",
-           "LORAPLEX_REDIS_URL": "redis://example:6379/0"}
+    env = {
+        "LORAPLEX_DATA_DIR": str(tmp_path / "env-data"),
+        "LORAPLEX_PORT": "9100",
+        "LORAPLEX_MAX_NUM_SEQS": "7",
+        "LORAPLEX_ENABLE_PREFIX_CACHING": "false",
+        "LORAPLEX_REDIS_URL": "redis://example:6379/0",
+    }
     args = build_parser().parse_args(["serve", "--port", "9200", "--max-loras", "3", "--model", "/m"])
     s = settings_from_args(args, env)
     assert s.port == 9200  # the flag wins over the environment
@@ -86,16 +91,29 @@ async def test_migrations_on_postgresql_match_the_models() -> None:
 
 
 def test_cli_db_upgrade(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "loraplex.platform.cli", "db", "upgrade", "--data-dir",
-                          str(tmp_path)], capture_output=True, text=True, timeout=120, cwd="/")
+    out = subprocess.run(
+        [sys.executable, "-m", "loraplex.platform.cli", "db", "upgrade", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
     assert out.returncode == 0, out.stderr
     assert "registry at revision 0001" in out.stdout
     assert (tmp_path / "loraplex.db").is_file()
 
 
 def test_first_serve_prints_a_generated_admin_key_once(tmp_path: Path, tiny_llama_dir: Path) -> None:
-    args = ["--model", str(tiny_llama_dir), "--data-dir", str(tmp_path / "d"), "--num-kv-blocks", "64",
-            "--max-model-len", "256"]
+    args = [
+        "--model",
+        str(tiny_llama_dir),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--num-kv-blocks",
+        "64",
+        "--max-model-len",
+        "256",
+    ]
     env = {"LORAPLEX_ADMIN_KEY": ""}
     first = ServerProcess(args, env, tmp_path / "first.log")
     try:

@@ -1,5 +1,6 @@
 """Deleting or replacing an adapter over HTTP drops its weights from the engine's host memory and device slots
 (on SQLite, and on PostgreSQL + Redis where the news travels over pub/sub)."""
+
 from __future__ import annotations
 
 import time
@@ -12,8 +13,12 @@ from tests.platform.helpers import auth, create_tenant, upload, zip_folder
 
 
 def _chat(url: str, key: str, model: str) -> None:
-    r = httpx.post(f"{url}/v1/chat/completions", headers=auth(key), timeout=60,
-                   json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        headers=auth(key),
+        timeout=60,
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
     assert r.status_code == 200, r.text
 
 

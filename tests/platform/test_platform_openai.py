@@ -1,5 +1,6 @@
 """OpenAI-compatible serving over real HTTP with the official `openai` client (unchanged but for
 base_url and api_key), on the tiny random Llama behind the real AsyncEngine."""
+
 from __future__ import annotations
 
 import json
@@ -26,24 +27,33 @@ def test_models_and_chat_non_streaming(tenant) -> None:
     models = client.models.list().data
     assert [m.id for m in models] == [base] and models[0].owned_by == "loraplex"
     assert client.models.retrieve(base).id == base
-    out = client.chat.completions.create(model=base, messages=[{"role": "user", "content": "Say hi"}],
-                                         max_tokens=6, temperature=0, seed=1)
+    out = client.chat.completions.create(
+        model=base, messages=[{"role": "user", "content": "Say hi"}], max_tokens=6, temperature=0, seed=1
+    )
     assert out.object == "chat.completion" and out.model == base
     choice = out.choices[0]
     assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
     assert out.usage.completion_tokens <= 6 and out.usage.prompt_tokens > 5
     assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
     # Greedy is deterministic: the same request gives the same text.
-    again = client.chat.completions.create(model=base, messages=[{"role": "user", "content": "Say hi"}],
-                                           max_completion_tokens=6, temperature=0)
+    again = client.chat.completions.create(
+        model=base, messages=[{"role": "user", "content": "Say hi"}], max_completion_tokens=6, temperature=0
+    )
     assert again.choices[0].message.content == choice.message.content
 
 
 def test_chat_streaming_with_usage_and_logprobs(tenant) -> None:
     server, key, client, base = tenant
-    stream = client.chat.completions.create(model=base, messages=[{"role": "user", "content": "Count"}],
-                                            max_tokens=5, temperature=0, stream=True, logprobs=True,
-                                            top_logprobs=2, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=base,
+        messages=[{"role": "user", "content": "Count"}],
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        logprobs=True,
+        top_logprobs=2,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     content = [c for c in chunks if c.choices and c.choices[0].delta.content]
@@ -54,27 +64,30 @@ def test_chat_streaming_with_usage_and_logprobs(tenant) -> None:
     lps = [lp for c in content for lp in c.choices[0].logprobs.content]
     assert "".join(lp.token for lp in lps) == text
     assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in lps)
-    non_stream = client.chat.completions.create(model=base, messages=[{"role": "user", "content": "Count"}],
-                                                max_tokens=5, temperature=0)
+    non_stream = client.chat.completions.create(
+        model=base, messages=[{"role": "user", "content": "Count"}], max_tokens=5, temperature=0
+    )
     assert non_stream.choices[0].message.content == text
     # The raw SSE framing ends with data: [DONE].
-    r = httpx.post(f"{server.url}/v1/chat/completions", headers=auth(key), json={
-        "model": base, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True})
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        headers=auth(key),
+        json={"model": base, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True},
+    )
     assert r.headers["content-type"].startswith("text/event-stream")
     assert sse_events(r.text)[-1] == "[DONE]"
 
 
 def test_completions_stream_and_not_with_n_and_seed(tenant) -> None:
     server, key, client, base = tenant
-    out = client.completions.create(model=base, prompt="Once upon a time", max_tokens=4, n=3, seed=7,
-                                    temperature=1.0, logprobs=1)
+    out = client.completions.create(
+        model=base, prompt="Once upon a time", max_tokens=4, n=3, seed=7, temperature=1.0, logprobs=1
+    )
     assert [c.index for c in out.choices] == [0, 1, 2]
     assert out.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in out.choices)
-    again = client.completions.create(model=base, prompt="Once upon a time", max_tokens=4, n=3, seed=7,
-                                      temperature=1.0)
+    again = client.completions.create(model=base, prompt="Once upon a time", max_tokens=4, n=3, seed=7, temperature=1.0)
     assert [c.text for c in again.choices] == [c.text for c in out.choices]
-    stream = client.completions.create(model=base, prompt=["a b c", "x y z"], max_tokens=3, temperature=0,
-                                       stream=True)
+    stream = client.completions.create(model=base, prompt=["a b c", "x y z"], max_tokens=3, temperature=0, stream=True)
     texts: dict[int, str] = {}
     for chunk in stream:
         for c in chunk.choices:
@@ -83,8 +96,13 @@ def test_completions_stream_and_not_with_n_and_seed(tenant) -> None:
     assert texts == {c.index: c.text for c in plain.choices}
     ids = client.completions.create(model=base, prompt=[1, 2, 3], max_tokens=2, temperature=0)
     assert ids.usage.prompt_tokens == 3
-    stopped = client.completions.create(model=base, prompt="a b c", max_tokens=8, temperature=0,
-                                        stop=[plain.choices[0].text[1:3]] if len(plain.choices[0].text) > 2 else None)
+    stopped = client.completions.create(
+        model=base,
+        prompt="a b c",
+        max_tokens=8,
+        temperature=0,
+        stop=[plain.choices[0].text[1:3]] if len(plain.choices[0].text) > 2 else None,
+    )
     assert stopped.choices[0].finish_reason in ("stop", "length")
 
 
@@ -95,8 +113,9 @@ def test_adapter_by_model_name(start_server, adapter_factory, request) -> None:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
     ids = [m.id for m in client.models.list().data]
     assert "my-lora" in ids
-    out = client.chat.completions.create(model="my-lora", messages=[{"role": "user", "content": "hello"}],
-                                         max_tokens=4, temperature=0)
+    out = client.chat.completions.create(
+        model="my-lora", messages=[{"role": "user", "content": "hello"}], max_tokens=4, temperature=0
+    )
     assert out.model == "my-lora" and out.usage.completion_tokens >= 1
     stream = client.completions.create(model="my-lora", prompt="hello", max_tokens=3, stream=True)
     assert sum(len(c.choices[0].text) for c in stream if c.choices) >= 0
@@ -122,19 +141,28 @@ def test_errors_in_openai_format(tenant) -> None:
         client.chat.completions.create(model=base, messages=[{"role": "user", "content": "x"}], temperature=5)
     assert e.value.body["param"] == "temperature"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=base, messages=[{"role": "user", "content": "x"}],
-                                       tools=[{"type": "function", "function": {"name": "f"}}])
+        client.chat.completions.create(
+            model=base,
+            messages=[{"role": "user", "content": "x"}],
+            tools=[{"type": "function", "function": {"name": "f"}}],
+        )
     assert e.value.body["param"] == "tools"
     # Raw HTTP: invalid JSON, wrong types, empty messages, two constraints at once.
-    r = httpx.post(f"{server.url}/v1/chat/completions", headers={**auth(key), "Content-Type": "application/json"},
-                   content=b'{"model": "x", "messages": [')
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        headers={**auth(key), "Content-Type": "application/json"},
+        content=b'{"model": "x", "messages": [',
+    )
     assert r.status_code == 400 and error_of(r)["code"] == "invalid_json"
     r = httpx.post(f"{server.url}/v1/chat/completions", headers=auth(key), json={"model": base, "messages": []})
     assert r.status_code == 400 and error_of(r)["param"] == "messages"
     r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), json={"model": base, "prompt": {"a": 1}})
     assert r.status_code == 400 and error_of(r)["param"] == "prompt"
-    r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), json={
-        "model": base, "prompt": "x", "guided_regex": "a+", "guided_choice": ["a", "b"]})
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        headers=auth(key),
+        json={"model": base, "prompt": "x", "guided_regex": "a+", "guided_choice": ["a", "b"]},
+    )
     assert r.status_code == 400 and error_of(r)["param"] == "guided_choice"
     r = httpx.get(f"{server.url}/v1/nothing-here", headers=auth(key))
     assert r.status_code == 404 and error_of(r)["type"] == "not_found_error"
@@ -145,8 +173,12 @@ def test_errors_in_openai_format(tenant) -> None:
 def test_oversized_json_body_is_413(tenant) -> None:
     server, key, client, base = tenant
     body = b'{"model": "x", "prompt": "' + b"a" * server.settings.max_request_bytes + b'"}'
-    r = httpx.post(f"{server.url}/v1/completions", headers={**auth(key), "Content-Type": "application/json"},
-                   content=body, timeout=60)
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        headers={**auth(key), "Content-Type": "application/json"},
+        content=body,
+        timeout=60,
+    )
     assert r.status_code == 413 and error_of(r)["code"] == "request_too_large"
 
 
@@ -161,13 +193,21 @@ def test_engine_failure_is_a_500_in_openai_format(start_server, adapter_factory)
     assert upload(server.url, key, "lost", archive=zip_folder(folder)).status_code == 201
     for blob in (server.settings.data_dir / "adapters" / "blobs").iterdir():
         shutil.rmtree(blob)
-    r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), timeout=60,
-                   json={"model": "lost", "prompt": "hi", "max_tokens": 2})
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        headers=auth(key),
+        timeout=60,
+        json={"model": "lost", "prompt": "hi", "max_tokens": 2},
+    )
     assert r.status_code == 500
     err = error_of(r)
     assert err["type"] == "server_error" and "adapter" in err["message"]
-    r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), timeout=60,
-                   json={"model": "lost", "prompt": "hi", "max_tokens": 2, "stream": True})
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        headers=auth(key),
+        timeout=60,
+        json={"model": "lost", "prompt": "hi", "max_tokens": 2, "stream": True},
+    )
     assert r.status_code == 500 and error_of(r)["type"] == "server_error"
 
 
@@ -182,24 +222,46 @@ def test_structured_output_through_the_openai_client(tenant) -> None:
         name: str = Field(max_length=12)
         age: int = Field(ge=0, le=120)
 
-    parsed = client.chat.completions.parse(model=base, messages=[{"role": "user", "content": "A person"}],
-                                           response_format=Person, max_tokens=60, temperature=0.7, seed=3)
+    parsed = client.chat.completions.parse(
+        model=base,
+        messages=[{"role": "user", "content": "A person"}],
+        response_format=Person,
+        max_tokens=60,
+        temperature=0.7,
+        seed=3,
+    )
     person = parsed.choices[0].message.parsed
     assert isinstance(person, Person) and parsed.choices[0].finish_reason == "stop"
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "additionalProperties": False}
-    stream = client.chat.completions.create(model=base, messages=[{"role": "user", "content": "x"}], stream=True,
-                                            max_tokens=20, response_format={"type": "json_schema", "json_schema": {
-                                                "name": "flag", "schema": schema}})
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    stream = client.chat.completions.create(
+        model=base,
+        messages=[{"role": "user", "content": "x"}],
+        stream=True,
+        max_tokens=20,
+        response_format={"type": "json_schema", "json_schema": {"name": "flag", "schema": schema}},
+    )
     jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in stream if c.choices)), schema)
-    obj = client.completions.create(model=base, prompt="{", max_tokens=40, temperature=0.8, seed=5,
-                                    extra_body={"response_format": {"type": "json_object"}})
+    obj = client.completions.create(
+        model=base,
+        prompt="{",
+        max_tokens=40,
+        temperature=0.8,
+        seed=5,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
     assert isinstance(json.loads(obj.choices[0].text), dict) or obj.choices[0].finish_reason == "length"
-    regex = client.completions.create(model=base, prompt="code:", max_tokens=10,
-                                      extra_body={"structured_outputs": {"regex": "[A-Z]{3}-[0-9]{2}"}})
+    regex = client.completions.create(
+        model=base, prompt="code:", max_tokens=10, extra_body={"structured_outputs": {"regex": "[A-Z]{3}-[0-9]{2}"}}
+    )
     assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}", regex.choices[0].text)
-    choice = client.completions.create(model=base, prompt="pick:", max_tokens=5,
-                                       extra_body={"guided_choice": ["red", "green"]})
+    choice = client.completions.create(
+        model=base, prompt="pick:", max_tokens=5, extra_body={"guided_choice": ["red", "green"]}
+    )
     assert choice.choices[0].text in ("red", "green")
 
 
@@ -208,8 +270,9 @@ def test_invalid_structured_constraints_are_400(tenant) -> None:
     bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model=base, messages=[{"role": "user", "content": "x"}], stream=stream,
-                                           response_format=bad_schema)
+            client.chat.completions.create(
+                model=base, messages=[{"role": "user", "content": "x"}], stream=stream, response_format=bad_schema
+            )
         assert e.value.body["param"] == "response_format" and e.value.body["code"] == "invalid_schema"
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=base, prompt="x", extra_body={"guided_regex": "(unclosed"})
@@ -218,6 +281,15 @@ def test_invalid_structured_constraints_are_400(tenant) -> None:
         client.completions.create(model=base, prompt="x", extra_body={"structured_outputs": {"json": "{not json"}})
     assert e.value.body["param"] == "structured_outputs.json"
     with pytest.raises(openai.BadRequestError) as e:  # no valid output fits in 2 tokens
-        client.completions.create(model=base, prompt="x", max_tokens=2, extra_body={"guided_choice": [
-            "a rather long answer that takes many tokens", "another long answer, also many tokens long"]})
+        client.completions.create(
+            model=base,
+            prompt="x",
+            max_tokens=2,
+            extra_body={
+                "guided_choice": [
+                    "a rather long answer that takes many tokens",
+                    "another long answer, also many tokens long",
+                ]
+            },
+        )
     assert "max_tokens" in e.value.body["message"]

@@ -1,5 +1,6 @@
 """Operations over real HTTP: /health, /ready, /metrics (Prometheus), the OpenAPI document, and client
 disconnects mid-stream freeing every KV block."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,17 +25,31 @@ def test_health_ready_and_metrics(start_server, adapter_factory) -> None:
     assert upload(server.url, key, "m-lora", archive=zip_folder(adapter_factory("basic"))).status_code == 201
     base = httpx.get(f"{server.url}/v1/models", headers=auth(key)).json()["data"][0]["id"]
     for model in (base, "m-lora"):
-        r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), timeout=60,
-                       json={"model": model, "prompt": "hello there", "max_tokens": 3, "temperature": 0})
+        r = httpx.post(
+            f"{server.url}/v1/completions",
+            headers=auth(key),
+            timeout=60,
+            json={"model": model, "prompt": "hello there", "max_tokens": 3, "temperature": 0},
+        )
         assert r.status_code == 200, r.text
     r = httpx.get(f"{server.url}/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     fam = _families(r.text)
-    for name in ("loraplex_time_to_first_token_seconds", "loraplex_inter_token_latency_seconds",
-                 "loraplex_prompt_tokens", "loraplex_generation_tokens", "loraplex_requests",
-                 "loraplex_num_requests_running", "loraplex_num_requests_waiting", "loraplex_kv_cache_usage_ratio",
-                 "loraplex_prefix_cache_hit_rate", "loraplex_lora_loads", "loraplex_lora_evictions",
-                 "vllm:lora_requests_info", "vllm:num_requests_waiting"):
+    for name in (
+        "loraplex_time_to_first_token_seconds",
+        "loraplex_inter_token_latency_seconds",
+        "loraplex_prompt_tokens",
+        "loraplex_generation_tokens",
+        "loraplex_requests",
+        "loraplex_num_requests_running",
+        "loraplex_num_requests_waiting",
+        "loraplex_kv_cache_usage_ratio",
+        "loraplex_prefix_cache_hit_rate",
+        "loraplex_lora_loads",
+        "loraplex_lora_evictions",
+        "vllm:lora_requests_info",
+        "vllm:num_requests_waiting",
+    ):
         assert name in fam, name
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fam.values() for s in f.samples}
     assert samples[("loraplex_generation_tokens_total", ())] >= 6
@@ -50,10 +65,19 @@ def test_openapi_document_is_served_and_accurate(start_server) -> None:
     server = start_server("sqlite")
     doc = httpx.get(f"{server.url}/schema/openapi.json").json()
     paths = doc["paths"]
-    for path, method in [("/v1/chat/completions", "post"), ("/v1/completions", "post"), ("/v1/models", "get"),
-                         ("/v1/adapters", "post"), ("/v1/adapters/{name}", "delete"), ("/v1/tenants", "post"),
-                         ("/v1/tenants/{tenant}/keys", "post"), ("/v1/tenants/{tenant}/keys/{key_id}", "delete"),
-                         ("/health", "get"), ("/ready", "get"), ("/metrics", "get")]:
+    for path, method in [
+        ("/v1/chat/completions", "post"),
+        ("/v1/completions", "post"),
+        ("/v1/models", "get"),
+        ("/v1/adapters", "post"),
+        ("/v1/adapters/{name}", "delete"),
+        ("/v1/tenants", "post"),
+        ("/v1/tenants/{tenant}/keys", "post"),
+        ("/v1/tenants/{tenant}/keys/{key_id}", "delete"),
+        ("/health", "get"),
+        ("/ready", "get"),
+        ("/metrics", "get"),
+    ]:
         assert method in paths[path], (path, method)
     upload_body = paths["/v1/adapters"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
     assert set(upload_body["properties"]) == {"name", "file", "adapter_config", "adapter_model"}
@@ -61,18 +85,46 @@ def test_openapi_document_is_served_and_accurate(start_server) -> None:
     assert "text/event-stream" in chat["responses"]["200"]["content"]
     schemas = doc["components"]["schemas"]
     req = schemas["ChatCompletionRequest"]["properties"]
-    assert {"messages", "model", "max_tokens", "max_completion_tokens", "response_format", "structured_outputs",
-            "guided_json", "stream", "n", "seed", "stop", "logprobs", "top_logprobs"} <= set(req)
+    assert {
+        "messages",
+        "model",
+        "max_tokens",
+        "max_completion_tokens",
+        "response_format",
+        "structured_outputs",
+        "guided_json",
+        "stream",
+        "n",
+        "seed",
+        "stop",
+        "logprobs",
+        "top_logprobs",
+    } <= set(req)
     assert doc["components"]["securitySchemes"]["BearerAuth"]["scheme"] == "bearer"
     created = paths["/v1/adapters"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]
     assert created["$ref"].endswith("/AdapterOut")
     # Every documented error is in OpenAI's error body, as the server sends it.
-    errors = [(path, code, r["content"]["application/json"]["schema"]["$ref"]) for path, ops in paths.items()
-              for op in ops.values() for code, r in op["responses"].items() if not code.startswith("2")]
+    errors = [
+        (path, code, r["content"]["application/json"]["schema"]["$ref"])
+        for path, ops in paths.items()
+        for op in ops.values()
+        for code, r in op["responses"].items()
+        if not code.startswith("2")
+    ]
     assert errors and all(ref.endswith("/ErrorResponse") for _, _, ref in errors), errors
     assert set(schemas["ErrorResponse"]["properties"]["error"]["$ref"].split("/")[-1:]) == {"ErrorDetail"}
-    assert set(schemas["AdapterOut"]["properties"]) == {"id", "name", "model", "version", "sha256", "rank", "alpha",
-                                                        "target_modules", "size_bytes", "created_at"}
+    assert set(schemas["AdapterOut"]["properties"]) == {
+        "id",
+        "name",
+        "model",
+        "version",
+        "sha256",
+        "rank",
+        "alpha",
+        "target_modules",
+        "size_bytes",
+        "created_at",
+    }
 
 
 def test_disconnecting_streams_free_every_kv_block(start_server, tiny_engine) -> None:
@@ -84,11 +136,16 @@ def test_disconnecting_streams_free_every_kv_block(start_server, tiny_engine) ->
     in_flight: list[dict] = []
 
     async def client(i: int, barrier: asyncio.Barrier) -> int:
-        body = {"model": base, "messages": [{"role": "user", "content": f"story number {i}"}], "max_tokens": 900,
-                "ignore_eos": True, "stream": True, "n": 1 + i % 2}  # half of them stream two choices
+        body = {
+            "model": base,
+            "messages": [{"role": "user", "content": f"story number {i}"}],
+            "max_tokens": 900,
+            "ignore_eos": True,
+            "stream": True,
+            "n": 1 + i % 2,
+        }  # half of them stream two choices
         async with httpx.AsyncClient(timeout=60) as http:
-            async with http.stream("POST", f"{server.url}/v1/chat/completions", json=body,
-                                   headers=auth(key)) as r:
+            async with http.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=auth(key)) as r:
                 assert r.status_code == 200
                 lines = r.aiter_lines()  # held open (a dropped iterator would close the connection early)
                 events = 0
@@ -105,8 +162,11 @@ def test_disconnecting_streams_free_every_kv_block(start_server, tiny_engine) ->
         return await asyncio.gather(*(client(i, barrier) for i in range(20)))
 
     assert all(n >= 3 for n in asyncio.run(run()))
-    finished = [line for line in httpx.get(f"{server.url}/metrics").text.splitlines()
-                if line.startswith("loraplex_requests_total")]
+    finished = [
+        line
+        for line in httpx.get(f"{server.url}/metrics").text.splitlines()
+        if line.startswith("loraplex_requests_total")
+    ]
     assert in_flight[0]["num_running"] + in_flight[0]["num_waiting"] == 30, (in_flight, finished)
     assert in_flight[0]["kv_blocks_used"] > 0
     deadline = time.monotonic() + 30

@@ -1,5 +1,6 @@
 """The registry cache and rate limits on real Redis: pub/sub invalidation between replicas, the stale-read
 guard, shared rate-limit counters, and Redis going away mid-service (degrades to SQL, never fails)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -117,8 +118,11 @@ def private_redis(tmp_path: Path):
     port = free_port()
 
     def start() -> subprocess.Popen:
-        proc = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no", "--dir",
-                                 str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -146,8 +150,7 @@ def private_redis(tmp_path: Path):
 
 
 @pytest.mark.services
-def test_redis_going_away_degrades_to_sql_with_a_warning(start_server, private_redis, adapter_factory,
-                                                         caplog) -> None:
+def test_redis_going_away_degrades_to_sql_with_a_warning(start_server, private_redis, adapter_factory, caplog) -> None:
     url, stop_redis, restart_redis = private_redis
     server = start_server("postgres+redis", redis_url=url)
     key = create_tenant(server.url, f"degrade-{uuid.uuid4().hex[:6]}", rate_limit_per_minute=1000)
@@ -159,8 +162,12 @@ def test_redis_going_away_degrades_to_sql_with_a_warning(start_server, private_r
     for _ in range(3):
         r = httpx.get(f"{server.url}/v1/adapters/kept", headers=auth(key), timeout=10)
         assert r.status_code == 200, r.text
-    r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), timeout=60,
-                   json={"model": "kept", "prompt": "hi", "max_tokens": 2})
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        headers=auth(key),
+        timeout=60,
+        json={"model": "kept", "prompt": "hi", "max_tokens": 2},
+    )
     assert r.status_code == 200, r.text
     assert httpx.delete(f"{server.url}/v1/adapters/kept", headers=auth(key)).status_code == 200
     assert httpx.get(f"{server.url}/v1/adapters/kept", headers=auth(key)).status_code == 404

@@ -1,5 +1,6 @@
 """Two `loraplex serve` processes sharing PostgreSQL, Redis and the adapter store: an adapter uploaded
 through one is served by the other; after a delete through one, the other refuses it within a second."""
+
 from __future__ import annotations
 
 import time
@@ -9,8 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.platform.helpers import ADMIN_KEY, PG_URL, REDIS_URL, ServerProcess, auth, create_tenant, upload, \
-    zip_folder
+from tests.platform.helpers import ADMIN_KEY, PG_URL, REDIS_URL, ServerProcess, auth, create_tenant, upload, zip_folder
 
 pytestmark = pytest.mark.services
 
@@ -18,9 +18,24 @@ pytestmark = pytest.mark.services
 @pytest.fixture
 def replicas(tmp_path: Path, tiny_llama_dir: Path, pg_schema: str):
     shared = tmp_path / "shared-data"
-    args = ["--model", str(tiny_llama_dir), "--database-url", PG_URL, "--database-schema", pg_schema,
-            "--redis-url", REDIS_URL, "--data-dir", str(shared), "--num-kv-blocks", "256", "--max-model-len", "512",
-            "--log-level", "warning"]
+    args = [
+        "--model",
+        str(tiny_llama_dir),
+        "--database-url",
+        PG_URL,
+        "--database-schema",
+        pg_schema,
+        "--redis-url",
+        REDIS_URL,
+        "--data-dir",
+        str(shared),
+        "--num-kv-blocks",
+        "256",
+        "--max-model-len",
+        "512",
+        "--log-level",
+        "warning",
+    ]
     env = {"LORAPLEX_ADMIN_KEY": ADMIN_KEY}
     procs = [ServerProcess(args, env, tmp_path / f"replica-{i}.log") for i in range(2)]
     try:
@@ -39,8 +54,7 @@ def test_upload_on_one_replica_is_served_by_the_other_and_delete_propagates(repl
     assert r.status_code == 404  # not there yet (and the miss is not cached)
 
     assert upload(one.url, key, "roaming", archive=zip_folder(adapter_factory("basic"))).status_code == 201
-    r = httpx.post(f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat},
-                   timeout=60)
+    r = httpx.post(f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["model"] == "roaming"
     assert httpx.get(f"{two.url}/v1/adapters/roaming", headers=auth(key)).json()["version"] == 1
@@ -51,15 +65,20 @@ def test_upload_on_one_replica_is_served_by_the_other_and_delete_propagates(repl
     deadline = time.monotonic() + 1.0
     while httpx.get(f"{two.url}/v1/adapters/roaming", headers=auth(key)).json()["version"] != 2:
         assert time.monotonic() < deadline, "replica two still serves version 1 after a second"
-    assert httpx.post(f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat},
-                      timeout=60).status_code == 200
+    assert (
+        httpx.post(
+            f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat}, timeout=60
+        ).status_code
+        == 200
+    )
 
     # Delete through one: two refuses it within a second (it had the record cached).
     assert httpx.delete(f"{one.url}/v1/adapters/roaming", headers=auth(key)).status_code == 200
     start = time.monotonic()
     while True:
-        r = httpx.post(f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat},
-                       timeout=60)
+        r = httpx.post(
+            f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat}, timeout=60
+        )
         if r.status_code == 404:
             break
         assert time.monotonic() - start < 1.0, "replica two still serves a deleted adapter after a second"
@@ -68,9 +87,9 @@ def test_upload_on_one_replica_is_served_by_the_other_and_delete_propagates(repl
     # Keys are shared as well: a key revoked through two is refused by one.
     new_key = httpx.post(f"{two.url}/v1/tenants/{tenant}/keys", headers=auth(ADMIN_KEY)).json()
     assert httpx.get(f"{one.url}/v1/models", headers=auth(new_key["key"])).status_code == 200
-    assert httpx.delete(f"{two.url}/v1/tenants/{tenant}/keys/{new_key['id']}",
-                        headers=auth(ADMIN_KEY)).status_code == 200
+    assert (
+        httpx.delete(f"{two.url}/v1/tenants/{tenant}/keys/{new_key['id']}", headers=auth(ADMIN_KEY)).status_code == 200
+    )
     start = time.monotonic()
     while httpx.get(f"{one.url}/v1/models", headers=auth(new_key["key"])).status_code != 401:
         assert time.monotonic() - start < 1.0, "replica one still accepts a revoked key after a second"
-

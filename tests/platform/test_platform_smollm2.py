@@ -1,6 +1,7 @@
 """The real SmolLM2-135M-Instruct behind the server, through the official `openai` client: chat and
 completions, JSON-schema constrained output that validates, and a tenant's LoRA adapter by model name
 (greedy output identical to the engine's own for the same adapter)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,11 @@ pytestmark = pytest.mark.slow
 
 PERSON = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0,
-                                                                         "maximum": 150},
-                   "city": {"type": "string", "enum": ["Paris", "Berlin", "Rome"]}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "city": {"type": "string", "enum": ["Paris", "Berlin", "Rome"]},
+    },
     "required": ["name", "age", "city"],
     "additionalProperties": False,
 }
@@ -32,8 +35,9 @@ PERSON = {
 def smol(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     from loraplex.engine import AsyncEngine, EngineArgs
 
-    engine = AsyncEngine(EngineArgs(max_model_len=1024, kv_cache_bytes=256 * 1024 * 1024, max_num_seqs=16,
-                                    max_loras=2, max_cpu_loras=4))
+    engine = AsyncEngine(
+        EngineArgs(max_model_len=1024, kv_cache_bytes=256 * 1024 * 1024, max_num_seqs=16, max_loras=2, max_cpu_loras=4)
+    )
     data = tmp_path_factory.mktemp("smol-data")
     settings = settings_for("sqlite", data, max_upload_bytes=64 * 1024 * 1024)
     server = ServerThread(create_app(settings, engine=engine))
@@ -49,45 +53,69 @@ def smol(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_chat_and_completions(smol) -> None:
     _, _, client, engine = smol
     assert client.models.list().data[0].id == engine.model_name == "SmolLM2-135M-Instruct"
-    out = client.chat.completions.create(model=engine.model_name, temperature=0, max_tokens=24, messages=[
-        {"role": "user", "content": "What is the capital of France? Answer in one short sentence."}])
+    out = client.chat.completions.create(
+        model=engine.model_name,
+        temperature=0,
+        max_tokens=24,
+        messages=[{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}],
+    )
     assert "Paris" in out.choices[0].message.content
-    stream = client.completions.create(model=engine.model_name, prompt="The capital of Germany is",
-                                       max_tokens=6, temperature=0, stream=True)
+    stream = client.completions.create(
+        model=engine.model_name, prompt="The capital of Germany is", max_tokens=6, temperature=0, stream=True
+    )
     assert "Berlin" in "".join(c.choices[0].text for c in stream if c.choices)
 
 
 def test_json_schema_response_validates(smol) -> None:
     _, _, client, engine = smol
     out = client.chat.completions.create(
-        model=engine.model_name, temperature=0, max_tokens=80,
+        model=engine.model_name,
+        temperature=0,
+        max_tokens=80,
         messages=[{"role": "user", "content": "Anna is 31 and lives in Rome. Give her details as JSON."}],
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
-                                                                "strict": True}})
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+    )
     value = json.loads(out.choices[0].message.content)
     jsonschema.validate(value, PERSON)
     assert out.choices[0].finish_reason == "stop"
     # The same constraint through vLLM's field, streamed.
     stream = client.chat.completions.create(
-        model=engine.model_name, temperature=0, max_tokens=80, stream=True,
+        model=engine.model_name,
+        temperature=0,
+        max_tokens=80,
+        stream=True,
         messages=[{"role": "user", "content": "Describe a person as JSON."}],
-        extra_body={"structured_outputs": {"json": PERSON}})
+        extra_body={"structured_outputs": {"json": PERSON}},
+    )
     jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in stream if c.choices)), PERSON)
-    choice = client.completions.create(model=engine.model_name, prompt="Is the sky blue? Answer:", max_tokens=5,
-                                       temperature=0, extra_body={"guided_choice": ["yes", "no"]})
+    choice = client.completions.create(
+        model=engine.model_name,
+        prompt="Is the sky blue? Answer:",
+        max_tokens=5,
+        temperature=0,
+        extra_body={"guided_choice": ["yes", "no"]},
+    )
     assert choice.choices[0].text in ("yes", "no")
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=engine.model_name, messages=[{"role": "user", "content": "x"}],
-                                       response_format={"type": "json_schema", "json_schema": {
-                                           "name": "bad", "schema": {"type": "object", "properties": {
-                                               "a": {"type": "no-such-type"}}}}})
+        client.chat.completions.create(
+            model=engine.model_name,
+            messages=[{"role": "user", "content": "x"}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "bad",
+                    "schema": {"type": "object", "properties": {"a": {"type": "no-such-type"}}},
+                },
+            },
+        )
     assert e.value.body["param"] == "response_format" and e.value.body["code"] == "invalid_schema"
 
 
 def test_adapter_by_model_name_matches_the_engine(smol, smol_dir: Path, tmp_path: Path) -> None:
     server, key, client, engine = smol
-    folder = make_peft_adapter(smol_dir, tmp_path / "smol-lora", r=8, seed=3,
-                               targets=("q_proj", "v_proj", "o_proj", "down_proj"))
+    folder = make_peft_adapter(
+        smol_dir, tmp_path / "smol-lora", r=8, seed=3, targets=("q_proj", "v_proj", "o_proj", "down_proj")
+    )
     r = upload(server.url, key, "smol-lora", archive=zip_folder(folder))
     assert r.status_code == 201, r.text
     messages = [{"role": "user", "content": "Write one sentence about the sea."}]

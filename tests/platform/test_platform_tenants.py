@@ -1,5 +1,6 @@
 """Tenants and API keys over real HTTP: admin-only creation, keys shown once and stored hashed,
 rotation and revocation, and the admin routes refusing tenant keys."""
+
 from __future__ import annotations
 
 import asyncio

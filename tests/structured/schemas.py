@@ -1,74 +1,118 @@
 """Extraction tasks with varied schemas (nested objects, arrays, enums, anyOf, $ref, formats, bounds)."""
+
 from __future__ import annotations
 
 PERSON = {
     "type": "object",
-    "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 40}, "age": {"type": "integer",
-                   "minimum": 0, "maximum": 130}},
-    "required": ["name", "age"], "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 130},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
 }
 CONTACT = {
     "type": "object",
     "properties": {"email": {"type": "string", "format": "email"}, "city": {"type": "string", "maxLength": 30}},
-    "required": ["email", "city"], "additionalProperties": False,
+    "required": ["email", "city"],
+    "additionalProperties": False,
 }
 ORDER = {
     "type": "object",
     "properties": {
-        "items": {"type": "array", "items": {"type": "object", "properties": {
-            "product": {"type": "string", "maxLength": 20}, "quantity": {"type": "integer", "minimum": 1,
-                                                                         "maximum": 99}},
-            "required": ["product", "quantity"], "additionalProperties": False}, "minItems": 1, "maxItems": 4},
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "product": {"type": "string", "maxLength": 20},
+                    "quantity": {"type": "integer", "minimum": 1, "maximum": 99},
+                },
+                "required": ["product", "quantity"],
+                "additionalProperties": False,
+            },
+            "minItems": 1,
+            "maxItems": 4,
+        },
         "express": {"type": "boolean"},
     },
-    "required": ["items", "express"], "additionalProperties": False,
+    "required": ["items", "express"],
+    "additionalProperties": False,
 }
 SENTIMENT = {
     "type": "object",
-    "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]},
-                   "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
-    "required": ["sentiment"], "additionalProperties": False,
+    "properties": {
+        "sentiment": {"enum": ["positive", "negative", "neutral"]},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+    "required": ["sentiment"],
+    "additionalProperties": False,
 }
 EVENT = {
     "type": "object",
-    "properties": {"title": {"type": "string", "maxLength": 30}, "date": {"type": "string", "format": "date"},
-                   "start": {"type": "string", "format": "time"}},
-    "required": ["title", "date"], "additionalProperties": False,
+    "properties": {
+        "title": {"type": "string", "maxLength": 30},
+        "date": {"type": "string", "format": "date"},
+        "start": {"type": "string", "format": "time"},
+    },
+    "required": ["title", "date"],
+    "additionalProperties": False,
 }
 ID_OR_NAME = {
     "type": "object",
-    "properties": {"ref": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"}]},
-                   "note": {"type": ["string", "null"], "maxLength": 20}},
-    "required": ["ref", "note"], "additionalProperties": False,
+    "properties": {
+        "ref": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"}]},
+        "note": {"type": ["string", "null"], "maxLength": 20},
+    },
+    "required": ["ref", "note"],
+    "additionalProperties": False,
 }
 ADDRESS_BOOK = {
-    "$defs": {"address": {"type": "object", "properties": {"street": {"type": "string", "maxLength": 30},
-                                                            "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-                          "required": ["street", "zip"], "additionalProperties": False}},
+    "$defs": {
+        "address": {
+            "type": "object",
+            "properties": {
+                "street": {"type": "string", "maxLength": 30},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+            "required": ["street", "zip"],
+            "additionalProperties": False,
+        }
+    },
     "type": "object",
     "properties": {"home": {"$ref": "#/$defs/address"}, "work": {"$ref": "#/$defs/address"}},
-    "required": ["home"], "additionalProperties": False,
+    "required": ["home"],
+    "additionalProperties": False,
 }
 TAGS = {
     "type": "object",
-    "properties": {"tags": {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 12},
-                            "maxItems": 5},
-                   "id": {"type": "string", "format": "uuid"}},
-    "required": ["tags"], "additionalProperties": False,
+    "properties": {
+        "tags": {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 12}, "maxItems": 5},
+        "id": {"type": "string", "format": "uuid"},
+    },
+    "required": ["tags"],
+    "additionalProperties": False,
 }
 TICKET = {
     "type": "object",
-    "properties": {"priority": {"type": "integer", "enum": [1, 2, 3]}, "team": {"const": "support"},
-                   "summary": {"type": "string", "minLength": 5, "maxLength": 60},
-                   "link": {"type": "string", "format": "uri"}},
-    "required": ["priority", "team", "summary"], "additionalProperties": False,
+    "properties": {
+        "priority": {"type": "integer", "enum": [1, 2, 3]},
+        "team": {"const": "support"},
+        "summary": {"type": "string", "minLength": 5, "maxLength": 60},
+        "link": {"type": "string", "format": "uri"},
+    },
+    "required": ["priority", "team", "summary"],
+    "additionalProperties": False,
 }
 MEETING = {
     "type": "object",
-    "properties": {"when": {"type": "string", "format": "date-time"},
-                   "people": {"type": "array", "items": PERSON, "minItems": 1, "maxItems": 3},
-                   "room": {"oneOf": [{"type": "integer", "minimum": 100, "maximum": 999}, {"type": "null"}]}},
-    "required": ["people", "room"], "additionalProperties": False,
+    "properties": {
+        "when": {"type": "string", "format": "date-time"},
+        "people": {"type": "array", "items": PERSON, "minItems": 1, "maxItems": 3},
+        "room": {"oneOf": [{"type": "integer", "minimum": 100, "maximum": 999}, {"type": "null"}]},
+    },
+    "required": ["people", "room"],
+    "additionalProperties": False,
 }
 
 TASKS: list[tuple[str, dict]] = [
@@ -108,5 +152,9 @@ TASKS: list[tuple[str, dict]] = [
 def messages(text: str, schema: dict) -> list[dict]:
     import json
 
-    return [{"role": "user", "content": f"{text}\n\nExtract the information as JSON matching this schema: "
-                                        f"{json.dumps(schema)}"}]
+    return [
+        {
+            "role": "user",
+            "content": f"{text}\n\nExtract the information as JSON matching this schema: {json.dumps(schema)}",
+        }
+    ]

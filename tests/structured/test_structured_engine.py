@@ -1,4 +1,5 @@
 """Structured output inside the engine's batch, on the real SmolLM2 model."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,10 @@ def assert_all_valid(outs, finish_reasons=("stop",)) -> None:
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_every_extraction_parses_and_validates(llm, temperature):
     assert len(TASKS) >= 30
-    params = [SamplingParams(max_tokens=200, temperature=temperature, seed=i,
-                             structured=StructuredSpec(json=schema)) for i, (_, schema) in enumerate(TASKS)]
+    params = [
+        SamplingParams(max_tokens=200, temperature=temperature, seed=i, structured=StructuredSpec(json=schema))
+        for i, (_, schema) in enumerate(TASKS)
+    ]
     assert_all_valid(llm.generate(prompts(llm), params))
 
 
@@ -42,8 +45,14 @@ def test_budget_of_one_and_a_half_times_the_shortest_document_still_closes(llm):
     params = []
     for i, (_, schema) in enumerate(TASKS):
         shortest = compiler.compile(StructuredSpec(json=schema)).min_tokens
-        params.append(SamplingParams(max_tokens=math.ceil(1.5 * shortest), temperature=1.0, seed=100 + i,
-                                     structured=StructuredSpec(json=schema)))
+        params.append(
+            SamplingParams(
+                max_tokens=math.ceil(1.5 * shortest),
+                temperature=1.0,
+                seed=100 + i,
+                structured=StructuredSpec(json=schema),
+            )
+        )
     outs = llm.generate(prompts(llm), params)
     assert_all_valid(outs)
     assert all(len(o.token_ids) <= p.max_tokens for o, p in zip(outs, params))
@@ -53,19 +62,28 @@ def test_unconstrained_neighbour_is_unchanged(llm):
     free = llm.chat_prompt([{"role": "user", "content": "Name three rivers in Europe."}])
     alone = llm.generate([free], SamplingParams(max_tokens=24, temperature=0.0))[0].token_ids
     text, schema = TASKS[0]
-    outs = llm.generate([llm.chat_prompt(messages(text, schema)), free],
-                        [SamplingParams(max_tokens=60, temperature=0.0, structured=StructuredSpec(json=schema)),
-                         SamplingParams(max_tokens=24, temperature=0.0)])
+    outs = llm.generate(
+        [llm.chat_prompt(messages(text, schema)), free],
+        [
+            SamplingParams(max_tokens=60, temperature=0.0, structured=StructuredSpec(json=schema)),
+            SamplingParams(max_tokens=24, temperature=0.0),
+        ],
+    )
     assert outs[1].token_ids == alone
     jsonschema.validate(json.loads(outs[0].text), schema)
 
 
 def test_regex_and_choice_constraints(llm):
     p = llm.chat_prompt([{"role": "user", "content": "Give me a date."}])
-    outs = llm.generate([p, p], [
-        SamplingParams(max_tokens=20, temperature=0.0, structured=StructuredSpec(regex=r"[0-9]{4}-[0-9]{2}-[0-9]{2}")),
-        SamplingParams(max_tokens=20, temperature=0.0, structured=StructuredSpec(choice=["yes", "no", "maybe"])),
-    ])
+    outs = llm.generate(
+        [p, p],
+        [
+            SamplingParams(
+                max_tokens=20, temperature=0.0, structured=StructuredSpec(regex=r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+            ),
+            SamplingParams(max_tokens=20, temperature=0.0, structured=StructuredSpec(choice=["yes", "no", "maybe"])),
+        ],
+    )
     import re
 
     assert re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", outs[0].text) and outs[0].finish_reason == "stop"
@@ -87,13 +105,16 @@ def test_too_small_budget_is_refused_with_the_number(llm):
     assert done["other"].finish_reason == "length"
 
 
-@pytest.mark.parametrize("spec, message", [
-    (dict(json={"type": "object", "properties": {"a": {"type": "strng"}}}), "strng"),
-    (dict(json={"type": "integer", "multipleOf": 3}), "multipleOf"),
-    (dict(json={"type": "integer", "minimum": 5, "maximum": 2}), ""),
-    (dict(regex="([a-z"), ""),
-    (dict(grammar="start: ( 'a' "), ""),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (dict(json={"type": "object", "properties": {"a": {"type": "strng"}}}), "strng"),
+        (dict(json={"type": "integer", "multipleOf": 3}), "multipleOf"),
+        (dict(json={"type": "integer", "minimum": 5, "maximum": 2}), ""),
+        (dict(regex="([a-z"), ""),
+        (dict(grammar="start: ( 'a' "), ""),
+    ],
+)
 def test_bad_constraints_fail_only_their_request(llm, spec, message):
     eng = llm.engine
     try:
