@@ -40,7 +40,7 @@ def archive_kind(path: Path) -> str | None:
             magic = f.read(4)
     except OSError:
         return None
-    if magic.startswith(b"PK\x03\x04") or magic.startswith(b"PK\x05\x06"):
+    if magic.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         return "zip"
     if magic.startswith(b"\x1f\x8b"):
         return "tar.gz"

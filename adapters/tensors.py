@@ -47,7 +47,7 @@ def _refusal(name: str) -> AdapterError:
         )
     if "modules_to_save" in name:
         return AdapterError(f"modules_to_save weights are not supported (tensor {name!r})", code="modules_to_save")
-    if name.endswith(".lora_B.bias") or name.endswith(".lora_A.bias"):
+    if name.endswith((".lora_B.bias", ".lora_A.bias")):
         return AdapterError(f"LoRA bias is not supported (tensor {name!r})", code="unsupported_option")
     if ".lora_A." in name or ".lora_B." in name:
         return AdapterError(

@@ -49,6 +49,32 @@ def median_us(fn: Callable[[], object], repeats: int = 30, inner: int = 10) -> f
     return statistics.median(samples)
 
 
+def _time_group(
+    mapping: LoRABatchMapping, in_features: int, widths: tuple[int, ...], num_slots: int, rank: int, has_c: bool
+) -> tuple[float, float, float, float]:
+    """Microseconds of one projection group: base matmul, grouped torch LoRA, C LoRA, per-token reference."""
+    num_tokens = mapping.num_tokens
+    out_total = sum(widths)
+    offsets = tuple(int(v) for v in torch.tensor((0, *widths)).cumsum(0))
+    x = torch.randn(num_tokens, in_features)
+    weight = torch.randn(out_total, in_features)
+    lora_a = torch.randn(num_slots, len(widths), rank, in_features)
+    lora_b = torch.randn(num_slots, out_total, rank)
+    y = torch.zeros(num_tokens, out_total)
+    lora_bt = lora_b.transpose(1, 2).contiguous()
+    ranks = torch.full((num_slots,), rank, dtype=torch.int32)
+
+    def grouped() -> None:
+        lora_expand_grouped(y, lora_shrink_grouped(x, lora_a, mapping), lora_b, mapping, offsets)
+
+    def ref() -> None:
+        lora_expand_ref(y, lora_shrink_ref(x, lora_a, mapping), lora_b, mapping, offsets)
+
+    base_us, grouped_us = median_us(lambda: F.linear(x, weight)), median_us(grouped)
+    c_us = median_us(lambda: lora_apply_c(x, y, lora_a, lora_bt, mapping, offsets, ranks)) if has_c else nan
+    return base_us, grouped_us, c_us, median_us(ref, repeats=5, inner=3)
+
+
 def bench_lora(indices: torch.Tensor, title: str, num_slots: int = 16, rank: int = 16) -> None:
     num_tokens = indices.shape[0]
     mapping = LoRABatchMapping.build(indices, num_slots)
@@ -67,25 +93,7 @@ def bench_lora(indices: torch.Tensor, title: str, num_slots: int = 16, rank: int
     print(f"{'group':8s} {'base us':>9s} {'grouped us':>11s} {'ratio':>6s} {'C us':>9s} {'ratio':>6s} {'ref us':>9s}")
     totals = [0.0, 0.0, 0.0]
     for name, (in_features, widths) in GROUPS.items():
-        out_total = sum(widths)
-        offsets = tuple(int(v) for v in torch.tensor((0, *widths)).cumsum(0))
-        x = torch.randn(num_tokens, in_features)
-        weight = torch.randn(out_total, in_features)
-        lora_a = torch.randn(num_slots, len(widths), rank, in_features)
-        lora_b = torch.randn(num_slots, out_total, rank)
-        y = torch.zeros(num_tokens, out_total)
-        lora_bt = lora_b.transpose(1, 2).contiguous()
-        ranks = torch.full((num_slots,), rank, dtype=torch.int32)
-
-        def grouped() -> None:
-            lora_expand_grouped(y, lora_shrink_grouped(x, lora_a, mapping), lora_b, mapping, offsets)
-
-        def ref() -> None:
-            lora_expand_ref(y, lora_shrink_ref(x, lora_a, mapping), lora_b, mapping, offsets)
-
-        base_us, grouped_us = median_us(lambda: F.linear(x, weight)), median_us(grouped)
-        c_us = median_us(lambda: lora_apply_c(x, y, lora_a, lora_bt, mapping, offsets, ranks)) if has_c else nan
-        ref_us = median_us(ref, repeats=5, inner=3)
+        base_us, grouped_us, c_us, ref_us = _time_group(mapping, in_features, widths, num_slots, rank, has_c)
         totals[0] += base_us
         totals[1] += grouped_us
         totals[2] += c_us

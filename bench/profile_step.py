@@ -63,7 +63,7 @@ def profile_step(engine) -> dict[str, float]:
         t = time.perf_counter()  # inside: starting and stopping the profiler takes a while of its own
         engine.step()
         wall = (time.perf_counter() - t) * 1e3
-    out = {name: 0.0 for name in GROUPS}
+    out = dict.fromkeys(GROUPS, 0.0)
     total_ops = 0.0
     for evt in prof.key_averages():
         ms = evt.self_cpu_time_total / 1e3

@@ -197,7 +197,7 @@ class OfflineRunner:
 async def warm_up(runner, schedule) -> None:
     """One request of each kind and adapter first (grammar compile, adapter loads), outside the timing."""
     seen = {}
-    for o, r, k, a in schedule:
+    for _, r, k, a in schedule:
         seen.setdefault((k, a if k == "adapter" else 0), (0.0, r, k, a))
     await asyncio.gather(*(runner.one(*item, time.perf_counter()) for item in seen.values()))
 
@@ -253,7 +253,7 @@ async def compare(
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))] if xs else float("nan")
 
 
 def summarise(name: str, results: list[Result], seconds: float) -> list:
@@ -281,8 +281,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="HTTP and offline alternate over this many slices")
     args = ap.parse_args()
 
-    from loraplex.engine.model_files import DEFAULT_MODEL_NAME, prepare_default_model
     from transformers import AutoTokenizer
+
+    from loraplex.engine.model_files import DEFAULT_MODEL_NAME, prepare_default_model
 
     wl = load_workload()
     model_dir = prepare_default_model()

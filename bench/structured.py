@@ -7,8 +7,9 @@ ignore_eos) with the workload's extraction SCHEMA on a share of the requests. Co
 with their JSON, so the 100% run has fewer output tokens and more of its time is prefill; a last run,
 "0% (matched lengths)", repeats the unconstrained batch with each request's max_tokens set to the length
 its constrained output had, so the two runs do the same model work and their ratio is the cost of the
-constraint itself. Prints tokens/s of each run, the share of constrained outputs that validate, the mask time per constrained sequence-step
-(p50/p99, measured inside the engine) and compile times over ../shared/schemas (bench.grammar_backends).
+constraint itself. Prints tokens/s of each run, the share of constrained outputs that validate, the mask
+time per constrained sequence-step (p50/p99, measured inside the engine) and compile times over
+../shared/schemas (bench.grammar_backends).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def main() -> None:
     rows = []
     constrained_lens: list[int] = []
     for share in (0.0, 0.5, 1.0, None):
-        n_constrained = int(round(share * len(prompts))) if share is not None else 0
+        n_constrained = round(share * len(prompts)) if share is not None else 0
         if share is None:  # the unconstrained batch, each output as long as its constrained counterpart
             params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in constrained_lens]
         else:

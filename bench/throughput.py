@@ -88,6 +88,7 @@ def main() -> None:
         enable_prefix_caching=not args.no_prefix_caching,
     )
     from transformers import AutoTokenizer
+
     from loraplex.engine.model_files import prepare_default_model
 
     model_dir = prepare_default_model()

@@ -12,13 +12,13 @@ from loraplex.engine.probe import EngineProbe
 from loraplex.engine.sampling_params import SamplingParams
 
 __all__ = [
+    "LLM",
     "AdapterRef",
     "AsyncEngine",
     "EngineArgs",
     "EngineError",
     "EngineProbe",
     "FinishReason",
-    "LLM",
     "LLMEngine",
     "ModelLoadError",
     "RequestError",

@@ -10,6 +10,7 @@ request's stream early aborts it and frees its KV blocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -139,10 +140,8 @@ class AsyncEngine:
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the client's event loop is gone
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-            except RuntimeError:  # the client's event loop is gone
-                pass
 
     def _handle(self, message: EngineMessage) -> None:
         match message:
@@ -182,7 +181,7 @@ class AsyncEngine:
         try:
             self.engine = LLMEngine(args)
             self._stats = self.engine.stats()
-        except BaseException as exc:  # noqa: BLE001 - re-raised by __init__ in the caller's thread
+        except BaseException as exc:  # re-raised by __init__ in the caller's thread
             self._init_error = exc
             self._ready.set()
             return

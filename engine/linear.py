@@ -10,7 +10,7 @@ and wherever oneDNN is missing or fails a first-use probe, ``F.linear`` on the p
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ from loraplex import env
 BATCH_HINT = 64  # oneDNN picks its blocking for this many rows (as fast for 7 as for 2048 rows)
 
 
-@lru_cache(maxsize=None)
+@cache
 def onednn_linear_available(dtype: torch.dtype) -> bool:
     """oneDNN's packed linear works here for `dtype` (a small probe against F.linear, once per dtype)."""
     if not env.onednn_enabled() or dtype not in (torch.float32, torch.bfloat16):

@@ -122,7 +122,7 @@ def _open_weights(model_dir: Path) -> dict[str, tuple[Path, str]]:
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as sf:
-                for name in sf.keys():
+                for name in sf.keys():  # noqa: SIM118 - a safe_open handle is not iterable
                     index[name] = (f, name)
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
             raise ModelLoadError(f"cannot read weights file {f.name}: {exc}") from exc

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence as Seq
+from collections.abc import Sequence as Seq
 
 from tqdm import tqdm
 
-from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.config import EngineArgs
 from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.outputs import RequestOutput
 from loraplex.engine.sampling_params import SamplingParams
 

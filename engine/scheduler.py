@@ -11,8 +11,9 @@ recomputed later (prefix caching usually brings most of it back).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from loraplex.engine.block_manager import BlockManager
 from loraplex.engine.sequence import Sequence, SequenceStatus

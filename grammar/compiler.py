@@ -23,10 +23,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from loraplex.grammar.backend_types import CompiledGrammar
-from loraplex.grammar.workers.job import CompileOptions
-from loraplex.grammar.workers.pool import JobFailed, WorkerPool
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import vocab_from_hf
+from loraplex.grammar.workers.job import CompileOptions
+from loraplex.grammar.workers.pool import JobFailed, WorkerPool
 
 UPGRADE_TIMEOUT_S = 120.0
 DEFAULT_MEMORY_LIMIT = 4 << 30
@@ -83,7 +83,7 @@ class GrammarCompiler:
         threading.Thread(target=self._llguidance_parts, name="grammar-llg-init", daemon=True).start()
 
     # ---- public API ------------------------------------------------------------------------------
-    def submit(self, spec: StructuredSpec) -> "Future[CompiledGrammar]":
+    def submit(self, spec: StructuredSpec) -> Future[CompiledGrammar]:
         """A future of the compiled grammar; fails with GrammarError (refusal or timeout)."""
         try:
             key = (self.vocab.identity, spec.cache_key())
@@ -138,7 +138,7 @@ class GrammarCompiler:
         if self._upgrade_pool is not None:
             self._upgrade_pool.close()
 
-    def __enter__(self) -> "GrammarCompiler":
+    def __enter__(self) -> GrammarCompiler:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -112,7 +112,7 @@ def _paged_attention_kernel(
     num_tiles = tl.cdiv(kv_len, TILE_N)
     offs_tile = tl.arange(0, TILE_N)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for tile_idx in range(0, num_tiles):
+    for tile_idx in range(num_tiles):
         key_pos = tile_idx * TILE_N + offs_tile
         key_valid = key_pos < kv_len  # never read stale slots of a partial last page
         block_id = tl.load(table_row + (key_pos // PAGE) * stride_bb, mask=key_valid, other=0).to(tl.int64)

@@ -220,7 +220,7 @@ def attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
         )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _, bs, kvh, d = k_cache.shape
+    _, _bs, kvh, d = k_cache.shape
     for g in meta.groups:
         if isinstance(g, CPrefillPlan):
             paged_prefill_attention_c(

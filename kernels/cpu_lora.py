@@ -31,7 +31,7 @@ _VARIANTS = {
     torch.bfloat16: "loraplex_lora_apply_bf16w",
     torch.float16: "loraplex_lora_apply_f16w",
 }  # by weight dtype; activations are float32 in all
-_SIGNATURES = {name: (ctypes.c_int, _ARGS) for name in _VARIANTS.values()}
+_SIGNATURES = dict.fromkeys(_VARIANTS.values(), (ctypes.c_int, _ARGS))
 WEIGHT_DTYPES = tuple(_VARIANTS)
 
 

@@ -19,8 +19,8 @@ import ctypes
 import torch
 
 from .attention import _check_shapes, paged_attention_ref
-from .cpu_decode_attention import check_block_tables
 from .cpu_build import load
+from .cpu_decode_attention import check_block_tables
 
 __all__ = ["cpu_prefill_kernel_available", "paged_prefill_attention_c", "paged_prefill_attention_ref"]
 

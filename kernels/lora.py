@@ -122,7 +122,7 @@ def _entry_weights(stacked: torch.Tensor, plan: GroupedPlan) -> torch.Tensor:
 def lora_shrink_grouped(x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRABatchMapping) -> torch.Tensor:
     """Shrink as one padded ``torch.bmm`` over the plan's batch entries (no Python loop)."""
     _check_shrink(x, lora_a, mapping)
-    num_slots, num_slices, rank, in_features = lora_a.shape
+    _num_slots, num_slices, rank, in_features = lora_a.shape
     buf = x.new_zeros(num_slices, x.shape[0], rank)
     plan = mapping.grouped_plan
     if plan is None:

@@ -19,18 +19,18 @@ from litestar.openapi.spec import Components, SecurityScheme
 from loraplex.adapters import AdapterLimits
 from loraplex.platform.controllers.adapters import AdapterController
 from loraplex.platform.controllers.health import HealthController
-from loraplex.platform.openai.controller import OpenAIController
 from loraplex.platform.controllers.tenants import ApiKeyController, TenantController
 from loraplex.platform.db.migrate import upgrade
 from loraplex.platform.db.session import Database
 from loraplex.platform.errors import EXCEPTION_HANDLERS
 from loraplex.platform.metrics import Metrics
+from loraplex.platform.openai.controller import OpenAIController
+from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.services.adapters import RETIRED_CONTENT, AdapterService, QuotaDefaults
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.container import Services
 from loraplex.platform.services.engine_adapters import EngineAdapters
-from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenants import TenantService

@@ -61,7 +61,7 @@ class Settings:
         return self.data_dir / "adapters"
 
     @classmethod
-    def from_sources(cls, env: Mapping[str, str] = os.environ, **overrides: Any) -> "Settings":
+    def from_sources(cls, env: Mapping[str, str] = os.environ, **overrides: Any) -> Settings:
         """Defaults < LORAPLEX_* environment variables < `overrides` (values that are None are ignored)."""
         values: dict[str, Any] = {}
         hints = typing.get_type_hints(cls)

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-# The Triton kernels are compared with their torch references under the interpreter on CPU (or compiled,
-# with LORAPLEX_TEST_DEVICE=cuda on a GPU machine: see tests/device.py). Triton reads the choice when it
-# is first imported, and other suites (grammar, engine) may import it before the kernel tests do, so it
-# is made here, before anything else loads.
-from tests.device import TEST_DEVICE
-
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+
+# The Triton kernels are compared with their torch references under the interpreter on CPU (or compiled,
+# with LORAPLEX_TEST_DEVICE=cuda on a GPU machine: see tests/device.py). Triton reads the choice when it
+# is first imported, and other suites (grammar, engine) may import it before the kernel tests do, so it
+# is made here, before anything else loads.
+from tests.device import TEST_DEVICE
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,9 @@ Life of an adapter, by content hash:
 
 1. ``read`` (any thread) reads, checks and stacks it, and ``install`` keeps it in the host LRU at once when a
    host slot is free, as vLLM's ``add_lora`` does (``add`` is both); the read it needs for the content hash
-   is the load's read, so this costs little more than checking it. Otherwise, a request names it (``register``: hash -> path),
-   and while requests for it wait, ``plan_loads`` (once per step, in waiting order) gives it room in the
-   host LRU and a loader thread reads, checks and stacks it.
+   is the load's read, so this costs little more than checking it. Otherwise, a request names it
+   (``register``: hash -> path), and while requests for it wait, ``plan_loads`` (once per step, in waiting
+   order) gives it room in the host LRU and a loader thread reads, checks and stacks it.
    Host entries that waiting requests still need are never evicted, so loads cannot thrash.
 2. Once loaded (``is_ready``) the scheduler may admit its requests; ``prepare`` (after scheduling) copies
    it into a device slot, evicting the least recently used slot that no running sequence uses.
@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from loraplex.adapters import LORA_GROUPS, AdapterError, AdapterLimits, BaseModelSpec, load_adapter, stack_adapter
-from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.lora.context import StepLoRAContext
+from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.lora.slot_table import SlotTable
 from loraplex.engine.lora.slot_weights import HostAdapter
 from loraplex.engine.sequence import Sequence

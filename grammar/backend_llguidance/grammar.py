@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from loraplex.grammar.backend_llguidance.search import CompletionSearch
 from loraplex.grammar.backend_outlines.automaton import token_row
 from loraplex.grammar.backend_types import CompiledGrammar, GrammarMatcher
-from loraplex.grammar.backend_llguidance.search import CompletionSearch
 from loraplex.grammar.spec import GrammarError
 from loraplex.grammar.vocab import VocabInfo
 
@@ -64,7 +64,7 @@ class LLGuidanceGrammar(CompiledGrammar):
         self.eos_row = torch.from_numpy(token_row(np.asarray(sorted(self.eos_ids)), self.words))
         self.special = frozenset(t for t, b in enumerate(info.token_bytes) if b is None) - self.eos_ids
 
-    def new_matcher(self) -> "LLGuidanceMatcher":
+    def new_matcher(self) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self, self._template.deep_copy())
 
 

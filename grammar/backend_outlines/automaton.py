@@ -63,7 +63,7 @@ class OutlinesVocab:
         self.probe = Vocabulary(257, probe)
 
 
-def _index(regex: str, vocabulary) -> "object":  # type: ignore[no-untyped-def]
+def _index(regex: str, vocabulary) -> object:  # type: ignore[no-untyped-def]
     from outlines_core import Index
 
     try:

@@ -37,7 +37,7 @@ class AutomatonGrammar(CompiledGrammar):
         self.max_next_dist = [max((self.dist[n] for n in row if n >= 0), default=0) for row in self.table]
         self._lock = threading.Lock()
 
-    def new_matcher(self) -> "AutomatonMatcher":
+    def new_matcher(self) -> AutomatonMatcher:
         return AutomatonMatcher(self)
 
     def next_state(self, state: int, token_id: int) -> int | None:
@@ -86,7 +86,7 @@ class AutomatonGrammar(CompiledGrammar):
 
 
 class AutomatonMatcher(GrammarMatcher):
-    __slots__ = ("_g", "state", "_terminated")
+    __slots__ = ("_g", "_terminated", "state")
 
     def __init__(self, grammar: AutomatonGrammar) -> None:
         self._g = grammar

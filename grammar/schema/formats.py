@@ -40,7 +40,7 @@ _LS32 = f"(?:{_H16}:{_H16}|{IPV4})"
 def _ipv6() -> str:
     """RFC 3986's IPv6address: eight groups, or fewer around one '::'."""
     alts = [f"(?:{_H16}:){{6}}{_LS32}", f"::(?:{_H16}:){{5}}{_LS32}"]
-    for before in range(0, 7):
+    for before in range(7):
         after = 4 - before
         head = f"(?:(?:{_H16}:){{0,{before}}}{_H16})?" if before else f"(?:{_H16})?"
         if after >= 0:

@@ -62,7 +62,7 @@ class Ctx:
 
     refs: tuple[tuple[str, int], ...] = ()
 
-    def bump(self, ptr: str, limit: int) -> "Ctx | None":
+    def bump(self, ptr: str, limit: int) -> Ctx | None:
         counts = dict(self.refs)
         counts[ptr] = counts.get(ptr, 0) + 1
         if counts[ptr] > limit:
@@ -343,10 +343,7 @@ class Normalizer:
         for name, subs, req in a.keys:
             if not req:
                 continue
-            if name in b_keys:
-                b_subs, b_req = b_keys[name]
-            else:
-                b_subs, b_req = b.extra, False
+            b_subs, b_req = b_keys.get(name, (b.extra, False))
             b_nodes = [n for t in self.dnf(b_subs, b.term.ctx) for n in self.nodes(t)]
             if not b_nodes:
                 return True  # a requires a key that b forbids

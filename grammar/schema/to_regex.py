@@ -13,8 +13,8 @@ from typing import Any
 from loraplex.grammar.schema import json_text as jt
 from loraplex.grammar.schema.ecma_pattern import pattern_to_content_regex
 from loraplex.grammar.schema.formats import FORMATS
-from loraplex.grammar.schema.numeric import decimal_range, integer_bounds, integer_range
 from loraplex.grammar.schema.normalize import Ctx, Node, Normalizer, NotRegular, Sub
+from loraplex.grammar.schema.numeric import decimal_range, integer_bounds, integer_range
 from loraplex.grammar.spec import GrammarError
 
 MAX_REGEX_CHARS = 4_000_000

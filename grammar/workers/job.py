@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from loraplex.grammar.backend_llguidance import text as llg_text
-from loraplex.grammar.backend_outlines.automaton import OutlinesVocab, build_automaton, count_states
-from loraplex.grammar.schema.json_text import alt, rx_escape
 from loraplex.grammar.backend_llguidance.search import CompletionSearch
+from loraplex.grammar.backend_outlines.automaton import OutlinesVocab, build_automaton, count_states
 from loraplex.grammar.schema.check import check_schema
+from loraplex.grammar.schema.json_text import alt, rx_escape
 from loraplex.grammar.schema.normalize import NotRegular
-from loraplex.grammar.schema.to_regex import SchemaRegex
 from loraplex.grammar.schema.strict import close_schema
+from loraplex.grammar.schema.to_regex import SchemaRegex
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import VocabInfo
 
@@ -122,7 +122,7 @@ def _count_states_bounded(regex: str, ctx: WorkerContext) -> int | None:
     def run() -> None:
         try:
             result.append(count_states(regex, ctx.outlines))
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
+        except BaseException as e:  # handed to the caller
             result.append(e)
 
     t = threading.Thread(target=run, daemon=True)

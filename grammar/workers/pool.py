@@ -14,9 +14,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any, Callable
+from typing import Any
 
 from loraplex.grammar.workers.ipc import Deadline, PipeClosed, read_frame, write_frame
 
@@ -104,7 +105,7 @@ class WorkerPool:
                 failure = e
             try:
                 job.done(artifact, failure)
-            except Exception:  # noqa: BLE001 - a callback bug must not kill the pool thread
+            except Exception:  # a callback bug must not kill the pool thread
                 log.exception("grammar compile callback failed")
         worker = self._workers[slot]
         if worker is not None:

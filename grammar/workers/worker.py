@@ -25,8 +25,8 @@ def main() -> None:
         return
     if memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
-    from loraplex.grammar.workers.job import WorkerContext, run_job
     from loraplex.grammar.spec import GrammarError
+    from loraplex.grammar.workers.job import WorkerContext, run_job
 
     ctx = WorkerContext(info, options)
     write_frame(fd_out, ("ready",))
@@ -44,7 +44,7 @@ def main() -> None:
             reply = ("err", job_id, str(e))
         except MemoryError:
             reply, recycle = ("err", job_id, "compile ran out of memory (worker memory limit)"), True
-        except Exception as e:  # noqa: BLE001 - reported to the parent, never fatal to it
+        except Exception as e:  # reported to the parent, never fatal to it
             reply = ("err", job_id, f"internal compile error: {type(e).__name__}: {e}")
         try:
             write_frame(fd_out, reply + (recycle,))

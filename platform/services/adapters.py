@@ -50,7 +50,7 @@ class AdapterRecord:
     created_at: str  # ISO 8601
 
     @classmethod
-    def from_row(cls, row: Adapter) -> "AdapterRecord":
+    def from_row(cls, row: Adapter) -> AdapterRecord:
         return cls(
             str(row.id),
             str(row.tenant_id),

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from loraplex.engine import AsyncEngine
 from loraplex.platform.db.session import Database
 from loraplex.platform.metrics import Metrics
+from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.services.adapters import AdapterService
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.engine_adapters import EngineAdapters
-from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenants import TenantService

@@ -67,7 +67,7 @@ class Generation:
         labels: tuple[str, str],
         arrival: float,
         structured_param: str | None = None,
-    ) -> "Generation":
+    ) -> Generation:
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = [
             engine.generate(

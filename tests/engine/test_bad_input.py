@@ -67,7 +67,7 @@ def test_unknown_model_directory(tmp_path):
 
 
 def test_directory_without_config(tmp_path):
-    with pytest.raises(ModelLoadError, match="has no config.json"):
+    with pytest.raises(ModelLoadError, match=r"has no config\.json"):
         LLMEngine(model=str(tmp_path))
 
 

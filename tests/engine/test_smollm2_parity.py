@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
 from tests.engine.helpers import HFOracle, LogitsRecorder, run_to_completion
@@ -32,7 +31,7 @@ QUESTIONS = [
     "How many legs does a spider have?",
     "Write one line of Python that prints hello.",
     "Où se trouve la bibliothèque ?",
-    "日本の首都はどこですか？",
+    "日本の首都はどこですか？",  # noqa: RUF001 - the full-width question mark is Japanese text
     "Suggest a healthy breakfast.",
     "What does HTTP stand for?",
     "Describe the ocean in five words.",

@@ -111,7 +111,7 @@ def test_random_walk_then_budget_ends_complete(request, tokenizer, backend, name
     grammar = request.getfixturevalue(backend).compile(SPECS[name])
     rng = random.Random(f"{backend}-{name}")
     schema = _schema(SPECS[name])
-    for trial in range(6):
+    for _ in range(6):
         tokens = _walk(grammar, rng, steps=rng.randint(0, 25))
         text = tokenizer.decode(tokens)
         if schema is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from loraplex.kernels.attention import paged_attention_ref
 from loraplex.kernels.attention_plan import (
     AttentionMetadata,
     CausalPlan,
@@ -14,7 +15,6 @@ from loraplex.kernels.attention_plan import (
     GroupPlan,
     attention,
 )
-from loraplex.kernels.attention import paged_attention_ref
 from loraplex.kernels.cpu_decode_attention import cpu_decode_kernel_available
 from loraplex.kernels.cpu_prefill_attention import cpu_prefill_kernel_available
 

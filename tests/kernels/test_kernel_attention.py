@@ -1,7 +1,5 @@
 """Paged attention: Triton (interpreter) == torch reference == naive dense attention."""
 
-from tests.device import TRITON_HALF_DTYPES, on_test_device  # first: it chooses interpreter or compiler
-
 import math
 
 import pytest
@@ -13,6 +11,7 @@ from loraplex.kernels.attention import (
     paged_attention_triton,
     store_kv,
 )
+from tests.device import TRITON_HALF_DTYPES, on_test_device  # first: it chooses interpreter or compiler
 
 HEAD_DIM = 32
 

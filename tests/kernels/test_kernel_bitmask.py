@@ -1,7 +1,5 @@
 """Token bitmask: Triton (interpreter) == vectorised torch path == per-token bit loop."""
 
-from tests.device import on_test_device  # first: it chooses interpreter or compiler
-
 import pytest
 import torch
 
@@ -10,6 +8,7 @@ from loraplex.kernels.bitmask import (
     apply_token_bitmask_ref,
     apply_token_bitmask_triton,
 )
+from tests.device import on_test_device  # first: it chooses interpreter or compiler
 
 
 def random_bitmask(rows: int, words: int, seed: int) -> torch.Tensor:

@@ -1,7 +1,5 @@
 """Multi-LoRA shrink / expand: Triton (interpreter) == grouped CPU path == per-token reference."""
 
-from tests.device import TRITON_HALF_DTYPES, on_test_device  # first: it chooses interpreter or compiler
-
 import pytest
 import torch
 
@@ -16,6 +14,7 @@ from loraplex.kernels.lora import (
     lora_shrink_ref,
     lora_shrink_triton,
 )
+from tests.device import TRITON_HALF_DTYPES, on_test_device  # first: it chooses interpreter or compiler
 
 # (in_features, slice widths): qkv-like (SmolLM2 576/192/192), gate_up-like, o-like, down-like
 LAYOUTS = {
@@ -140,7 +139,7 @@ def test_mapping_rejects_out_of_range_indices():
 
 
 def test_shape_errors_name_the_problem():
-    lora_a, lora_b, offsets = make_weights(*LAYOUTS["gate_up"], ranks=[8] * NUM_SLOTS)
+    lora_a, lora_b, _offsets = make_weights(*LAYOUTS["gate_up"], ranks=[8] * NUM_SLOTS)
     mapping = LoRABatchMapping.build([0, 1], NUM_SLOTS)
     with pytest.raises(ValueError, match="covers 2 tokens"):
         lora_shrink(torch.randn(3, 48), lora_a, mapping)

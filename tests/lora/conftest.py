@@ -9,10 +9,10 @@ here, before any test module of this folder loads.
 
 from __future__ import annotations
 
-from tests.device import TEST_DEVICE  # noqa: F401  (first: it chooses interpreter or compiler)
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+from tests.device import TEST_DEVICE  # noqa: F401  (first: it chooses interpreter or compiler)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -128,8 +128,8 @@ async def test_async_engine_adapters(tiny_llama_dir, tiny_adapters):
             async for _ in engine.generate(PROMPTS[0], SamplingParams(max_tokens=2), adapter="a14"):
                 pass
         engine.remove_adapter(ref)
-        async for out in engine.generate(PROMPTS[1], SamplingParams(max_tokens=3, **GREEDY), adapter=ref):
-            pass
+        outs = [o async for o in engine.generate(PROMPTS[1], SamplingParams(max_tokens=3, **GREEDY), adapter=ref)]
+        out = outs[-1]
         assert out.token_ids == oracle.greedy("a14", PROMPTS[1], 3, None)
         assert engine.engine.lora_manager.num_disk_loads == 2
     finally:

@@ -71,7 +71,7 @@ def test_bfloat16_storage_is_exact_for_bfloat16_weights(tiny_llama_dir, bf16_exa
     other_dirs, other_oracle = tiny_adapters
     adapters = {"x0": str(dirs["x0"]), "x1": str(dirs["x1"]), "a0": str(other_dirs["a0"])}  # a0: any weights
     eng16, done16, rec16 = _run(tiny_llama_dir, adapters, "bfloat16")
-    eng32, done32, rec32 = _run(tiny_llama_dir, adapters, None)
+    eng32, _done32, rec32 = _run(tiny_llama_dir, adapters, None)
     slots16, slots32 = eng16.lora_manager.slot_table.weights, eng32.lora_manager.slot_table.weights
     assert slots16.a["qkv"].dtype == torch.bfloat16 and slots32.a["qkv"].dtype == torch.float32
     assert 2 * slots16.nbytes() == slots32.nbytes()
@@ -102,9 +102,9 @@ def test_float16_storage_rounds_far_less_than_bfloat16(tiny_llama_dir, tiny_adap
     the same greedy tokens; hence float32, the model's dtype, stays the default.)"""
     dirs, oracle = tiny_adapters
     adapters = {name: str(dirs[name]) for name in ("a0", "a1", "a2")}
-    eng32, done32, rec32 = _run(tiny_llama_dir, adapters, None)
+    eng32, _done32, rec32 = _run(tiny_llama_dir, adapters, None)
     eng16, done16, rec16 = _run(tiny_llama_dir, adapters, "float16")
-    engb, doneb, recb = _run(tiny_llama_dir, adapters, "bfloat16")
+    _engb, _doneb, recb = _run(tiny_llama_dir, adapters, "bfloat16")
     assert eng16.lora_manager.slot_table.weights.a["qkv"].dtype == torch.float16
     assert 2 * eng16.lora_manager.slot_table.weights.nbytes() == eng32.lora_manager.slot_table.weights.nbytes()
     for i, name in enumerate(adapters):

@@ -52,11 +52,11 @@ def test_failed_loads_fail_only_their_requests(tiny_llama_dir, tiny_adapters, tm
         "changed": (changed_ref, "content hash"),
         "big": (AdapterRef("b" * 64, str(big)), "max_lora_rank"),
     }
-    jobs = [(name, ref) for name, ref in good.items()] + [(None, None)]
+    jobs = list(good.items()) + [(None, None)]
     jobs += [(name, ref) for name, (ref, _) in bad.items()]
     jobs = jobs + jobs  # each twice, interleaved
     arrivals = {0: [], 2: []}
-    for j, (name, ref) in enumerate(jobs):
+    for j, (_, ref) in enumerate(jobs):
         arrivals[0 if j < len(jobs) // 2 else 2].append(
             dict(prompt_token_ids=PROMPTS[j % 3], params=greedy(), request_id=f"j{j}", adapter=ref)
         )

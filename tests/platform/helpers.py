@@ -46,7 +46,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 120.0) -> "ServerThread":
+    def start(self, timeout: float = 120.0) -> ServerThread:
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:
@@ -81,7 +81,7 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def wait_ready(self, timeout: float = 180.0) -> "ServerProcess":
+    def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -23,7 +23,7 @@ def tenant(start_server):
 
 
 def test_models_and_chat_non_streaming(tenant) -> None:
-    server, key, client, base = tenant
+    _server, _key, client, base = tenant
     models = client.models.list().data
     assert [m.id for m in models] == [base] and models[0].owned_by == "loraplex"
     assert client.models.retrieve(base).id == base
@@ -79,7 +79,7 @@ def test_chat_streaming_with_usage_and_logprobs(tenant) -> None:
 
 
 def test_completions_stream_and_not_with_n_and_seed(tenant) -> None:
-    server, key, client, base = tenant
+    _server, _key, client, base = tenant
     out = client.completions.create(
         model=base, prompt="Once upon a time", max_tokens=4, n=3, seed=7, temperature=1.0, logprobs=1
     )
@@ -171,7 +171,7 @@ def test_errors_in_openai_format(tenant) -> None:
 
 
 def test_oversized_json_body_is_413(tenant) -> None:
-    server, key, client, base = tenant
+    server, key, _client, _base = tenant
     body = b'{"model": "x", "prompt": "' + b"a" * server.settings.max_request_bytes + b'"}'
     r = httpx.post(
         f"{server.url}/v1/completions",
@@ -216,7 +216,7 @@ def test_structured_output_through_the_openai_client(tenant) -> None:
     import jsonschema
     from pydantic import BaseModel, Field
 
-    server, key, client, base = tenant
+    _server, _key, client, base = tenant
 
     class Person(BaseModel):
         name: str = Field(max_length=12)
@@ -266,7 +266,7 @@ def test_structured_output_through_the_openai_client(tenant) -> None:
 
 
 def test_invalid_structured_constraints_are_400(tenant) -> None:
-    server, key, client, base = tenant
+    _server, _key, client, base = tenant
     bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as e:

@@ -56,7 +56,7 @@ def test_health_ready_and_metrics(start_server, adapter_factory) -> None:
     assert samples[("loraplex_time_to_first_token_seconds_count", ())] >= 2
     per_model = {dict(k[1]).get("model"): v for k, v in samples.items() if k[0] == "loraplex_requests_total"}
     assert per_model[base] >= 1 and per_model["m-lora"] >= 1
-    info = [s for s in fam["vllm:lora_requests_info"].samples]
+    info = list(fam["vllm:lora_requests_info"].samples)
     assert set(info[0].labels) == {"max_lora", "running_lora_adapters", "waiting_lora_adapters"}
     assert info[0].labels["max_lora"] == "4"
 
@@ -144,18 +144,20 @@ def test_disconnecting_streams_free_every_kv_block(start_server, tiny_engine) ->
             "stream": True,
             "n": 1 + i % 2,
         }  # half of them stream two choices
-        async with httpx.AsyncClient(timeout=60) as http:
-            async with http.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=auth(key)) as r:
-                assert r.status_code == 200
-                lines = r.aiter_lines()  # held open (a dropped iterator would close the connection early)
-                events = 0
-                while events < 3:
-                    if (await lines.__anext__()).startswith("data: "):
-                        events += 1
-                if await barrier.wait() == 0:  # every client is mid-stream: look at the engine once
-                    in_flight.append(tiny_engine.stats())
-                await barrier.wait()  # nobody hangs up before that look
-                return events  # leaving the block closes the connection mid-stream
+        async with (
+            httpx.AsyncClient(timeout=60) as http,
+            http.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=auth(key)) as r,
+        ):
+            assert r.status_code == 200
+            lines = r.aiter_lines()  # held open (a dropped iterator would close the connection early)
+            events = 0
+            while events < 3:
+                if (await lines.__anext__()).startswith("data: "):
+                    events += 1
+            if await barrier.wait() == 0:  # every client is mid-stream: look at the engine once
+                in_flight.append(tiny_engine.stats())
+            await barrier.wait()  # nobody hangs up before that look
+            return events  # leaving the block closes the connection mid-stream
 
     async def run() -> list[int]:
         barrier = asyncio.Barrier(20)

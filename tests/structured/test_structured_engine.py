@@ -8,7 +8,7 @@ import math
 import jsonschema
 import pytest
 
-from loraplex.engine import LLM, RequestError, SamplingParams
+from loraplex.engine import LLM, SamplingParams
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from tests.structured.schemas import TASKS, messages
 
