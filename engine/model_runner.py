@@ -27,25 +27,9 @@ class ModelRunner:
         self.model: LlamaModel = load_llama(model_dir, shape, self.device, self.dtype, max_model_len, self.backend)
         self.num_blocks = self._num_blocks(args)
         # [num_blocks, block_size, kv_heads, head_dim] per layer; zeroed so never-written slots are finite.
+        cache_shape = (self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim)
         self.kv_caches = [
-            (
-                torch.zeros(
-                    self.num_blocks,
-                    self.block_size,
-                    shape.num_kv_heads,
-                    shape.head_dim,
-                    device=self.device,
-                    dtype=self.dtype,
-                ),
-                torch.zeros(
-                    self.num_blocks,
-                    self.block_size,
-                    shape.num_kv_heads,
-                    shape.head_dim,
-                    device=self.device,
-                    dtype=self.dtype,
-                ),
-            )
+            tuple(torch.zeros(cache_shape, device=self.device, dtype=self.dtype) for _ in ("k", "v"))
             for _ in range(shape.num_layers)
         ]
 

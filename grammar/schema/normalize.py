@@ -21,30 +21,10 @@ from typing import Any
 import jsonschema
 import referencing.exceptions
 
-from loraplex.grammar.schema.check import resolve_pointer
+from loraplex.grammar.schema.check import ANNOTATIONS, resolve_pointer
 
 APPLICATORS = frozenset({"$ref", "allOf", "anyOf", "oneOf"})
-_NOT_ASSERTIONS = frozenset(
-    {
-        "title",
-        "description",
-        "default",
-        "examples",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-        "$comment",
-        "$schema",
-        "$id",
-        "$anchor",
-        "$vocabulary",
-        "contentMediaType",
-        "contentEncoding",
-        "discriminator",
-        "$defs",
-        "definitions",
-    }
-)
+_NOT_ASSERTIONS = ANNOTATIONS | {"$defs", "definitions"}
 KINDS = frozenset({"null", "boolean", "integer", "fraction", "string", "array", "object"})
 MAX_TERMS = 64
 
