@@ -50,7 +50,8 @@ def _cpu_signature() -> str:
     return ""
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The C compiler to build with: $CC, else cc or gcc on the PATH (None: there is none)."""
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
@@ -84,7 +85,7 @@ def load(name: str, signatures: Signatures) -> ctypes.CDLL | None:
 def _build_and_load(name: str) -> ctypes.CDLL | None:
     if not env.cpu_kernels_enabled():
         return None
-    cc = _compiler()
+    cc = compiler()
     if cc is None:
         logger.warning("no C compiler found: the CPU runs the torch paths instead of the C kernels")
         return None

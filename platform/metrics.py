@@ -120,6 +120,8 @@ class EngineCollector(Collector):
             "loraplex_lora_disk_loads": ("lora_disk_loads", "Adapters read from the store into host memory"),
             "loraplex_lora_load_failures": ("lora_load_failures", "Adapter loads that failed"),
             "loraplex_num_preemptions": ("num_preemptions", "Sequences preempted for lack of KV blocks"),
+            "loraplex_prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+            "loraplex_prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens served from the prefix cache"),
             "loraplex_grammar_compile_seconds": ("grammar_compile_seconds", "Seconds spent compiling grammars"),
             "loraplex_grammar_compiles": ("grammar_compiles", "Grammars compiled (cache misses)"),
         }

@@ -86,3 +86,15 @@ def _float32_engines_on_gpu(monkeypatch):
         "resolved_dtype",
         lambda self, device, ckpt: resolved(self, device, ckpt) if self.dtype else torch.float32,
     )
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Always say how many tests were skipped and why (a skip hides a part that was not tested)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    terminalreporter.write_line(f"skipped tests: {len(skipped)}")
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reasons[reason] = reasons.get(reason, 0) + 1
+    for reason, count in sorted(reasons.items()):
+        terminalreporter.write_line(f"  {count} x {reason}")

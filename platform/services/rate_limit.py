@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,15 +24,16 @@ class RateDecision:
 
 
 class RateLimiter:
-    def __init__(self, redis: RedisLink | None = None) -> None:
+    def __init__(self, redis: RedisLink | None = None, clock: Callable[[], float] = time.time) -> None:
         self.redis = redis
+        self.clock = clock  # seconds since the epoch; tests fix it so no window ends mid-test
         self._local: dict[str, tuple[int, int]] = {}  # tenant -> (window, count)
 
     async def hit(self, tenant_id: str, limit_per_minute: int, now: float | None = None) -> RateDecision:
         """Count one request of `tenant_id`; a limit <= 0 means unlimited."""
         if limit_per_minute <= 0:
             return RateDecision(True, 0, 0, 0)
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         window = int(now // WINDOW_S)
         reset = max(1, math.ceil((window + 1) * WINDOW_S - now))
         count = await self._count_redis(tenant_id, window) if self.redis is not None else None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from loraplex.adapters import BaseModelSpec, inspect_adapter, load_adapter
 
@@ -41,7 +44,10 @@ def test_loads_a_plain_adapter(adapter_dir, base: BaseModelSpec) -> None:
     assert adapter.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     assert adapter.layers == [0, 1, 2]
     assert len(adapter.weights) == 21
-    assert len(adapter.content_hash) == 64 and int(adapter.content_hash, 16) >= 0
+    assert (
+        len(adapter.content_hash) == 64
+        and adapter.content_hash == inspect_adapter(adapter_dir, base, max_lora_rank=MAX_RANK).content_hash
+    )
     saved = load_file(adapter_dir / "adapter_model.safetensors")
     assert adapter.size_bytes == sum(t.nbytes for t in saved.values())
     w = adapter.weights[(1, "k_proj")]
@@ -132,3 +138,62 @@ def test_from_hf_config_accepts_a_config_dict(tiny_config) -> None:
     as_dict = tiny_config.to_dict()
     as_dict["architectures"] = ["LlamaForCausalLM"]
     assert BaseModelSpec.from_hf_config(as_dict) == BaseModelSpec.from_hf_config(tiny_config)
+
+
+# The content hash of the fixed adapter below. It names stored versions and keys the engine's caches and
+# the prefix cache: if it changes, every stored adapter's identity changes, so a change must be deliberate
+# (a new HASH_FORMAT).
+FIXED_ADAPTER_HASH = "87fb1aacf53d2f32b1262881356083bf7f88e8c0bcd3628e4a00b473e2734c97"
+
+
+def _fixed_adapter(folder: Path) -> dict[str, torch.Tensor]:
+    """r=2, alpha=4 on q_proj and v_proj of the tiny base's three layers, with weights that are fixed
+    numbers (no random generator whose stream could change between torch versions)."""
+    folder.mkdir()
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": 2,
+        "lora_alpha": 4,
+        "target_modules": ["q_proj", "v_proj"],
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    tensors = {}
+    for layer in range(3):
+        for module, out in (("q_proj", 64), ("v_proj", 32)):
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            a = torch.arange(2 * 48, dtype=torch.float32).reshape(2, 48) / 97 - layer
+            b = torch.arange(out * 2, dtype=torch.float32).reshape(out, 2) / 31 + (1 if module == "q_proj" else 2)
+            tensors[f"{prefix}.lora_A.weight"], tensors[f"{prefix}.lora_B.weight"] = a, b
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    return tensors
+
+
+def _hash_by_the_documented_format(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 of: one JSON line {format, config} (per-module rank and alpha/scaling as float.hex), then per
+    tensor in canonical-name order a JSON line [name, dtype, shape, bytes] and its raw little-endian bytes
+    (adapters/hashing.py describes the format; this rewrites it from that description)."""
+    modules = {
+        f"layers.{layer}.{m}": {"rank": 2, "alpha": (4.0).hex(), "scaling": (2.0).hex()}
+        for layer in range(3)
+        for m in ("q_proj", "v_proj")
+    }
+    sha = hashlib.sha256()
+    head = {"format": "loraplex-lora/1", "config": {"peft_type": "LORA", "use_rslora": False, "modules": modules}}
+    sha.update(json.dumps(head, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+    canonical = {}
+    for name, t in tensors.items():
+        parts = name.split(".")  # base_model.model.model.layers.L.self_attn.M.lora_X.weight
+        canonical[f"layers.{parts[4]}.{parts[6]}.{parts[7]}"] = t
+    for name in sorted(canonical):
+        t = canonical[name]
+        data = t.contiguous().numpy().astype("<f4").tobytes()
+        sha.update(json.dumps([name, "F32", list(t.shape), len(data)], separators=(",", ":")).encode() + b"\n")
+        sha.update(data)
+    return sha.hexdigest()
+
+
+def test_content_hash_of_a_fixed_adapter_is_pinned(tmp_path: Path, base: BaseModelSpec) -> None:
+    tensors = _fixed_adapter(tmp_path / "fixed")
+    loaded = load_adapter(tmp_path / "fixed", base, max_lora_rank=MAX_RANK)
+    assert loaded.content_hash == _hash_by_the_documented_format(tensors) == FIXED_ADAPTER_HASH

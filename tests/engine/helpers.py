@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import torch
 
+# Logits tolerances against transformers and peft (float32 on both sides). The engine sums in another order
+# (oneDNN's blocked GEMMs, the C kernels, chunked prefill over the paged cache) than transformers (MKL, SDPA),
+# so the two differ by float32 rounding, which grows with depth and with the logits' size:
+# - the tiny random Llama (2 layers, logits within a few units): observed ~1e-6 to 1e-5;
+# - SmolLM2-135M (30 layers, logits up to ~35): observed up to 7e-5, about 2e-6 of the largest logit.
+# Each tolerance leaves a few times the observed difference for other CPUs' vector widths.
+TINY_LOGITS_ATOL = 1e-4
+SMOLLM2_LOGITS_ATOL = 3e-4
+
 
 class HFOracle:
     """Hugging Face transformers as the numerical reference (greedy ids and last-position logits)."""
@@ -14,15 +23,29 @@ class HFOracle:
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
     @torch.inference_mode()
-    def greedy(self, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
+    def greedy(
+        self, prompt: list[int], max_new_tokens: int, eos: int | list[int] | None = None, min_new_tokens: int = 0
+    ) -> list[int]:
+        """Greedy ids; ``min_new_tokens`` suppresses ``eos`` before that many tokens (transformers' own
+        MinNewTokensLengthLogitsProcessor)."""
+        pad = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
         out = self.model.generate(
             torch.tensor([prompt]),
             max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens,
             do_sample=False,
             eos_token_id=eos,
-            pad_token_id=eos if eos is not None else 0,
+            pad_token_id=pad,
         )
         return out[0, len(prompt) :].tolist()
+
+    @torch.inference_mode()
+    def greedy_ignore_eos(self, prompt: list[int], n: int) -> list[int]:
+        """The n most likely tokens in turn, EOS or not (what ignore_eos=True decodes)."""
+        ids = list(prompt)
+        for _ in range(n):
+            ids.append(int(self.model(torch.tensor([ids])).logits[0, -1].argmax()))
+        return ids[len(prompt) :]
 
     @torch.inference_mode()
     def last_logits(self, prompt: list[int]) -> torch.Tensor:

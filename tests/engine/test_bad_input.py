@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from loraplex.engine import LLM, LLMEngine, ModelLoadError, RequestError, SamplingParams
-from tests.engine.helpers import run_to_completion
+from tests.engine.helpers import HFOracle, run_to_completion
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +53,31 @@ def test_bad_prompts_are_refused_and_others_keep_running(engine):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
-def test_generate_validates_every_prompt_before_submitting(tiny_llama_dir):
+@pytest.mark.parametrize(
+    "prompts, late_bad_params, message",
+    [
+        ([[5, 6], [7, 8], []], False, "the prompt is empty"),
+        ([[5, 6], [7] * 200], False, "the prompt has 200 tokens, but max_model_len is 128"),
+        ([[5, 6], [7, 10**9], [9]], False, "outside the vocabulary"),
+        ([[5, 6], [7, 8]], True, "logprobs must be between"),
+    ],
+)
+def test_generate_validates_every_prompt_before_submitting(tiny_llama_dir, prompts, late_bad_params, message):
+    """One bad prompt (or its parameters) anywhere in the list refuses the whole call before any request is
+    queued: no request, no KV block, and the next call's outputs are those of a fresh model."""
     llm = LLM(str(tiny_llama_dir), num_kv_blocks=64, block_size=8, max_model_len=128)
-    with pytest.raises(RequestError, match="the prompt is empty"):
-        llm.generate([[5, 6], []], SamplingParams(max_tokens=2))
-    assert not llm.engine.has_unfinished()
-    assert llm.generate([[5, 6]], SamplingParams(max_tokens=2, temperature=0))[0].finish_reason is not None
+    greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    sampling: SamplingParams | list[SamplingParams] = greedy
+    if late_bad_params:
+        sampling = [SamplingParams(max_tokens=2), SamplingParams(max_tokens=2)]
+        sampling[1].logprobs = 50  # changed after it was built: validated again when submitted
+    with pytest.raises(RequestError, match=message):
+        llm.generate(prompts, sampling)
+    assert not llm.engine.has_unfinished() and llm.engine.requests == {}
+    assert llm.engine.block_manager.num_used_blocks == 0
+    oracle = HFOracle(tiny_llama_dir)
+    outs = llm.generate([[5, 6], [7, 8, 9]], greedy)
+    assert [o.token_ids for o in outs] == [oracle.greedy_ignore_eos([5, 6], 4), oracle.greedy_ignore_eos([7, 8, 9], 4)]
 
 
 def test_unknown_model_directory(tmp_path):

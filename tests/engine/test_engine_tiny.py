@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
-from tests.engine.helpers import HFOracle, LogitsRecorder, run_to_completion
+from tests.engine.helpers import TINY_LOGITS_ATOL, HFOracle, LogitsRecorder, run_to_completion
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -47,7 +47,7 @@ def test_staggered_chunked_batch_matches_hf(tiny_llama_dir, oracle):
     for i, p in enumerate(ps):
         out = done[f"r{i}"]
         assert out.token_ids == oracle.greedy(p, len(out.token_ids)), f"request {i}"
-        torch.testing.assert_close(rec.first[f"r{i}"], oracle.last_logits(p), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(rec.first[f"r{i}"], oracle.last_logits(p), atol=TINY_LOGITS_ATOL, rtol=1e-4)
     assert eng.stats()["prefix_cache_hits"] > 0
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 
 import pytest
 import torch
 
 from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
 from loraplex.engine.detokenizer import IncrementalDetokenizer
-from tests.engine.helpers import run_to_completion
+from tests.engine.helpers import HFOracle, run_to_completion
 
 PROMPT = [412, 9013, 77, 2044, 318, 5001, 12, 880]
 
@@ -94,14 +96,37 @@ def test_seed_reproducible_and_temperature_changes_output(engine):
     a = generate(engine, p).token_ids
     b = generate(engine, SamplingParams(max_tokens=10, temperature=1.0, seed=123, ignore_eos=True)).token_ids
     assert a == b
+    # Same seed, other temperatures: the draws differ (the distributions themselves are checked against the
+    # softmax in test_sampling_distributions).
+    hot = generate(engine, SamplingParams(max_tokens=10, temperature=4.0, seed=123, ignore_eos=True)).token_ids
+    greedy = generate(engine, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)).token_ids
+    assert hot != a and greedy != a
 
 
-def test_min_tokens_suppresses_eos(engine):
-    eos = next(iter(engine.eos_token_ids))
-    out = generate(
-        engine, SamplingParams(max_tokens=8, min_tokens=8, temperature=0.0, stop_token_ids=[], ignore_eos=False)
-    )
-    assert eos not in out.token_ids[:7]
+@pytest.fixture(scope="module")
+def eos_first(tiny_llama_dir, tmp_path_factory):
+    """The tiny model with its EOS id set to the token that greedy decoding of PROMPT picks first (found with
+    transformers, the oracle): EOS is then the most likely token at the first output position."""
+    oracle = HFOracle(tiny_llama_dir)
+    eos = oracle.greedy(PROMPT, 1)[0]
+    model_dir = tmp_path_factory.mktemp("eos-first")
+    for f in tiny_llama_dir.iterdir():
+        shutil.copy(f, model_dir / f.name)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["eos_token_id"] = eos
+    (model_dir / "config.json").write_text(json.dumps(config))
+    return model_dir, eos, oracle
+
+
+def test_min_tokens_suppresses_eos(eos_first):
+    model_dir, eos, oracle = eos_first
+    engine = LLMEngine(model=str(model_dir), num_kv_blocks=64, block_size=8)
+    free = generate(engine, SamplingParams(max_tokens=8, temperature=0.0))
+    assert free.token_ids == [eos] and free.finish_reason == "stop"  # EOS is the most likely first token
+    held = generate(engine, SamplingParams(max_tokens=8, min_tokens=4, temperature=0.0))
+    assert eos not in held.token_ids[:4]
+    stops = sorted(engine.eos_token_ids)  # the config's EOS and the tokenizer's
+    assert held.token_ids == oracle.greedy(PROMPT, 8, eos=stops, min_new_tokens=4)
 
 
 def test_detokenizer_never_splits_multibyte_characters(smol_dir):

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from loraplex.kernels.cpu_decode_attention import (
-    cpu_decode_kernel_available,
     paged_decode_attention,
     paged_decode_attention_c,
     paged_decode_attention_ref,
 )
+from tests.c_kernels import needs_c_kernels
 
-pytestmark = pytest.mark.skipif(not cpu_decode_kernel_available(), reason="needs a C compiler")
+pytestmark = needs_c_kernels
 
 
 def _case(num_seqs: int, heads: int, kv_heads: int, head_dim: int, block_size: int, lens: list[int], seed: int = 0):

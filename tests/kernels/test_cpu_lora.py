@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.kernels.cpu_lora import CLoRAStep, cpu_lora_kernel_available, lora_apply_c, lora_apply_ref
+from loraplex.kernels.cpu_lora import CLoRAStep, lora_apply_c, lora_apply_ref
 from loraplex.kernels.lora_mapping import LoRABatchMapping
+from tests.c_kernels import needs_c_kernels
 
-pytestmark = pytest.mark.skipif(not cpu_lora_kernel_available(), reason="needs a C compiler")
+pytestmark = needs_c_kernels
 
 
 def _weights(num_slots: int, widths: list[int], in_features: int, max_rank: int, ranks: list[int], seed: int):

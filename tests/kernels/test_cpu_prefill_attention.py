@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from loraplex.kernels.cpu_prefill_attention import (
-    cpu_prefill_kernel_available,
     paged_prefill_attention_c,
     paged_prefill_attention_ref,
 )
+from tests.c_kernels import needs_c_kernels
 
-pytestmark = pytest.mark.skipif(not cpu_prefill_kernel_available(), reason="needs a C compiler")
+pytestmark = needs_c_kernels
 
 
 def _case(

@@ -10,7 +10,6 @@ from loraplex.kernels.elementwise import (
     add_rms_norm,
     add_rms_norm_c,
     add_rms_norm_ref,
-    cpu_elementwise_available,
     rope_,
     rope_c,
     rope_ref,
@@ -18,8 +17,9 @@ from loraplex.kernels.elementwise import (
     silu_mul_c,
     silu_mul_ref,
 )
+from tests.c_kernels import needs_c_kernels
 
-pytestmark = pytest.mark.skipif(not cpu_elementwise_available(), reason="needs a C compiler")
+pytestmark = needs_c_kernels
 
 
 @pytest.mark.parametrize("rows,dim", [(1, 576), (7, 64), (300, 100), (2048, 576)])

@@ -46,6 +46,11 @@ class ServerThread:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def services(self) -> Any:
+        """The running app's Services (built by its lifespan)."""
+        return self.server.config.app.state.services
+
     def start(self, timeout: float = 120.0) -> ServerThread:
         self.thread.start()
         deadline = time.monotonic() + timeout

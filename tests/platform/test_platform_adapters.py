@@ -329,3 +329,35 @@ def test_adapter_config_without_weights_is_listed_nowhere(start_server, adapter_
     good = adapter_factory("basic")
     r = upload(server.url, key, "x", folder=good, model_file=("adapter_model.safetensors", json.dumps([1, 2]).encode()))
     assert r.status_code == 400 and error_of(r)["code"] == "malformed_safetensors"
+
+
+@pytest.mark.services
+def test_concurrent_uploads_on_postgresql_get_versions_and_keep_quotas(start_server, adapter_factory) -> None:
+    """Six uploads of one name at once, then five new names at once against a quota of two: every upload is
+    a new version or a clear refusal, the quota holds, and exactly the live adapters have blobs on disk."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = start_server("postgres+redis")
+    key = create_tenant(server.url, "racer", max_adapters=2)
+    same = [zip_folder(adapter_factory(f"race-{i}", seed=60 + i)) for i in range(6)]
+    with ThreadPoolExecutor(len(same)) as pool:
+        results = list(pool.map(lambda archive: upload(server.url, key, "same", archive=archive), same))
+    assert {r.status_code for r in results} <= {201, 409}, [r.text for r in results]
+    versions = sorted(r.json()["version"] for r in results if r.status_code == 201)
+    assert versions == list(range(1, len(versions) + 1))  # no version twice, none skipped
+    for r in results:
+        if r.status_code == 409:
+            assert error_of(r)["code"] == "conflict"
+    live = httpx.get(f"{server.url}/v1/adapters", headers=auth(key)).json()["data"]
+    assert [(a["name"], a["version"]) for a in live] == [("same", versions[-1])]
+
+    names = [zip_folder(adapter_factory(f"quota-{i}", seed=70 + i)) for i in range(5)]
+    with ThreadPoolExecutor(len(names)) as pool:
+        results = list(pool.map(lambda i: upload(server.url, key, f"n{i}", archive=names[i]), range(len(names))))
+    codes = sorted(r.status_code for r in results)
+    assert codes == [201, 403, 403, 403, 403]  # "same" holds one of the two places
+    assert all(error_of(r)["code"] == "adapter_quota_exceeded" for r in results if r.status_code == 403)
+    live = httpx.get(f"{server.url}/v1/adapters", headers=auth(key)).json()["data"]
+    assert len(live) == 2
+    assert len(stored_blobs(server.settings.data_dir)) == 2  # no orphan: refused and replaced uploads left nothing
+    assert leftover_tmp(server.settings.data_dir) == []

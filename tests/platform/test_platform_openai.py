@@ -9,6 +9,7 @@ import re
 import httpx
 import openai
 import pytest
+import torch
 
 from tests.platform.helpers import auth, create_tenant, error_of, sse_events, upload, zip_folder
 
@@ -85,6 +86,7 @@ def test_completions_stream_and_not_with_n_and_seed(tenant) -> None:
     )
     assert [c.index for c in out.choices] == [0, 1, 2]
     assert out.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in out.choices)
+    assert len({c.text for c in out.choices}) == 3  # choice i samples with seed + i: the choices differ
     again = client.completions.create(model=base, prompt="Once upon a time", max_tokens=4, n=3, seed=7, temperature=1.0)
     assert [c.text for c in again.choices] == [c.text for c in out.choices]
     stream = client.completions.create(model=base, prompt=["a b c", "x y z"], max_tokens=3, temperature=0, stream=True)
@@ -96,29 +98,58 @@ def test_completions_stream_and_not_with_n_and_seed(tenant) -> None:
     assert texts == {c.index: c.text for c in plain.choices}
     ids = client.completions.create(model=base, prompt=[1, 2, 3], max_tokens=2, temperature=0)
     assert ids.usage.prompt_tokens == 3
+    full = client.completions.create(
+        model=base, prompt="a b c", max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    ).choices[0]
+    assert full.finish_reason == "length" and len(full.text) >= 8, full.text
+    stop = full.text[4:7]  # cut where the stop text first occurs, and say why it ended
     stopped = client.completions.create(
-        model=base,
-        prompt="a b c",
-        max_tokens=8,
-        temperature=0,
-        stop=[plain.choices[0].text[1:3]] if len(plain.choices[0].text) > 2 else None,
-    )
-    assert stopped.choices[0].finish_reason in ("stop", "length")
+        model=base, prompt="a b c", max_tokens=12, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+    ).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.text == full.text[: full.text.index(stop)]
 
 
-def test_adapter_by_model_name(start_server, adapter_factory, request) -> None:
+def test_adapter_by_model_name(start_server, adapter_factory, tiny_llama_dir) -> None:
+    """A request naming the adapter runs the adapter: its greedy tokens are what transformers + peft give for
+    the same prompt (and not what the base model gives)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     server = start_server("sqlite")
     key = create_tenant(server.url, "lora-user")
-    assert upload(server.url, key, "my-lora", archive=zip_folder(adapter_factory("basic"))).status_code == 201
+    folder = adapter_factory("basic")
+    assert upload(server.url, key, "my-lora", archive=zip_folder(folder)).status_code == 201
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
-    ids = [m.id for m in client.models.list().data]
+    base_name, ids = client.models.list().data[0].id, [m.id for m in client.models.list().data]
     assert "my-lora" in ids
-    out = client.chat.completions.create(
-        model="my-lora", messages=[{"role": "user", "content": "hello"}], max_tokens=4, temperature=0
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    base_model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)), folder).eval()
+
+    def greedy_text(model, prompt_ids: list[int], n: int) -> str:
+        out = model.generate(
+            torch.tensor([prompt_ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+        )
+        return tokenizer.decode(out[0, len(prompt_ids) :], skip_special_tokens=True)
+
+    messages = [{"role": "user", "content": "hello"}]
+    chat_ids = tokenizer.encode(
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False
     )
-    assert out.model == "my-lora" and out.usage.completion_tokens >= 1
-    stream = client.completions.create(model="my-lora", prompt="hello", max_tokens=3, stream=True)
-    assert sum(len(c.choices[0].text) for c in stream if c.choices) >= 0
+    out = client.chat.completions.create(
+        model="my-lora", messages=messages, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert out.model == "my-lora" and out.usage.completion_tokens == 4
+    with torch.inference_mode():
+        assert out.choices[0].message.content == greedy_text(peft_model, chat_ids, 4)
+        assert out.choices[0].message.content != greedy_text(base_model, chat_ids, 4)
+        prompt_ids = tokenizer.encode("hello")
+        stream = client.completions.create(
+            model="my-lora", prompt="hello", max_tokens=3, stream=True, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert "".join(c.choices[0].text for c in stream if c.choices) == greedy_text(peft_model, prompt_ids, 3)
+    assert base_name != "my-lora"
 
 
 def test_errors_in_openai_format(tenant) -> None:

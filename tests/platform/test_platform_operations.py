@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,14 +17,46 @@ def _families(text: str) -> dict[str, object]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def test_health_ready_and_metrics(start_server, adapter_factory) -> None:
+def _samples(server_url: str) -> dict[tuple[str, tuple], float]:
+    r = httpx.get(f"{server_url}/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in _families(r.text).values() for s in f.samples}
+
+
+def test_health_ready_and_metrics(start_server, adapter_factory, tiny_engine) -> None:
     server = start_server("sqlite")
     assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
     ready = httpx.get(f"{server.url}/ready")
     assert ready.status_code == 200 and ready.json()["detail"] == {"engine": "ok", "database": "ok"}
     key = create_tenant(server.url, "metered")
-    assert upload(server.url, key, "m-lora", archive=zip_folder(adapter_factory("basic"))).status_code == 201
+    folder = adapter_factory("metered", seed=47)  # weights no other test loads: this test's loads are its own
+    assert upload(server.url, key, "m-lora", archive=zip_folder(folder)).status_code == 201
     base = httpx.get(f"{server.url}/v1/models", headers=auth(key)).json()["data"][0]["id"]
+    names = {f.name for f in _families(httpx.get(f"{server.url}/metrics").text).values()}
+    for name in (
+        "loraplex_time_to_first_token_seconds",
+        "loraplex_inter_token_latency_seconds",
+        "loraplex_e2e_request_latency_seconds",
+        "loraplex_prompt_tokens",
+        "loraplex_generation_tokens",
+        "loraplex_requests",
+        "loraplex_num_requests_running",
+        "loraplex_num_requests_waiting",
+        "loraplex_kv_cache_usage_ratio",
+        "loraplex_prefix_cache_hit_rate",
+        "loraplex_prefix_cache_queries",
+        "loraplex_prefix_cache_hits",
+        "loraplex_lora_loads",
+        "loraplex_lora_evictions",
+        "loraplex_lora_disk_loads",
+        "vllm:lora_requests_info",
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+    ):
+        assert name in names, name
+    before = _samples(server.url)
+    usage, finish = {}, {}
     for model in (base, "m-lora"):
         r = httpx.post(
             f"{server.url}/v1/completions",
@@ -32,33 +65,35 @@ def test_health_ready_and_metrics(start_server, adapter_factory) -> None:
             json={"model": model, "prompt": "hello there", "max_tokens": 3, "temperature": 0},
         )
         assert r.status_code == 200, r.text
-    r = httpx.get(f"{server.url}/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    fam = _families(r.text)
-    for name in (
-        "loraplex_time_to_first_token_seconds",
-        "loraplex_inter_token_latency_seconds",
-        "loraplex_prompt_tokens",
-        "loraplex_generation_tokens",
-        "loraplex_requests",
-        "loraplex_num_requests_running",
-        "loraplex_num_requests_waiting",
-        "loraplex_kv_cache_usage_ratio",
-        "loraplex_prefix_cache_hit_rate",
-        "loraplex_lora_loads",
-        "loraplex_lora_evictions",
-        "vllm:lora_requests_info",
-        "vllm:num_requests_waiting",
-    ):
-        assert name in fam, name
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fam.values() for s in f.samples}
-    assert samples[("loraplex_generation_tokens_total", ())] >= 6
-    assert samples[("loraplex_time_to_first_token_seconds_count", ())] >= 2
-    per_model = {dict(k[1]).get("model"): v for k, v in samples.items() if k[0] == "loraplex_requests_total"}
-    assert per_model[base] >= 1 and per_model["m-lora"] >= 1
-    info = list(fam["vllm:lora_requests_info"].samples)
-    assert set(info[0].labels) == {"max_lora", "running_lora_adapters", "waiting_lora_adapters"}
-    assert info[0].labels["max_lora"] == "4"
+        usage[model], finish[model] = r.json()["usage"], r.json()["choices"][0]["finish_reason"]
+    deadline = time.monotonic() + 60
+    while tiny_engine.stats()["num_running"]:  # the engine publishes its gauges once its step is over
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    after = _samples(server.url)
+
+    def delta(name: str, **labels: str) -> float:
+        k = (name, tuple(sorted(labels.items())))
+        return after.get(k, 0.0) - before.get(k, 0.0)
+
+    assert delta("loraplex_generation_tokens_total") == sum(u["completion_tokens"] for u in usage.values())
+    assert delta("loraplex_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage.values())
+    assert delta("loraplex_time_to_first_token_seconds_count") == 2
+    assert delta("loraplex_e2e_request_latency_seconds_count") == 2
+    for model in (base, "m-lora"):
+        assert delta("loraplex_requests_total", tenant="metered", model=model, finish_reason=finish[model]) == 1
+    assert delta("loraplex_lora_loads_total") == 1 and delta("loraplex_lora_disk_loads_total") == 1
+    stats = tiny_engine.stats()
+    gauges = {k[0]: v for k, v in after.items() if not k[1]}
+    assert gauges["loraplex_num_requests_running"] == gauges["vllm:num_requests_running"] == 0
+    assert gauges["loraplex_num_requests_waiting"] == gauges["vllm:num_requests_waiting"] == 0
+    usage_ratio = stats["kv_blocks_used"] / stats["kv_blocks_total"]
+    assert gauges["loraplex_kv_cache_usage_ratio"] == gauges["vllm:kv_cache_usage_perc"] == usage_ratio
+    assert gauges["loraplex_prefix_cache_hit_rate"] == stats["prefix_cache_hit_rate"]
+    info = [labels for (name, labels) in after if name == "vllm:lora_requests_info"]
+    assert [dict(labels) for labels in info] == [
+        {"max_lora": "4", "running_lora_adapters": "", "waiting_lora_adapters": ""}
+    ]
 
 
 def test_openapi_document_is_served_and_accurate(start_server) -> None:
@@ -179,3 +214,37 @@ def test_disconnecting_streams_free_every_kv_block(start_server, tiny_engine) ->
             break
         time.sleep(0.1)
     assert (stats["num_running"], stats["num_waiting"], stats["kv_blocks_used"]) == (0, 0, 0), stats
+
+
+def test_prefix_cache_is_never_shared_between_tenants(start_server, tiny_engine) -> None:
+    """The same prompt from two tenants: each hits only its own cached blocks (the cache salt is the tenant),
+    seen in the response's cached_tokens and in the engine's prefix-cache counters."""
+    server = start_server("sqlite")
+    keys = [create_tenant(server.url, f"prefix-{i}") for i in range(2)]
+    prompt = " ".join(f"word{i}-{uuid.uuid4().hex[:6]}" for i in range(30))  # shared by no other test
+    block = tiny_engine.args.block_size
+
+    def complete(key: str) -> tuple[int, int, float, float]:
+        """(prompt tokens, cached tokens, prefix-cache queries and hits counted for this request)"""
+        before = _samples(server.url)
+        r = httpx.post(
+            f"{server.url}/v1/completions",
+            headers=auth(key),
+            timeout=60,
+            json={"model": tiny_engine.model_name, "prompt": prompt, "max_tokens": 1},
+        )
+        assert r.status_code == 200, r.text
+        after = _samples(server.url)
+        usage = r.json()["usage"]
+        counted = [
+            after[(n, ())] - before[(n, ())]
+            for n in ("loraplex_prefix_cache_queries_total", "loraplex_prefix_cache_hits_total")
+        ]
+        return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"], *counted
+
+    n, cached, queries, hits = complete(keys[0])
+    assert n > 2 * block and cached == 0 and (queries, hits) == (n, 0)
+    full_blocks = (n - 1) // block * block  # a hit always leaves the last token to compute
+    assert complete(keys[0]) == (n, full_blocks, n, full_blocks)  # the tenant's own blocks
+    assert complete(keys[1]) == (n, 0, n, 0)  # another tenant: nothing shared
+    assert complete(keys[1]) == (n, full_blocks, n, full_blocks)

@@ -1,5 +1,7 @@
 """Two `loraplex serve` processes sharing PostgreSQL, Redis and the adapter store: an adapter uploaded
-through one is served by the other; after a delete through one, the other refuses it within a second."""
+through one is served by the other; after a delete through one, the other refuses it. The registry cache
+keeps entries for an hour here, so only the invalidation (Redis pub/sub) can make the other see a change
+within the tests' waiting time; how fast it arrives is not asserted (bench/, not tests, measures speed)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,14 @@ import pytest
 from tests.platform.helpers import ADMIN_KEY, PG_URL, REDIS_URL, ServerProcess, auth, create_tenant, upload, zip_folder
 
 pytestmark = pytest.mark.services
+
+
+def _eventually(condition, what: str, timeout: float = 30.0) -> None:
+    """Wait for ``condition`` (well inside the cache's hour: only an invalidation can make it true)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -36,7 +46,7 @@ def replicas(tmp_path: Path, tiny_llama_dir: Path, pg_schema: str):
         "--log-level",
         "warning",
     ]
-    env = {"LORAPLEX_ADMIN_KEY": ADMIN_KEY}
+    env = {"LORAPLEX_ADMIN_KEY": ADMIN_KEY, "LORAPLEX_CACHE_TTL_S": "3600"}
     procs = [ServerProcess(args, env, tmp_path / f"replica-{i}.log") for i in range(2)]
     try:
         yield [p.wait_ready() for p in procs]
@@ -62,9 +72,10 @@ def test_upload_on_one_replica_is_served_by_the_other_and_delete_propagates(repl
     # A re-upload through one is the version the other uses next.
     r = upload(one.url, key, "roaming", archive=zip_folder(adapter_factory("basic-r8", r=8, seed=1)))
     assert r.status_code == 201 and r.json()["version"] == 2
-    deadline = time.monotonic() + 1.0
-    while httpx.get(f"{two.url}/v1/adapters/roaming", headers=auth(key)).json()["version"] != 2:
-        assert time.monotonic() < deadline, "replica two still serves version 1 after a second"
+    _eventually(
+        lambda: httpx.get(f"{two.url}/v1/adapters/roaming", headers=auth(key)).json()["version"] == 2,
+        "replica two serves version 2",
+    )
     assert (
         httpx.post(
             f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat}, timeout=60
@@ -74,15 +85,14 @@ def test_upload_on_one_replica_is_served_by_the_other_and_delete_propagates(repl
 
     # Delete through one: two refuses it within a second (it had the record cached).
     assert httpx.delete(f"{one.url}/v1/adapters/roaming", headers=auth(key)).status_code == 200
-    start = time.monotonic()
-    while True:
+
+    def refused() -> bool:
         r = httpx.post(
             f"{two.url}/v1/chat/completions", headers=auth(key), json={"model": "roaming", **chat}, timeout=60
         )
-        if r.status_code == 404:
-            break
-        assert time.monotonic() - start < 1.0, "replica two still serves a deleted adapter after a second"
-    assert r.json()["error"]["code"] == "model_not_found"
+        return r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+    _eventually(refused, "replica two refuses the deleted adapter")
 
     # Keys are shared as well: a key revoked through two is refused by one.
     new_key = httpx.post(f"{two.url}/v1/tenants/{tenant}/keys", headers=auth(ADMIN_KEY)).json()
@@ -90,6 +100,7 @@ def test_upload_on_one_replica_is_served_by_the_other_and_delete_propagates(repl
     assert (
         httpx.delete(f"{two.url}/v1/tenants/{tenant}/keys/{new_key['id']}", headers=auth(ADMIN_KEY)).status_code == 200
     )
-    start = time.monotonic()
-    while httpx.get(f"{one.url}/v1/models", headers=auth(new_key["key"])).status_code != 401:
-        assert time.monotonic() - start < 1.0, "replica one still accepts a revoked key after a second"
+    _eventually(
+        lambda: httpx.get(f"{one.url}/v1/models", headers=auth(new_key["key"])).status_code == 401,
+        "replica one refuses the revoked key",
+    )

@@ -110,9 +110,9 @@ def test_too_small_budget_is_refused_with_the_number(llm):
     [
         (dict(json={"type": "object", "properties": {"a": {"type": "strng"}}}), "strng"),
         (dict(json={"type": "integer", "multipleOf": 3}), "multipleOf"),
-        (dict(json={"type": "integer", "minimum": 5, "maximum": 2}), ""),
-        (dict(regex="([a-z"), ""),
-        (dict(grammar="start: ( 'a' "), ""),
+        (dict(json={"type": "integer", "minimum": 5, "maximum": 2}), "schema is unsatisfiable"),
+        (dict(regex="([a-z"), "unclosed character class"),
+        (dict(grammar="start: ( 'a' "), "grammar syntax error"),
     ],
 )
 def test_bad_constraints_fail_only_their_request(llm, spec, message):
