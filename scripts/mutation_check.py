@@ -1,0 +1,268 @@
+"""Check that tests can fail: apply one deliberate bug at a time, run the tests that guard that behaviour,
+expect them to fail, restore the file. Usage: .venv/bin/python scripts/mutation_check.py [NAME ...]
+(names from the table below; none: all). Leaves the tree as it found it; do not edit files while it runs."""
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+M = [
+    (
+        "min_tokens ignored",
+        "engine/llm_engine.py",
+        "            if p.min_tokens > seq.num_output_tokens:",
+        "            if False:",
+        ["tests/engine/test_sampling.py::test_min_tokens_suppresses_eos"],
+    ),
+    (
+        "temperature ignored",
+        "engine/sampler.py",
+        "temps = torch.tensor([1.0 if g else p.temperature for",
+        "temps = torch.tensor([1.0 if g else 1.0 for",
+        [
+            "tests/engine/test_sampling.py::test_seed_reproducible_and_temperature_changes_output",
+            "tests/engine/test_sampling_distributions.py",
+        ],
+    ),
+    (
+        "top-k keeps k+1",
+        "engine/sampler.py",
+        "drop = ranks >= ks.unsqueeze(1)",
+        "drop = ranks > ks.unsqueeze(1)",
+        ["tests/engine/test_sampling_distributions.py::test_draws_follow_the_filtered_softmax"],
+    ),
+    (
+        "top-p too loose",
+        "engine/sampler.py",
+        "drop |= mass_before >= ps.unsqueeze(1)",
+        "drop |= mass_before >= ps.unsqueeze(1) + 0.1",
+        ["tests/engine/test_sampling_distributions.py::test_draws_follow_the_filtered_softmax"],
+    ),
+    (
+        "min-p halved",
+        "engine/sampler.py",
+        "thresh = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)",
+        "thresh = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1) / 2",
+        ["tests/engine/test_sampling_distributions.py::test_draws_follow_the_filtered_softmax"],
+    ),
+    (
+        "adapter requests served by the base model",
+        "platform/openai/controller.py",
+        "    return services.engine_adapters.ref(record)",
+        "    return None",
+        ["tests/platform/test_platform_openai.py::test_adapter_by_model_name"],
+    ),
+    (
+        "n choices share one seed",
+        "platform/openai/translate.py",
+        "seed=None if req.seed is None else req.seed + i,",
+        "seed=req.seed,",
+        ["tests/platform/test_platform_openai.py::test_completions_stream_and_not_with_n_and_seed"],
+    ),
+    (
+        "stop string not cut",
+        "engine/detokenizer.py",
+        "            self.text = self.text[: min(hits)]\n            self.stopped = True",
+        "            self.stopped = True",
+        ["tests/platform/test_platform_openai.py::test_completions_stream_and_not_with_n_and_seed"],
+    ),
+    (
+        "grammar failures lose their message",
+        "engine/llm_engine.py",
+        "            if req is not None:\n                req.error = message",
+        "            if req is not None:\n                req.error = 'failed'",
+        ["tests/structured/test_structured_engine.py::test_bad_constraints_fail_only_their_request"],
+    ),
+    (
+        "generate validates lazily",
+        "engine/llm.py",
+        "        for ids, p in zip(encoded, param_list):\n            self.engine.validate(ids, p)\n",
+        "",
+        ["tests/engine/test_bad_input.py::test_generate_validates_every_prompt_before_submitting"],
+    ),
+    (
+        "generation tokens counted per output",
+        "platform/services/generation.py",
+        "self.metrics.generation_tokens.inc(len(out.new_token_ids))",
+        "self.metrics.generation_tokens.inc(len(out.token_ids))",
+        ["tests/platform/test_platform_operations.py::test_health_ready_and_metrics"],
+    ),
+    (
+        "compiler forgets to count hits",
+        "grammar/compiler.py",
+        'self._stats["cache_hits"] += 1',
+        'self._stats["cache_hits"] += 0',
+        ["tests/grammar/test_grammar_compiler.py::test_stats_report_compiles_hits_and_seconds"],
+    ),
+    (
+        "an overflowing sum refuses finite weights",
+        "adapters/loader.py",
+        "    if math.isfinite(float(total)):\n        return\n",
+        "    if math.isfinite(float(total)):\n        return\n"
+        "    raise AdapterError('non-finite sum', code='non_finite')\n",
+        ["tests/adapters/test_adapter_refusals.py::test_huge_finite_values_are_not_mistaken_for_inf"],
+    ),
+    (
+        "hash format changed",
+        "adapters/hashing.py",
+        'HASH_FORMAT = "loraplex-lora/1"',
+        'HASH_FORMAT = "loraplex-lora/2"',
+        ["tests/adapters/test_adapter_load.py::test_content_hash_of_a_fixed_adapter_is_pinned"],
+    ),
+    (
+        "cache hits recompiled",
+        "grammar/compiler.py",
+        "            hit = self._cache.get(key)",
+        "            hit = None",
+        ["tests/grammar/test_grammar_compiler.py::test_cache_hit_is_an_already_done_future"],
+    ),
+    (
+        "submit waits for the compile",
+        "grammar/compiler.py",
+        "        return fut\n\n    def compile(",
+        "        fut.result()\n        return fut\n\n    def compile(",
+        ["tests/grammar/test_grammar_compiler.py::test_submit_never_blocks_while_compiling"],
+    ),
+    (
+        "timeouts cached",
+        "grammar/compiler.py",
+        "error, cacheable = GrammarError(str(failure)), not failure.transient",
+        "error, cacheable = GrammarError(str(failure)), True",
+        ["tests/grammar/test_grammar_compiler.py::test_timeout_fails_that_request_only_and_the_pool_recovers"],
+    ),
+    (
+        "llguidance promises one token too few",
+        "grammar/compiler.py",
+        "search, len(plan), plan,",
+        "search, len(plan) - 1, plan,",
+        ["tests/grammar/test_grammar_compiler.py::test_auto_serves_a_large_automaton_through_llguidance"],
+    ),
+    (
+        "pub/sub invalidations ignored",
+        "platform/services/cache.py",
+        "                        self.local.invalidate(key)\n                        self._notify(key)",
+        "                        pass",
+        ["tests/platform/test_platform_redis.py::test_invalidation_reaches_other_replicas"],
+    ),
+    (
+        "pub/sub invalidations ignored (replicas)",
+        "platform/services/cache.py",
+        "                        self.local.invalidate(key)\n                        self._notify(key)",
+        "                        pass",
+        ["tests/platform/test_platform_replicas.py"],
+    ),
+    (
+        "rate limit off by one",
+        "platform/services/rate_limit.py",
+        "RateDecision(count <= limit_per_minute,",
+        "RateDecision(count <= limit_per_minute + 1,",
+        ["tests/platform/test_platform_tenants.py::test_rate_limit_per_tenant"],
+    ),
+    (
+        "a failing step fails the waiting requests too",
+        "engine/llm_engine.py",
+        "        for seq in list(self.scheduler.running):",
+        "        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):",
+        ["tests/engine/test_step_failure.py"],
+    ),
+    (
+        "quota counts one too few",
+        "platform/services/adapters.py",
+        "if len(others) + 1 > max_count:",
+        "if len(others) > max_count:",
+        [
+            "tests/platform/test_platform_adapters.py::test_concurrent_uploads_on_postgresql_get_versions_and_keep_quotas"
+        ],
+    ),
+    (
+        "refused uploads keep their blob",
+        "platform/services/adapters.py",
+        "        except BaseException:\n"
+        "            await asyncio.to_thread(self.store.delete, blob)\n            raise",
+        "        except BaseException:\n            raise",
+        [
+            "tests/platform/test_platform_adapters.py::test_concurrent_uploads_on_postgresql_get_versions_and_keep_quotas"
+        ],
+    ),
+    (
+        "one cache salt for every tenant",
+        "platform/openai/controller.py",
+        "salt=principal.tenant_id,",
+        'salt="",',
+        ["tests/platform/test_platform_operations.py::test_prefix_cache_is_never_shared_between_tenants"],
+    ),
+    (
+        "ready ignores the database",
+        "platform/controllers/health.py",
+        '        ready = detail["engine"] == "ok" and detail["database"] == "ok"',
+        '        ready = detail["engine"] == "ok"',
+        ["tests/platform/test_platform_health.py::test_database_down_is_503_on_ready_only"],
+    ),
+    (
+        "health ignores the engine",
+        "platform/controllers/health.py",
+        "        alive = services.engine.is_alive()",
+        "        alive = True",
+        ["tests/platform/test_platform_health.py::test_engine_down_is_503_on_health_and_ready"],
+    ),
+    (
+        "start-up wipes the registry",
+        "platform/app.py",
+        "    await upgrade(url, settings.database_schema)",
+        "    from loraplex.platform.db.migrate import downgrade\n"
+        "    await downgrade(url, 'base', settings.database_schema)\n"
+        "    await upgrade(url, settings.database_schema)",
+        ["tests/platform/test_platform_migrations.py"],
+    ),
+    (
+        "engine on CPU float32 skips the C kernels",
+        "kernels/backend.py",
+        "    return cpu_c_backend() if available else torch_backend()",
+        "    return torch_backend()",
+        ["tests/kernels/test_cpu_build.py::test_engines_on_float32_cpu_tensors_choose_the_c_kernels"],
+    ),
+    (
+        "deleted adapters stay in the engine",
+        "platform/app.py",
+        "        cache.on_invalidate(RETIRED_CONTENT, engine.remove_adapter)",
+        "        pass",
+        ["tests/platform/test_platform_engine_copies.py::test_delete_and_replace_drop_the_engines_copies"],
+    ),
+]
+only = set(sys.argv[1:])
+results = []
+for name, path, old, new, tests in M:
+    if only and name not in only:
+        continue
+    p = ROOT / path
+    src = p.read_text()
+    assert src.count(old) >= 1, (name, path, old)
+    p.write_text(src.replace(old, new, 1))
+    try:
+        r = subprocess.run(
+            [
+                str(ROOT / ".venv/bin/python"),
+                "-m",
+                "pytest",
+                "-q",
+                "-x",
+                "-p",
+                "no:cacheprovider",
+                "--timeout",
+                "150",
+                *tests,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        p.write_text(src)
+    lines = r.stdout.splitlines()
+    failed_line = next((x for x in lines[::-1] if " failed" in x or " error" in x or " passed" in x), "?")
+    first_fail = next((x for x in lines if x.startswith(("FAILED", "ERROR"))), "")
+    verdict = "CAUGHT" if r.returncode != 0 else "MISSED"
+    results.append((verdict, name, failed_line, first_fail[:160]))
+    print(f"{verdict:7s} {name}: {failed_line} | {first_fail[:160]}", flush=True)
+print("missed:", [n for v, n, *_ in results if v == "MISSED"])
