@@ -76,14 +76,15 @@ class CompletionSearch:
         """Close as soon as possible: forced bytes, else the first allowed byte in CLOSING_ORDER.
 
         Back in a state whose mask was seen before means the walk is looping (digits of a number,
-        the local part of an email): then the first byte whose successor has an unseen mask (or
-        accepts) wins, so loops are left after one turn instead of spelling out CLOSING_ORDER. A byte
-        chosen REPEAT times in states with the same mask is passed over as a last resort.
+        the local part of an email): then the first byte whose successor accepts or has another mask
+        wins, so loops are left after one turn instead of spelling out CLOSING_ORDER. A byte
+        chosen REPEAT times in a run of states with the same mask is passed over as a last resort.
         """
         node = matcher.deep_copy()
         path = b""
         used: dict[tuple[int, int], int] = {}
         seen: set[int] = set()
+        last, trapped = 0, False
         while not node.is_accepting():
             if len(path) >= self.max_bytes:
                 return None
@@ -95,8 +96,13 @@ class CompletionSearch:
                 continue
             allowed = set(self._next_bytes(node).tolist())
             sig = hash(self._buf.tobytes())  # the mask _next_bytes just computed
+            if sig != last:  # repeats count within one run of a mask (another field may share the mask)
+                used.clear()
+                trapped = False
+            last = sig
             candidates = [c for c in self._order if c in allowed]
-            b = self._leave_loop(node, candidates, seen) if sig in seen else None
+            b = self._leave_loop(node, candidates, seen, sig) if sig in seen and not trapped else None
+            trapped = b is None and sig in seen  # no way out of this mask yet: not looked for again in this run
             seen.add(sig)
             if b is None:
                 b = next((c for c in candidates if used.get((sig, c), 0) < REPEAT), None)
@@ -106,15 +112,20 @@ class CompletionSearch:
             path += bytes([b])
         return path
 
-    def _leave_loop(self, node: Any, candidates: list[int], seen: set[int]) -> int | None:
-        """The first candidate byte leading to an accepting state or a mask not seen yet."""
+    def _leave_loop(self, node: Any, candidates: list[int], seen: set[int], here: int) -> int | None:
+        """The first candidate byte that accepts or leaves this mask (a string's closing quote, the dot
+        after the digits of "1.2"), else the first that reaches a mask not seen yet."""
+        unseen = None
         for c in candidates:
             child = node.deep_copy()
             if not child.consume_token(int(self.byte_token[c])):
                 continue
-            if child.is_accepting() or hash(self._mask(child).tobytes()) not in seen:
+            sig = hash(self._mask(child).tobytes())
+            if child.is_accepting() or sig != here:
                 return c
-        return None
+            if unseen is None and sig not in seen:
+                unseen = c
+        return unseen
 
     def _shortest(self, matcher: Any, limit: int) -> bytes | None:
         """Uniform-cost search for an accepting byte string shorter than `limit`."""
