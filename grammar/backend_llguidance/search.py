@@ -76,8 +76,9 @@ class CompletionSearch:
         """Close as soon as possible: forced bytes, else the first allowed byte in CLOSING_ORDER.
 
         Back in a state whose mask was seen before means the walk is looping (digits of a number,
-        the local part of an email): then the first byte whose successor accepts or has another mask
-        wins, so loops are left after one turn instead of spelling out CLOSING_ORDER. A byte
+        the local part of an email): then the first byte whose successor accepts or has an unseen mask
+        wins, else the first that changes the mask, so loops are left after one turn instead of spelling
+        out CLOSING_ORDER. A byte
         chosen REPEAT times in a run of states with the same mask is passed over as a last resort.
         """
         node = matcher.deep_copy()
@@ -113,19 +114,19 @@ class CompletionSearch:
         return path
 
     def _leave_loop(self, node: Any, candidates: list[int], seen: set[int], here: int) -> int | None:
-        """The first candidate byte that accepts or leaves this mask (a string's closing quote, the dot
-        after the digits of "1.2"), else the first that reaches a mask not seen yet."""
-        unseen = None
+        """The first candidate byte that accepts or reaches a mask not seen yet; else the first that leaves
+        this mask (the digits after the dot of "1.2" have the mask the digits before it had)."""
+        other = None
         for c in candidates:
             child = node.deep_copy()
             if not child.consume_token(int(self.byte_token[c])):
                 continue
             sig = hash(self._mask(child).tobytes())
-            if child.is_accepting() or sig != here:
+            if child.is_accepting() or sig not in seen:
                 return c
-            if unseen is None and sig not in seen:
-                unseen = c
-        return unseen
+            if other is None and sig != here:
+                other = c
+        return other
 
     def _shortest(self, matcher: Any, limit: int) -> bytes | None:
         """Uniform-cost search for an accepting byte string shorter than `limit`."""
