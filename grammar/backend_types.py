@@ -67,6 +67,8 @@ class CompiledGrammar(ABC):
 
     min_tokens: int  # fewest tokens from the start to a complete output (see min_tokens_to_accept)
     backend: str  # "outlines" (token automaton) or "llguidance"
+    # How the constraint was narrowed to be enforceable ("keyword at pointer: how"); empty: enforced exactly.
+    narrowing: tuple[str, ...] = ()
 
     @abstractmethod
     def new_matcher(self) -> GrammarMatcher:

@@ -116,6 +116,7 @@ class GrammarCompiler:
             "grammar": spec.grammar,
             "json_object": spec.json_object,
             "close_within_budget": spec.close_within_budget,
+            "allow_narrowing": spec.allow_narrowing,
         }
         self._pool.submit(
             "compile", payload, self.timeout_s, lambda art, err: self._finish(key, spec, fut, started, art, err)
@@ -161,7 +162,8 @@ class GrammarCompiler:
             error, cacheable = GrammarError(str(failure)), not failure.transient
         else:
             try:
-                grammar = self._materialize(artifact, spec.close_within_budget)  # type: ignore[arg-type]
+                narrowing = tuple(artifact.get("narrowing", ()))  # type: ignore[union-attr]
+                grammar = self._materialize(artifact, spec.close_within_budget, narrowing)  # type: ignore[arg-type]
             except GrammarError as e:
                 error = e
         with self._lock:
@@ -180,7 +182,7 @@ class GrammarCompiler:
         else:
             fut.set_result(grammar)
             if self._upgrades and artifact and artifact.get("upgrade"):
-                self._schedule_upgrade(key, artifact["upgrade"], spec.close_within_budget)
+                self._schedule_upgrade(key, artifact["upgrade"], spec.close_within_budget, grammar.narrowing)
 
     def _store(self, key: tuple[str, str], fut: Future) -> None:
         self._cache[key] = fut
@@ -188,18 +190,22 @@ class GrammarCompiler:
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def _materialize(self, artifact: dict, close_within_budget: bool) -> CompiledGrammar:
+    def _materialize(self, artifact: dict, close_within_budget: bool, narrowing: tuple[str, ...]) -> CompiledGrammar:
+        grammar: CompiledGrammar
         if artifact["kind"] == "dfa":
             from loraplex.grammar.backend_outlines.grammar import AutomatonGrammar
 
-            return AutomatonGrammar(artifact["data"], self.vocab.eos_ids, close_within_budget)
-        from loraplex.grammar.backend_llguidance.grammar import LLGuidanceGrammar
+            grammar = AutomatonGrammar(artifact["data"], self.vocab.eos_ids, close_within_budget)
+        else:
+            from loraplex.grammar.backend_llguidance.grammar import LLGuidanceGrammar
 
-        ll_tokenizer, search = self._llguidance_parts()
-        plan = artifact["plan"]
-        return LLGuidanceGrammar(
-            artifact["grammar"], ll_tokenizer, self.vocab, search, len(plan), plan, close_within_budget
-        )
+            ll_tokenizer, search = self._llguidance_parts()
+            plan = artifact["plan"]
+            grammar = LLGuidanceGrammar(
+                artifact["grammar"], ll_tokenizer, self.vocab, search, len(plan), plan, close_within_budget
+            )
+        grammar.narrowing = narrowing
+        return grammar
 
     def _llguidance_parts(self) -> tuple[Any, Any]:
         with self._ll_lock:
@@ -213,7 +219,9 @@ class GrammarCompiler:
                 self._search = CompletionSearch(v)
             return self._ll_tokenizer, self._search
 
-    def _schedule_upgrade(self, key: tuple[str, str], regex: str, close_within_budget: bool) -> None:
+    def _schedule_upgrade(
+        self, key: tuple[str, str], regex: str, close_within_budget: bool, narrowing: tuple[str, ...]
+    ) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -225,7 +233,7 @@ class GrammarCompiler:
             if failure is not None or artifact is None:
                 return  # the llguidance grammar keeps serving
             try:
-                grammar = self._materialize(artifact, close_within_budget)
+                grammar = self._materialize(artifact, close_within_budget, narrowing)
             except GrammarError:
                 return
             upgraded: Future = Future()

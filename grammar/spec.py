@@ -68,6 +68,8 @@ class StructuredSpec:
     `choice` makes the output exactly one of the strings, `grammar` is a Lark grammar
     (llguidance's dialect), `json_object` asks for any JSON object. `close_within_budget`
     makes the matcher steer onto a shortest completion once the token budget gets tight.
+    `allow_narrowing=False` refuses a schema that cannot be enforced exactly instead of generating a
+    narrower (still valid) language.
     """
 
     json: dict | str | None = None
@@ -76,14 +78,17 @@ class StructuredSpec:
     grammar: str | None = None
     json_object: bool = False
     close_within_budget: bool = True
+    allow_narrowing: bool = True
 
     def __post_init__(self) -> None:
-        set_kinds = [k for k in _KINDS if self._value(k) not in (None, False)]
+        set_kinds = [k for k in _KINDS if self._is_set(k)]
         if len(set_kinds) != 1:
             named = ", ".join(set_kinds) if set_kinds else "none"
             raise GrammarError(f"exactly one constraint of {', '.join(_KINDS)} must be set (got: {named})")
-        if self.json is not None and not isinstance(self.json, (dict, str)):
-            raise GrammarError(f"json must be a schema object or its JSON text, not {type(self.json).__name__}")
+        if self.json is not None and not isinstance(self.json, (dict, str, bool)):
+            raise GrammarError(
+                f"json must be a schema (an object or a boolean) or its JSON text, not {type(self.json).__name__}"
+            )
         if self.regex is not None and not isinstance(self.regex, str):
             raise GrammarError("regex must be a string")
         if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
@@ -102,7 +107,11 @@ class StructuredSpec:
     @property
     def kind(self) -> str:
         """Which constraint is set: json, regex, choice, grammar or json_object."""
-        return next(k for k in _KINDS if self._value(k) not in (None, False))
+        return next(k for k in _KINDS if self._is_set(k))
+
+    def _is_set(self, kind: str) -> bool:
+        value = self._value(kind)
+        return value is not None if kind == "json" else value not in (None, False)  # json=False: a schema
 
     def schema(self) -> Any:
         """The JSON schema as a Python value (parses JSON text); GrammarError if it is not JSON."""
@@ -121,4 +130,4 @@ class StructuredSpec:
             body = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
         except (TypeError, ValueError) as e:
             raise GrammarError(f"{kind} constraint is not JSON-serialisable: {e}") from None
-        return f"{kind}:{int(self.close_within_budget)}:{body}"
+        return f"{kind}:{int(self.close_within_budget)}{int(self.allow_narrowing)}:{body}"

@@ -146,15 +146,15 @@ class LLGuidanceMatcher(GrammarMatcher):
         g = self._g
         if token_id in g.eos_ids:
             return self._m.is_accepting()
-        if remaining_after < 0 or token_id in g.special or not self._m.consume_token(token_id):
+        if remaining_after < 0 or token_id in g.special:
             return False
-        try:
-            plan = self._current_plan()
-            if plan and plan[0] == token_id:
-                return len(plan) - 1 <= remaining_after
-            return g.search.fits(self._m, remaining_after)
-        finally:
-            self._m.rollback(1)
+        plan = self._current_plan()
+        trial = self._m.deep_copy()  # a token that errors the parser (too complex) leaves this matcher as it was
+        if not trial.consume_token(token_id) or trial.is_error():
+            return False
+        if plan and plan[0] == token_id:
+            return len(plan) - 1 <= remaining_after
+        return g.search.fits(trial, remaining_after)
 
     def budget_fallback(self) -> int:
         return self._make_plan()[0]

@@ -17,7 +17,7 @@ from loraplex.grammar.schema.formats import DECODED_FORMATS
 from loraplex.grammar.spec import GrammarError
 
 _JSON_OPTIONS = {"whitespace_flexible": False, "coerce_one_of": False, "lenient": False}
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SUBSCHEMA_ONE = ("items", "additionalProperties")
 

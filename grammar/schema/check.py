@@ -1,17 +1,15 @@
-"""Validate a JSON schema and refuse, by keyword and JSON pointer, whatever we cannot enforce.
+"""The last check before translation: every keyword left is one a backend enforces exactly.
 
-Walks every sub-schema reachable from the root (through `$ref`), never into values such as
-`enum`, `const` or `default`. Annotations are allowed; any other keyword we do not enforce is a
-GrammarError such as "unsupported keyword 'multipleOf' at /properties/x".
+Runs on a schema that ``dialect`` put into the internal form (and validated under its own draft) and that
+``narrow`` rewrote. Walks every sub-schema reachable from the root (through ``$ref``), never into values
+such as ``enum`` or ``const``; anything else still present is a GrammarError naming the keyword and its
+JSON pointer, e.g. "unsupported keyword 'x' at /properties/a".
 """
 
 from __future__ import annotations
 
 from typing import Any
 from urllib.parse import unquote
-
-import jsonschema
-from jsonschema.validators import validator_for
 
 from loraplex.grammar.schema.formats import FORMATS
 from loraplex.grammar.spec import GrammarError
@@ -44,6 +42,8 @@ ENFORCED = frozenset(
         "maxItems",
     }
 )
+# Enforced exactly by llguidance only: the regex translation leaves schemas with these to it.
+LLGUIDANCE_ONLY = frozenset({"patternProperties", "minProperties", "maxProperties", "multipleOf"})
 ANNOTATIONS = frozenset(
     {
         "title",
@@ -54,21 +54,9 @@ ANNOTATIONS = frozenset(
         "readOnly",
         "writeOnly",
         "$comment",
-        "$schema",
-        "$id",
-        "$anchor",
-        "$vocabulary",
-        "contentMediaType",
-        "contentEncoding",
-        "discriminator",
     }
 )
-_SUPPORTED_DIALECTS = (
-    "https://json-schema.org/draft/2020-12/schema",
-    "https://json-schema.org/draft/2019-09/schema",
-    "http://json-schema.org/draft-07/schema",
-)
-_SUB_MAPS = ("properties",)  # $defs are reached through $ref: unused ones constrain nothing
+_SUB_MAPS = ("properties", "patternProperties")  # $defs are reached through $ref: unused ones constrain nothing
 _SUB_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SUB_ONE = ("items", "additionalProperties")
 
@@ -99,22 +87,10 @@ def resolve_pointer(root: Any, ref: str) -> tuple[Any, str]:
     return node, pointer(parts)
 
 
-def _check_metaschema(schema: Any) -> None:
-    dialect = schema.get("$schema") if isinstance(schema, dict) else None
-    if dialect is not None and not any(str(dialect).rstrip("#") == d for d in _SUPPORTED_DIALECTS):
-        raise GrammarError(f"unsupported $schema dialect {dialect!r}: use draft 2020-12 (or 2019-09, draft-07)")
-    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
-    errors = list(cls(cls.META_SCHEMA).iter_errors(schema))
-    if errors:
-        err = jsonschema.exceptions.best_match(errors)
-        raise GrammarError(f"invalid schema: {err.message} at {pointer(list(err.absolute_path)) or '/'}")
-
-
 def check_schema(schema: Any) -> None:
-    """Raise GrammarError unless `schema` is valid and uses only keywords we enforce."""
+    """Raise GrammarError unless `schema` uses only keywords a backend enforces exactly."""
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(f"invalid schema: a schema is an object or a boolean, not {type(schema).__name__}")
-    _check_metaschema(schema)
     seen: set[str] = set()
     todo: list[tuple[Any, list[Any]]] = [(schema, [])]
     while todo:
@@ -125,16 +101,10 @@ def check_schema(schema: Any) -> None:
         seen.add(ptr)
         for key, value in node.items():
             where = pointer(path + [key])
-            if key in ENFORCED or key in ANNOTATIONS or key.startswith("x-"):
-                pass
-            else:
+            if not (key in ENFORCED or key in LLGUIDANCE_ONLY or key in ANNOTATIONS or key.startswith("x-loraplex-")):
                 raise GrammarError(f"unsupported keyword {key!r} at {ptr or '/'}")
-            if key == "$id" and path:
-                raise GrammarError(f"unsupported keyword '$id' in a sub-schema at {ptr}: it changes how $ref resolves")
             if key == "format" and value not in FORMATS:
                 raise GrammarError(f"unsupported format {value!r} at {where} (supported: {', '.join(FORMATS)})")
-            if key == "items" and isinstance(value, list):
-                raise GrammarError(f"unsupported keyword 'items' in array form at {where}: use prefixItems")
             if key == "$ref":
                 target, target_ptr = resolve_pointer(schema, value)
                 todo.append((target, _parts(target_ptr)))

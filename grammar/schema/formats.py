@@ -1,10 +1,11 @@
 """Regexes for the string formats we enforce, spelled as JSON string content (quotes excluded).
 
 date, time and date-time follow RFC 3339 (days per month and leap years exact; year 0000 left
-out, as Python and most parsers reject it). A leap second
-(:60) is exact for UTC offsets (only 23:59:60) but accepted at any minute with a non-zero offset,
-a deliberate superset. email follows RFC 5321 (dot-atom or quoted local part; host name or an
-address literal); uri is an RFC 3986 absolute URI.
+out, as Python and most parsers reject it), narrowed to exclude leap seconds (:60), which common
+validators reject. email follows RFC 5321 (dot-atom or quoted local part; host name or an address
+literal); uri and uri-reference RFC 3986; hostname, duration, json-pointer, relative-json-pointer
+and uri-template are narrowed to the simple forms their comments give. Every regex here describes
+a subset of what the format allows: narrow, never widen.
 """
 
 from __future__ import annotations
@@ -21,12 +22,8 @@ DATE = f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-{_DAY_31}|(?:0[469]|11)-{_DAY_30}|02-{
 _FRAC = r"(?:\.[0-9]+)?"
 _HOUR = "(?:[01][0-9]|2[0-3])"
 _MIN = "[0-5][0-9]"
-_ZERO_OFFSET = "(?:[Zz]|[+-]00:00)"
-_NONZERO_OFFSET = f"[+-](?:(?:0[1-9]|1[0-9]|2[0-3]):{_MIN}|00:(?:0[1-9]|[1-5][0-9]))"
 _OFFSET = f"(?:[Zz]|[+-]{_HOUR}:{_MIN})"
-TIME = (
-    f"(?:{_HOUR}:{_MIN}:{_MIN}{_FRAC}{_OFFSET}|23:59:60{_FRAC}{_ZERO_OFFSET}|{_HOUR}:{_MIN}:60{_FRAC}{_NONZERO_OFFSET})"
-)
+TIME = f"{_HOUR}:{_MIN}:{_MIN}{_FRAC}{_OFFSET}"
 DATE_TIME = f"{DATE}[Tt]{TIME}"
 
 UUID = f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
@@ -86,6 +83,30 @@ _HIER = f"(?://{_AUTHORITY}{_PATH_ABEMPTY}|/(?:{_PCHAR}+(?:/{_PCHAR}*)*)?|{_PCHA
 _QUERY = f"(?:{_PCHAR}|[/?])*"
 URI = rf"[A-Za-z][A-Za-z0-9+\-.]*:{_HIER}(?:\?{_QUERY})?(?:#{_QUERY})?"
 
+# A relative reference: "//" authority, an absolute path, a path whose first segment has no ":", or nothing.
+_SEGMENT_NC = f"(?:[{_UNRESERVED}{_SUB_DELIMS}@]|{_PCT})+"
+_RELATIVE = f"(?://{_AUTHORITY}{_PATH_ABEMPTY}|/(?:{_PCHAR}+(?:/{_PCHAR}*)*)?|{_SEGMENT_NC}(?:/{_PCHAR}*)*|)"
+URI_REFERENCE = rf"(?:{URI}|{_RELATIVE}(?:\?{_QUERY})?(?:#{_QUERY})?)"
+
+# Host names (RFC 1123), narrowed to at most four labels of at most 62 characters: always within the
+# 253-character limit, so the length needs no counting.
+# (no hyphen among the first three characters, so no label is an "xn--" A-label, whose Punycode would need
+# checking)
+_HOST_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9](?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,58}[A-Za-z0-9])?)?)?"
+HOSTNAME = rf"{_HOST_LABEL}(?:\.{_HOST_LABEL}){{0,3}}"
+
+# RFC 3339 durations (appendix A), with at most four digits per number.
+_N = "[0-9]{1,4}"
+_DUR_TIME = f"T(?:{_N}H(?:{_N}M(?:{_N}S)?)?|{_N}M(?:{_N}S)?|{_N}S)"
+DURATION = f"P(?:(?:{_N}D|{_N}M(?:{_N}D)?|{_N}Y(?:{_N}M(?:{_N}D)?)?)(?:{_DUR_TIME})?|{_DUR_TIME}|{_N}W)"
+
+# JSON pointers narrowed to reference tokens of plain characters (and the ~0 / ~1 escapes).
+JSON_POINTER = r"(?:/(?:[A-Za-z0-9_.$ -]|~[01])*)*"
+RELATIVE_JSON_POINTER = f"(?:0|[1-9][0-9]{{0,5}})(?:#|{JSON_POINTER})"
+
+# URI templates (RFC 6570) narrowed to literals and simple {name} / {name,name} expressions.
+URI_TEMPLATE = r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&()*+,;=]|%[0-9A-Fa-f]{2}|\{[A-Za-z0-9_]+(?:,[A-Za-z0-9_]+)*\})*"
+
 FORMATS: dict[str, str] = {
     "date": DATE,
     "time": TIME,
@@ -93,8 +114,30 @@ FORMATS: dict[str, str] = {
     "email": EMAIL,
     "uuid": UUID,
     "uri": URI,
+    "uri-reference": URI_REFERENCE,
+    "hostname": HOSTNAME,
+    "ipv4": IPV4,
+    "ipv6": IPV6,
+    "duration": DURATION,
+    "json-pointer": JSON_POINTER,
+    "relative-json-pointer": RELATIVE_JSON_POINTER,
+    "uri-template": URI_TEMPLATE,
 }
 """Format regexes over JSON string content (what the automaton reads)."""
 
 DECODED_FORMATS: dict[str, str] = {**FORMATS, "email": _email('"', r"\\")}
 """The same over the decoded string (what a JSON-schema `pattern` applies to)."""
+
+_NO_LEAP_SECOND = "leap seconds (second 60) are not generated"
+NARROWED: dict[str, str] = {
+    "date": "year 0000 is not generated",
+    "time": _NO_LEAP_SECOND,
+    "date-time": f"{_NO_LEAP_SECOND}, nor year 0000",
+    "hostname": "at most four labels, none starting with an A-label's 'xn--' (no hyphen among its first three "
+    "characters)",
+    "duration": "at most four digits per number",
+    "json-pointer": "reference tokens of plain ASCII characters",
+    "relative-json-pointer": "reference tokens of plain ASCII characters, a prefix of at most six digits",
+    "uri-template": "literals and simple {name} expressions",
+}
+"""How each format regex above is narrower than the format (reported with every schema that uses one)."""

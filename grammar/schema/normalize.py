@@ -21,7 +21,7 @@ from typing import Any
 import jsonschema
 import referencing.exceptions
 
-from loraplex.grammar.schema.check import ANNOTATIONS, resolve_pointer
+from loraplex.grammar.schema.check import ANNOTATIONS, LLGUIDANCE_ONLY, resolve_pointer
 
 APPLICATORS = frozenset({"$ref", "allOf", "anyOf", "oneOf"})
 _NOT_ASSERTIONS = ANNOTATIONS | {"$defs", "definitions"}
@@ -140,6 +140,8 @@ class Normalizer:
         if schema is False:
             return []
         local = {k: v for k, v in schema.items() if k not in APPLICATORS}
+        for key in LLGUIDANCE_ONLY & local.keys():
+            raise NotRegular(f"{key} at {ptr or '/'}")
         out = [Term(term.parts + [(local, ptr)], term.ctx)] if _has_assertions(local) else [term]
         if "$ref" in schema:
             target, tptr = resolve_pointer(self.root, schema["$ref"])

@@ -23,9 +23,14 @@ _OBJECT_KEYS = ("properties", "required", "additionalProperties")
 _ARRAY_KEYS = ("prefixItems", "items")
 
 
+# Marks the conditions a rewrite adds to an object ("a is absent", "a and b are present"): they only name keys
+# the object declares, so they neither keep it open nor get closed themselves (see schema.narrow).
+FRAGMENT = "x-loraplex-fragment"
+
+
 def _shapes(node: Any, keys: tuple[str, ...], root: Any, seen: set[int]) -> bool:
     """Whether `node` (through its applicators) constrains objects/arrays with `keys`."""
-    if not isinstance(node, dict) or id(node) in seen:
+    if not isinstance(node, dict) or id(node) in seen or node.get(FRAGMENT):
         return False
     seen.add(id(node))
     if any(k in node for k in keys):
@@ -86,7 +91,7 @@ class _Closer:
                 obj_conj or own_obj or any(_shapes(s, _OBJECT_KEYS, self.root, set()) for s in applicators),
                 arr_conj or own_arr or any(_shapes(s, _ARRAY_KEYS, self.root, set()) for s in applicators),
             )
-        for name in ("properties", "$defs", "definitions"):
+        for name in ("properties", "patternProperties", "$defs", "definitions"):
             for sub in (node.get(name) or {}).values():
                 self.walk(sub, False, False)
         for name in ("items", "additionalProperties"):
@@ -109,6 +114,7 @@ def close_schema(schema: Any) -> Any:
         done.add(id(node))
         if (
             ("properties" in node or "required" in node)
+            and not node.get(FRAGMENT)
             and "additionalProperties" not in node
             and id(node) not in closer.unsafe["obj"]
         ):

@@ -13,14 +13,16 @@ to replace the cache entry. Both backends are exact: nothing is ever widened to 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from loraplex.grammar.backend_llguidance import text as llg_text
 from loraplex.grammar.backend_llguidance.search import CompletionSearch
 from loraplex.grammar.backend_outlines.automaton import OutlinesVocab, build_automaton, count_states
 from loraplex.grammar.schema.check import check_schema
+from loraplex.grammar.schema.dialect import to_internal
 from loraplex.grammar.schema.json_text import alt, rx_escape
+from loraplex.grammar.schema.narrow import narrow
 from loraplex.grammar.schema.normalize import NotRegular
 from loraplex.grammar.schema.strict import close_schema
 from loraplex.grammar.schema.to_regex import SchemaRegex
@@ -47,6 +49,7 @@ class Translation:
     why_not_regex: str  # when regex is None
     llg: str  # llguidance grammar text
     llg_error_label: str
+    narrowing: list[str] = field(default_factory=list)  # how a schema was narrowed (empty: exact)
 
 
 class WorkerContext:
@@ -62,10 +65,22 @@ class WorkerContext:
         self.search = CompletionSearch(info)
 
 
-def translate(spec: StructuredSpec, options: CompileOptions) -> Translation:
+def translate(spec: StructuredSpec, options: CompileOptions, drop_pattern_properties: bool = False) -> Translation:
     kind = spec.kind
     if kind in ("json", "json_object"):
         schema: Any = {"type": "object"} if kind == "json_object" else spec.schema()
+        schema, _draft = to_internal(schema)  # validated under its own draft, in one internal form
+        if schema is False:
+            raise GrammarError("the schema is false: no value is valid")
+        if schema is True:
+            schema = {}
+        schema, rules = narrow(schema, drop_pattern_properties)
+        if rules and not spec.allow_narrowing:
+            raise GrammarError(
+                "the schema can only be enforced narrowed, and the request asked to refuse rather than narrow: "
+                + "; ".join(str(r) for r in rules)
+            )
+        narrowing = [str(r) for r in rules]
         check_schema(schema)
         if options.strict_objects:
             schema = close_schema(schema)
@@ -73,7 +88,9 @@ def translate(spec: StructuredSpec, options: CompileOptions) -> Translation:
             rx, why = SchemaRegex(schema, max_ref_depth=options.max_ref_depth, any_depth=options.any_depth).build(), ""
         except NotRegular as e:
             rx, why = None, str(e)
-        return Translation(rx, why, llg_text.json_schema_grammar(schema), "schema cannot be enforced")
+        except GrammarError as e:
+            raise _with_narrowing(e, narrowing) from None
+        return Translation(rx, why, llg_text.json_schema_grammar(schema), "schema cannot be enforced", narrowing)
     if kind == "regex":
         err = llg_text.regex_error(spec.regex)  # type: ignore[arg-type]
         if err:
@@ -84,6 +101,13 @@ def translate(spec: StructuredSpec, options: CompileOptions) -> Translation:
         rx = alt([rx_escape(c) for c in spec.choice])  # type: ignore[union-attr]
         return Translation(rx, "", llg_text.regex_grammar(rx), "invalid choice")
     return Translation(None, "context-free grammar", llg_text.lark_grammar(spec.grammar), "grammar syntax error")  # type: ignore[arg-type]
+
+
+def _with_narrowing(error: GrammarError, narrowing: list[str]) -> GrammarError:
+    """A refusal that also names the narrowings applied: they may be what left nothing to generate."""
+    if not narrowing:
+        return error
+    return GrammarError(f"{error}; after narrowing: {'; '.join(narrowing)}", code=error.code)
 
 
 def _strip_anchors(regex: str) -> str:
@@ -136,9 +160,25 @@ def _count_states_bounded(regex: str, ctx: WorkerContext) -> int | None:
 
 
 def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> dict[str, Any]:
-    """The artifact for one spec: {"kind": "dfa", "data": ...} or {"kind": "llg", ...}."""
+    """The artifact for one spec: {"kind": "dfa", "data": ...} or {"kind": "llg", ...}, with its narrowing."""
+    tr = translate(spec, ctx.options)
+    try:
+        try:
+            artifact = _build(ctx, tr)
+        except GrammarError as e:
+            if "patternProperty" not in str(e):
+                raise
+            # llguidance needs patternProperties whose patterns cannot both match a key: generate declared keys only
+            tr = translate(spec, ctx.options, drop_pattern_properties=True)
+            artifact = _build(ctx, tr)
+    except GrammarError as e:
+        raise _with_narrowing(e, tr.narrowing) from None
+    artifact["narrowing"] = tr.narrowing
+    return artifact
+
+
+def _build(ctx: WorkerContext, tr: Translation) -> dict[str, Any]:
     opts = ctx.options
-    tr = translate(spec, opts)
     if opts.backend == "outlines":
         if tr.regex is None:
             raise GrammarError(f"cannot be compiled into a token automaton: {tr.why_not_regex}")

@@ -99,7 +99,7 @@ def test_stats_report_compiles_hits_and_seconds(compiler):
 
 
 def test_refusals_are_cached(compiler):
-    spec = StructuredSpec(json={"type": "string", "format": "hostname"})
+    spec = StructuredSpec(json={"$ref": "https://example.com/other.json"})
     with pytest.raises(GrammarError):
         compiler.compile(spec)
     fut = compiler.submit(spec)

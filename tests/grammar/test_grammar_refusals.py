@@ -2,33 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from loraplex.grammar import GrammarError, StructuredSpec
 
+_EXTERNAL = "unsupported \\$ref 'https://example.com/other.json' at /: it points outside this schema"
 SCHEMA_REFUSALS = [
-    ({"type": "object", "properties": {"x": {"multipleOf": 2}}}, "unsupported keyword 'multipleOf' at /properties/x"),
-    ({"not": {"type": "null"}}, "unsupported keyword 'not' at /"),
-    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "unsupported keyword 'uniqueItems' at /"),
-    (
-        {"$defs": {"p": {"patternProperties": {"^a": {}}}}, "$ref": "#/$defs/p"},
-        "unsupported keyword .patternProperties. at /\\$defs/p",
-    ),
-    ({"anyOf": [{"type": "string"}, {"if": {}, "then": {}}]}, "unsupported keyword 'if' at /anyOf/1"),
-    ({"type": "string", "format": "ipv4"}, "unsupported format 'ipv4' at /format"),
     ({"type": "strin"}, "invalid schema: .* at /type"),
     ({"type": "string", "minLength": -1}, "invalid schema: .* at /minLength"),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "exclusiveMinimum": 3}, "invalid schema: .* at /"),
     ({"type": "integer", "minimum": 5, "maximum": 3}, "unsatisfiable"),
     ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "unsatisfiable"),
     ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "unsatisfiable"),
-    ({"$ref": "https://example.com/other.json"}, "only local references"),
+    ({"oneOf": [{"type": "integer"}, {"type": "integer"}]}, "unsatisfiable"),  # both always match: never one
+    ({"not": {}}, "unsatisfiable"),
+    (False, "the schema is false"),
+    ({"$ref": "https://example.com/other.json"}, _EXTERNAL),
     ({"$ref": "#/$defs/missing"}, "does not resolve"),
-    ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, "oneOf at /oneOf: cannot prove"),
     ({"type": "string", "pattern": "(?=a)b"}, "look-around"),
-    ({"type": "string", "pattern": "(a)\\1"}, "back-references"),
-    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "string"}, "unsupported \\$schema dialect"),
+    ({"type": "string", "pattern": "(q)\\1z"}, "no known value satisfies it"),  # a back-reference, no witness
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2}, "cannot guarantee 2 distinct"),
+    ({"type": "array", "contains": {"type": "string"}, "minContains": 3, "maxContains": 2}, "below minContains"),
+    ({"$schema": "http://json-schema.org/draft-03/schema#", "type": "string"}, "unsupported \\$schema dialect"),
 ]
 
 
@@ -39,8 +37,58 @@ def test_schema_refusals(compiler, schema, message):
 
 
 def test_refusal_through_llguidance_too(llg_compiler):
-    with pytest.raises(GrammarError, match="unsupported keyword 'multipleOf' at /properties/x"):
-        llg_compiler.compile(StructuredSpec(json={"properties": {"x": {"multipleOf": 2}}}))
+    with pytest.raises(GrammarError, match=_EXTERNAL):
+        llg_compiler.compile(StructuredSpec(json={"$ref": "https://example.com/other.json"}))
+
+
+NARROWED = [  # schema -> a narrowing it must report (keyword and pointer first)
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems at /: at most one item"),
+    ({"type": "string", "format": "date-time"}, "format at /: date-time: leap seconds"),
+    ({"type": "string", "pattern": "^(?!x)[a-z]+$"}, "pattern at /: '^(?!x)[a-z]+$' cannot be enforced"),
+    ({"type": "array", "contains": {"const": 1}}, "contains at /: the first 1 item(s)"),
+    (
+        {"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1},
+        "minProperties at /: met by requiring a",
+    ),
+    ({"type": "string", "format": "idn-email"}, "format at /: idn-email narrowed to ASCII addresses only"),
+]
+
+
+@pytest.mark.parametrize("schema, how", NARROWED, ids=[h[:40] for _, h in NARROWED])
+def test_narrowings_are_reported_or_refused_on_request(compiler, schema, how):
+    grammar = compiler.compile(StructuredSpec(json=schema))
+    assert any(n.startswith(how) for n in grammar.narrowing), grammar.narrowing
+    with pytest.raises(GrammarError, match="can only be enforced narrowed, and the request asked to refuse") as err:
+        compiler.compile(StructuredSpec(json=schema, allow_narrowing=False))
+    assert how in str(err.value)
+
+
+EXACT = [  # rewritten into enforced keywords with the same meaning: no narrowing
+    {"not": {"type": "null"}},
+    {"oneOf": [{"type": "string"}, {"maxLength": 3}]},
+    {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "if": {"required": ["a"]},
+        "then": {"required": ["b"]},
+    },
+    {"type": "object", "patternProperties": {"^x-": {"type": "string"}}, "additionalProperties": False},
+    {"type": "object", "properties": {"x": {"multipleOf": 2}}},
+    {
+        "type": "object",
+        "properties": {"a": {}},
+        "unevaluatedProperties": False,
+        "anyOf": [{"properties": {"b": {}}}, {}],
+    },
+    {"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "minimum": 1, "exclusiveMinimum": True},
+    {"type": "string", "format": "ipv4"},
+]
+
+
+@pytest.mark.parametrize("schema", EXACT, ids=[json.dumps(s)[:40] for s in EXACT])
+def test_exact_rewrites_report_no_narrowing(compiler, schema):
+    grammar = compiler.compile(StructuredSpec(json=schema, allow_narrowing=False))
+    assert not grammar.narrowing, grammar.narrowing
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ def test_exactly_one_constraint(kwargs):
         ({"choice": []}, "non-empty list"),
         ({"choice": ["a", 1]}, "only strings"),
         ({"grammar": "   "}, "non-empty Lark grammar"),
-        ({"json": 3}, "schema object"),
+        ({"json": 3}, "json must be a schema \\(an object or a boolean\\)"),
     ],
 )
 def test_bad_values(kwargs, message):

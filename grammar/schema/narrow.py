@@ -1,0 +1,498 @@
+"""Rewrite every keyword into ones the backends enforce exactly; where that is impractical, into a narrower
+schema (never a wider one), and record each narrowing with its keyword and JSON pointer.
+
+Runs on the internal form (``dialect``). Exact rewrites (same language):
+
+* ``not S`` -> the complement of S (``negate``), ``if/then/else`` -> ``(if and then) or (not-if and else)``,
+  ``dependentRequired``/``dependentSchemas`` -> "the key is absent, or the rest holds",
+  ``propertyNames`` with a finite set of names or a pattern -> declared names / ``patternProperties``,
+  ``oneOf`` whose branches are not evidently exclusive -> ``anyOf`` of each branch minus the others,
+  ``unevaluatedProperties``/``unevaluatedItems`` -> one shape per choice of branches (``unevaluated``);
+
+and narrowings (a subset, said so):
+
+* a complement that cannot be written whole (``not {pattern: ...}``) keeps only the part that can;
+* ``uniqueItems`` -> at most one item, or for a few enumerated values, distinct values in their listed order;
+* ``contains`` -> the first items match; ``minProperties``/``maxProperties`` on declared properties ->
+  that many of them required / allowed; other ``propertyNames`` -> only declared names that satisfy it;
+* ``format`` ``regex``, ``idn-email``, ``idn-hostname``, ``iri``, ``iri-reference`` -> a safe subset
+  (plain-character regexes; the ASCII forms), and formats whose regex is narrower than the format
+  (``formats.NARROWED``: no leap seconds, short host names, ...) are reported;
+* a ``pattern`` with look-around, ``\\b`` or a back-reference -> known values that satisfy it;
+* ``dependentRequired``/``dependentSchemas`` beyond MAX_CONDITIONALS per object -> trigger keys not generated.
+
+``patternProperties``, ``multipleOf`` and ``minProperties``/``maxProperties`` on objects used as maps stay as
+they are: llguidance enforces them exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from loraplex.grammar.schema import formats
+from loraplex.grammar.schema.check import pointer, resolve_pointer
+from loraplex.grammar.schema.dialect import SUB_LISTS, SUB_MAPS, SUB_ONE
+from loraplex.grammar.schema.ecma_pattern import pattern_to_content_regex
+from loraplex.grammar.schema.negate import Negation, Negator
+from loraplex.grammar.schema.normalize import json_key, kind_of
+from loraplex.grammar.schema.strict import FRAGMENT
+from loraplex.grammar.schema.unevaluated import UnevaluatedRewriter
+from loraplex.grammar.spec import GrammarError
+
+MAX_ENUM_UNIQUE = 4  # distinct-in-order arrays of up to this many enumerated values are listed out
+MAX_CONDITIONALS = 2  # dependencies per object written exactly (each doubles the object shapes to track)
+NARROWED_FORMATS = {
+    "idn-email": ("email", "ASCII addresses only"),
+    "idn-hostname": ("hostname", "ASCII host names only"),
+    "iri": ("uri", "ASCII URIs only"),
+    "iri-reference": ("uri-reference", "ASCII URI references only"),
+}
+SAFE_REGEX = "^[A-Za-z0-9 _,:;=@#%&'\"<>!~`-]*$"  # strings of these characters are valid regexes, literally
+
+
+@dataclass(frozen=True)
+class Narrowing:
+    keyword: str
+    pointer: str
+    how: str
+
+    def __str__(self) -> str:
+        return f"{self.keyword} at {self.pointer or '/'}: {self.how}"
+
+
+def narrow(schema: Any, drop_pattern_properties: bool = False) -> tuple[Any, list[Narrowing]]:
+    """The schema with every keyword in an enforceable form, and the narrowings applied.
+
+    ``drop_pattern_properties``: generate no key through ``patternProperties`` (only declared properties),
+    for when llguidance refuses the schema's patterns (overlapping ones)."""
+    if not isinstance(schema, dict):
+        return schema, []
+    root = copy.deepcopy(schema)
+    n = _Narrower(root, drop_pattern_properties)
+    n.walk(root, [])
+    return root, n.rules
+
+
+def _fragment(**keywords: Any) -> dict:
+    """A condition on an object's keys, added by a rewrite (strict.FRAGMENT: it does not reopen the object)."""
+    return {**keywords, FRAGMENT: True}
+
+
+def _conjoin(node: dict, extra: Any) -> None:
+    """node := node AND extra."""
+    node.setdefault("allOf", []).append(extra)
+
+
+def _is_object_only(node: dict) -> bool:
+    t = node.get("type")
+    return t == "object" or t == ["object"]
+
+
+class _Narrower:
+    def __init__(self, root: dict, drop_pattern_properties: bool = False) -> None:
+        self.root = root
+        self.drop_pattern_properties = drop_pattern_properties
+        # complements are taken of the schema as written: a narrowed subschema's complement would be wider
+        self.negator = Negator(copy.deepcopy(root))
+        self.rules: list[Narrowing] = []
+        self._seen: set[int] = set()
+
+    def note(self, keyword: str, path: list[Any], how: str) -> None:
+        self.rules.append(Narrowing(keyword, pointer(path), how))
+
+    def negate(self, schema: Any) -> Negation:
+        neg = self.negator.negate(schema)
+        return Negation(copy.deepcopy(neg.schema), neg.exact)  # the walk rewrites it in place later
+
+    # ---- traversal -------------------------------------------------------------------------------
+    def walk(self, node: Any, path: list[Any]) -> None:
+        if not isinstance(node, dict) or id(node) in self._seen:
+            return
+        self._seen.add(id(node))
+        self.rewrite(node, path)
+        if "$ref" in node:  # targets outside the schema keywords (under an unknown keyword) are narrowed too
+            target, target_ptr = resolve_pointer(self.root, node["$ref"])
+            self.walk(target, [p.replace("~1", "/").replace("~0", "~") for p in target_ptr.split("/")[1:]])
+        for key in SUB_MAPS:
+            for name, sub in (node.get(key) or {}).items():
+                self.walk(sub, path + [key, name])
+        for key in SUB_LISTS:
+            for i, sub in enumerate(node.get(key) or []):
+                self.walk(sub, path + [key, i])
+        for key in SUB_ONE:
+            self.walk(node.get(key), path + [key])
+
+    # ---- one node ----------------------------------------------------------------------------------
+    def rewrite(self, node: dict, path: list[Any]) -> None:
+        # first: which keys count as evaluated depends on the applicators as written
+        UnevaluatedRewriter(self.root, self.negate, lambda keyword, how: self.note(keyword, path, how)).rewrite(node)
+        if "not" in node:
+            sub = node.pop("not")
+            neg = self.negate(sub)
+            if not neg.exact:
+                self.note("not", path, "only the part of the complement that can be written is generated")
+            _conjoin(node, neg.schema)
+        if "if" in node:
+            cond, then, other = node.pop("if"), node.pop("then", True), node.pop("else", True)
+            neg = self.negate(cond)
+            if not neg.exact:
+                self.note("if", path, "the else branch applies only where the condition's complement can be written")
+            _conjoin(node, {"anyOf": [{"allOf": [cond, then]}, {"allOf": [neg.schema, other]}]})
+        else:
+            node.pop("then", None)
+            node.pop("else", None)
+        self._dependencies(node, path)
+        if "oneOf" in node:
+            if self._evidently_exclusive(node["oneOf"]):  # exactly one can match: oneOf is anyOf
+                branches = node.pop("oneOf")
+                if "anyOf" in node:
+                    _conjoin(node, {"anyOf": branches})
+                else:
+                    node["anyOf"] = branches
+            else:
+                self._exclusive_one_of(node, path)
+        if "propertyNames" in node:
+            self._property_names(node, path)
+        if "minProperties" in node or "maxProperties" in node:
+            self._property_counts(node, path)
+        if "uniqueItems" in node:
+            self._unique_items(node, path)
+        if "contains" in node or "minContains" in node or "maxContains" in node:
+            self._contains(node, path)
+        if "patternProperties" in node:
+            self._pattern_properties(node, path)
+        if isinstance(node.get("pattern"), str) and not _enforceable(node["pattern"]):
+            self._pattern_witnesses(node, path)
+        fmt = node.get("format")
+        if fmt in NARROWED_FORMATS:
+            node["format"], how = NARROWED_FORMATS[fmt]
+            self.note("format", path, f"{fmt} narrowed to {how}")
+        elif fmt == "regex":
+            del node["format"]
+            _conjoin(node, {"pattern": SAFE_REGEX})
+            self.note("format", path, "regex narrowed to literal patterns of plain characters")
+        elif fmt in formats.NARROWED and "string" in (_type_set(node.get("type")) or {"string"}):
+            self.note("format", path, f"{fmt}: {formats.NARROWED[fmt]}")
+
+    def _dependencies(self, node: dict, path: list[Any]) -> None:
+        """ "If key a is present, b must be too" (and dependent schemas): written exactly as "a is absent or all
+        hold" while an object has few of them; each such alternative doubles the shapes a parser tracks, so
+        beyond MAX_CONDITIONALS the trigger key is simply not generated (or, for required triggers, the
+        dependents are required)."""
+        required = node.pop("dependentRequired", None) or {}
+        schemas = node.pop("dependentSchemas", None) or {}
+        exact = len(required) + len(schemas) <= MAX_CONDITIONALS
+        for name, others in required.items():
+            if exact:
+                _conjoin(node, {"anyOf": [_fragment(properties={name: False}), _fragment(required=[name, *others])]})
+            elif name in node.get("required", []):
+                node["required"] = list(dict.fromkeys([*node["required"], *others]))
+            else:
+                node.setdefault("properties", {})[name] = False
+        for name, sub in schemas.items():
+            if exact:
+                _conjoin(
+                    node, {"anyOf": [_fragment(properties={name: False}), _fragment(required=[name], allOf=[sub])]}
+                )
+            elif name in node.get("required", []):
+                _conjoin(node, sub)
+            else:
+                node.setdefault("properties", {})[name] = False
+        if not exact:
+            triggers = ", ".join([*required, *schemas])
+            self.note(
+                "dependentRequired" if required else "dependentSchemas",
+                path,
+                f"with {len(required) + len(schemas)} dependencies, optional trigger keys ({triggers}) are not "
+                "generated and required ones bring their dependents",
+            )
+
+    # ---- oneOf ---------------------------------------------------------------------------------------
+    def _target(self, sub: Any, depth: int = 0, root: Any = None) -> Any:
+        while isinstance(sub, dict) and set(sub) == {"$ref"} and depth < 8:
+            sub, _ = resolve_pointer(self.root if root is None else root, sub["$ref"])
+            depth += 1
+        return sub
+
+    def _evidently_exclusive(self, branches: list[Any]) -> bool:
+        """Pairwise exclusive by their types, their constants, or a required discriminating property (judged
+        on the schema as written: two narrowed branches may be apart where the written ones overlap)."""
+        subs = [self._target(b, root=self.negator.root) for b in branches]
+        return all(self._apart(a, b) for a, b in itertools.combinations(subs, 2))
+
+    def _apart(self, a: Any, b: Any) -> bool:
+        if a is False or b is False:
+            return True
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            return False
+        ta, tb = _type_set(a.get("type")), _type_set(b.get("type"))
+        if ta is not None and tb is not None and not (ta & tb):
+            return True
+        va, vb = _value_set(a), _value_set(b)
+        if va is not None and vb is not None and not (va & vb):
+            return True
+        for name in set(a.get("required", [])) & set(b.get("required", [])):
+            pa = self._target((a.get("properties") or {}).get(name), root=self.negator.root)
+            pb = self._target((b.get("properties") or {}).get(name), root=self.negator.root)
+            if isinstance(pa, dict) and isinstance(pb, dict) and self._apart(pa, pb):
+                return True
+        return False
+
+    def _exclusive_one_of(self, node: dict, path: list[Any]) -> None:
+        branches = node.pop("oneOf")
+        negs = [self.negate(b) for b in branches]
+        alternatives = [
+            {"allOf": [b] + [n.schema for j, n in enumerate(negs) if j != i]} for i, b in enumerate(branches)
+        ]
+        if not all(n.exact for n in negs):
+            self.note("oneOf", path, "each branch is generated only where the others' complements can be written")
+        _conjoin(node, {"anyOf": alternatives})
+
+    # ---- objects -------------------------------------------------------------------------------------
+    def _property_names(self, node: dict, path: list[Any]) -> None:
+        names = self._target(node.pop("propertyNames"))
+        if names is True or (isinstance(names, dict) and not _asserts(names)):
+            return
+        declared = node.setdefault("properties", {})
+        extra = node.get("additionalProperties", True)
+        if names is False:
+            node["properties"] = dict.fromkeys(declared, False)
+            node["additionalProperties"] = False
+            return
+        for name in list(declared):
+            if not _valid_name(names, name):
+                declared[name] = False
+        allowed = _finite_strings(names)
+        if allowed is not None:  # exactly these names
+            for name in allowed:
+                declared.setdefault(name, extra)
+            node["additionalProperties"] = False
+            return
+        pattern = names.get("pattern") if set(names) <= {"type", "pattern"} else None
+        if pattern is not None and "patternProperties" not in node:
+            if extra is not False:
+                node["patternProperties"] = {pattern: extra}
+            node["additionalProperties"] = False
+            return
+        node["additionalProperties"] = False
+        self.note("propertyNames", path, "only declared property names that satisfy it are generated")
+
+    def _property_counts(self, node: dict, path: list[Any]) -> None:
+        declared = node.get("properties", {})
+        required = list(node.get("required", []))
+        optional = [n for n in declared if n not in required and declared[n] is not False]
+        if not optional:
+            return  # a map (or every key required): llguidance enforces the counts exactly
+        low, high = node.pop("minProperties", 0), node.pop("maxProperties", None)
+        if low > len(required):
+            need = low - len(required)
+            if need > len(optional):
+                raise GrammarError(
+                    f"minProperties at {pointer(path) or '/'}: asks for {low} properties, more than "
+                    "can be generated from the declared ones"
+                )
+            node["required"] = required + optional[:need]
+            required, optional = node["required"], optional[need:]
+            self.note("minProperties", path, f"met by requiring {', '.join(node['required'][-need:])}")
+        if high is not None:
+            room = high - len(required)
+            if room < 0:
+                raise GrammarError(f"maxProperties at {pointer(path) or '/'}: fewer than the required properties")
+            closed = node.get("additionalProperties") is False
+            for name in optional[room:]:
+                declared[name] = False
+            node["additionalProperties"] = False
+            if optional[room:] or not closed:
+                self.note("maxProperties", path, f"met by generating at most {high} of the declared properties")
+
+    def _pattern_properties(self, node: dict, path: list[Any]) -> None:
+        """Keys through patternProperties are generated only where every pattern can be enforced (and, when
+        llguidance found them overlapping, not at all): otherwise only declared properties are, each also
+        held to the schema of every pattern its name matches."""
+        patterns = node["patternProperties"]
+        unenforceable = [p for p in patterns if not _enforceable(p)]
+        if not unenforceable and not self.drop_pattern_properties:
+            return
+        del node["patternProperties"]
+        declared = node.setdefault("properties", {})
+        for name in list(declared):
+            matching = [sub for pattern, sub in patterns.items() if _search(pattern, name)]
+            if matching and declared[name] is not False:
+                declared[name] = {"allOf": [declared[name], *matching]}
+        node["additionalProperties"] = False
+        why = f"pattern {unenforceable[0]!r} cannot be enforced" if unenforceable else "its patterns overlap"
+        self.note("patternProperties", path, f"{why}: only declared properties are generated")
+
+    def _pattern_witnesses(self, node: dict, path: list[Any]) -> None:
+        """A pattern that cannot be enforced (look-arounds, \\b, back-references) narrows the string to known
+        values that satisfy it and the node's other string keywords."""
+        pattern = node.pop("pattern")
+        rules = {k: node[k] for k in ("minLength", "maxLength", "format") if k in node}
+        cls = jsonschema.Draft202012Validator
+        check = cls({**rules, "pattern": pattern}, format_checker=cls.FORMAT_CHECKER)
+        seen = [v for k in ("examples", "default") for v in (node.get(k) if k == "examples" else [node.get(k)]) or []]
+        candidates = [*[v for v in seen if isinstance(v, str)], *WITNESS_SEEDS]
+        witnesses = []
+        for value in candidates:
+            try:
+                ok = check.is_valid(value)
+            except Exception:  # Python's re cannot run the pattern either
+                ok = False
+            if ok and value not in witnesses:
+                witnesses.append(value)
+        if not witnesses:
+            raise GrammarError(
+                f"pattern at {pointer(path + ['pattern'])}: {pattern!r} cannot be enforced (look-around, "
+                "word boundary or back-reference) and no known value satisfies it to narrow to"
+            )
+        node["enum"] = witnesses[:8] if "enum" not in node else [v for v in node["enum"] if v in witnesses]
+        self.note("pattern", path, f"{pattern!r} cannot be enforced: narrowed to the values {node['enum']!r}")
+
+    # ---- arrays --------------------------------------------------------------------------------------
+    def _unique_items(self, node: dict, path: list[Any]) -> None:
+        if not node.pop("uniqueItems"):
+            return
+        low, high = node.get("minItems", 0), node.get("maxItems")
+        values = _finite_values(self._target(node.get("items", True))) if "prefixItems" not in node else None
+        if values is not None and len(values) <= MAX_ENUM_UNIQUE:
+            count_hi = len(values) if high is None else min(high, len(values))
+            choices = [
+                {"prefixItems": [{"const": v} for v in combo], "items": False, "minItems": k, "maxItems": k}
+                for k in range(low, count_hi + 1)
+                for combo in itertools.combinations(values, k)
+            ]
+            if not choices:
+                raise GrammarError(f"uniqueItems at {pointer(path) or '/'}: no array of distinct values fits")
+            _conjoin(node, {"anyOf": choices})
+            self.note("uniqueItems", path, "distinct values are generated in the order the schema lists them")
+            return
+        if low > 1:
+            raise GrammarError(f"uniqueItems at {pointer(path) or '/'}: cannot guarantee {low} distinct items")
+        node["maxItems"] = 1 if high is None else min(high, 1)
+        self.note("uniqueItems", path, "at most one item is generated")
+
+    def _contains(self, node: dict, path: list[Any]) -> None:
+        if "contains" not in node:  # minContains / maxContains alone constrain nothing
+            node.pop("minContains", None)
+            node.pop("maxContains", None)
+            return
+        sub = node.pop("contains")
+        low, high = node.pop("minContains", 1), node.pop("maxContains", None)
+        if high is not None and high < low:
+            raise GrammarError(f"maxContains at {pointer(path) or '/'}: below minContains")
+        prefix = list(node.get("prefixItems", []))
+        for i in range(low):  # the first `low` items are the ones that match
+            spot = {"allOf": [prefix[i] if i < len(prefix) else node.get("items", True), sub]}
+            if i < len(prefix):
+                prefix[i] = spot
+            else:
+                prefix.append(spot)
+        if prefix:
+            node["prefixItems"] = prefix
+        node["minItems"] = max(node.get("minItems", 0), low)
+        if high is not None:  # no more items than may match
+            node["maxItems"] = min(node.get("maxItems", high), high)
+        self.note(
+            "contains",
+            path,
+            f"the first {low} item(s) are generated to match it"
+            + ("" if high is None else f", and at most {high} items in all"),
+        )
+
+
+WITNESS_SEEDS = (
+    "a",
+    "A",
+    "x",
+    "abc",
+    "Abc",
+    "example",
+    "Example",
+    "a1",
+    "A1",
+    "1",
+    "0",
+    "a.b",
+    "a_b",
+    "a-b",
+    "test",
+    "value",
+    "https://example.com",
+    "http://example.com",
+    "example.com",
+    "a/b",
+    "aa",
+    "",
+)
+
+
+def _enforceable(pattern: str) -> bool:
+    """Whether our pattern translation takes ``pattern`` (no look-around, \\b or back-reference)."""
+    try:
+        pattern_to_content_regex(pattern)
+    except GrammarError:
+        return False
+    return True
+
+
+def _search(pattern: str, text: str) -> bool:
+    try:
+        return re.search(pattern, text) is not None
+    except re.error:
+        return True  # cannot tell: hold the name to that pattern's schema too (narrower)
+
+
+def _valid_name(names: Any, name: str) -> bool:
+    """Whether a property name satisfies a propertyNames schema (unresolvable parts count as not)."""
+    cls = jsonschema.Draft202012Validator
+    try:
+        return cls(names, format_checker=cls.FORMAT_CHECKER).is_valid(name)
+    except Exception:  # a reference the validator cannot follow: leave the name out (narrower)
+        return False
+
+
+def _asserts(schema: dict) -> bool:
+    return bool(set(schema) - {"title", "description", "$comment", "examples", "default"})
+
+
+def _type_set(t: Any) -> set[str] | None:
+    if t is None:
+        return None
+    names = {t} if isinstance(t, str) else set(t)
+    return names | ({"number"} if "integer" in names else set()) | ({"integer"} if "number" in names else set())
+
+
+def _value_set(schema: dict) -> set[Any] | None:
+    if "const" in schema:
+        return {json_key(schema["const"])}
+    if "enum" in schema:
+        return {json_key(v) for v in schema["enum"]}
+    return None
+
+
+def _finite_values(schema: Any) -> list[Any] | None:
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return [schema["const"]]
+    if "enum" in schema:
+        out: dict[Any, Any] = {}
+        for v in schema["enum"]:
+            out.setdefault(json_key(v), v)
+        return list(out.values())
+    if schema.get("type") == "boolean" and len(schema) == 1:
+        return [False, True]
+    return None
+
+
+def _finite_strings(schema: Any) -> list[str] | None:
+    values = _finite_values(schema) if isinstance(schema, dict) else None
+    if values is None:
+        return None
+    return [v for v in values if kind_of(v) == "string"]
