@@ -359,6 +359,7 @@ class LLMEngine:
             new_logprobs=new_lp,
             num_cached_tokens=seq.num_cached_prompt_tokens,
             error=req.error,
+            narrowing=seq.narrowing,
         )
 
     def _finish(self, req: _Request, reason: FinishReason) -> RequestOutput:

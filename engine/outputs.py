@@ -29,6 +29,8 @@ class RequestOutput:
     new_logprobs: list[TokenLogprob] | None = None
     num_cached_tokens: int = 0
     error: str | None = None  # set with finish_reason "error"
+    # A constrained request's narrowing ("keyword at pointer: how"; empty: enforced exactly); None: unconstrained
+    narrowing: tuple[str, ...] | None = None
 
     @property
     def finished(self) -> bool:

@@ -41,6 +41,7 @@ class Sequence:
     num_preemptions: int = 0
     # structured output / adapter plumbing, filled by the engine
     grammar: GrammarMatcher | None = None  # once compiled
+    narrowing: tuple[str, ...] | None = None  # how the constraint was narrowed (empty: exact; None: no constraint)
     grammar_future: Future[CompiledGrammar] | None = None  # while compiling (requests added without precheck)
     generator: torch.Generator | None = None  # for seeded sampling
     first_token_time: float | None = None

@@ -100,6 +100,7 @@ class StructuredOutputManager:
             return
         if grammar is not None:
             seq.grammar = grammar.new_matcher()
+            seq.narrowing = grammar.narrowing
         else:
             seq.grammar_future = self.compiler.submit(spec)
 
@@ -129,6 +130,7 @@ class StructuredOutputManager:
             self._failed[seq.request_id] = str(exc)
             return False
         seq.grammar = compiled.new_matcher()
+        seq.narrowing = compiled.narrowing
         return True
 
     def admitted(self, seq: Sequence) -> None:

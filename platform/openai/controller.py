@@ -6,6 +6,8 @@ request into engine inputs (`translate.choice_inputs`) and the shape of the resp
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -37,6 +39,9 @@ from loraplex.platform.services.generation import Generation
 from loraplex.platform.services.tenants import Principal
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SCHEMA_HEADER = "x-loraplex-schema"  # "exact" or "narrowed", on every constrained response
+NARROWING_HEADER = "x-loraplex-schema-narrowing"  # the narrowings applied, as a JSON list of strings
+log = logging.getLogger("loraplex.platform")
 OPENAI_ERRORS = error_responses(400, 401, 404, 413, 429, 500)
 
 
@@ -55,10 +60,15 @@ async def resolve_adapter(services: Services, principal: Principal, model: str) 
     return services.engine_adapters.ref(record)
 
 
-def _sse(events: AsyncGenerator[bytes, None]) -> Stream:
+def _sse(events: AsyncGenerator[bytes, None], headers: dict[str, str]) -> Stream:
     # Closing the event generator after the response (also after a client disconnect, which cancels
     # the sending task while the generator may be suspended) aborts the engine requests at once.
-    return Stream(events, media_type="text/event-stream", headers=SSE_HEADERS, background=BackgroundTask(events.aclose))
+    return Stream(
+        events,
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, **headers},
+        background=BackgroundTask(events.aclose),
+    )
 
 
 def _engine_failure(results: dict[int, list[RequestOutput]]) -> None:
@@ -77,9 +87,8 @@ async def _generate(
     adapter = await resolve_adapter(services, principal, data.model)
     engine = services.engine
     structured = translate.structured_request(data)
-    inputs = translate.choice_inputs(
-        engine.tokenizer, engine.max_model_len, data, translate.structured_spec(structured)
-    )
+    spec = translate.structured_spec(structured, allow_narrowing=data.schema_narrowing == "allow")
+    inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data, spec)
     gen = await Generation.start(
         engine,
         inputs,
@@ -92,12 +101,23 @@ async def _generate(
     )
     chat = isinstance(data, ChatCompletionRequest)
     rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+    headers = _constraint_headers(rid, gen.choices[0].first.narrowing)
     if data.stream:
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        return _sse(responses.stream(gen, rid, created, data, include_usage, services.token_texts))
+        return _sse(responses.stream(gen, rid, created, data, include_usage, services.token_texts), headers)
     results = await gen.collect()
     _engine_failure(results)
-    return Response(responses.body(rid, created, data, results, services.token_texts))
+    return Response(responses.body(rid, created, data, results, services.token_texts), headers=headers)
+
+
+def _constraint_headers(rid: str, narrowing: tuple[str, ...] | None) -> dict[str, str]:
+    """Every constrained response says whether its schema was enforced exactly or narrowed (and how)."""
+    if narrowing is None:
+        return {}
+    if not narrowing:
+        return {SCHEMA_HEADER: "exact"}
+    log.info("structured output of %s narrowed: %s", rid, "; ".join(narrowing))
+    return {SCHEMA_HEADER: "narrowed", NARROWING_HEADER: json.dumps(list(narrowing), ensure_ascii=True)}
 
 
 def _adapter_card(record: AdapterRecord, principal: Principal, engine_model: str, max_model_len: int) -> ModelCard:

@@ -230,11 +230,11 @@ def structured_request(req: SamplingFields) -> dict[str, Any] | None:
     return {"field": field, "kind": kind, "value": value}
 
 
-def structured_spec(structured: dict[str, Any] | None) -> StructuredSpec | None:
+def structured_spec(structured: dict[str, Any] | None, allow_narrowing: bool = True) -> StructuredSpec | None:
     """The engine's StructuredSpec for `structured_request`'s result (None: unconstrained)."""
     if structured is None:
         return None
     try:
-        return StructuredSpec(**{structured["kind"]: structured["value"]})
+        return StructuredSpec(**{structured["kind"]: structured["value"]}, allow_narrowing=allow_narrowing)
     except GrammarError as exc:
         raise engine_error(exc, param=structured["field"]) from None

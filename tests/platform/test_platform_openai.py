@@ -324,3 +324,62 @@ def test_invalid_structured_constraints_are_400(tenant) -> None:
             },
         )
     assert "max_tokens" in e.value.body["message"]
+
+
+def test_each_constrained_response_says_whether_its_schema_was_narrowed(tenant) -> None:
+    """x-loraplex-schema: exact or narrowed (with the narrowings in x-loraplex-schema-narrowing), streaming or
+    not; schema_narrowing="refuse" turns a narrowed schema into a 400 that names the narrowing."""
+    import jsonschema
+
+    _server, _key, client, base = tenant
+    messages = [{"role": "user", "content": "tags"}]
+    exact = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    narrowed = {"type": "array", "items": {"type": "integer", "maximum": 9}, "uniqueItems": True, "maxItems": 3}
+
+    def fmt(schema):
+        return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+    raw = client.chat.completions.with_raw_response.create(
+        model=base, messages=messages, max_tokens=20, response_format=fmt(exact)
+    )
+    assert raw.headers["x-loraplex-schema"] == "exact" and "x-loraplex-schema-narrowing" not in raw.headers
+    for stream in (False, True):
+        raw = client.chat.completions.with_raw_response.create(
+            model=base, messages=messages, max_tokens=20, response_format=fmt(narrowed), stream=stream, seed=2
+        )
+        assert raw.headers["x-loraplex-schema"] == "narrowed"
+        assert json.loads(raw.headers["x-loraplex-schema-narrowing"]) == [
+            "uniqueItems at /: at most one item is generated"
+        ]
+        parsed = raw.parse()
+        text = (
+            "".join(c.choices[0].delta.content or "" for c in parsed if c.choices)
+            if stream
+            else parsed.choices[0].message.content
+        )
+        jsonschema.validate(json.loads(text), narrowed)  # narrower, so it validates against the schema as sent
+    free = client.chat.completions.with_raw_response.create(model=base, messages=messages, max_tokens=3)
+    assert "x-loraplex-schema" not in free.headers  # unconstrained: nothing to say
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=base,
+            messages=messages,
+            max_tokens=20,
+            response_format=fmt(narrowed),
+            extra_body={"schema_narrowing": "refuse"},
+        )
+    assert e.value.body["param"] == "response_format" and e.value.body["code"] == "invalid_schema"
+    assert "uniqueItems at /: at most one item" in e.value.body["message"]
+    strict_exact = client.chat.completions.with_raw_response.create(
+        model=base,
+        messages=messages,
+        max_tokens=20,
+        response_format=fmt(exact),
+        extra_body={"schema_narrowing": "refuse"},
+    )
+    assert strict_exact.headers["x-loraplex-schema"] == "exact"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=base, messages=messages, max_tokens=3, extra_body={"schema_narrowing": "sometimes"}
+        )
+    assert "schema_narrowing" in e.value.body["message"]
