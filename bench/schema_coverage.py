@@ -1,0 +1,291 @@
+"""Real-world JSON Schemas: coverage, soundness and recall of loraplex's structured output, and of llguidance
+(default and lenient) and xgrammar on the same corpus and tokenizer.
+
+    .venv/bin/python -m bench.schema_coverage [--corpus DIR] [--walks 50] [--limit N] [--peers]
+
+For every schema of the corpus (default ../shared/schemas/schemastore-dev: SchemaStore schemas with their
+own example documents):
+
+* loraplex compiles it (exact, narrowed, or refused with a reason), then random walks through the masks
+  (a uniformly random allowed token per step, under a token budget the matcher must close within) must
+  produce only documents that validate under the schema's own draft with format checking: the count of
+  invalid walks is the soundness figure, and it must be zero;
+* recall: the valid example documents, keys put into the order we generate, fed token by token;
+* compile times and mask times.
+
+With --peers, llguidance (default: refuses what it does not support; lenient: ignores it) and xgrammar
+(needs `pip install --no-deps xgrammar apache-tvm-ffi`) compile the same schemas, and each peer's soundness
+is the number of invalid example documents it accepts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from jsonschema.validators import validator_for
+
+from bench.common import REPO
+from loraplex.grammar import GrammarCompiler, GrammarError, StructuredSpec
+from loraplex.grammar.fuzz import random_walk
+
+DEFAULT_CORPUS = REPO.parent / "shared" / "schemas" / "schemastore-dev"
+
+
+def load_corpus(root: Path, limit: int | None) -> list[dict[str, Any]]:
+    cases = []
+    for line in (root / "index.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        schema = json.loads((root / entry["file"]).read_text())
+        instances = [(json.loads((root / i["file"]).read_text()), i["valid"]) for i in entry.get("instances", [])]
+        cases.append({"id": entry["id"], "schema": schema, "instances": instances})
+    return cases[:limit] if limit else cases
+
+
+def validator(schema: Any) -> Any:
+    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def reason_of(message: str) -> str:
+    """A short refusal category: the keyword or what kind of failure."""
+    for pattern in (r"unsupported keyword '([^']+)'", r"unsupported format '([^']+)'", r"^(\w+) at /"):
+        m = re.search(pattern, message)
+        if m:
+            return m.group(1)
+    if "timed out" in message:
+        return "compile timeout"
+    if "invalid schema" in message:
+        return "invalid schema"
+    return message.split(":")[0][:40]
+
+
+def key_order(schema: Any) -> dict[str, int]:
+    """Property names in the order the schema declares them (the order we generate objects in)."""
+    order: dict[str, int] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for name in node.get("properties", {}) if isinstance(node.get("properties"), dict) else {}:
+                order.setdefault(name, len(order))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return order
+
+
+def reorder(doc: Any, order: dict[str, int]) -> Any:
+    if isinstance(doc, dict):
+        keys = sorted(doc, key=lambda k: (order.get(k, len(order)), list(doc).index(k)))
+        return {k: reorder(doc[k], order) for k in keys}
+    if isinstance(doc, list):
+        return [reorder(v, order) for v in doc]
+    return doc
+
+
+def accepts(grammar: Any, token_ids: list[int]) -> bool:
+    m = grammar.new_matcher()
+    return all(m.accept_token(t) for t in token_ids) and m.is_accepting()
+
+
+def run_ours(cases: list[dict], tokenizer: Any, walks: int, budget: int, seed: int) -> dict[str, Any]:
+    compiler = GrammarCompiler(
+        tokenizer,
+        eos_token_ids=[tokenizer.eos_token_id],
+        vocab_size=len(tokenizer),
+        upgrade_in_background=False,
+        timeout_s=10.0,
+    )
+    rng = random.Random(seed)
+    out: dict[str, Any] = {
+        "status": Counter(),
+        "refused": Counter(),
+        "invalid": 0,
+        "walks": 0,
+        "unclosed": 0,
+        "compile_ms": [],
+        "mask_us": [],
+        "recall": [0, 0],
+        "bad": [],
+    }
+    try:
+        compiler.compile(StructuredSpec(regex="warm-up"))
+        for case in cases:
+            t = time.perf_counter()
+            try:
+                g = compiler.compile(StructuredSpec(json=case["schema"]))
+            except GrammarError as e:
+                out["status"]["refused"] += 1
+                out["refused"][reason_of(str(e))] += 1
+                continue
+            finally:
+                out["compile_ms"].append((time.perf_counter() - t) * 1e3)
+            out["status"]["narrowed" if g.narrowing else "exact"] += 1
+            check = validator(case["schema"])
+            for _ in range(walks):
+                walk = random_walk(g, compiler.vocab, rng, budget)
+                out["walks"] += 1
+                out["mask_us"] += [s * 1e6 for s in walk.mask_seconds]
+                if walk.error is not None:
+                    out["invalid"] += 1
+                    out["bad"].append((case["id"], f"{g.backend}: {walk.error}"))
+                    continue
+                if not walk.closed:
+                    out["unclosed"] += 1
+                    continue
+                try:
+                    doc = json.loads(walk.text) if walk.text is not None else None
+                    ok = walk.text is not None and check.is_valid(doc)
+                except json.JSONDecodeError:
+                    ok = False
+                if not ok:
+                    out["invalid"] += 1
+                    out["bad"].append((case["id"], walk.text))
+            order = key_order(case["schema"])
+            for doc, valid in case["instances"]:
+                if valid:
+                    text = json.dumps(reorder(doc, order), ensure_ascii=False, separators=(",", ":"))
+                    out["recall"][1] += 1
+                    out["recall"][0] += accepts(g, tokenizer.encode(text, add_special_tokens=False))
+    finally:
+        compiler.close()
+    return out
+
+
+def run_llguidance(cases: list[dict], tokenizer: Any, lenient: bool) -> dict[str, int]:
+    from llguidance import LLMatcher, LLTokenizer
+    from llguidance.hf import from_tokenizer
+
+    ll_tok: LLTokenizer = from_tokenizer(tokenizer)
+    out = Counter()
+    for case in cases:
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(
+                case["schema"], overrides={"whitespace_flexible": False, "lenient": lenient}
+            )
+            m = LLMatcher(ll_tok, grammar, log_level=0)
+            if m.is_error():
+                raise ValueError(m.get_error())
+        except Exception:
+            out["refused"] += 1
+            continue
+        out["compiled"] += 1
+        for doc, valid in case["instances"]:
+            text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+            m = LLMatcher(ll_tok, grammar, log_level=0)
+            ok = m.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and m.is_accepting()
+            out["valid_accepted" if valid else "invalid_accepted"] += bool(ok)
+            out["valid" if valid else "invalid"] += 1
+    return dict(out)
+
+
+def run_xgrammar(cases: list[dict], tokenizer: Any) -> dict[str, int] | None:
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        return None
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
+    compiler = xgr.GrammarCompiler(info)
+    out = Counter()
+    for case in cases:
+        try:
+            compiled = compiler.compile_json_schema(json.dumps(case["schema"]), any_whitespace=False)
+        except Exception:
+            out["refused"] += 1
+            continue
+        out["compiled"] += 1
+        for doc, valid in case["instances"]:
+            text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+            m = xgr.GrammarMatcher(compiled)
+            ok = all(m.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
+            ok = ok and m.accept_token(tokenizer.eos_token_id)
+            out["valid_accepted" if valid else "invalid_accepted"] += bool(ok)
+            out["valid" if valid else "invalid"] += 1
+    return dict(out)
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    ap.add_argument("--walks", type=int, default=50, help="random walks per accepted schema")
+    ap.add_argument("--budget", type=int, default=256, help="max tokens per walk")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N schemas")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--peers", action="store_true", help="also llguidance (default, lenient) and xgrammar")
+    ap.add_argument("--show-invalid", type=int, default=5, help="print up to N invalid walks")
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    from loraplex.engine.model_files import prepare_default_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(prepare_default_model()))
+    cases = load_corpus(args.corpus, args.limit)
+    t = time.perf_counter()
+    ours = run_ours(cases, tokenizer, args.walks, args.budget, args.seed)
+    n = len(cases)
+    accepted = ours["status"]["exact"] + ours["status"]["narrowed"]
+    print(f"{args.corpus.name}: {n} schemas; loraplex in {time.perf_counter() - t:.0f} s")
+    print(
+        f"accepted {accepted}/{n} ({accepted / n:.1%}): exact {ours['status']['exact']}, "
+        f"narrowed {ours['status']['narrowed']}, refused {ours['status']['refused']}"
+    )
+    if ours["refused"]:
+        print("refused by reason: " + ", ".join(f"{k} {v}" for k, v in ours["refused"].most_common()))
+    print(
+        f"soundness: {ours['invalid']} invalid of {ours['walks']} random walks ({args.walks} per schema, budget "
+        f"{args.budget} tokens); {ours['unclosed']} walks did not close within the budget"
+    )
+    for case_id, text in ours["bad"][: args.show_invalid]:
+        print(f"  invalid walk in {case_id}: {text!r:.200}")
+    hit, total = ours["recall"]
+    print(f"recall: {hit}/{total} valid example documents accepted (keys in generation order)")
+    cm = ours["compile_ms"]
+    print(
+        f"compile ms: p50 {pct(cm, 0.5):.1f}, p95 {pct(cm, 0.95):.1f}, max {max(cm):.0f}; mask us: p50 "
+        f"{pct(ours['mask_us'], 0.5):.1f}, p99 {pct(ours['mask_us'], 0.99):.1f}"
+    )
+    if not args.peers:
+        return
+    rows = [["loraplex", accepted, ours["invalid"], f"{hit}/{total}"]]
+    for label, result in (
+        ("llguidance (default)", run_llguidance(cases, tokenizer, False)),
+        ("llguidance (lenient)", run_llguidance(cases, tokenizer, True)),
+        ("xgrammar", run_xgrammar(cases, tokenizer)),
+    ):
+        if result is None:
+            print(f"{label}: not installed")
+            continue
+        rows.append(
+            [
+                label,
+                result.get("compiled", 0),
+                f"{result.get('invalid_accepted', 0)}/{result.get('invalid', 0)} invalid examples accepted",
+                f"{result.get('valid_accepted', 0)}/{result.get('valid', 0)}",
+            ]
+        )
+    print("| engine | schemas compiled | soundness | valid examples accepted |")
+    print("|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row) + " |")
+    print(f"(loraplex soundness: invalid random walks; median compile {statistics.median(cm):.1f} ms)")
+
+
+if __name__ == "__main__":
+    main()
