@@ -134,8 +134,8 @@ def run_ours(cases: list[dict], tokenizer: Any, walks: int, budget: int, seed: i
                 out["compile_ms"].append((time.perf_counter() - t) * 1e3)
             out["status"]["narrowed" if g.narrowing else "exact"] += 1
             check = validator(case["schema"])
-            for _ in range(walks):
-                walk = random_walk(g, compiler.vocab, rng, budget)
+            for _ in range(walks):  # a request below the grammar's min_tokens is refused: none walks below it
+                walk = random_walk(g, compiler.vocab, rng, max(budget, g.min_tokens))
                 out["walks"] += 1
                 out["mask_us"] += [s * 1e6 for s in walk.mask_seconds]
                 if walk.error is not None:
