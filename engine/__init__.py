@@ -10,6 +10,7 @@ from loraplex.engine.model_files import prepare_default_model
 from loraplex.engine.outputs import FinishReason, RequestOutput, TokenLogprob
 from loraplex.engine.probe import EngineProbe
 from loraplex.engine.sampling_params import SamplingParams
+from loraplex.engine.share import Share
 
 __all__ = [
     "LLM",
@@ -24,6 +25,7 @@ __all__ = [
     "RequestError",
     "RequestOutput",
     "SamplingParams",
+    "Share",
     "TokenLogprob",
     "prepare_default_model",
 ]

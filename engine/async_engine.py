@@ -27,6 +27,7 @@ from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.messages import Abort, AddAdapter, AddRequest, EngineMessage, RemoveAdapter
 from loraplex.engine.outputs import RequestOutput
 from loraplex.engine.sampling_params import SamplingParams
+from loraplex.engine.share import DEFAULT_SHARE, Share
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,11 @@ class AsyncEngine:
         request_id: str | None = None,
         adapter: AdapterRef | None = None,
         cache_salt: str | None = None,
+        share: Share = DEFAULT_SHARE,
     ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs; validation, grammar and budget errors raise before anything is
-        generated (the engine thread keeps stepping while a grammar compiles)."""
+        generated (the engine thread keeps stepping while a grammar compiles). ``share``: the tenant the
+        request is served for, its weight and priority class (see ``engine.share``)."""
         if self._stopped:
             raise RuntimeError("the engine is shut down")
         prompt_token_ids = list(prompt_token_ids)
@@ -86,7 +89,7 @@ class AsyncEngine:
         request_id = request_id or f"req-{uuid.uuid4().hex[:12]}"
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
-        self._send(AddRequest(request_id, prompt_token_ids, params, adapter, cache_salt, grammar))
+        self._send(AddRequest(request_id, prompt_token_ids, params, adapter, cache_salt, grammar, share))
         finished = False
         try:
             while True:
@@ -154,6 +157,7 @@ class AsyncEngine:
                         adapter=message.adapter,
                         cache_salt=message.cache_salt,
                         grammar=message.grammar,
+                        share=message.share,
                     )
                 except Exception as exc:  # prechecked already; anything left is reported to that request only
                     self._deliver(message.request_id, exc)

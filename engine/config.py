@@ -11,6 +11,7 @@ import torch
 from loraplex.adapters import BaseModelSpec
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+SCHEDULING_POLICIES = ("fcfs", "fair", "priority")
 
 
 @dataclass
@@ -19,6 +20,9 @@ class EngineArgs:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: min(model's max_position_embeddings, 8192)
+    # Which waiting request runs next: "fcfs" (arrival order), "fair" (weighted fair share of tokens between
+    # tenants, Virtual Token Counter; priority classes first) or "priority" (lowest priority value, then arrival)
+    scheduling_policy: str = "fair"
     block_size: int = 16
     enable_prefix_caching: bool = True
     # Multi-LoRA
@@ -57,6 +61,10 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be > 0, got {self.max_model_len}")
         if self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}"
+            )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
 

@@ -29,6 +29,7 @@ from loraplex.engine.sampler import Sampler
 from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.scheduler import ScheduledBatch, Scheduler
 from loraplex.engine.sequence import Sequence, SequenceStatus
+from loraplex.engine.share import DEFAULT_SHARE, Share
 from loraplex.engine.structured import StructuredOutputManager
 
 if TYPE_CHECKING:
@@ -178,9 +179,11 @@ class LLMEngine:
         adapter: AdapterRef | None = None,
         cache_salt: str | None = None,
         grammar: CompiledGrammar | None = None,
+        share: Share = DEFAULT_SHARE,
     ) -> str:
         """Queue a request. ``grammar``: its constraint as ``precheck`` compiled and checked it; without it a
-        constrained request compiles here and waits in the queue until its grammar is ready."""
+        constrained request compiles here and waits in the queue until its grammar is ready. ``share``: the
+        tenant it is served for (fair scheduling) and its priority class."""
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
@@ -189,7 +192,11 @@ class LLMEngine:
         if adapter is not None and not isinstance(adapter, AdapterRef):
             raise RequestError(f"adapter must be an AdapterRef or None, got {type(adapter).__name__}")
         adapter_hash = adapter.content_hash if adapter is not None else None
-        seq = Sequence(request_id, prompt_token_ids, params, adapter_hash=adapter_hash, cache_salt=cache_salt)
+        if not isinstance(share, Share):
+            raise RequestError(f"share must be a Share, got {type(share).__name__}")
+        seq = Sequence(
+            request_id, prompt_token_ids, params, adapter_hash=adapter_hash, cache_salt=cache_salt, share=share
+        )
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from loraplex.engine.lora.manager import CheckedAdapter
 from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.sampling_params import SamplingParams
+from loraplex.engine.share import DEFAULT_SHARE, Share
 
 if TYPE_CHECKING:
     from loraplex.grammar import CompiledGrammar
@@ -24,6 +25,7 @@ class AddRequest:
     adapter: AdapterRef | None = None
     cache_salt: str | None = None
     grammar: CompiledGrammar | None = None
+    share: Share = DEFAULT_SHARE
 
 
 @dataclass(frozen=True)

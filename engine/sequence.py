@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from loraplex.engine.outputs import FinishReason
 from loraplex.engine.sampling_params import SamplingParams
+from loraplex.engine.share import DEFAULT_SHARE, Share
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +30,8 @@ class Sequence:
     params: SamplingParams
     adapter_hash: str | None = None  # content hash of the LoRA adapter, None = base model
     cache_salt: str | None = None  # isolates prefix-cache sharing (e.g. per tenant)
+    share: Share = DEFAULT_SHARE  # whose share of the engine this request draws on (fair scheduling)
+    arrival: int = 0  # order of arrival (set by the scheduler; ties and fcfs order)
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
