@@ -83,7 +83,9 @@ class LLMEngine:
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.block_manager, args.max_num_seqs, args.max_num_batched_tokens, policy=args.scheduling_policy
+        )
         self.lora_manager = LoRAManager(
             self.shape.spec,
             max_loras=args.max_loras,
@@ -293,12 +295,15 @@ class LLMEngine:
         seqs = [batch.seqs[i] for i in sample_idx]
         if self._probe is not None and self._probe.on_logits is not None:
             self._probe.on_logits([s.request_id for s in seqs], [s.num_output_tokens for s in seqs], logits)
+        failed, seqs, logits = self._fail_non_finite(seqs, logits)
+        if not seqs:
+            return failed
         self._suppress_stops(seqs, logits)
         self.structured.apply_masks(seqs, logits)
         result = self.sampler(
             logits, [s.params for s in seqs], [s.generator for s in seqs], self.structured.budget_check(seqs)
         )
-        outputs: list[RequestOutput] = []
+        outputs: list[RequestOutput] = failed
         now = time.monotonic()
         for r, seq in enumerate(seqs):
             req = self.requests[seq.request_id]
@@ -315,6 +320,29 @@ class LLMEngine:
             else:
                 outputs.append(self._output(req, None))
         return outputs
+
+    def _fail_non_finite(
+        self, seqs: list[Sequence], logits: torch.Tensor
+    ) -> tuple[list[RequestOutput], list[Sequence], torch.Tensor]:
+        """Finish, with an error, the requests whose logits hold a NaN or +infinity, or are all -infinity (e.g.
+        an adapter whose weights overflow float arithmetic); the others of the step sample as usual. Raw logits
+        are finite for any sane model, so such a row is this request's fault and sampling it would yield
+        garbage. One reduction per row (the row maximum propagates NaN), far cheaper than testing every logit."""
+        finite = torch.isfinite(logits.amax(dim=-1))
+        if bool(finite.all()):
+            return [], seqs, logits
+        keep = finite.nonzero().flatten().tolist()
+        failed = []
+        for r in (~finite).nonzero().flatten().tolist():
+            req = self.requests[seqs[r].request_id]
+            where = f"LoRA adapter {seqs[r].adapter_hash}" if seqs[r].adapter_hash else "the base model"
+            req.error = (
+                f"the model produced non-finite logits (NaN or infinity) for this request under {where}; "
+                "no token could be sampled"
+            )
+            log.error("request %s: %s", seqs[r].request_id, req.error)
+            failed.append(self._finish(req, "error"))
+        return failed, [seqs[r] for r in keep], logits[keep]
 
     def _check_stop(self, seq: Sequence, req: _Request, token: int) -> FinishReason | None:
         p = seq.params

@@ -2,20 +2,23 @@
 
 Every sequence simply has `num_tokens` known tokens of which `num_computed_tokens` have K/V in the
 cache; a step gives each scheduled sequence some of the difference. Running sequences (decodes and
-unfinished prefills) go first, oldest first; then waiting ones are admitted while the token budget,
-`max_num_seqs`, the KV cache and the admission hooks (adapter slots, compiled grammars) allow.
-When the cache runs out, the newest running sequence is preempted: its blocks are freed and it is
-recomputed later (prefix caching usually brings most of it back).
+unfinished prefills) go first, in the policy's order (`engine.request_queue`: admission order under
+fcfs, the least-served tenant first under fair); then waiting ones are admitted in the policy's order
+while the token budget, `max_num_seqs`, the KV cache and the admission hooks (adapter slots, compiled
+grammars) allow. When the cache runs out, the last running sequence in that order is preempted (the
+newest under fcfs; the newest of the tenant furthest over its share under fair): its blocks are freed
+and it is recomputed later (prefix caching usually brings most of it back).
 """
 
 from __future__ import annotations
 
-from collections import deque
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from loraplex.engine.block_manager import BlockManager
+from loraplex.engine.request_queue import RequestQueue, make_queue
 from loraplex.engine.sequence import Sequence, SequenceStatus
 
 
@@ -50,18 +53,22 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         admission: list[AdmissionPolicy] | None = None,
+        policy: str = "fcfs",
     ) -> None:
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        self.policy = policy
+        self.waiting: RequestQueue = make_queue(policy)
         self.running: list[Sequence] = []
         self.admission = admission or []
         self.on_preempt: Callable[[Sequence], None] | None = None
+        self._arrivals = itertools.count(1)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        seq.arrival = next(self._arrivals)
+        self.waiting.add(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -70,8 +77,9 @@ class Scheduler:
         """Drop a finished or aborted sequence from the queues and free its blocks."""
         if seq in self.running:
             self.running.remove(seq)
-        elif seq in self.waiting:
+        elif seq.status is not SequenceStatus.RUNNING and seq in self.waiting:
             self.waiting.remove(seq)
+        self.waiting.finished(seq)
         self.bm.free(seq)
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
@@ -79,7 +87,7 @@ class Scheduler:
         self.bm.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.waiting.requeue(seq)
         batch.preempted.append(seq)
         if self.on_preempt:
             self.on_preempt(seq)
@@ -90,7 +98,8 @@ class Scheduler:
         for policy in self.admission:
             policy.begin_step(self.running)
 
-        # 1. running sequences, oldest first; preempt the newest when blocks run out
+        # 1. running sequences in the policy's order; preempt from the end of it when blocks run out
+        self.running = self.waiting.running_order(self.running)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -104,42 +113,45 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
+                self.waiting.charge(seq, n)
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(n)
                 budget -= n
                 i += 1
                 continue
-            break  # seq itself was preempted: it was the newest, nothing after it remains
+            break  # seq itself was preempted: it was the last, nothing after it remains
 
         # 2. admit waiting sequences (none when this step had to preempt). A sequence whose first uncached
         # block another sequence of this step computes waits for the next step, where that block is cached,
         # rather than computing it a second time now (it keeps its place in the queue).
         computing = {h for seq, n in zip(batch.seqs, batch.num_new_tokens) for h in self.bm.blocks_completed_by(seq, n)}
-        skipped: list[Sequence] = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
-            seq = self.waiting.popleft()
-            if not all(policy.can_admit(seq) for policy in self.admission):
-                skipped.append(seq)  # e.g. grammar still compiling: wait without blocking others
-                continue
-            if computing and self.bm.first_uncached_block(seq) in computing:
-                skipped.append(seq)
-                continue
-            if not seq.block_table:
-                self.bm.match_prefix(seq)
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self.bm.allocate(seq, n):
-                self.bm.free(seq)  # give back prefix hits; retry next step
-                skipped.append(seq)
-                break
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            for policy in self.admission:
-                policy.admitted(seq)
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(n)
-            budget -= n
-            computing.update(self.bm.blocks_completed_by(seq, n))
-        self.waiting.extendleft(reversed(skipped))
+        admitted: list[Sequence] = []
+        if not batch.preempted:
+            for seq in self.waiting.candidates():
+                if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                    break
+                if not all(policy.can_admit(seq) for policy in self.admission):
+                    continue  # e.g. grammar still compiling: wait without blocking others
+                if computing and self.bm.first_uncached_block(seq) in computing:
+                    continue
+                if not seq.block_table:
+                    self.bm.match_prefix(seq)
+                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                if not self.bm.allocate(seq, n):
+                    self.bm.free(seq)  # give back prefix hits; retry next step
+                    break
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                admitted.append(seq)
+                for policy in self.admission:
+                    policy.admitted(seq)
+                self.waiting.charge(seq, n)
+                batch.seqs.append(seq)
+                batch.num_new_tokens.append(n)
+                budget -= n
+                computing.update(self.bm.blocks_completed_by(seq, n))
+        for seq in admitted:  # the queue is not changed while its candidates are visited
+            self.waiting.remove(seq)
         return batch
 
     def num_waiting(self) -> int:

@@ -42,6 +42,7 @@ class Sequence:
     prefix_hashes: list[bytes] = field(default_factory=list)  # block manager's memo: leading blocks' hashes
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at first admission
     num_preemptions: int = 0
+    num_charged_tokens: int = 0  # tokens charged to the tenant's fair share (recomputation is not charged again)
     # structured output / adapter plumbing, filled by the engine
     grammar: GrammarMatcher | None = None  # once compiled
     narrowing: tuple[str, ...] | None = None  # how the constraint was narrowed (empty: exact; None: no constraint)
