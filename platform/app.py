@@ -18,6 +18,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from loraplex.adapters import AdapterLimits
 from loraplex.platform.controllers.adapters import AdapterController
+from loraplex.platform.controllers.admin import AdminAdapterController
 from loraplex.platform.controllers.health import HealthController
 from loraplex.platform.controllers.tenants import ApiKeyController, TenantController
 from loraplex.platform.db.migrate import upgrade
@@ -94,7 +95,7 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             adapters=adapters,
             engine=engine,
             engine_adapters=engine_adapters,
-            metrics=Metrics(engine.stats, engine_adapters.names),
+            metrics=Metrics(engine.stats, engine_adapters.names, tenant_labels=settings.metrics_tenant_labels),
             token_texts=TokenTexts(engine.tokenizer),
             started=int(time.time()),
         )
@@ -129,7 +130,14 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
         return state.services  # type: ignore[no-any-return]
 
     return Litestar(
-        route_handlers=[HealthController, TenantController, ApiKeyController, AdapterController, OpenAIController],
+        route_handlers=[
+            HealthController,
+            TenantController,
+            ApiKeyController,
+            AdapterController,
+            AdminAdapterController,
+            OpenAIController,
+        ],
         lifespan=[lifespan],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

@@ -33,8 +33,15 @@ def services_of(connection: ASGIConnection) -> Services:
 async def provide_principal(request: Request) -> Principal:
     """The tenant the request acts for; counts the request against the tenant's rate limit."""
     services = services_of(request)
-    principal = await services.tenants.authenticate(bearer_token(request))
+    token = bearer_token(request)
+    principal = await services.tenants.authenticate(token)
     if principal is None:
+        if await services.tenants.is_admin(token):
+            raise ApiError(
+                403,
+                "the admin key cannot act as a tenant; use the tenant's key or the /v1/admin/... routes",
+                code="admin_key_not_a_tenant",
+            )
         raise _invalid_key()
     limit = (
         principal.rate_limit_per_minute

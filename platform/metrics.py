@@ -40,7 +40,14 @@ _LATENCY_BUCKETS = (
 
 
 class Metrics:
-    def __init__(self, stats: Callable[[], dict[str, Any]], adapter_names: Callable[[list[str]], list[str]]) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], dict[str, Any]],
+        adapter_names: Callable[[list[str]], list[str]],
+        *,
+        tenant_labels: bool = True,
+    ) -> None:
+        self.tenant_labels = tenant_labels  # False: no tenant or adapter name appears in any metric
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ttft = Histogram(
@@ -65,16 +72,25 @@ class Metrics:
         self.generation_tokens = Counter("loraplex_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter(
             "loraplex_requests",
-            "Finished generation requests by model (base or adapter) and finish reason",
-            ["tenant", "model", "finish_reason"],
+            "Finished generation requests by model (base or adapter) and finish reason (abort: the client left)",
+            ["tenant", "model", "finish_reason"] if tenant_labels else ["finish_reason"],
             registry=r,
         )
-        r.register(EngineCollector(stats, adapter_names))
+        r.register(EngineCollector(stats, adapter_names if tenant_labels else _opaque))
         ProcessCollector(registry=r)  # CPU, memory, open files of the server process
         GCCollector(registry=r)
 
+    def count_request(self, tenant: str, model: str, finish_reason: str) -> None:
+        labels = (tenant, model, finish_reason) if self.tenant_labels else (finish_reason,)
+        self.requests.labels(*labels).inc()
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _opaque(content_hashes: list[str]) -> list[str]:
+    """Adapters by content hash instead of name (when tenant labels are off)."""
+    return list(content_hashes)
 
 
 class EngineCollector(Collector):

@@ -41,6 +41,9 @@ class Settings:
     default_max_adapter_bytes: int = 8 * GiB
     default_rate_limit_per_minute: int = 0  # 0: unlimited unless a tenant sets its own
     cache_ttl_s: float = 60.0
+    # Operations
+    metrics_token: str | None = None  # set: /metrics needs 'Authorization: Bearer <metrics_token>'
+    metrics_tenant_labels: bool = True  # False: no tenant or adapter name in any metric label
     log_level: str = "info"
     # Engine arguments (names of EngineArgs fields -> value); only the ones given are set.
     engine_args: dict[str, Any] = field(default_factory=dict)
@@ -169,6 +172,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--max-upload-bytes", type=int, help="largest adapter upload accepted")
     srv.add_argument("--default-rate-limit-per-minute", type=int, help="per-tenant request limit (0: none)")
     srv.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    srv.add_argument("--metrics-token", help="bearer token /metrics requires (default: none, /metrics is open)")
+    srv.add_argument(
+        "--metrics-tenant-labels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="label request metrics with tenant and adapter names (default on)",
+    )
     eng = parser.add_argument_group("engine (each flag also reads LORAPLEX_<NAME>)")
     for spec in engine_arg_specs():
         kind = _scalar_type(spec.type)

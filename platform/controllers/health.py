@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from litestar import Controller, Response, get
+import hmac
+
+from litestar import Controller, Request, Response, get
 from litestar.di import NamedDependency
 
+from loraplex.platform.errors import ApiError, error_responses
 from loraplex.platform.metrics import CONTENT_TYPE
 from loraplex.platform.schemas import Health
 from loraplex.platform.services.container import Services
@@ -33,6 +36,25 @@ class HealthController(Controller):
             Health(status="ready" if ready else "not_ready", detail=detail), status_code=200 if ready else 503
         )
 
-    @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE)
-    async def metrics(self, services: NamedDependency[Services]) -> Response[bytes]:
+    @get(
+        "/metrics",
+        summary="Prometheus metrics (with the metrics_token setting: 'Authorization: Bearer <metrics_token>')",
+        media_type=CONTENT_TYPE,
+        responses=error_responses(401),
+    )
+    async def metrics(self, request: Request, services: NamedDependency[Services]) -> Response[bytes]:
+        check_metrics_token(request, services.settings.metrics_token)
         return Response(services.metrics.exposition(), media_type=CONTENT_TYPE)
+
+
+def check_metrics_token(request: Request, token: str | None) -> None:
+    """Without a configured token /metrics is open; with one, only 'Bearer <token>' may scrape."""
+    if token is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise ApiError(
+            401,
+            "/metrics needs the metrics token (the metrics_token setting): send 'Authorization: Bearer <token>'",
+            code="invalid_metrics_token",
+        )

@@ -252,10 +252,13 @@ class AdapterService:
     # -- read / delete -----------------------------------------------------------------------
 
     async def list(self, principal: Principal) -> list[AdapterRecord]:
+        return await self.list_of_tenant(principal.tenant_id)
+
+    async def list_of_tenant(self, tenant_id: str) -> list[AdapterRecord]:
         async with self.db.session() as session:
             rows = await session.scalars(
                 select(Adapter)
-                .where(Adapter.tenant_id == uuid.UUID(principal.tenant_id), Adapter.deleted_at.is_(None))
+                .where(Adapter.tenant_id == uuid.UUID(tenant_id), Adapter.deleted_at.is_(None))
                 .order_by(Adapter.name)
             )
             return [AdapterRecord.from_row(r) for r in rows.all()]
@@ -282,10 +285,13 @@ class AdapterService:
         return record
 
     async def delete(self, principal: Principal, name: str) -> AdapterRecord:
+        return await self.delete_of_tenant(principal.tenant_id, name)
+
+    async def delete_of_tenant(self, tenant_id: str, name: str) -> AdapterRecord:
         async with self.db.session() as session:
             row = await session.scalar(
                 select(Adapter).where(
-                    Adapter.tenant_id == uuid.UUID(principal.tenant_id),
+                    Adapter.tenant_id == uuid.UUID(tenant_id),
                     Adapter.name == name,
                     Adapter.deleted_at.is_(None),
                 )
@@ -294,7 +300,7 @@ class AdapterService:
                 raise not_found(f"adapter {name!r} not found", code="adapter_not_found")
             await session.execute(update(Adapter).where(Adapter.id == row.id).values(deleted_at=utcnow()))
             await session.commit()
-        await self.cache.invalidate(cache_key(principal.tenant_id, name))
+        await self.cache.invalidate(cache_key(tenant_id, name))
         await asyncio.to_thread(self.store.delete, row.blob)
         await self._retire(row.sha256)
         return AdapterRecord.from_row(row)

@@ -105,7 +105,7 @@ class Generation:
         if out.finished and not choice.finished:
             choice.finished = True
             self.metrics.e2e.observe(now - self.arrival)
-            self.metrics.requests.labels(*self.labels, out.finish_reason or "unknown").inc()
+            self.metrics.count_request(*self.labels, out.finish_reason or "unknown")
 
     def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, output) for every output of every choice, in arrival order (one iteration only)."""
@@ -175,6 +175,10 @@ class Generation:
                 # Stops the per-choice pump tasks first: a stream cannot be closed while a task iterates it.
                 await self._merged.aclose()
             await _close_all([ch.stream for ch in self.choices])
+        for ch in self.choices:  # what the client left before it finished (a disconnect) counts as aborted
+            if not ch.finished:
+                ch.finished = True
+                self.metrics.count_request(*self.labels, "abort")
 
 
 async def _close_all(streams: list[AsyncIterator[RequestOutput]]) -> None:

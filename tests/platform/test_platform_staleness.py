@@ -1,0 +1,266 @@
+"""Bounded staleness across replicas, whatever Redis does: two `loraplex serve` processes share PostgreSQL and a
+redis-server of the test's own, which the test pauses (SIGSTOP, as a partition looks) or whose messages it
+drops. A deletion or revocation made through one replica must be honoured by the other within the bound the
+cache is designed for (1 s: a heartbeat sent within the last 0.5 s must have come back before anything cached
+is used; see platform/services/cache.py); the tests allow twice that. The registry cache keeps entries for an
+hour here, so without the bound the other replica would serve the old record for the whole test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+
+from loraplex.platform.services.adapters import cache_key
+from loraplex.platform.services.cache import queue_invalidation
+from tests.platform.helpers import (
+    ADMIN_KEY,
+    PG_URL,
+    ServerProcess,
+    auth,
+    create_tenant,
+    free_port,
+    upload,
+    zip_folder,
+)
+
+pytestmark = pytest.mark.services
+
+DESIGN_BOUND_S = 1.0
+BOUND_S = 2 * DESIGN_BOUND_S  # a correctness bound (an hour without it), not a speed threshold
+POLL_S = 0.05
+
+
+class RedisServer:
+    """A redis-server process of this test's own, which it may pause and resume."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed on this machine")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def pause(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.resume()
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    private_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path, pg_schema: str
+) -> Iterator[list[ServerProcess]]:
+    root = tmp_path_factory.mktemp("staleness")
+    args = [
+        "--model",
+        str(tiny_llama_dir),
+        "--database-url",
+        PG_URL,
+        "--database-schema",
+        pg_schema,
+        "--redis-url",
+        private_redis.url,
+        "--data-dir",
+        str(root / "shared-data"),
+        "--num-kv-blocks",
+        "256",
+        "--max-model-len",
+        "512",
+    ]
+    env = {"LORAPLEX_ADMIN_KEY": ADMIN_KEY, "LORAPLEX_CACHE_TTL_S": "3600"}
+    procs = [ServerProcess(args, env, root / f"replica-{i}.log") for i in range(2)]
+    try:
+        yield [p.wait_ready() for p in procs]
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def _client(server: ServerProcess, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=10)
+
+
+def _adapter_served(server: ServerProcess, key: str, model: str) -> bool:
+    """True when `model` answers a chat completion, False when it is refused as missing."""
+    try:
+        _client(server, key).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=1
+        )
+    except openai.NotFoundError as exc:
+        assert exc.code == "model_not_found", exc
+        return False
+    return True
+
+
+def _key_accepted(server: ServerProcess, key: str) -> bool:
+    try:
+        _client(server, key).models.list()
+    except openai.AuthenticationError:
+        return False
+    return True
+
+
+def _seconds_until(condition: Callable[[], bool], limit: float = 30.0) -> float:
+    """Poll `condition` every 50 ms; the seconds until it first held (fails after `limit`)."""
+    start = time.monotonic()
+    while not condition():
+        elapsed = time.monotonic() - start
+        assert elapsed < limit, f"still not true after {elapsed:.1f}s"
+        time.sleep(POLL_S)
+    return time.monotonic() - start
+
+
+def _holds_for(condition: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert condition()
+        time.sleep(POLL_S)
+
+
+def _setup_tenant(one: ServerProcess, two: ServerProcess, adapter_folder: Path) -> tuple[str, str, dict]:
+    """A tenant with an adapter `held` and a second key, both in use (cached) on replica two."""
+    tenant = f"stale-{uuid.uuid4().hex[:6]}"
+    key = create_tenant(one.url, tenant)
+    spare = httpx.post(f"{one.url}/v1/tenants/{tenant}/keys", headers=auth(ADMIN_KEY)).json()
+    assert upload(one.url, key, "held", archive=zip_folder(adapter_folder)).status_code == 201
+    for _ in range(3):
+        assert _adapter_served(two, key, "held")
+        assert _key_accepted(two, spare["key"])
+    return tenant, key, spare
+
+
+def _redis_ok(server: ServerProcess) -> bool:
+    return httpx.get(f"{server.url}/ready", timeout=10).json()["detail"].get("redis") == "ok"
+
+
+def test_delete_and_revoke_are_honoured_while_redis_hangs(replicas, private_redis, adapter_factory) -> None:
+    one, two = replicas
+    tenant, key, spare = _setup_tenant(one, two, adapter_factory("basic"))
+    private_redis.pause()
+    try:
+        r = httpx.delete(f"{one.url}/v1/adapters/held", headers=auth(key), timeout=10)
+        assert r.status_code == 200, r.text
+        waited = _seconds_until(lambda: not _adapter_served(two, key, "held"))
+        assert waited <= BOUND_S, f"replica two served the deleted adapter for {waited:.2f}s"
+        _holds_for(lambda: not _adapter_served(two, key, "held"), 1.0)
+
+        r = httpx.delete(f"{one.url}/v1/tenants/{tenant}/keys/{spare['id']}", headers=auth(ADMIN_KEY), timeout=10)
+        assert r.status_code == 200, r.text
+        waited = _seconds_until(lambda: not _key_accepted(two, spare["key"]))
+        assert waited <= BOUND_S, f"replica two accepted the revoked key for {waited:.2f}s"
+        # Everyone else is still served, from the database, without waiting on the hung Redis.
+        assert _key_accepted(two, key) and _key_accepted(one, key)
+    finally:
+        private_redis.resume()
+
+    # Redis is back: both replicas use it again, and nothing stale comes back with it.
+    _seconds_until(lambda: _redis_ok(one) and _redis_ok(two))
+    _holds_for(lambda: not _adapter_served(two, key, "held") and not _key_accepted(two, spare["key"]), 2.0)
+    assert upload(one.url, key, "held", archive=zip_folder(adapter_factory("basic"))).status_code == 201
+    _seconds_until(lambda: _adapter_served(two, key, "held"))
+    assert httpx.delete(f"{one.url}/v1/adapters/held", headers=auth(key), timeout=10).status_code == 200
+    waited = _seconds_until(lambda: not _adapter_served(two, key, "held"))
+    assert waited <= BOUND_S, f"after recovery, replica two served the deleted adapter for {waited:.2f}s"
+
+
+def _pg_execute(schema: str, sql: str, *args: object) -> str:
+    async def run() -> str:
+        import asyncpg
+
+        dsn = "postgresql://postgres@127.0.0.1:5432/test"
+        conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+        try:
+            return await conn.execute(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def _invalidate_without_message(redis_url: str, key: str) -> None:
+    """What an invalidation does in Redis, with its pub/sub message lost on the way."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        with client.pipeline(transaction=True) as pipe:
+            queue_invalidation(pipe, key, 3600)
+            pipe.execute()
+    finally:
+        client.close()
+
+
+def test_lost_invalidation_messages_are_noticed(replicas, private_redis, adapter_factory, pg_schema) -> None:
+    one, two = replicas
+    tenant, key, spare = _setup_tenant(one, two, adapter_factory("basic"))
+    tenant_id = httpx.get(f"{one.url}/v1/tenants/{tenant}", headers=auth(ADMIN_KEY)).json()["id"]
+
+    # The adapter is deleted and the key revoked in the registry; their invalidation messages never arrive.
+    status = _pg_execute(
+        pg_schema,
+        "UPDATE adapters SET deleted_at = now() WHERE tenant_id = $1 AND name = 'held' AND deleted_at IS NULL",
+        uuid.UUID(tenant_id),
+    )
+    assert status == "UPDATE 1"
+    _invalidate_without_message(private_redis.url, cache_key(tenant_id, "held"))
+    waited = _seconds_until(lambda: not _adapter_served(two, key, "held"))
+    assert waited <= BOUND_S, f"replica two served the deleted adapter for {waited:.2f}s"
+
+    assert _pg_execute(pg_schema, "UPDATE api_keys SET revoked_at = now() WHERE prefix = $1", spare["prefix"]) == (
+        "UPDATE 1"
+    )
+    _invalidate_without_message(private_redis.url, f"key:{spare['prefix']}")
+    waited = _seconds_until(lambda: not _key_accepted(two, spare["key"]))
+    assert waited <= BOUND_S, f"replica two accepted the revoked key for {waited:.2f}s"
+
+    # The subscriptions themselves dropped (messages published meanwhile are lost): the bound still holds.
+    assert upload(one.url, key, "held", archive=zip_folder(adapter_factory("basic"))).status_code == 201
+    _seconds_until(lambda: _adapter_served(two, key, "held"))
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        assert admin.client_kill_filter(_type="pubsub") >= 2
+    finally:
+        admin.close()
+    assert httpx.delete(f"{one.url}/v1/adapters/held", headers=auth(key), timeout=10).status_code == 200
+    waited = _seconds_until(lambda: not _adapter_served(two, key, "held"))
+    assert waited <= BOUND_S, f"replica two served the deleted adapter for {waited:.2f}s"
