@@ -1,0 +1,160 @@
+"""Fairness between tenants on the real engine (SmolLM2, Workload A prompts): `fair` beside `fcfs` in one run.
+
+Two scenarios per policy, on one AsyncEngine per policy:
+
+  isolation   Tenant B alone sends ``--b-requests`` requests spaced ``--spacing`` s apart (its TTFT alone).
+              Then tenant A floods ``--flood`` requests at once and, one second later, B sends the same spaced
+              requests again: B's TTFT under the flood, p50 / p99, and the ratio to B alone (the goal: p99
+              <= 2x alone). A's unfinished requests are aborted once B is done.
+  share       Tenants A (weight ``--weights``[0]) and B (weight [1]) each queue ``--share-requests`` requests
+              at once; after ``--window`` s everything is aborted and each tenant's service is counted from
+              the streamed outputs: prompt tokens of started requests + 2 x output tokens (the VTC cost the
+              engine charges) and output tokens alone. Under saturation the ratio should match the weights.
+
+Every figure comes from timestamps and token counts seen by the client (the engine's counters are not used).
+
+Usage: python -m bench.fairness [--policies fair,fcfs] [--flood 300] [--b-requests 20] [--spacing 0.5]
+                                [--max-tokens 32] [--weights 2,1] [--window 20] [--max-num-seqs 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from bench.common import load_workload
+from loraplex.engine import AsyncEngine, SamplingParams, Share
+
+
+@dataclass
+class Client:
+    engine: AsyncEngine
+    prompts: list[list[int]]
+    max_tokens: int
+    ttft: dict[str, list[float]] = field(default_factory=dict)
+    prompt_tokens: Counter[str] = field(default_factory=Counter)
+    output_tokens: Counter[str] = field(default_factory=Counter)
+    _n: int = 0
+
+    async def request(self, tenant: str, weight: float = 1.0, label: str | None = None) -> None:
+        self._n += 1
+        prompt = self.prompts[self._n % len(self.prompts)]
+        params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0, ignore_eos=True)
+        start = time.perf_counter()
+        first = True
+        async for out in self.engine.generate(prompt, params, share=Share(tenant, weight=weight)):
+            if first and out.new_token_ids:
+                self.ttft.setdefault(label or tenant, []).append(time.perf_counter() - start)
+                self.prompt_tokens[tenant] += len(prompt) - out.num_cached_tokens
+                first = False
+            self.output_tokens[tenant] += len(out.new_token_ids)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def spaced(client: Client, label: str, n: int, spacing: float) -> None:
+    tasks = []
+    for _ in range(n):
+        tasks.append(asyncio.create_task(client.request("B", label=label)))
+        await asyncio.sleep(spacing)
+    await asyncio.gather(*tasks)
+
+
+async def isolation(client: Client, args: argparse.Namespace) -> dict[str, float]:
+    await spaced(client, "B alone", args.b_requests, args.spacing)
+    flood = [asyncio.create_task(client.request("A")) for _ in range(args.flood)]
+    await asyncio.sleep(1.0)
+    await spaced(client, "B under flood", args.b_requests, args.spacing)
+    finished = sum(t.done() for t in flood)
+    for t in flood:
+        t.cancel()
+    await asyncio.gather(*flood, return_exceptions=True)
+    alone, loaded = client.ttft["B alone"], client.ttft["B under flood"]
+    return {
+        "alone_p50": statistics.median(alone),
+        "alone_p99": pct(alone, 0.99),
+        "flood_p50": statistics.median(loaded),
+        "flood_p99": pct(loaded, 0.99),
+        "a_finished": finished,
+    }
+
+
+async def share(client: Client, args: argparse.Namespace) -> dict[str, float]:
+    client.prompt_tokens.clear()
+    client.output_tokens.clear()
+    wa, wb = args.weights
+    tasks = [
+        asyncio.create_task(client.request(t, w)) for _ in range(args.share_requests) for t, w in (("A", wa), ("B", wb))
+    ]
+    await asyncio.sleep(args.window)
+    left = sum(not t.done() for t in tasks)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    service = {t: client.prompt_tokens[t] + 2 * client.output_tokens[t] for t in "AB"}
+    return {
+        "service_ratio": service["A"] / max(1, service["B"]),
+        "output_ratio": client.output_tokens["A"] / max(1, client.output_tokens["B"]),
+        "unfinished": left,
+    }
+
+
+async def run_policy(policy: str, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, float]:
+    engine = await asyncio.to_thread(AsyncEngine, scheduling_policy=policy, max_num_seqs=args.max_num_seqs)
+    try:
+        client = Client(engine, prompts, args.max_tokens)
+        await client.request("warm-up")
+        result = await isolation(client, args)
+        result.update(await share(client, args))
+        return result
+    finally:
+        await asyncio.to_thread(engine.shutdown)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policies", default="fair,fcfs")
+    ap.add_argument("--flood", type=int, default=300)
+    ap.add_argument("--b-requests", type=int, default=20)
+    ap.add_argument("--spacing", type=float, default=0.5)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--weights", type=lambda s: tuple(float(x) for x in s.split(",")), default=(2.0, 1.0))
+    ap.add_argument("--share-requests", type=int, default=150)
+    ap.add_argument("--window", type=float, default=20.0)
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    args = ap.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from loraplex.engine.model_files import resolve_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
+    prompts = [r["prompt_token_ids"] for r in load_workload().build_requests(tokenizer)]
+    results = {p: asyncio.run(run_policy(p, prompts, args)) for p in args.policies.split(",")}
+
+    print(
+        f"\nflood {args.flood} x {args.max_tokens} tokens (tenant A); B: {args.b_requests} requests every "
+        f"{args.spacing}s; max_num_seqs {args.max_num_seqs}; weights A:B = {args.weights[0]:g}:{args.weights[1]:g}"
+    )
+    print(
+        "| policy | B TTFT alone p50 / p99 (ms) | B TTFT under flood p50 / p99 (ms) | p99 ratio | "
+        "A:B service (prompt + 2 x output) | A:B output tokens |"
+    )
+    print("|---|---|---|---|---|---|")
+    for policy, r in results.items():
+        print(
+            f"| {policy} | {r['alone_p50'] * 1e3:.0f} / {r['alone_p99'] * 1e3:.0f} | "
+            f"{r['flood_p50'] * 1e3:.0f} / {r['flood_p99'] * 1e3:.0f} | {r['flood_p99'] / r['alone_p99']:.2f} | "
+            f"{r['service_ratio']:.2f} | {r['output_ratio']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
