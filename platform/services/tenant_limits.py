@@ -16,7 +16,8 @@ leases expire within ``ttl`` seconds and their slots come back. Checks and reser
 script: all of a request's reservations are made, or none.
 
 While Redis is down, requests are admitted against this replica's own counts (each replica then enforces the
-limits on its own traffic); a lease is released where it was taken.
+limits on its own traffic); a lease is released where it was taken. An outage longer than the TTL lets the
+Redis leases of requests still running expire, so until those finish Redis counts fewer than run.
 """
 
 from __future__ import annotations
