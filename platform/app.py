@@ -20,7 +20,7 @@ from loraplex.adapters import AdapterLimits
 from loraplex.platform.controllers.adapters import AdapterController
 from loraplex.platform.controllers.admin import AdminAdapterController
 from loraplex.platform.controllers.health import HealthController
-from loraplex.platform.controllers.tenants import ApiKeyController, TenantController
+from loraplex.platform.controllers.tenants import ApiKeyController, TenantController, TenantUsageController
 from loraplex.platform.db.migrate import upgrade
 from loraplex.platform.db.session import Database
 from loraplex.platform.errors import EXCEPTION_HANDLERS
@@ -34,6 +34,7 @@ from loraplex.platform.services.container import Services
 from loraplex.platform.services.engine_adapters import EngineAdapters
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
+from loraplex.platform.services.tenant_limits import TenantLimits
 from loraplex.platform.services.tenants import TenantService
 from loraplex.platform.settings import Settings
 
@@ -98,7 +99,9 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             metrics=Metrics(engine.stats, engine_adapters.names, tenant_labels=settings.metrics_tenant_labels),
             token_texts=TokenTexts(engine.tokenizer),
             started=int(time.time()),
+            tenant_limits=TenantLimits(redis, ttl_s=settings.tenant_lease_ttl_s),
         )
+        await services.tenant_limits.start()
     except BaseException:
         if owns_engine and engine is not None:
             await asyncio.to_thread(engine.shutdown)
@@ -134,6 +137,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
             HealthController,
             TenantController,
             ApiKeyController,
+            TenantUsageController,
             AdapterController,
             AdminAdapterController,
             OpenAIController,

@@ -9,6 +9,8 @@ import msgspec
 from msgspec import Meta, Struct
 
 NonNegative = Annotated[int, Meta(ge=0)]
+Weight = Annotated[float, Meta(gt=0, le=1e6)]  # a tenant's share of the engine under fair scheduling
+Priority = Annotated[int, Meta(ge=-(2**31), le=2**31)]  # lower is served sooner (vLLM's convention)
 
 
 class TenantCreate(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -16,15 +18,52 @@ class TenantCreate(Struct, kw_only=True, forbid_unknown_fields=True):
     max_adapters: NonNegative | None = None  # None: the server default
     max_adapter_bytes: NonNegative | None = None
     rate_limit_per_minute: NonNegative | None = None  # 0: unlimited
+    weight: Weight | None = None
+    priority: Priority | None = None  # the default of the tenant's requests, and the most urgent they may ask
+    max_concurrent_sequences: NonNegative | None = None  # 0: unlimited
+    tokens_per_minute: NonNegative | None = None  # 0: unlimited
+    max_queued_requests: NonNegative | None = None  # 0: unlimited
+
+
+class TenantUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
+    """The fields to change (absent: unchanged; null: back to the server default)."""
+
+    max_adapters: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
+    max_adapter_bytes: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
+    rate_limit_per_minute: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
+    weight: Weight | msgspec.UnsetType | None = msgspec.UNSET
+    priority: Priority | msgspec.UnsetType | None = msgspec.UNSET
+    max_concurrent_sequences: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
+    tokens_per_minute: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
+    max_queued_requests: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class TenantOut(Struct, kw_only=True):
+    """A tenant; a limit that is null uses the server's default."""
+
     id: str
     name: str
     max_adapters: int | None
     max_adapter_bytes: int | None
     rate_limit_per_minute: int | None
     created_at: datetime
+    weight: float | None = None
+    priority: int | None = None
+    max_concurrent_sequences: int | None = None
+    tokens_per_minute: int | None = None
+    max_queued_requests: int | None = None
+
+
+class TenantUsage(Struct, kw_only=True):
+    """What a tenant holds now against its serving limits (over all replicas, or this one while Redis is down),
+    and the limits in force (its own, else the server's defaults; 0: unlimited)."""
+
+    queued_requests: int
+    sequences: int
+    tokens_this_minute: int
+    max_queued_requests: int
+    max_concurrent_sequences: int
+    tokens_per_minute: int
 
 
 class ApiKeyOut(Struct, kw_only=True):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -40,6 +41,16 @@ class Settings:
     default_max_adapters: int = 100
     default_max_adapter_bytes: int = 8 * GiB
     default_rate_limit_per_minute: int = 0  # 0: unlimited unless a tenant sets its own
+    # One request: its sequences (prompts * n) and requested tokens (prompt + max_tokens over its sequences)
+    max_request_sequences: int = 256
+    max_request_tokens: int = 524_288
+    # Each tenant, unless it has its own (see platform/services/tenant_limits.py); 0: unlimited
+    default_tenant_weight: float = 1.0  # share of the engine under --scheduling-policy fair
+    default_priority: int = 0  # a tenant's priority class: its requests' default and the most urgent they may ask
+    default_max_concurrent_sequences: int = 0
+    default_tokens_per_minute: int = 0
+    default_max_queued_requests: int = 0
+    tenant_lease_ttl_s: float = 30.0  # how long a crashed replica's requests keep their slots in Redis
     cache_ttl_s: float = 60.0
     # Operations
     metrics_token: str | None = None  # set: /metrics needs 'Authorization: Bearer <metrics_token>'
@@ -52,6 +63,17 @@ class Settings:
         self.data_dir = Path(self.data_dir).expanduser()
         if self.max_upload_bytes <= 0 or self.max_request_bytes <= 0:
             raise ValueError("max_upload_bytes and max_request_bytes must be > 0")
+        if self.max_request_sequences <= 0 or self.max_request_tokens <= 0:
+            raise ValueError("max_request_sequences and max_request_tokens must be > 0")
+        if not math.isfinite(self.default_tenant_weight) or not 0 < self.default_tenant_weight <= 1e6:
+            raise ValueError(f"default_tenant_weight must be in (0, 1e6], got {self.default_tenant_weight}")
+        if abs(self.default_priority) > 1 << 31:
+            raise ValueError(f"default_priority must be in [-2^31, 2^31], got {self.default_priority}")
+        for name in ("default_max_concurrent_sequences", "default_tokens_per_minute", "default_max_queued_requests"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: unlimited), got {getattr(self, name)}")
+        if not self.tenant_lease_ttl_s > 0:
+            raise ValueError(f"tenant_lease_ttl_s must be > 0, got {self.tenant_lease_ttl_s}")
         if self.database_schema is not None and not self.database_schema.isidentifier():
             raise ValueError(f"database_schema must be a plain identifier, got {self.database_schema!r}")
 
@@ -178,6 +200,33 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="label request metrics with tenant and adapter names (default on)",
+    )
+    lim = parser.add_argument_group("limits (each flag also reads LORAPLEX_<NAME>)")
+    lim.add_argument(
+        "--max-request-sequences", type=int, help="most sequences (prompts * n) in one request (default 256)"
+    )
+    lim.add_argument(
+        "--max-request-tokens",
+        type=int,
+        help="most prompt + max_tokens tokens over a request's sequences (default 524288)",
+    )
+    lim.add_argument("--default-tenant-weight", type=float, help="a tenant's share under fair scheduling (default 1.0)")
+    lim.add_argument("--default-priority", type=int, help="a tenant's priority class; lower is sooner (default 0)")
+    lim.add_argument(
+        "--default-max-concurrent-sequences", type=int, help="per tenant, over all replicas (default 0: unlimited)"
+    )
+    lim.add_argument(
+        "--default-tokens-per-minute",
+        type=int,
+        help="per tenant: prompt + max_tokens, settled to use (default 0: unlimited)",
+    )
+    lim.add_argument(
+        "--default-max-queued-requests",
+        type=int,
+        help="per tenant: generation requests not yet finished (default 0: unlimited)",
+    )
+    lim.add_argument(
+        "--tenant-lease-ttl-s", type=float, help="seconds until a crashed replica's slots free (default 30)"
     )
     eng = parser.add_argument_group("engine (each flag also reads LORAPLEX_<NAME>)")
     for spec in engine_arg_specs():

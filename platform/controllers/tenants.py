@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from litestar import Controller, delete, get, post
+import msgspec
+from litestar import Controller, delete, get, patch, post
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, JSONBody
 
@@ -17,8 +18,11 @@ from loraplex.platform.schemas import (
     TenantCreated,
     TenantList,
     TenantOut,
+    TenantUpdate,
+    TenantUsage,
 )
 from loraplex.platform.services.container import Services
+from loraplex.platform.services.tenant_limits import tenant_quota
 from loraplex.platform.services.tenants import Quotas
 
 
@@ -30,6 +34,11 @@ def tenant_out(t: Tenant) -> TenantOut:
         max_adapter_bytes=t.max_adapter_bytes,
         rate_limit_per_minute=t.rate_limit_per_minute,
         created_at=as_utc(t.created_at),
+        weight=t.weight,
+        priority=t.priority,
+        max_concurrent_sequences=t.max_concurrent_sequences,
+        tokens_per_minute=t.tokens_per_minute,
+        max_queued_requests=t.max_queued_requests,
     )
 
 
@@ -58,9 +67,8 @@ class TenantController(Controller):
         summary="Create a tenant (admin); returns its first API key once",
     )
     async def create_tenant(self, data: JSONBody[TenantCreate], services: NamedDependency[Services]) -> TenantCreated:
-        tenant, key, secret = await services.tenants.create_tenant(
-            data.name, Quotas(data.max_adapters, data.max_adapter_bytes, data.rate_limit_per_minute)
-        )
+        quotas = {f: getattr(data, f) for f in data.__struct_fields__ if f != "name"}
+        tenant, key, secret = await services.tenants.create_tenant(data.name, Quotas(**quotas))
         return TenantCreated(tenant=tenant_out(tenant), api_key=new_key(key, secret))
 
     @get("/", guards=[require_admin], responses=error_responses(401, 403), summary="List tenants (admin)")
@@ -75,6 +83,42 @@ class TenantController(Controller):
     )
     async def get_tenant(self, tenant: FromPath[str], services: NamedDependency[Services]) -> TenantOut:
         return tenant_out(await services.tenants.get_tenant(tenant))
+
+    @patch(
+        "/{tenant:str}",
+        guards=[require_admin],
+        responses=error_responses(400, 401, 403, 404),
+        summary="Change a tenant's quotas, weight and serving limits (admin); null restores the server default",
+    )
+    async def update_tenant(
+        self, tenant: FromPath[str], data: JSONBody[TenantUpdate], services: NamedDependency[Services]
+    ) -> TenantOut:
+        changes = {f: v for f in data.__struct_fields__ if (v := getattr(data, f)) is not msgspec.UNSET}
+        return tenant_out(await services.tenants.update_tenant(tenant, changes))
+
+
+class TenantUsageController(Controller):
+    path = "/v1/tenants/{tenant:str}/usage"
+    tags = ["tenants"]
+    security = [{"BearerAuth": []}]
+    dependencies = {"caller": Provide(provide_caller)}
+
+    @get("/", responses=error_responses(400, 401, 404), summary="A tenant's use of its serving limits now")
+    async def usage(
+        self, tenant: FromPath[str], caller: NamedDependency[Caller], services: NamedDependency[Services]
+    ) -> TenantUsage:
+        _check_access(caller, tenant)
+        row = await services.tenants.get_tenant(tenant)
+        quota = tenant_quota(row, services.settings)
+        use = await services.tenant_limits.usage(str(row.id))
+        return TenantUsage(
+            queued_requests=use.queued_requests,
+            sequences=use.sequences,
+            tokens_this_minute=use.tokens_this_minute,
+            max_queued_requests=quota.max_queued_requests,
+            max_concurrent_sequences=quota.max_concurrent_sequences,
+            tokens_per_minute=quota.tokens_per_minute,
+        )
 
 
 def _check_access(caller: Caller, tenant: str) -> None:

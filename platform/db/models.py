@@ -52,6 +52,12 @@ class Tenant(Base):
     max_adapters: Mapped[int | None] = mapped_column(Integer)
     max_adapter_bytes: Mapped[int | None] = mapped_column(BigInteger)
     rate_limit_per_minute: Mapped[int | None] = mapped_column(Integer)
+    # Share of the engine and serving limits (revision 0002); None: the server default from Settings.
+    weight: Mapped[float | None] = mapped_column(Float)
+    priority: Mapped[int | None] = mapped_column(BigInteger)
+    max_concurrent_sequences: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    max_queued_requests: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

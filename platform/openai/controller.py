@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from litestar import Controller, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.di import NamedDependency, Provide
@@ -24,7 +25,7 @@ from litestar.response import Stream
 from loraplex.engine import AdapterRef, RequestOutput
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.errors import ApiError, error_responses
-from loraplex.platform.openai import responses, translate
+from loraplex.platform.openai import limits, responses, translate
 from loraplex.platform.openai.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -36,6 +37,7 @@ from loraplex.platform.openai.schemas import (
 from loraplex.platform.services.adapters import AdapterRecord
 from loraplex.platform.services.container import Services
 from loraplex.platform.services.generation import Generation
+from loraplex.platform.services.tenant_limits import tenant_quota
 from loraplex.platform.services.tenants import Principal
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -60,14 +62,19 @@ async def resolve_adapter(services: Services, principal: Principal, model: str) 
     return services.engine_adapters.ref(record)
 
 
-def _sse(events: AsyncGenerator[bytes, None], headers: dict[str, str]) -> Stream:
+def _sse(events: AsyncGenerator[bytes, None], headers: dict[str, str], gen: Generation) -> Stream:
     # Closing the event generator after the response (also after a client disconnect, which cancels
-    # the sending task while the generator may be suspended) aborts the engine requests at once.
+    # the sending task while the generator may be suspended) aborts the engine requests at once;
+    # closing `gen` as well covers a generator that never started (its `finally` would not run).
+    async def finish() -> None:
+        await events.aclose()
+        await gen.close()
+
     return Stream(
         events,
         media_type="text/event-stream",
         headers={**SSE_HEADERS, **headers},
-        background=BackgroundTask(events.aclose),
+        background=BackgroundTask(finish),
     )
 
 
@@ -84,27 +91,48 @@ async def _generate(
     in the engine, then stream server-sent events or answer with one JSON body."""
     arrival = time.perf_counter()
     translate.refuse_unsupported(data)
+    limits.check_sequences(data, services.settings)
+    share = limits.share_for(principal, services.settings, data.priority)
     adapter = await resolve_adapter(services, principal, data.model)
     engine = services.engine
     structured = translate.structured_request(data)
     spec = translate.structured_spec(structured, allow_narrowing=data.schema_narrowing == "allow")
     inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data, spec)
-    gen = await Generation.start(
-        engine,
-        inputs,
-        adapter,
-        salt=principal.tenant_id,
-        metrics=services.metrics,
-        labels=(principal.tenant_name, data.model),
-        arrival=arrival,
-        structured_param=structured["field"] if structured else None,
+    tokens = limits.check_tokens(data, inputs, services.settings)
+    lease = await services.tenant_limits.admit(
+        principal.tenant_id,
+        principal.tenant_name,
+        tenant_quota(principal, services.settings),
+        len(inputs),
+        tokens,
     )
-    chat = isinstance(data, ChatCompletionRequest)
-    rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
-    headers = _constraint_headers(rid, gen.choices[0].first.narrowing)
-    if data.stream:
-        include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        return _sse(responses.stream(gen, rid, created, data, include_usage, services.token_texts), headers)
+    try:
+        gen = await Generation.start(
+            engine,
+            inputs,
+            adapter,
+            salt=principal.tenant_id,
+            metrics=services.metrics,
+            labels=(principal.tenant_name, data.model),
+            arrival=arrival,
+            structured_param=structured["field"] if structured else None,
+            share=share,
+            on_close=lease.release,  # every way a generation ends goes through Generation.close
+        )
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await lease.release()
+        raise
+    try:
+        chat = isinstance(data, ChatCompletionRequest)
+        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        headers = _constraint_headers(rid, gen.choices[0].first.narrowing)
+        if data.stream:
+            include_usage = bool(data.stream_options and data.stream_options.include_usage)
+            return _sse(responses.stream(gen, rid, created, data, include_usage, services.token_texts), headers, gen)
+    except BaseException:
+        await gen.close()
+        raise
     results = await gen.collect()
     _engine_failure(results)
     return Response(responses.body(rid, created, data, results, services.token_texts), headers=headers)

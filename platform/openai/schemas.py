@@ -69,6 +69,8 @@ class SamplingFields(Struct, kw_only=True):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's scheduling priority (lower is sooner); None: the tenant's priority class, below which it may not ask
+    priority: Annotated[int, Meta(ge=-(2**31), le=2**31)] | None = None
     # loraplex: "refuse" turns a schema that can only be enforced narrowed into a 400 instead
     schema_narrowing: Literal["allow", "refuse"] = "allow"
 

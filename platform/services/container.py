@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loraplex.engine import AsyncEngine
 from loraplex.platform.db.session import Database
@@ -14,6 +14,7 @@ from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.engine_adapters import EngineAdapters
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
+from loraplex.platform.services.tenant_limits import TenantLimits
 from loraplex.platform.services.tenants import TenantService
 from loraplex.platform.settings import Settings
 
@@ -33,8 +34,10 @@ class Services:
     metrics: Metrics
     token_texts: TokenTexts
     started: int  # unix time the server started (the base model's `created`)
+    tenant_limits: TenantLimits = field(default_factory=TenantLimits)
 
     async def close(self) -> None:
+        await self.tenant_limits.close()
         await self.cache.close()
         if self.redis is not None:
             await self.redis.close()

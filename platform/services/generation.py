@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from loraplex.engine import AdapterRef, RequestOutput, SamplingParams
+from loraplex.engine import AdapterRef, RequestOutput, SamplingParams, Share
+from loraplex.engine.share import DEFAULT_SHARE
 from loraplex.grammar.spec import GrammarError
 from loraplex.platform.errors import REFUSALS, ApiError, engine_error
 from loraplex.platform.metrics import Metrics
@@ -54,6 +55,10 @@ class Generation:
     labels: tuple[str, str]  # (tenant, model) for per-adapter request counts
     _closed: bool = field(default=False)
     _merged: AsyncGenerator[tuple[int, RequestOutput], None] | None = field(default=None)
+    # Called once by close() with the tokens the request really used (prompts + generated): the tenant's
+    # reservation is settled there, whichever way the request ends.
+    on_close: Callable[[int], Awaitable[None]] | None = field(default=None)
+    used_tokens: int = field(default=0)
 
     @classmethod
     async def start(
@@ -67,11 +72,18 @@ class Generation:
         labels: tuple[str, str],
         arrival: float,
         structured_param: str | None = None,
+        share: Share = DEFAULT_SHARE,
+        on_close: Callable[[int], Awaitable[None]] | None = None,
     ) -> Generation:
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = [
             engine.generate(
-                c.prompt_ids, c.params, request_id=f"{request_id}-{c.index}", adapter=adapter, cache_salt=salt
+                c.prompt_ids,
+                c.params,
+                request_id=f"{request_id}-{c.index}",
+                adapter=adapter,
+                cache_salt=salt,
+                share=share,
             )
             for c in inputs
         ]
@@ -91,7 +103,9 @@ class Generation:
         for ch in choices:
             metrics.ttft.observe(now - arrival)
             metrics.prompt_tokens.inc(len(ch.first.prompt_token_ids))
-        gen = cls(choices, arrival, metrics, labels)
+        gen = cls(
+            choices, arrival, metrics, labels, on_close=on_close, used_tokens=sum(len(c.prompt_ids) for c in inputs)
+        )
         for ch in choices:
             gen._record(ch, ch.first, first=True)
         return gen
@@ -102,6 +116,7 @@ class Generation:
             self.metrics.itl.observe((now - choice.last_time) / len(out.new_token_ids))
         choice.last_time = now
         self.metrics.generation_tokens.inc(len(out.new_token_ids))
+        self.used_tokens += len(out.new_token_ids)
         if out.finished and not choice.finished:
             choice.finished = True
             self.metrics.e2e.observe(now - self.arrival)
@@ -175,6 +190,8 @@ class Generation:
                 # Stops the per-choice pump tasks first: a stream cannot be closed while a task iterates it.
                 await self._merged.aclose()
             await _close_all([ch.stream for ch in self.choices])
+            if self.on_close is not None:
+                await self.on_close(self.used_tokens)
         for ch in self.choices:  # what the client left before it finished (a disconnect) counts as aborted
             if not ch.finished:
                 ch.finished = True

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from sqlalchemy import func, select
@@ -36,6 +38,12 @@ class Principal:
     max_adapters: int | None
     max_adapter_bytes: int | None
     rate_limit_per_minute: int | None
+    # Share of the engine and serving limits (None: the server default; see services/tenant_limits.py)
+    weight: float | None = None
+    priority: int | None = None
+    max_concurrent_sequences: int | None = None
+    tokens_per_minute: int | None = None
+    max_queued_requests: int | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,34 @@ class Quotas:
     max_adapters: int | None = None
     max_adapter_bytes: int | None = None
     rate_limit_per_minute: int | None = None
+    weight: float | None = None
+    priority: int | None = None
+    max_concurrent_sequences: int | None = None
+    tokens_per_minute: int | None = None
+    max_queued_requests: int | None = None
+
+
+MAX_WEIGHT = 1e6
+MAX_PRIORITY = 1 << 31
+
+
+def check_quotas(values: Mapping[str, Any]) -> None:
+    """400 naming the field for a value the server cannot honour (None always means the server default)."""
+    for field, value in values.items():
+        if value is None:
+            continue
+        if field == "weight":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad_request(f"weight must be a finite number in (0, {MAX_WEIGHT:g}], got {value!r}", param=field)
+            if not 0 < value <= MAX_WEIGHT:
+                raise bad_request(f"weight must be in (0, {MAX_WEIGHT:g}], got {value!r}", param=field)
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise bad_request(f"{field} must be an integer, got {value!r}", param=field)
+        elif field == "priority":
+            if abs(value) > MAX_PRIORITY:
+                raise bad_request(f"priority must be in [-2^31, 2^31], got {value}", param=field)
+        elif value < 0:
+            raise bad_request(f"{field} must be >= 0, got {value}", param=field)
 
 
 class TenantService:
@@ -56,9 +92,7 @@ class TenantService:
     async def create_tenant(self, name: str, quotas: Quotas) -> tuple[Tenant, ApiKey, str]:
         """Create a tenant and its first key; returns (tenant, key row, the key in clear)."""
         check_name(name, "tenant name")
-        for field, value in asdict(quotas).items():
-            if value is not None and value < 0:
-                raise bad_request(f"{field} must be >= 0, got {value}", param=field)
+        check_quotas(asdict(quotas))
         new = keys.generate_key()
         async with self.db.session() as session:
             tenant = Tenant(id=uuid.uuid4(), name=name, created_at=utcnow(), **asdict(quotas))
@@ -83,6 +117,25 @@ class TenantService:
             tenant = await session.scalar(select(Tenant).where(Tenant.name == name))
         if tenant is None:
             raise not_found(f"tenant {name!r} not found", code="tenant_not_found")
+        return tenant
+
+    async def update_tenant(self, name: str, changes: Mapping[str, Any]) -> Tenant:
+        """Set some of a tenant's quotas, weight and limits (None: back to the server default). Its keys'
+        cached principals are dropped on every replica, so the next request sees the new values."""
+        unknown = set(changes) - {f.name for f in fields(Quotas)}
+        if unknown:
+            raise bad_request(f"unknown tenant field {sorted(unknown)[0]!r}", param=sorted(unknown)[0])
+        check_quotas(changes)
+        async with self.db.session() as session:
+            tenant = await session.scalar(select(Tenant).where(Tenant.name == name))
+            if tenant is None:
+                raise not_found(f"tenant {name!r} not found", code="tenant_not_found")
+            for field, value in changes.items():
+                setattr(tenant, field, value)
+            await session.commit()
+            prefixes = list(await session.scalars(select(ApiKey.prefix).where(ApiKey.tenant_id == tenant.id)))
+        for prefix in prefixes:
+            await self.cache.invalidate(_key_cache_key(prefix))
         return tenant
 
     # -- keys --------------------------------------------------------------------------------
@@ -151,6 +204,11 @@ class TenantService:
                         tenant.max_adapters,
                         tenant.max_adapter_bytes,
                         tenant.rate_limit_per_minute,
+                        tenant.weight,
+                        tenant.priority,
+                        tenant.max_concurrent_sequences,
+                        tenant.tokens_per_minute,
+                        tenant.max_queued_requests,
                     )
                 ),
             }

@@ -163,3 +163,66 @@ def _head() -> str:
     from loraplex.platform.db.migrate import alembic_config
 
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+# ------------------------------------------------------------------ 0002: tenants' weight and limits
+
+LIMIT_COLUMNS = {"weight", "priority", "max_concurrent_sequences", "tokens_per_minute", "max_queued_requests"}
+
+
+async def _limits_round_trip(url: str, schema: str | None) -> None:
+    """0001 rows -> 0002 (limits set) -> back to 0001 (columns gone, every row kept) -> 0002 again (null)."""
+    from loraplex.platform.db.migrate import downgrade
+
+    tenant = await populate_oldest(url, schema)
+    await upgrade(url, schema, "0002")
+    engine = create_engine(url, schema)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                sa.text("UPDATE tenants SET weight = 2.5, priority = 3, tokens_per_minute = 900 WHERE id = :id"),
+                {"id": tenant.hex if conn.dialect.name == "sqlite" else tenant},
+            )
+            assert (await conn.execute(sa.text("SELECT weight FROM tenants"))).scalar_one() == 2.5
+        await downgrade(url, "0001", schema)
+        assert await current_revision(url, schema) == "0001"
+        async with engine.connect() as conn:
+            columns = await conn.run_sync(lambda c: {col["name"] for col in sa.inspect(c).get_columns("tenants")})
+            counts = [
+                (await conn.execute(sa.text(f"SELECT count(*) FROM {table}"))).scalar_one()
+                for table in ("tenants", "api_keys", "adapters")
+            ]
+        assert not columns & LIMIT_COLUMNS and "max_adapters" in columns
+        assert counts == [1, 1, 2]  # dropping columns never cascades to keys or adapters
+        await upgrade(url, schema)
+        async with engine.connect() as conn:
+            row = (await conn.execute(sa.text("SELECT name, weight, priority, tokens_per_minute FROM tenants"))).one()
+        assert tuple(row) == ("migrated", None, None, None)
+    finally:
+        await engine.dispose()
+
+
+def test_0002_downgrades_and_upgrades_on_sqlite(tiny_engine, tmp_path: Path) -> None:
+    settings = settings_for("sqlite", tmp_path / "data")
+    settings.data_dir.mkdir(parents=True)
+    asyncio.run(_limits_round_trip(settings.resolved_database_url, None))
+    _serve_and_check(settings, tiny_engine)
+
+
+@pytest.mark.services
+def test_0002_downgrades_and_upgrades_on_postgresql(tiny_engine, tmp_path: Path) -> None:
+    schema = f"lpx_limmig_{uuid.uuid4().hex[:8]}"
+    try:
+        asyncio.run(_limits_round_trip(PG_URL, schema))
+        _serve_and_check(
+            settings_for("sqlite", tmp_path / "data", database_url=PG_URL, database_schema=schema), tiny_engine
+        )
+    finally:
+        import asyncpg
+
+        async def drop() -> None:
+            conn = await asyncpg.connect("postgresql://postgres@127.0.0.1:5432/test")
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            await conn.close()
+
+        asyncio.run(drop())

@@ -142,3 +142,39 @@ def test_adapter_by_model_name_matches_the_engine(smol, smol_dir: Path, tmp_path
 def _blob_of(server: ServerThread) -> str:
     (blob,) = [p.name for p in (server.settings.adapter_dir / "blobs").iterdir()]
     return blob
+
+
+def test_a_flood_is_refused_while_another_tenant_is_served(smol) -> None:
+    """The reported stall: one tenant's 500 prompts x n=16 (8,000 sequences) ran 55 s while another tenant's
+    4-token chat waited 54 s. Now the flood is a 400 naming the sequence cap (default settings), and the
+    chat sent at the same moment completes well inside the issue's 5 s."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, _, client, engine = smol
+    neighbour = openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key=create_tenant(server.url, "smol-neighbour"), max_retries=0, timeout=60
+    )
+
+    def flood() -> openai.BadRequestError:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(
+                model=engine.model_name, prompt=["Tell me a very long story about a dragon."] * 500, n=16, max_tokens=16
+            )
+        return refused.value
+
+    def chat() -> tuple[float, Any]:
+        start = time.monotonic()
+        out = neighbour.chat.completions.create(
+            model=engine.model_name, messages=[{"role": "user", "content": "Say hi."}], max_tokens=4, temperature=0
+        )
+        return time.monotonic() - start, out
+
+    with ThreadPoolExecutor(2) as pool:
+        flooding, chatting = pool.submit(flood), pool.submit(chat)
+        refused = flooding.result(timeout=120)
+        elapsed, out = chatting.result(timeout=120)
+    assert refused.body["code"] == "request_too_large" and refused.body["param"] == "prompt"
+    assert "8000 sequences" in refused.body["message"] and "the limit is 256" in refused.body["message"]
+    assert out.usage.completion_tokens <= 4 and out.choices[0].message.content
+    assert elapsed < 5, f"the neighbour's chat took {elapsed:.1f}s"
