@@ -23,6 +23,7 @@ from loraplex.platform.controllers.tenants import ApiKeyController, TenantContro
 from loraplex.platform.db.migrate import upgrade
 from loraplex.platform.db.session import Database
 from loraplex.platform.errors import EXCEPTION_HANDLERS
+from loraplex.platform.json_body import depth_limited_request
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.openai.controller import OpenAIController
 from loraplex.platform.openai.responses import TokenTexts
@@ -34,6 +35,7 @@ from loraplex.platform.services.engine_adapters import EngineAdapters
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenants import TenantService
+from loraplex.platform.services.upload_slots import UploadSlots
 from loraplex.platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -79,7 +81,7 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             engine.base_spec,
             base_model_name=engine.model_name,
             max_lora_rank=engine.args.max_lora_rank,
-            limits=AdapterLimits(max_archive_bytes=settings.max_upload_bytes),
+            limits=AdapterLimits(max_archive_bytes=settings.max_upload_bytes, max_json_depth=settings.max_json_depth),
             quotas=QuotaDefaults(settings.default_max_adapters, settings.default_max_adapter_bytes),
         )
         engine_adapters = EngineAdapters(store)
@@ -96,6 +98,7 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             engine_adapters=engine_adapters,
             metrics=Metrics(engine.stats, engine_adapters.names),
             token_texts=TokenTexts(engine.tokenizer),
+            upload_slots=UploadSlots(settings.max_concurrent_uploads, settings.max_concurrent_uploads_per_tenant),
             started=int(time.time()),
         )
     except BaseException:
@@ -134,6 +137,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=settings.max_request_bytes,
+        request_class=depth_limited_request(settings.max_json_depth),
         openapi_config=OpenAPIConfig(
             title="loraplex",
             version=_version(),

@@ -9,13 +9,15 @@ import msgspec
 from msgspec import Meta, Struct
 
 NonNegative = Annotated[int, Meta(ge=0)]
+NonNegative32 = Annotated[int, Meta(ge=0, le=2**31 - 1)]  # an Integer column
+NonNegative64 = Annotated[int, Meta(ge=0, le=2**63 - 1)]  # a BigInteger column
 
 
 class TenantCreate(Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
-    max_adapters: NonNegative | None = None  # None: the server default
-    max_adapter_bytes: NonNegative | None = None
-    rate_limit_per_minute: NonNegative | None = None  # 0: unlimited
+    max_adapters: NonNegative32 | None = None  # None: the server default
+    max_adapter_bytes: NonNegative64 | None = None
+    rate_limit_per_minute: NonNegative32 | None = None  # 0: unlimited
 
 
 class TenantOut(Struct, kw_only=True):

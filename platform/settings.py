@@ -40,6 +40,9 @@ class Settings:
     default_max_adapters: int = 100
     default_max_adapter_bytes: int = 8 * GiB
     default_rate_limit_per_minute: int = 0  # 0: unlimited unless a tenant sets its own
+    max_json_depth: int = 64  # nesting of arrays/objects in JSON bodies, schemas sent as text, adapter configs
+    max_concurrent_uploads: int = 4  # adapter uploads at once in this server process
+    max_concurrent_uploads_per_tenant: int = 2  # ... and for one tenant in it
     cache_ttl_s: float = 60.0
     log_level: str = "info"
     # Engine arguments (names of EngineArgs fields -> value); only the ones given are set.
@@ -49,6 +52,9 @@ class Settings:
         self.data_dir = Path(self.data_dir).expanduser()
         if self.max_upload_bytes <= 0 or self.max_request_bytes <= 0:
             raise ValueError("max_upload_bytes and max_request_bytes must be > 0")
+        for name in ("max_json_depth", "max_concurrent_uploads", "max_concurrent_uploads_per_tenant"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.database_schema is not None and not self.database_schema.isidentifier():
             raise ValueError(f"database_schema must be a plain identifier, got {self.database_schema!r}")
 
@@ -168,6 +174,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--admin-key", help="admin API key (default: generated once and printed)")
     srv.add_argument("--max-upload-bytes", type=int, help="largest adapter upload accepted")
     srv.add_argument("--default-rate-limit-per-minute", type=int, help="per-tenant request limit (0: none)")
+    srv.add_argument("--max-json-depth", type=int, help="deepest nesting of arrays/objects in JSON input (default 64)")
+    srv.add_argument("--max-concurrent-uploads", type=int, help="adapter uploads at once per server (default 4)")
+    srv.add_argument(
+        "--max-concurrent-uploads-per-tenant", type=int, help="adapter uploads at once per tenant (default 2)"
+    )
     srv.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     eng = parser.add_argument_group("engine (each flag also reads LORAPLEX_<NAME>)")
     for spec in engine_arg_specs():

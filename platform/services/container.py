@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loraplex.engine import AsyncEngine
 from loraplex.platform.db.session import Database
@@ -15,6 +15,7 @@ from loraplex.platform.services.engine_adapters import EngineAdapters
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenants import TenantService
+from loraplex.platform.services.upload_slots import UploadSlots
 from loraplex.platform.settings import Settings
 
 
@@ -33,6 +34,7 @@ class Services:
     metrics: Metrics
     token_texts: TokenTexts
     started: int  # unix time the server started (the base model's `created`)
+    upload_slots: UploadSlots = field(default_factory=lambda: UploadSlots(4, 2))
 
     async def close(self) -> None:
         await self.cache.close()
