@@ -3,6 +3,12 @@
 Nothing is handed to ``extractall``: every member is checked (name stays inside the destination,
 regular file or folder only, member count, declared sizes) and then copied by us in chunks while
 the bytes actually written are counted, so a lying header or a decompression bomb stops early.
+
+The weights file is validated while it streams: its safetensors header (8-byte length + JSON) is read
+and checked before a byte of it is written, and the member must then be exactly as long as the
+header's tensors say, so an archive cannot unpack to more than its header promises. adapter_config.json
+is held to ``max_config_bytes``, and every other member (README, tokenizer files, never used) shares
+``max_extra_bytes``; pickled files are refused by name before they are unpacked.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from .errors import AdapterError
-from .files import CONFIG_NAME
+from .files import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME, pickled_error
 from .limits import AdapterLimits
+from .safetensors_header import read_header_from_stream
 
 _CHUNK = 1 << 20
 # Tar headers, pax records and padding that may be decompressed on top of the members' data.
@@ -131,6 +138,7 @@ class _MemberWriter:
         self.members = 0
         self.declared = 0
         self.written = 0
+        self.extra = 0  # declared bytes of members other than the adapter's two files
 
     def count(self, name: str, declared_size: int) -> PurePosixPath:
         self.members += 1
@@ -154,6 +162,22 @@ class _MemberWriter:
         target.mkdir(exist_ok=True)
 
     def write_file(self, rel: PurePosixPath, src: BinaryIO, declared_size: int) -> None:
+        self._check_kind(rel, declared_size)
+        head = b""
+        if _is_adapter_file(rel, WEIGHTS_NAME):
+            head, header = read_header_from_stream(
+                src,
+                str(rel),
+                self.limits.max_safetensors_header_bytes,
+                max_json_depth=self.limits.max_json_depth,
+            )
+            promised = header.data_start + header.data_size
+            if promised != declared_size:
+                raise AdapterError(
+                    f"malformed safetensors file {rel!s}: its header describes {promised} bytes "
+                    f"but the archive member holds {declared_size}",
+                    code="malformed_safetensors",
+                )
         self._parent_dirs(rel)
         target = self.dest.joinpath(*rel.parts)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
@@ -163,7 +187,8 @@ class _MemberWriter:
             raise AdapterError(f"archive member {str(rel)!r} appears twice", code="unsafe_archive") from None
         actual = 0
         with os.fdopen(fd, "wb") as out:
-            while chunk := src.read(_CHUNK):
+            chunk = head
+            while chunk or (chunk := src.read(_CHUNK)):
                 actual += len(chunk)
                 self.written += len(chunk)
                 if actual > declared_size:
@@ -177,11 +202,32 @@ class _MemberWriter:
                         code="archive_too_large",
                     )
                 out.write(chunk)
+                chunk = b""
         if actual != declared_size:
             raise AdapterError(
                 f"archive member {str(rel)!r} is truncated ({actual} of {declared_size} bytes)",
                 code="corrupt_archive",
             )
+
+    def _check_kind(self, rel: PurePosixPath, declared_size: int) -> None:
+        """Refuse pickles by name, an oversized config, and other members over their shared budget."""
+        if rel.name.lower().endswith(PICKLE_SUFFIXES):
+            raise pickled_error(str(rel))
+        if _is_adapter_file(rel, CONFIG_NAME):
+            if declared_size > self.limits.max_config_bytes:
+                raise AdapterError(
+                    f"{CONFIG_NAME} is {declared_size} bytes, over the limit of {self.limits.max_config_bytes} bytes",
+                    code="invalid_config",
+                )
+        elif not _is_adapter_file(rel, WEIGHTS_NAME):
+            self.extra += declared_size
+            if self.extra > self.limits.max_extra_bytes:
+                raise AdapterError(
+                    f"archive members other than {CONFIG_NAME} and {WEIGHTS_NAME} (such as {str(rel)!r}) hold "
+                    f"more than {self.limits.max_extra_bytes} bytes (the limit max_extra_bytes); they are never "
+                    "used: leave them out of the archive",
+                    code="archive_too_large",
+                )
 
     def _parent_dirs(self, rel: PurePosixPath) -> None:
         current = self.dest
@@ -190,6 +236,11 @@ class _MemberWriter:
             if current.is_symlink() or (current.exists() and not current.is_dir()):
                 raise AdapterError(f"archive member {str(rel)!r} is inside a file", code="unsafe_archive")
             current.mkdir(exist_ok=True)
+
+
+def _is_adapter_file(rel: PurePosixPath, name: str) -> bool:
+    """Whether ``rel`` is the adapter file ``name`` (at the top level or inside one folder)."""
+    return rel.name == name and len(rel.parts) <= 2
 
 
 def _extract_zip(archive: Path, writer: _MemberWriter) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import AdapterError
+from .json_depth import DEFAULT_MAX_JSON_DEPTH, exceeds_depth
 
 # Every LoraConfig field of peft 0.21 (plus a few older ones). An option not listed here that is set
 # to something truthy is refused: a future peft feature may change the forward pass.
@@ -117,8 +118,14 @@ def _names(value: Any, key: str, *, allow_str: bool) -> str | tuple[str, ...] | 
     raise _invalid(f"{key} must be a list of module names{' or a regular expression' if allow_str else ''}")
 
 
-def parse_adapter_config(raw: bytes) -> AdapterConfig:
+def parse_adapter_config(raw: bytes, *, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -> AdapterConfig:
     """Parse the file's bytes; raise AdapterError naming the first unsupported or invalid setting."""
+    if exceeds_depth(raw, max_json_depth):
+        raise AdapterError(
+            f"adapter_config.json nests arrays and objects deeper than {max_json_depth} levels "
+            "(the limit max_json_depth)",
+            code="invalid_config",
+        )
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:

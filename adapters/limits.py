@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .json_depth import DEFAULT_MAX_JSON_DEPTH
+
 _MiB = 1 << 20
 
 
@@ -16,6 +18,10 @@ class AdapterLimits:
     max_members: int = 64  # files + folders in an archive
     max_safetensors_header_bytes: int = 8 * _MiB  # the JSON header of adapter_model.safetensors
     max_config_bytes: int = 1 * _MiB  # adapter_config.json
+    # Archive members besides adapter_config.json and the weights (README, tokenizer files...), all together:
+    # never used, so they may not amplify a small archive into much disk.
+    max_extra_bytes: int = 32 * _MiB
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH  # arrays / objects nesting in adapter_config.json and the header
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

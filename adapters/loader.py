@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -13,10 +13,13 @@ from pathlib import Path
 
 import torch
 
+from loraplex.env import data_dir
+from loraplex.env.scratch import process_scratch
+
 from .archive import archive_kind, extract_archive
 from .config import AdapterConfig, parse_adapter_config
 from .errors import AdapterError
-from .files import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME
+from .files import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME, pickled_error
 from .hashing import ContentHasher
 from .limits import AdapterLimits
 from .safetensors_header import SafetensorsHeader, TensorEntry, read_safetensors_header
@@ -84,7 +87,7 @@ def _read(
         raise ValueError(f"max_lora_rank must be a positive integer, got {max_lora_rank!r}")
     with _adapter_folder(source, limits) as (folder, scan_root):
         _refuse_pickles(scan_root)
-        config = parse_adapter_config(_read_config_bytes(folder, limits))
+        config = parse_adapter_config(_read_config_bytes(folder, limits), max_json_depth=limits.max_json_depth)
         weights_path = folder / WEIGHTS_NAME
         if not weights_path.is_file():
             raise AdapterError(f"missing {WEIGHTS_NAME} in the adapter", code="missing_file")
@@ -94,9 +97,12 @@ def _read(
                 f"{WEIGHTS_NAME} is {size} bytes, over the limit of {limits.max_unpacked_bytes} bytes",
                 code="adapter_too_large",
             )
-        header = read_safetensors_header(weights_path, limits.max_safetensors_header_bytes)
+        header = read_safetensors_header(
+            weights_path, limits.max_safetensors_header_bytes, max_json_depth=limits.max_json_depth
+        )
         _check_architecture(config, base)
         targets = resolve_targets(config, base)
+        _check_scale(targets, config.use_rslora)
         pairs = _check_tensors(header, targets, config, base, max_lora_rank)
         return _load_tensors(weights_path, header, pairs, targets, config, keep=keep)
 
@@ -110,30 +116,27 @@ def _adapter_folder(source: Path, limits: AdapterLimits) -> Iterator[tuple[Path,
     if not source.exists():
         raise AdapterError(f"adapter source {str(source)!r} does not exist", code="missing_file")
     if source.name.lower().endswith(PICKLE_SUFFIXES):
-        raise _pickled(source.name)
+        raise pickled_error(source.name)
     if archive_kind(source) is None:
         raise AdapterError(
             f"{source.name!r} is neither an adapter folder nor a .zip / .tar.gz / .tgz archive",
             code="unsupported_archive",
         )
-    with tempfile.TemporaryDirectory(prefix="loraplex-adapter-") as tmp:
-        dest = Path(tmp) / "adapter"
+    # Extracted into this process's scratch folder under the data dir (never the system temp directory),
+    # so a crash mid-load leaves nothing that the next start does not remove (loraplex.env.scratch).
+    tmp = process_scratch(data_dir() / "tmp").mkdtemp("adapter-")
+    try:
+        dest = tmp / "adapter"
         yield extract_archive(source, dest, limits), dest
-
-
-def _pickled(name: str) -> AdapterError:
-    return AdapterError(
-        f"the adapter contains {name!r}: pickled weights (.bin, .pt, .pth, .pkl) are never loaded; "
-        f"save the adapter as {WEIGHTS_NAME} (peft's default)",
-        code="pickled_weights",
-    )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _refuse_pickles(root: Path) -> None:
     for _dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             if name.lower().endswith(PICKLE_SUFFIXES):
-                raise _pickled(name)
+                raise pickled_error(name)
 
 
 def _read_config_bytes(folder: Path, limits: AdapterLimits) -> bytes:
@@ -248,21 +251,58 @@ def _tensor_view(blob: bytearray, entry: TensorEntry) -> torch.Tensor:
     return flat.view(entry.shape)
 
 
-def _check_finite(tensors: dict[str, torch.Tensor]) -> None:
-    """Refuse NaN / Inf anywhere, naming the first tensor (in name order) that holds one.
+# Bound on an adapter's scale and on its gain (see _check_magnitudes): half of float32's exponent range.
+MAX_LORA_GAIN = 2.0**32
 
-    NaN and Inf carry through a sum, so a finite sum of the tensors' sums clears them all, much faster than
-    ``isfinite`` over every value (which dominated loading). Only a non-finite sum (a NaN / Inf, or
-    finite values too large to add up) takes the exact check.
+
+def _check_scale(targets: dict[tuple[int, str], TargetModule], use_rslora: bool) -> None:
+    """Refuse a scale (alpha / r, or alpha / sqrt(r) with rslora) above MAX_LORA_GAIN, from the config alone."""
+    for (layer, module), target in sorted(targets.items()):
+        scale = _scaling(target, use_rslora)
+        if not abs(scale) <= MAX_LORA_GAIN:
+            ratio = "lora_alpha / sqrt(r)" if use_rslora else "lora_alpha / r"
+            raise AdapterError(
+                f"layers.{layer}.{module}: the scale {ratio} = {target.alpha:g} / "
+                f"{'sqrt(' + str(target.rank) + ')' if use_rslora else target.rank} = {scale:g} is over the bound of "
+                f"2^32 = {MAX_LORA_GAIN:g}: its output would overflow float32 arithmetic (check lora_alpha / "
+                "alpha_pattern)",
+                code="scale_too_large",
+            )
+
+
+def _check_magnitudes(tensors: dict[str, torch.Tensor], scalings: dict[tuple[int, str], float]) -> None:
+    """Refuse NaN / Inf anywhere, and weights whose product with the scale could overflow float32.
+
+    Both from each tensor's largest magnitude (one ``aminmax`` pass, which carries NaN and Inf through).
+    The gain of module ``(A, B, s)`` is ``|s| * max|B| * r * max|A| * in_features``: the most its delta
+    ``s * B @ (A @ x)`` can exceed the largest element of its input ``x``. It must stay within 2^32, half of
+    float32's 2^128 range, leaving the other half for the input: with inputs below 2^32 the delta stays
+    below 2^64, the largest value whose square (RMSNorm's first step in the next layer) float32 still holds.
+    Real adapters are many orders of magnitude below (s <= 64, weights below 1: gains of a few thousand).
+    The scale folded into B (``s * max|B|``, what the engine stores) is held to the same bound.
     """
-    if not tensors:
-        return
-    total = torch.stack([t.sum(dtype=torch.float32) for t in tensors.values()]).sum()
-    if math.isfinite(float(total)):
-        return
+    largest: dict[str, float] = {}
     for name in sorted(tensors):
-        if not bool(torch.isfinite(tensors[name]).all()):
+        low, high = torch.aminmax(tensors[name])
+        value = max(-float(low), float(high))
+        if not math.isfinite(value):
             raise AdapterError(f"{name} contains NaN or Inf values", code="non_finite")
+        largest[name] = value
+    for (layer, module), scale in sorted(scalings.items()):
+        a = tensors[f"layers.{layer}.{module}.lora_A"]
+        max_a = largest[f"layers.{layer}.{module}.lora_A"]
+        max_b = largest[f"layers.{layer}.{module}.lora_B"]
+        rank, in_features = a.shape
+        folded = abs(scale) * max_b
+        gain = folded * rank * max_a * in_features
+        if folded > MAX_LORA_GAIN or gain > MAX_LORA_GAIN:
+            raise AdapterError(
+                f"layers.{layer}.{module}: scale {scale:g} with max|B| {max_b:g}, max|A| {max_a:g}, rank {rank} and "
+                f"{in_features} input features gives a gain |s|*max|B|*r*max|A|*in_features of {gain:g} "
+                f"(|s|*max|B| {folded:g}), over the bound of 2^32 = {MAX_LORA_GAIN:g}: its output could overflow "
+                "float32 arithmetic",
+                code="scale_too_large",
+            )
 
 
 def _load_tensors(
@@ -274,7 +314,7 @@ def _load_tensors(
     *,
     keep: bool,
 ) -> tuple[AdapterInfo, dict[tuple[int, str], LoRAModuleWeights]]:
-    """Hash every tensor's raw bytes, check values are finite, and keep the tensors if asked."""
+    """Hash every tensor's raw bytes, check values are finite and bounded, and keep the tensors if asked."""
     modules = sorted(pairs, key=lambda lm: (lm[0], LORA_MODULES.index(lm[1])))
     scalings = {lm: _scaling(targets[lm], config.use_rslora) for lm in modules}
     hasher = ContentHasher(
@@ -313,7 +353,7 @@ def _load_tensors(
         entry = pairs[key][ab]
         hasher.add_tensor(canonical, entry.dtype, entry.shape, view[entry.begin : entry.end])
         tensors[canonical] = _tensor_view(blob, entry)
-    _check_finite(tensors)
+    _check_magnitudes(tensors, scalings)
     size = sum(t.nbytes for t in tensors.values())
     loaded: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     if keep:

@@ -10,9 +10,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .errors import AdapterError
+from .json_depth import DEFAULT_MAX_JSON_DEPTH, exceeds_depth
 
 # safetensors dtype tag -> bytes per element, for the dtypes a LoRA adapter may use.
 DTYPE_SIZES: dict[str, int] = {"F16": 2, "BF16": 2, "F32": 4}
@@ -32,10 +33,11 @@ class SafetensorsHeader:
     data_start: int  # 8 + header length: where the data region starts in the file
     tensors: dict[str, TensorEntry]
     metadata: dict[str, str]
+    data_size: int  # bytes of tensor data after the header (what the tensors' offsets tile)
 
 
-def _malformed(path: Path, detail: str) -> AdapterError:
-    return AdapterError(f"malformed safetensors file {path.name}: {detail}", code="malformed_safetensors")
+def _malformed(name: str, detail: str) -> AdapterError:
+    return AdapterError(f"malformed safetensors file {name}: {detail}", code="malformed_safetensors")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -55,49 +57,92 @@ def _nonneg_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def read_safetensors_header(path: Path, max_header_bytes: int) -> SafetensorsHeader:
+def read_safetensors_header(
+    path: Path, max_header_bytes: int, *, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+) -> SafetensorsHeader:
     """Parse and check the header of ``path``; raise AdapterError if anything is off."""
     file_size = path.stat().st_size
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
-            raise _malformed(path, f"file is only {file_size} bytes, too short for a header")
-        length = int.from_bytes(prefix, "little")
-        if length > max_header_bytes:
-            raise _malformed(path, f"header is {length} bytes, over the limit of {max_header_bytes} bytes")
-        if length < 2 or 8 + length > file_size:
-            raise _malformed(path, f"header length {length} does not fit the {file_size}-byte file")
+            raise _malformed(path.name, f"file is only {file_size} bytes, too short for a header")
+        length = _header_length(path.name, prefix, max_header_bytes)
+        if 8 + length > file_size:
+            raise _malformed(path.name, f"header length {length} does not fit the {file_size}-byte file")
         raw = f.read(length)
+    return parse_header(path.name, raw, file_size - 8 - length, max_json_depth)
+
+
+def read_header_from_stream(
+    src: BinaryIO, name: str, max_header_bytes: int, *, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+) -> tuple[bytes, SafetensorsHeader]:
+    """Read and check the 8-byte length and the JSON header from the start of a stream (an archive member
+    being extracted), before any tensor data is read. Returns the bytes read and the header; the file is
+    then exactly ``header.data_start + header.data_size`` bytes long."""
+    prefix = _read_exactly(src, 8)
+    if len(prefix) < 8:
+        raise _malformed(name, f"file is only {len(prefix)} bytes, too short for a header")
+    length = _header_length(name, prefix, max_header_bytes)
+    raw = _read_exactly(src, length)
+    if len(raw) < length:
+        raise _malformed(name, f"header length {length} does not fit the {8 + len(raw)}-byte file")
+    return prefix + raw, parse_header(name, raw, None, max_json_depth)
+
+
+def _read_exactly(src: BinaryIO, size: int) -> bytes:
+    parts, left = [], size
+    while left > 0:
+        chunk = src.read(min(left, 1 << 20))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _header_length(name: str, prefix: bytes, max_header_bytes: int) -> int:
+    length = int.from_bytes(prefix, "little")
+    if length > max_header_bytes:
+        raise _malformed(name, f"header is {length} bytes, over the limit of {max_header_bytes} bytes")
+    if length < 2:
+        raise _malformed(name, f"header length {length} is too short for a JSON object")
+    return length
+
+
+def parse_header(name: str, raw: bytes, data_size: int | None, max_json_depth: int) -> SafetensorsHeader:
+    """Check the JSON header ``raw`` of file ``name``; its tensors must tile ``data_size`` bytes exactly
+    (None: whatever size they tile, which becomes ``data_size``)."""
+    if exceeds_depth(raw, max_json_depth):
+        raise _malformed(name, f"header nests deeper than {max_json_depth} levels (the limit max_json_depth)")
     try:
         text = raw.decode("utf-8")
         if not text.lstrip().startswith("{"):
             raise ValueError("the header is not a JSON object")
         header = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise _malformed(path, f"header is not valid JSON ({exc})") from None
+        raise _malformed(name, f"header is not valid JSON ({exc})") from None
     if not isinstance(header, dict):
-        raise _malformed(path, "header is not a JSON object")
+        raise _malformed(name, "header is not a JSON object")
 
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
-        raise _malformed(path, "__metadata__ must map strings to strings")
+        raise _malformed(name, "__metadata__ must map strings to strings")
 
-    data_size = file_size - 8 - length
-    tensors = {name: _entry(path, name, spec) for name, spec in header.items()}
+    tensors = {tensor: _entry(name, tensor, spec) for tensor, spec in header.items()}
     position = 0
     for entry in sorted(tensors.values(), key=lambda e: (e.begin, e.end)):
         if entry.begin != position:
             problem = "overlaps another tensor" if entry.begin < position else "leaves a gap before it"
-            raise _malformed(path, f"tensor {entry.name!r} {problem} (offset {entry.begin}, expected {position})")
+            raise _malformed(name, f"tensor {entry.name!r} {problem} (offset {entry.begin}, expected {position})")
         position = entry.end
-    if position != data_size:
-        raise _malformed(path, f"tensor data covers {position} bytes but the file holds {data_size} data bytes")
-    return SafetensorsHeader(data_start=8 + length, tensors=tensors, metadata=dict(metadata))
+    if data_size is not None and position != data_size:
+        raise _malformed(name, f"tensor data covers {position} bytes but the file holds {data_size} data bytes")
+    return SafetensorsHeader(data_start=8 + len(raw), tensors=tensors, metadata=dict(metadata), data_size=position)
 
 
-def _entry(path: Path, name: str, spec: Any) -> TensorEntry:
+def _entry(path: str, name: str, spec: Any) -> TensorEntry:
     if not name:
         raise _malformed(path, "a tensor has an empty name")
     if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "data_offsets"}:

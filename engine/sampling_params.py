@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING
 
 from loraplex.engine.errors import RequestError
 
+# torch.Generator.manual_seed takes any signed or unsigned 64-bit value
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
 if TYPE_CHECKING:
     from loraplex.grammar.spec import StructuredSpec
 
@@ -62,3 +65,5 @@ class SamplingParams:
             raise bad(f"at most 16 stop strings are allowed, got {len(self.stop)}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and not (SEED_MIN <= self.seed <= SEED_MAX):
+            raise bad(f"seed must be within 64 bits, [{SEED_MIN}, {SEED_MAX}] (what torch takes), got {self.seed}")

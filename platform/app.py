@@ -24,6 +24,7 @@ from loraplex.platform.controllers.tenants import ApiKeyController, TenantContro
 from loraplex.platform.db.migrate import upgrade
 from loraplex.platform.db.session import Database
 from loraplex.platform.errors import EXCEPTION_HANDLERS
+from loraplex.platform.json_body import depth_limited_request
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.openai.controller import OpenAIController
 from loraplex.platform.openai.responses import TokenTexts
@@ -36,6 +37,7 @@ from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenant_limits import TenantLimits
 from loraplex.platform.services.tenants import TenantService
+from loraplex.platform.services.upload_slots import UploadSlots
 from loraplex.platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -81,7 +83,7 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             engine.base_spec,
             base_model_name=engine.model_name,
             max_lora_rank=engine.args.max_lora_rank,
-            limits=AdapterLimits(max_archive_bytes=settings.max_upload_bytes),
+            limits=AdapterLimits(max_archive_bytes=settings.max_upload_bytes, max_json_depth=settings.max_json_depth),
             quotas=QuotaDefaults(settings.default_max_adapters, settings.default_max_adapter_bytes),
         )
         engine_adapters = EngineAdapters(store)
@@ -98,6 +100,7 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             engine_adapters=engine_adapters,
             metrics=Metrics(engine.stats, engine_adapters.names, tenant_labels=settings.metrics_tenant_labels),
             token_texts=TokenTexts(engine.tokenizer),
+            upload_slots=UploadSlots(settings.max_concurrent_uploads, settings.max_concurrent_uploads_per_tenant),
             started=int(time.time()),
             tenant_limits=TenantLimits(redis, ttl_s=settings.tenant_lease_ttl_s),
         )
@@ -146,6 +149,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=settings.max_request_bytes,
+        request_class=depth_limited_request(settings.max_json_depth),
         openapi_config=OpenAPIConfig(
             title="loraplex",
             version=_version(),

@@ -8,34 +8,35 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-NonNegative = Annotated[int, Meta(ge=0)]
 Weight = Annotated[float, Meta(gt=0, le=1e6)]  # a tenant's share of the engine under fair scheduling
 Priority = Annotated[int, Meta(ge=-(2**31), le=2**31)]  # lower is served sooner (vLLM's convention)
+NonNegative32 = Annotated[int, Meta(ge=0, le=2**31 - 1)]  # an Integer column
+NonNegative64 = Annotated[int, Meta(ge=0, le=2**63 - 1)]  # a BigInteger column
 
 
 class TenantCreate(Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
-    max_adapters: NonNegative | None = None  # None: the server default
-    max_adapter_bytes: NonNegative | None = None
-    rate_limit_per_minute: NonNegative | None = None  # 0: unlimited
+    max_adapters: NonNegative32 | None = None  # None: the server default
+    max_adapter_bytes: NonNegative64 | None = None
+    rate_limit_per_minute: NonNegative32 | None = None  # 0: unlimited
     weight: Weight | None = None
     priority: Priority | None = None  # the default of the tenant's requests, and the most urgent they may ask
-    max_concurrent_sequences: NonNegative | None = None  # 0: unlimited
-    tokens_per_minute: NonNegative | None = None  # 0: unlimited
-    max_queued_requests: NonNegative | None = None  # 0: unlimited
+    max_concurrent_sequences: NonNegative32 | None = None  # 0: unlimited
+    tokens_per_minute: NonNegative64 | None = None  # 0: unlimited
+    max_queued_requests: NonNegative32 | None = None  # 0: unlimited
 
 
 class TenantUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
     """The fields to change (absent: unchanged; null: back to the server default)."""
 
-    max_adapters: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
-    max_adapter_bytes: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
-    rate_limit_per_minute: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
+    max_adapters: NonNegative32 | msgspec.UnsetType | None = msgspec.UNSET
+    max_adapter_bytes: NonNegative64 | msgspec.UnsetType | None = msgspec.UNSET
+    rate_limit_per_minute: NonNegative32 | msgspec.UnsetType | None = msgspec.UNSET
     weight: Weight | msgspec.UnsetType | None = msgspec.UNSET
     priority: Priority | msgspec.UnsetType | None = msgspec.UNSET
-    max_concurrent_sequences: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
-    tokens_per_minute: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
-    max_queued_requests: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
+    max_concurrent_sequences: NonNegative32 | msgspec.UnsetType | None = msgspec.UNSET
+    tokens_per_minute: NonNegative64 | msgspec.UnsetType | None = msgspec.UNSET
+    max_queued_requests: NonNegative32 | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class TenantOut(Struct, kw_only=True):

@@ -51,6 +51,9 @@ class Settings:
     default_tokens_per_minute: int = 0
     default_max_queued_requests: int = 0
     tenant_lease_ttl_s: float = 30.0  # how long a crashed replica's requests keep their slots in Redis
+    max_json_depth: int = 64  # nesting of arrays/objects in JSON bodies, schemas sent as text, adapter configs
+    max_concurrent_uploads: int = 4  # adapter uploads at once in this server process
+    max_concurrent_uploads_per_tenant: int = 2  # ... and for one tenant in it
     cache_ttl_s: float = 60.0
     # Operations
     metrics_token: str | None = None  # set: /metrics needs 'Authorization: Bearer <metrics_token>'
@@ -74,6 +77,9 @@ class Settings:
                 raise ValueError(f"{name} must be >= 0 (0: unlimited), got {getattr(self, name)}")
         if not self.tenant_lease_ttl_s > 0:
             raise ValueError(f"tenant_lease_ttl_s must be > 0, got {self.tenant_lease_ttl_s}")
+        for name in ("max_json_depth", "max_concurrent_uploads", "max_concurrent_uploads_per_tenant"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.database_schema is not None and not self.database_schema.isidentifier():
             raise ValueError(f"database_schema must be a plain identifier, got {self.database_schema!r}")
 
@@ -193,6 +199,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--admin-key", help="admin API key (default: generated once and printed)")
     srv.add_argument("--max-upload-bytes", type=int, help="largest adapter upload accepted")
     srv.add_argument("--default-rate-limit-per-minute", type=int, help="per-tenant request limit (0: none)")
+    srv.add_argument("--max-json-depth", type=int, help="deepest nesting of arrays/objects in JSON input (default 64)")
+    srv.add_argument("--max-concurrent-uploads", type=int, help="adapter uploads at once per server (default 4)")
+    srv.add_argument(
+        "--max-concurrent-uploads-per-tenant", type=int, help="adapter uploads at once per tenant (default 2)"
+    )
     srv.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     srv.add_argument("--metrics-token", help="bearer token /metrics requires (default: none, /metrics is open)")
     srv.add_argument(

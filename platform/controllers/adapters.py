@@ -80,20 +80,21 @@ class AdapterController(Controller):
         status_code=201,
         request_max_body_size=None,
         operation_class=UploadOperation,
-        responses=error_responses(400, 401, 403, 409, 413, 415, 429),
+        responses=error_responses(400, 401, 403, 409, 413, 415, 429),  # 429: rate or concurrent-upload limit
         summary="Upload a PEFT LoRA adapter (a new version if the name exists)",
     )
     async def upload(
         self, request: Request, principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> AdapterOut:
-        workdir = services.store.new_tmp_dir()
-        try:
-            form = await receive_form(
-                request, workdir, services.settings.max_upload_bytes, fields=FORM_FIELDS, files=FORM_FILES
-            )
-            record = await services.adapters.create(principal, form, workdir)
-        finally:
-            await asyncio.to_thread(shutil.rmtree, workdir, True)
+        with services.upload_slots.hold(principal):  # 429 past max_concurrent_uploads(_per_tenant)
+            workdir = services.store.new_tmp_dir()
+            try:
+                form = await receive_form(
+                    request, workdir, services.settings.max_upload_bytes, fields=FORM_FIELDS, files=FORM_FILES
+                )
+                record = await services.adapters.create(principal, form, workdir)
+            finally:
+                await asyncio.to_thread(shutil.rmtree, workdir, True)
         return adapter_out(record)
 
     @get("/", responses=error_responses(401, 429), summary="List the caller's adapters")

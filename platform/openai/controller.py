@@ -95,7 +95,7 @@ async def _generate(
     share = limits.share_for(principal, services.settings, data.priority)
     adapter = await resolve_adapter(services, principal, data.model)
     engine = services.engine
-    structured = translate.structured_request(data)
+    structured = translate.structured_request(data, services.settings.max_json_depth)
     spec = translate.structured_spec(structured, allow_narrowing=data.schema_narrowing == "allow")
     inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data, spec)
     tokens = limits.check_tokens(data, inputs, services.settings)

@@ -11,6 +11,8 @@ import msgspec
 from msgspec import Meta, Struct
 
 PositiveInt = Annotated[int, Meta(ge=1)]
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # integers the engine and torch take (vLLM bounds seed the same)
+Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 
 
@@ -51,17 +53,17 @@ class SamplingFields(Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
     # vLLM extensions
-    top_k: int | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    min_tokens: Annotated[int, Meta(ge=0)] = 0
-    stop_token_ids: list[int] | None = None
+    min_tokens: Annotated[int, Meta(ge=0, le=INT64_MAX)] = 0
+    stop_token_ids: list[Int64] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputs | None = None
@@ -80,7 +82,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
     logprobs: TopLogprobs | None = None
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Int64 | None = None
 
 
 class ContentPart(Struct, kw_only=True):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from loraplex.adapters.json_depth import DEFAULT_MAX_JSON_DEPTH, exceeds_depth
 from loraplex.engine import RequestError, SamplingParams
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.platform.errors import ApiError, bad_request, engine_error
+from loraplex.platform.json_body import too_deep
 from loraplex.platform.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from loraplex.platform.services.generation import ChoiceInput
 
@@ -181,7 +183,7 @@ def choice_inputs(
     return inputs
 
 
-def structured_request(req: SamplingFields) -> dict[str, Any] | None:
+def structured_request(req: SamplingFields, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH) -> dict[str, Any] | None:
     """The one structured-output constraint of the request, as {kind: value}; several is a 400.
 
     Kinds: json (a schema dict), json_object (True), regex, choice (list), grammar (text)."""
@@ -217,6 +219,8 @@ def structured_request(req: SamplingFields) -> dict[str, Any] | None:
         )
     field, kind, value = found[0]
     if kind == "json" and isinstance(value, str):
+        if exceeds_depth(value, max_json_depth):  # before json.loads, which recurses per level
+            raise too_deep(field, max_json_depth, param=field)
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:

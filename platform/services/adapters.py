@@ -149,11 +149,12 @@ class AdapterService:
                 )
             archive = upload.path.with_name("upload-" + (upload.filename or "adapter.zip"))
             upload.path.rename(archive)
-            info = self._inspect(archive)
-            try:
+            try:  # extracted once, into this upload's folder; then checked like a folder
                 root = extract_archive(archive, workdir / "extracted", self.limits)
             except AdapterError as exc:
                 raise engine_error(exc) from None
+            archive.unlink()
+            info = self._inspect(root)
         elif parts == {"adapter_config", "adapter_model"}:
             model_name = form.files["adapter_model"].filename.lower()
             if model_name.endswith(PICKLE_SUFFIXES):

@@ -2,21 +2,25 @@
 
 Writes are atomic: files are copied into a temporary folder on the same filesystem, each file and
 the folder are fsynced, and the folder is renamed into place (then the parent is fsynced). A reader
-therefore sees either nothing or the complete adapter, and a crash leaves only a `tmp/` leftover,
-which `sweep_tmp` removes at start-up. Several replicas may share the folder (e.g. over NFS).
+therefore sees either nothing or the complete adapter. Several replicas may share the folder (e.g. over
+NFS). Every temporary file (uploads in progress, staged blobs, blobs being deleted) lives in this
+process's own folder under `tmp/` (`loraplex.env.scratch`), so a crash leaves only that folder, which
+the next process to open the store removes at once, while live replicas' folders stay.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from loraplex.env.scratch import ProcessScratch, process_scratch, sweep
+
 _CHUNK = 1 << 20
+_LEGACY_PREFIXES = ("upload-", "blob-", "deleted-")
 
 
 class BlobStore:
@@ -25,7 +29,7 @@ class BlobStore:
         self.blobs = self.root / "blobs"
         self.tmp = self.root / "tmp"
         self.blobs.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.scratch: ProcessScratch = process_scratch(self.tmp)  # sweeps dead processes' folders
 
     def path(self, blob: str) -> Path:
         if not blob or "/" in blob or blob.startswith("."):
@@ -37,12 +41,12 @@ class BlobStore:
 
     def new_tmp_dir(self) -> Path:
         """A private scratch folder for an upload in progress (caller removes it)."""
-        return Path(tempfile.mkdtemp(prefix="upload-", dir=self.tmp))
+        return self.scratch.mkdtemp("upload-")
 
     def put(self, files: Mapping[str, Path]) -> str:
         """Store `files` (name in the blob -> source file) atomically; return the new blob's name."""
         blob = uuid.uuid4().hex
-        staging = Path(tempfile.mkdtemp(prefix=f"blob-{blob}-", dir=self.tmp))
+        staging = self.scratch.mkdtemp(f"blob-{blob}-")
         try:
             for name, source in files.items():
                 if "/" in name or name.startswith("."):
@@ -61,7 +65,7 @@ class BlobStore:
         path = self.path(blob)
         if not path.exists():
             return
-        doomed = self.tmp / f"deleted-{blob}-{uuid.uuid4().hex[:8]}"
+        doomed = self.scratch.path / f"deleted-{blob}-{uuid.uuid4().hex[:8]}"
         try:
             os.rename(path, doomed)
         except FileNotFoundError:
@@ -69,10 +73,14 @@ class BlobStore:
         shutil.rmtree(doomed, ignore_errors=True)
 
     def sweep_tmp(self, older_than_s: float = 3600.0) -> None:
-        """Remove leftovers of interrupted uploads. Only old ones: replicas sharing the store may be
-        writing theirs right now."""
+        """Remove dead processes' scratch folders now, and old leftovers of versions before process folders
+        (`upload-*`, `blob-*`, `deleted-*` directly under tmp/): only old ones, since replicas of such a
+        version sharing the store may be writing theirs right now."""
+        sweep(self.tmp, skip=self.scratch.owner)
         cutoff = time.time() - older_than_s
         for child in self.tmp.iterdir():
+            if not child.name.startswith(_LEGACY_PREFIXES):
+                continue
             try:
                 if child.stat().st_mtime < cutoff:
                     shutil.rmtree(child, ignore_errors=True)

@@ -16,6 +16,7 @@ from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenant_limits import TenantLimits
 from loraplex.platform.services.tenants import TenantService
+from loraplex.platform.services.upload_slots import UploadSlots
 from loraplex.platform.settings import Settings
 
 
@@ -35,6 +36,7 @@ class Services:
     token_texts: TokenTexts
     started: int  # unix time the server started (the base model's `created`)
     tenant_limits: TenantLimits = field(default_factory=TenantLimits)
+    upload_slots: UploadSlots = field(default_factory=lambda: UploadSlots(4, 2))
 
     async def close(self) -> None:
         await self.tenant_limits.close()

@@ -262,7 +262,8 @@ def test_non_finite_values_are_refused(adapter_dir, base, edit_tensors, value: f
 
 
 def test_huge_finite_values_are_not_mistaken_for_inf(adapter_dir, base, edit_tensors) -> None:
-    """The finiteness check sums the values first; a sum that overflows must not refuse finite weights."""
+    """Finite values whose sum overflows are not called NaN / Inf: they are refused for their gain instead
+    (3e38 times the scale overflows float32 the moment the engine folds the scale in)."""
 
     def huge(t):
         b = t[Q_B].clone()
@@ -270,11 +271,7 @@ def test_huge_finite_values_are_not_mistaken_for_inf(adapter_dir, base, edit_ten
         return {**t, Q_B: b}
 
     edit_tensors(adapter_dir, huge)
-    loaded = load_adapter(adapter_dir, base, max_lora_rank=MAX_RANK)
-    b = loaded.weights[(0, "q_proj")].b
-    assert b[0, 0].item() == b[1, 0].item() == torch.tensor(3e38, dtype=torch.float32).item()
-    assert torch.isfinite(b).all() and not torch.isfinite(b.sum())  # the sum overflows; the values do not
-    assert inspect_adapter(adapter_dir, base, max_lora_rank=MAX_RANK).content_hash == loaded.content_hash
+    refused(adapter_dir, base, "scale_too_large", "layers.0.q_proj", "max|B| 3e+38", "bound of 2^32")
 
 
 def test_every_a_needs_its_b(adapter_dir, base, edit_tensors) -> None:

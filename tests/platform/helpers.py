@@ -204,8 +204,19 @@ def stored_blobs(data_dir: Path) -> list[str]:
 
 
 def leftover_tmp(data_dir: Path) -> list[str]:
+    """What is in the store's tmp/ besides the processes' own (empty) scratch folders and their lock files."""
     tmp = data_dir / "adapters" / "tmp"
-    return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else []
+    if not tmp.exists():
+        return []
+    found = []
+    for p in tmp.iterdir():
+        if p.name.endswith(".lock") and (tmp / p.name.removesuffix(".lock")).is_dir():
+            continue
+        if p.is_dir() and (tmp / f"{p.name}.lock").is_file():
+            found += [f"{p.name}/{c.name}" for c in p.iterdir()]
+        else:
+            found.append(p.name)
+    return sorted(found)
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:

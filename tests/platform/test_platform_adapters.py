@@ -337,7 +337,8 @@ def test_concurrent_uploads_on_postgresql_get_versions_and_keep_quotas(start_ser
     a new version or a clear refusal, the quota holds, and exactly the live adapters have blobs on disk."""
     from concurrent.futures import ThreadPoolExecutor
 
-    server = start_server("postgres+redis")
+    # above the default concurrent-upload limits (test_platform_hygiene tests those)
+    server = start_server("postgres+redis", max_concurrent_uploads=8, max_concurrent_uploads_per_tenant=8)
     key = create_tenant(server.url, "racer", max_adapters=2)
     same = [zip_folder(adapter_factory(f"race-{i}", seed=60 + i)) for i in range(6)]
     with ThreadPoolExecutor(len(same)) as pool:
