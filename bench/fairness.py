@@ -13,8 +13,13 @@ Two scenarios per policy, on one AsyncEngine per policy:
 
 Every figure comes from timestamps and token counts seen by the client (the engine's counters are not used).
 
+On a CPU a step's time grows with its tokens, so B's first token also waits for the step in flight and
+shares its own step with A's decodes and prefills: ``--a-concurrency N`` caps A's requests in the engine
+as the platform's per-tenant ``max_concurrent_sequences`` limit does, which bounds those steps.
+
 Usage: python -m bench.fairness [--policies fair,fcfs] [--flood 300] [--b-requests 20] [--spacing 0.5]
                                 [--max-tokens 32] [--weights 2,1] [--window 20] [--max-num-seqs 128]
+                                [--a-concurrency 0]
 """
 
 from __future__ import annotations
@@ -40,7 +45,12 @@ class Client:
     output_tokens: Counter[str] = field(default_factory=Counter)
     _n: int = 0
 
-    async def request(self, tenant: str, weight: float = 1.0, label: str | None = None) -> None:
+    async def request(
+        self, tenant: str, weight: float = 1.0, label: str | None = None, gate: asyncio.Semaphore | None = None
+    ) -> None:
+        if gate is not None:
+            async with gate:
+                return await self.request(tenant, weight, label)
         self._n += 1
         prompt = self.prompts[self._n % len(self.prompts)]
         params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0, ignore_eos=True)
@@ -69,7 +79,10 @@ async def spaced(client: Client, label: str, n: int, spacing: float) -> None:
 
 async def isolation(client: Client, args: argparse.Namespace) -> dict[str, float]:
     await spaced(client, "B alone", args.b_requests, args.spacing)
-    flood = [asyncio.create_task(client.request("A")) for _ in range(args.flood)]
+    # --a-concurrency N keeps at most N of A's requests in the engine, as the platform's per-tenant
+    # max_concurrent_sequences limit does (its 429s make the client wait and retry)
+    gate = asyncio.Semaphore(args.a_concurrency) if args.a_concurrency else None
+    flood = [asyncio.create_task(client.request("A", gate=gate)) for _ in range(args.flood)]
     await asyncio.sleep(1.0)
     await spaced(client, "B under flood", args.b_requests, args.spacing)
     finished = sum(t.done() for t in flood)
@@ -129,6 +142,7 @@ def main() -> None:
     ap.add_argument("--share-requests", type=int, default=150)
     ap.add_argument("--window", type=float, default=20.0)
     ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--a-concurrency", type=int, default=0, help="A's requests in the engine at once (0: all)")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
