@@ -154,7 +154,9 @@ def main() -> None:
     results = {p: asyncio.run(run_policy(p, prompts, args)) for p in args.policies.split(",")}
 
     print(
-        f"\nflood {args.flood} x {args.max_tokens} tokens (tenant A); B: {args.b_requests} requests every "
+        f"\nflood {args.flood} x {args.max_tokens} tokens (tenant A, at most {args.a_concurrency or 'all'}"
+        " in the engine); "
+        f"B: {args.b_requests} requests every "
         f"{args.spacing}s; max_num_seqs {args.max_num_seqs}; weights A:B = {args.weights[0]:g}:{args.weights[1]:g}"
     )
     print(
