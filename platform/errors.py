@@ -109,7 +109,7 @@ def _param_of(exc: ValidationException) -> str | None:
             key = str(item.get("key") or "")
             return f"{key}.{unknown[1]}" if key and key != "data" else unknown[1]
         if item.get("key"):
-            return str(item["key"])
+            return str(item["key"]).replace("[...]", "")  # a dict value's path names the dict
     detail = str(exc.detail)
     if "at `$." in detail:
         return detail.split("at `$.", 1)[1].split("`", 1)[0]

@@ -45,9 +45,9 @@ class Api:
 
     def stream(self, route: str, **extra: Any) -> list[dict[str, Any]]:
         create = self.client.chat.completions.create if route == CHAT else self.client.completions.create
-        body = self.body(route, {"stream": True, **extra})
+        body = self.body(route, extra)
         named = {k: body.pop(k) for k in ("model", "messages", "prompt") if k in body}
-        return [c.model_dump() for c in create(**named, extra_body=body)]
+        return [c.model_dump() for c in create(**named, stream=True, extra_body=body)]
 
     def refused(self, route: str, **extra: Any) -> dict[str, Any]:
         with pytest.raises(openai.BadRequestError) as err:
