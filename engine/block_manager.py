@@ -67,8 +67,8 @@ class BlockManager:
 
         At least one token is always left to compute, so the step still produces logits.
         """
-        if not self.enable_prefix_caching or seq.block_table:
-            return 0
+        if not self.enable_prefix_caching or seq.block_table or seq.params.prompt_logprobs is not None:
+            return 0  # a request for prompt logprobs computes its whole prompt
         hashes: list[bytes] = []
         for h in self._cacheable_prefix_hashes(seq):
             if h not in self.cached:
@@ -105,7 +105,7 @@ class BlockManager:
     def first_uncached_block(self, seq: Sequence) -> bytes | None:
         """The hash of the first block a waiting sequence would compute that the cache might have held (None:
         caching is off, or every such block is cached). Nothing is attached."""
-        if not self.enable_prefix_caching or seq.block_table:
+        if not self.enable_prefix_caching or seq.block_table or seq.params.prompt_logprobs is not None:
             return None
         return next((h for h in self._cacheable_prefix_hashes(seq) if h not in self.cached), None)
 

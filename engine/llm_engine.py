@@ -18,6 +18,7 @@ from loraplex.engine.block_manager import BlockManager
 from loraplex.engine.config import EngineArgs, ModelShape
 from loraplex.engine.detokenizer import IncrementalDetokenizer
 from loraplex.engine.errors import ModelLoadError, RequestError
+from loraplex.engine.logits_processing import process_logits
 from loraplex.engine.lora.admission import LoRAAdmission
 from loraplex.engine.lora.manager import CheckedAdapter, LoRAManager
 from loraplex.engine.lora.ref import AdapterRef
@@ -43,6 +44,7 @@ class _Request:
     seq: Sequence
     detok: IncrementalDetokenizer
     logprobs: list[TokenLogprob] | None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     sent_tokens: int = 0
     sent_logprobs: int = 0
     error: str | None = None
@@ -157,6 +159,9 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        outside = [t for t in params.logit_bias or {} if t >= vocab]
+        if outside:
+            raise RequestError(f"logit_bias token id {outside[0]} is outside the vocabulary [0, {vocab})")
 
     def precheck(self, prompt_token_ids: list[int], params: SamplingParams) -> Future[CompiledGrammar | None]:
         """Everything that can refuse a request before it is queued; thread-safe (the server calls it on its
@@ -202,7 +207,12 @@ class LLMEngine:
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
-        self.requests[request_id] = _Request(seq, detok, [] if params.logprobs is not None else None)
+        self.requests[request_id] = _Request(
+            seq,
+            detok,
+            [] if params.logprobs is not None else None,
+            [None] * len(prompt_token_ids) if params.prompt_logprobs is not None else None,
+        )
         self.structured.attach(seq, grammar)
         if adapter is not None:
             self.lora_manager.register(adapter)
@@ -290,6 +300,8 @@ class LLMEngine:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             self.block_manager.register_full_blocks(seq)
+        for i, (first, prompt_logits) in self.runner.prompt_logits.items():
+            self._record_prompt_logprobs(batch.seqs[i], first, prompt_logits)
         if not sample_idx:
             return []
         seqs = [batch.seqs[i] for i in sample_idx]
@@ -298,8 +310,11 @@ class LLMEngine:
         failed, seqs, logits = self._fail_non_finite(seqs, logits)
         if not seqs:
             return failed
+        process_logits(logits, seqs)  # penalties and logit bias first: the masks below always win
         self._suppress_stops(seqs, logits)
         self.structured.apply_masks(seqs, logits)
+        if self._probe is not None and self._probe.on_processed_logits is not None:
+            self._probe.on_processed_logits([s.request_id for s in seqs], [s.num_output_tokens for s in seqs], logits)
         result = self.sampler(
             logits, [s.params for s in seqs], [s.generator for s in seqs], self.structured.budget_check(seqs)
         )
@@ -320,6 +335,25 @@ class LLMEngine:
             else:
                 outputs.append(self._output(req, None))
         return outputs
+
+    def _record_prompt_logprobs(self, seq: Sequence, first: int, logits: torch.Tensor) -> None:
+        """Logprobs (raw model distribution), ranks and top ones of prompt tokens first.. from their logits rows;
+        a recomputation after preemption writes the same positions again."""
+        req = self.requests[seq.request_id]
+        if req.prompt_logprobs is None:
+            return
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        targets = torch.tensor(seq.prompt_token_ids[first : first + logits.shape[0]], device=logits.device)
+        chosen = logprobs.gather(1, targets.view(-1, 1))
+        ranks = (logprobs > chosen).sum(dim=-1) + 1
+        k = seq.params.prompt_logprobs or 0
+        top_vals, top_idx = logprobs.topk(k, dim=-1) if k else (None, None)
+        chosen_l, ranks_l, targets_l = chosen.view(-1).tolist(), ranks.tolist(), targets.tolist()
+        tops_v = top_vals.tolist() if top_vals is not None else [[]] * len(targets_l)
+        tops_i = top_idx.tolist() if top_idx is not None else [[]] * len(targets_l)
+        for j, token in enumerate(targets_l):
+            top = [(t, self._token_str(t), v) for t, v in zip(tops_i[j], tops_v[j])]
+            req.prompt_logprobs[first + j] = TokenLogprob(token, self._token_str(token), chosen_l[j], top, ranks_l[j])
 
     def _fail_non_finite(
         self, seqs: list[Sequence], logits: torch.Tensor
@@ -395,6 +429,7 @@ class LLMEngine:
             num_cached_tokens=seq.num_cached_prompt_tokens,
             error=req.error,
             narrowing=seq.narrowing,
+            prompt_logprobs=req.prompt_logprobs,
         )
 
     def _finish(self, req: _Request, reason: FinishReason) -> RequestOutput:

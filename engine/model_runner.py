@@ -32,6 +32,9 @@ class ModelRunner:
             tuple(torch.zeros(cache_shape, device=self.device, dtype=self.dtype) for _ in ("k", "v"))
             for _ in range(shape.num_layers)
         ]
+        # after each run: batch index -> (first prompt position predicted, logits [rows, V]) of the sequences
+        # asking for prompt logprobs (row j predicts prompt token first + j)
+        self.prompt_logits: dict[int, tuple[int, torch.Tensor]] = {}
 
     def _num_blocks(self, args: EngineArgs) -> int:
         per_block = self.shape.kv_bytes_per_token(self.dtype) * self.block_size
@@ -57,8 +60,12 @@ class ModelRunner:
         q_lens, ctx_lens, tables = [], [], []
         sample_rows: list[int] = []
         sample_seq_idx: list[int] = []
+        prompt_rows: dict[int, tuple[int, int, int]] = {}  # batch index -> (first target, first row, rows)
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start = seq.num_computed_tokens
+            last = min(start + n, seq.num_prompt_tokens - 1)  # positions start..last-1 predict a prompt token
+            if seq.params.prompt_logprobs is not None and last > start:
+                prompt_rows[i] = (start + 1, len(ids), last - start)
             ids.extend(seq.tokens(start, start + n))
             positions.extend(range(start, start + n))
             q_lens.append(n)
@@ -72,6 +79,9 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         hidden = self.model.forward(input_ids, pos, meta, self.kv_caches, lora)
+        self.prompt_logits = {
+            i: (target, self.model.logits(hidden[row : row + count])) for i, (target, row, count) in prompt_rows.items()
+        }
         if not sample_rows:
             return [], hidden.new_empty((0, self.shape.vocab_size), dtype=torch.float32)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)

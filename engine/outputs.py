@@ -14,6 +14,7 @@ class TokenLogprob:
     token: str
     logprob: float
     top: list[tuple[int, str, float]] = field(default_factory=list)
+    rank: int | None = None  # the token's rank in its distribution (1: the most likely); prompt logprobs only
 
 
 @dataclass
@@ -31,6 +32,8 @@ class RequestOutput:
     error: str | None = None  # set with finish_reason "error"
     # A constrained request's narrowing ("keyword at pointer: how"; empty: enforced exactly); None: unconstrained
     narrowing: tuple[str, ...] | None = None
+    # with prompt_logprobs: one entry per prompt token, None for the first (nothing predicts it); raw model logprobs
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def finished(self) -> bool:

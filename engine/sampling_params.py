@@ -29,6 +29,12 @@ class SamplingParams:
     min_tokens: int = 0
     structured: StructuredSpec | None = None
     skip_special_tokens: bool = True
+    # applied to the raw logits before any grammar mask (engine/logits_processing.py), vLLM's semantics
+    presence_penalty: float = 0.0  # subtracted once from each token the output holds (OpenAI)
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output (OpenAI)
+    repetition_penalty: float = 1.0  # tokens of prompt or output: positive logits divided, negative multiplied
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    prompt_logprobs: int | None = None  # logprobs of the prompt's tokens (and this many top ones per position)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -36,6 +42,10 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.validate()
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
     def greedy(self) -> bool:
@@ -57,6 +67,18 @@ class SamplingParams:
             raise bad(f"min_p must be in [0, 1], got {self.min_p}")
         if self.logprobs is not None and not (0 <= self.logprobs <= 20):
             raise bad(f"logprobs must be between 0 and 20, got {self.logprobs}")
+        if self.prompt_logprobs is not None and not (0 <= self.prompt_logprobs <= 20):
+            raise bad(f"prompt_logprobs must be between 0 and 20, got {self.prompt_logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not (-2.0 <= float(getattr(self, name)) <= 2.0):
+                raise bad(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not (0.0 < float(self.repetition_penalty) <= 1e6):
+            raise bad(f"repetition_penalty must be in (0, 1e6], got {self.repetition_penalty}")
+        for token, bias in (self.logit_bias or {}).items():
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise bad(f"logit_bias keys must be token ids (non-negative integers), got {token!r}")
+            if not (-100.0 <= float(bias) <= 100.0):
+                raise bad(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
         if self.min_tokens < 0:
             raise bad(f"min_tokens must be >= 0, got {self.min_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):

@@ -28,6 +28,7 @@ from loraplex.platform.json_body import depth_limited_request
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.openai.controller import OpenAIController
 from loraplex.platform.openai.responses import TokenTexts
+from loraplex.platform.openai.tokenize import TokenizeController
 from loraplex.platform.services.adapters import RETIRED_CONTENT, AdapterService, QuotaDefaults
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
@@ -144,12 +145,13 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
             AdapterController,
             AdminAdapterController,
             OpenAIController,
+            TokenizeController,
         ],
         lifespan=[lifespan],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=settings.max_request_bytes,
-        request_class=depth_limited_request(settings.max_json_depth),
+        request_class=depth_limited_request(settings.max_json_depth, settings.unknown_fields),  # type: ignore[arg-type]
         openapi_config=OpenAPIConfig(
             title="loraplex",
             version=_version(),

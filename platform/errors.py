@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from litestar import MediaType, Request, Response
@@ -97,11 +98,18 @@ def _response(
 
 
 def _param_of(exc: ValidationException) -> str | None:
-    """The field a Litestar/msgspec validation error is about (`$.max_tokens` -> `max_tokens`)."""
+    """The field a Litestar/msgspec validation error is about (`$.max_tokens` -> `max_tokens`; an unknown field
+    `x` in `$.messages[0]` -> `messages[0].x`)."""
     extra = exc.extra if isinstance(exc.extra, list) else []
     for item in extra:
-        if isinstance(item, dict) and item.get("key"):
-            return str(item["key"])
+        if not isinstance(item, dict):
+            continue
+        unknown = re.match(r"Object contains unknown field `([^`]*)`", str(item.get("message", "")))
+        if unknown:
+            key = str(item.get("key") or "")
+            return f"{key}.{unknown[1]}" if key and key != "data" else unknown[1]
+        if item.get("key"):
+            return str(item["key"]).replace("[...]", "")  # a dict value's path names the dict
     detail = str(exc.detail)
     if "at `$." in detail:
         return detail.split("at `$.", 1)[1].split("`", 1)[0]

@@ -11,6 +11,10 @@ from litestar import Request
 
 from loraplex.adapters.json_depth import exceeds_depth
 from loraplex.platform.errors import ApiError
+from loraplex.platform.unknown_fields import UnknownFields, screen
+
+BODY_TYPE = "body_type"  # a route's `opt` key: the struct its JSON body is screened for unknown fields against
+IGNORED_STATE = "ignored_fields"  # request.state key: the unknown fields a warn-mode request carried
 
 
 def too_deep(what: str, limit: int, param: str | None = None) -> ApiError:
@@ -22,13 +26,19 @@ def too_deep(what: str, limit: int, param: str | None = None) -> ApiError:
     )
 
 
-def depth_limited_request(max_depth: int) -> type[Request[Any, Any, Any]]:
-    """The app's request class: ``json()`` refuses a body nested deeper than ``max_depth`` levels."""
+def depth_limited_request(max_depth: int, unknown_fields: UnknownFields = "refuse") -> type[Request[Any, Any, Any]]:
+    """The app's request class: ``json()`` refuses a body nested deeper than ``max_depth`` levels, and on routes
+    whose ``opt`` names a ``body_type``, refuses its unknown fields or (warn) removes them and records them in
+    ``request.state.ignored_fields``."""
 
     class DepthLimitedRequest(Request[Any, Any, Any]):
         async def json(self) -> Any:
             if exceeds_depth(await self.body(), max_depth):
                 raise too_deep("the JSON body", max_depth)
-            return await super().json()
+            data = await super().json()
+            body_type = self.route_handler.opt.get(BODY_TYPE)
+            if body_type is not None and isinstance(data, dict) and IGNORED_STATE not in self.state:
+                self.state[IGNORED_STATE] = screen(data, body_type, unknown_fields)
+            return data
 
     return DepthLimitedRequest

@@ -55,6 +55,9 @@ class Settings:
     max_concurrent_uploads: int = 4  # adapter uploads at once in this server process
     max_concurrent_uploads_per_tenant: int = 2  # ... and for one tenant in it
     cache_ttl_s: float = 60.0
+    # OpenAI routes: "refuse" an unknown request field (400 naming it), or "warn": ignore it, log it and name it
+    # in the x-loraplex-ignored-fields response header
+    unknown_fields: str = "refuse"
     # Operations
     metrics_token: str | None = None  # set: /metrics needs 'Authorization: Bearer <metrics_token>'
     metrics_tenant_labels: bool = True  # False: no tenant or adapter name in any metric label
@@ -80,6 +83,8 @@ class Settings:
         for name in ("max_json_depth", "max_concurrent_uploads", "max_concurrent_uploads_per_tenant"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.unknown_fields not in ("refuse", "warn"):
+            raise ValueError(f"unknown_fields must be 'refuse' or 'warn', got {self.unknown_fields!r}")
         if self.database_schema is not None and not self.database_schema.isidentifier():
             raise ValueError(f"database_schema must be a plain identifier, got {self.database_schema!r}")
 
@@ -203,6 +208,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--max-concurrent-uploads", type=int, help="adapter uploads at once per server (default 4)")
     srv.add_argument(
         "--max-concurrent-uploads-per-tenant", type=int, help="adapter uploads at once per tenant (default 2)"
+    )
+    srv.add_argument(
+        "--unknown-fields",
+        choices=["refuse", "warn"],
+        help="an unknown request field: refuse it (400 naming it, the default) or ignore it with a warning header",
     )
     srv.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     srv.add_argument("--metrics-token", help="bearer token /metrics requires (default: none, /metrics is open)")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from litestar import Controller, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Reference, Schema
@@ -25,6 +25,7 @@ from litestar.response import Stream
 from loraplex.engine import AdapterRef, RequestOutput
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.errors import ApiError, error_responses
+from loraplex.platform.json_body import BODY_TYPE, IGNORED_STATE
 from loraplex.platform.openai import limits, responses, translate
 from loraplex.platform.openai.schemas import (
     ChatCompletion,
@@ -39,6 +40,7 @@ from loraplex.platform.services.container import Services
 from loraplex.platform.services.generation import Generation
 from loraplex.platform.services.tenant_limits import tenant_quota
 from loraplex.platform.services.tenants import Principal
+from loraplex.platform.unknown_fields import ignored_header
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SCHEMA_HEADER = "x-loraplex-schema"  # "exact" or "narrowed", on every constrained response
@@ -84,8 +86,13 @@ def _engine_failure(results: dict[int, list[RequestOutput]]) -> None:
             raise ApiError(500, outputs[-1].error or "the engine failed this request", code="engine_error")
 
 
+def ignored_fields(request: Request[Any, Any, Any]) -> list[str]:
+    """The unknown fields a request carried without effect (unknown_fields = "warn"; else always empty)."""
+    return list(request.state.get(IGNORED_STATE) or [])
+
+
 async def _generate(
-    data: CompletionRequest | ChatCompletionRequest, principal: Principal, services: Services
+    data: CompletionRequest | ChatCompletionRequest, principal: Principal, services: Services, ignored: list[str]
 ) -> Response[Any]:
     """The body of both generation routes: refuse what we cannot honour, resolve the model, run every choice
     in the engine, then stream server-sent events or answer with one JSON body."""
@@ -97,7 +104,8 @@ async def _generate(
     engine = services.engine
     structured = translate.structured_request(data, services.settings.max_json_depth)
     spec = translate.structured_spec(structured, allow_narrowing=data.schema_narrowing == "allow")
-    inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data, spec)
+    inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data, spec, engine.base_spec.vocab_size)
+    echo = translate.echo_texts(engine.tokenizer, data) if isinstance(data, CompletionRequest) else None
     tokens = limits.check_tokens(data, inputs, services.settings)
     lease = await services.tenant_limits.admit(
         principal.tenant_id,
@@ -126,16 +134,17 @@ async def _generate(
     try:
         chat = isinstance(data, ChatCompletionRequest)
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
-        headers = _constraint_headers(rid, gen.choices[0].first.narrowing)
+        headers = {**_constraint_headers(rid, gen.choices[0].first.narrowing), **ignored_header(ignored, rid)}
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return _sse(responses.stream(gen, rid, created, data, include_usage, services.token_texts), headers, gen)
+            events = responses.stream(gen, rid, created, data, include_usage, services.token_texts, echo)
+            return _sse(events, headers, gen)
     except BaseException:
         await gen.close()
         raise
     results = await gen.collect()
     _engine_failure(results)
-    return Response(responses.body(rid, created, data, results, services.token_texts), headers=headers)
+    return Response(responses.body(rid, created, data, results, services.token_texts, echo), headers=headers)
 
 
 def _constraint_headers(rid: str, narrowing: tuple[str, ...] | None) -> dict[str, str]:
@@ -225,6 +234,7 @@ class OpenAIController(Controller):
         status_code=200,
         summary="Text completion",
         responses=OPENAI_ERRORS,
+        opt={BODY_TYPE: CompletionRequest},
         operation_class=_streaming_operation(
             "`text_completion` object with the new text of one choice (the last one of a choice has its finish_reason)"
         ),
@@ -234,14 +244,16 @@ class OpenAIController(Controller):
         data: JSONBody[CompletionRequest],
         principal: NamedDependency[Principal],
         services: NamedDependency[Services],
+        request: Request[Any, Any, Any],
     ) -> Response[Completion]:
-        return await _generate(data, principal, services)
+        return await _generate(data, principal, services, ignored_fields(request))
 
     @post(
         "/chat/completions",
         status_code=200,
         summary="Chat completion",
         responses=OPENAI_ERRORS,
+        opt={BODY_TYPE: ChatCompletionRequest},
         operation_class=_streaming_operation(
             "`chat.completion.chunk` object: {id, object, created, model, "
             "choices: [{index, delta: {role, content}, finish_reason, "
@@ -253,5 +265,6 @@ class OpenAIController(Controller):
         data: JSONBody[ChatCompletionRequest],
         principal: NamedDependency[Principal],
         services: NamedDependency[Services],
+        request: Request[Any, Any, Any],
     ) -> Response[ChatCompletion]:
-        return await _generate(data, principal, services)
+        return await _generate(data, principal, services, ignored_fields(request))

@@ -24,6 +24,8 @@ from loraplex.platform.openai.schemas import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
+    PromptLogprob,
+    PromptLogprobs,
     PromptTokensDetails,
     TopLogprob,
     Usage,
@@ -78,8 +80,42 @@ def chat_logprobs(items: Sequence[TokenLogprob], text: TokenTexts) -> ChatLogpro
     return ChatLogprobs(content=content)
 
 
-def completion_logprobs(items: Sequence[TokenLogprob], offset: int, text: TokenTexts) -> CompletionLogprobs:
+def prompt_logprobs(items: Sequence[TokenLogprob | None] | None, text: TokenTexts) -> PromptLogprobs | None:
+    """vLLM's `prompt_logprobs`: per prompt token (None for the first), its own and the top tokens' logprobs."""
+    if items is None:
+        return None
+    out: PromptLogprobs = []
+    for lp in items:
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(i): PromptLogprob(logprob=v, decoded_token=text(i)) for i, _, v in lp.top}
+        entry[str(lp.token_id)] = PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=text(lp.token_id))
+        out.append(entry)
+    return out
+
+
+def echo_logprobs(
+    prompt_ids: Sequence[int], items: Sequence[TokenLogprob | None] | None, text: TokenTexts
+) -> CompletionLogprobs:
+    """The echoed prompt's part of a completion's logprobs (the first token's are null)."""
     out = CompletionLogprobs()
+    offset = 0
+    for j, token_id in enumerate(prompt_ids):
+        lp = items[j] if items is not None else None
+        token = text(token_id)
+        out.tokens.append(token)
+        out.token_logprobs.append(None if lp is None else lp.logprob)
+        out.top_logprobs.append(None if lp is None else {text(i): v for i, _, v in lp.top})
+        out.text_offset.append(offset)
+        offset += len(token)
+    return out
+
+
+def completion_logprobs(
+    items: Sequence[TokenLogprob], offset: int, text: TokenTexts, out: CompletionLogprobs | None = None
+) -> CompletionLogprobs:
+    out = out if out is not None else CompletionLogprobs()
     for lp in items:
         token = text(lp.token_id)
         out.tokens.append(token)
@@ -99,7 +135,13 @@ def _all_logprobs(outputs: list[RequestOutput]) -> list[TokenLogprob]:
 
 
 def chat_completion(
-    rid: str, created: int, model: str, results: dict[int, list[RequestOutput]], want_logprobs: bool, text: TokenTexts
+    rid: str,
+    created: int,
+    model: str,
+    results: dict[int, list[RequestOutput]],
+    want_logprobs: bool,
+    text: TokenTexts,
+    want_prompt_logprobs: bool = False,
 ) -> ChatCompletion:
     choices, completion, prompt_len, cached = [], 0, 0, 0
     for index in sorted(results):
@@ -112,6 +154,7 @@ def chat_completion(
                 message=AssistantMessage(content=final.text),
                 finish_reason=final.finish_reason,
                 logprobs=chat_logprobs(_all_logprobs(results[index]), text) if want_logprobs else None,
+                prompt_logprobs=prompt_logprobs(final.prompt_logprobs, text) if want_prompt_logprobs else None,
             )
         )
     return ChatCompletion(
@@ -127,19 +170,28 @@ def completion(
     n: int,
     want_logprobs: bool,
     text: TokenTexts,
+    echo: list[str] | None = None,
+    want_prompt_logprobs: bool = False,
 ) -> Completion:
+    """``echo``: the prompts' texts, prepended to each of their choices (with their tokens' logprobs)."""
     choices, completion_tokens, prompt_lens, cached = [], 0, {}, 0
     for index in sorted(results):
         final = _final(results[index])
         completion_tokens += len(final.token_ids)
         prompt_lens[index // n] = final.num_prompt_tokens
         cached = max(cached, final.num_cached_tokens)
+        head = echo[index // n] if echo is not None else ""
+        logprobs = None
+        if want_logprobs:
+            start = echo_logprobs(final.prompt_token_ids, final.prompt_logprobs, text) if echo is not None else None
+            logprobs = completion_logprobs(_all_logprobs(results[index]), len(head), text, start)
         choices.append(
             CompletionChoice(
                 index=index,
-                text=final.text,
+                text=head + final.text,
                 finish_reason=final.finish_reason,
-                logprobs=completion_logprobs(_all_logprobs(results[index]), 0, text) if want_logprobs else None,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs(final.prompt_logprobs, text) if want_prompt_logprobs else None,
             )
         )
     return Completion(
@@ -152,7 +204,14 @@ def completion(
 
 
 async def chat_stream(
-    gen: Generation, rid: str, created: int, model: str, want_logprobs: bool, include_usage: bool, text: TokenTexts
+    gen: Generation,
+    rid: str,
+    created: int,
+    model: str,
+    want_logprobs: bool,
+    include_usage: bool,
+    text: TokenTexts,
+    continuous_usage: bool = False,
 ) -> AsyncGenerator[bytes, None]:
     """SSE events of a streamed chat completion; closing this iterator aborts the generation."""
     tokens: dict[int, int] = {}
@@ -188,6 +247,7 @@ async def chat_stream(
                             logprobs=chat_logprobs(out.new_logprobs or [], text) if want_logprobs else None,
                         )
                     ],
+                    usage=usage([prompt_len], sum(tokens.values()), cached) if continuous_usage else None,
                 )
             )
         if include_usage:
@@ -214,7 +274,10 @@ async def completion_stream(
     want_logprobs: bool,
     include_usage: bool,
     text: TokenTexts,
+    echo: list[str] | None = None,
+    continuous_usage: bool = False,
 ) -> AsyncGenerator[bytes, None]:
+    """SSE events of a streamed completion; with ``echo`` each choice's first event starts with its prompt."""
     tokens: dict[int, int] = {}
     prompt_lens: dict[int, int] = {}
     offsets: dict[int, int] = {}
@@ -227,10 +290,17 @@ async def completion_stream(
             tokens[index] = len(out.token_ids)
             prompt_lens[index // n] = out.num_prompt_tokens
             cached = max(cached, out.num_cached_tokens)
-            if not out.new_text and not out.finished:
+            head, start = "", None
+            if echo is not None and index not in offsets:
+                head = echo[index // n]
+                start = echo_logprobs(out.prompt_token_ids, out.prompt_logprobs, text) if want_logprobs else None
+                offsets[index] = len(head)
+            elif not out.new_text and not out.finished:
                 continue
             logprobs = (
-                completion_logprobs(out.new_logprobs or [], offsets.get(index, 0), text) if want_logprobs else None
+                completion_logprobs(out.new_logprobs or [], offsets.get(index, 0), text, start)
+                if want_logprobs
+                else None
             )
             offsets[index] = offsets.get(index, 0) + len(out.new_text)
             yield sse(
@@ -240,9 +310,12 @@ async def completion_stream(
                     model=model,
                     choices=[
                         CompletionChoice(
-                            index=index, text=out.new_text, finish_reason=out.finish_reason, logprobs=logprobs
+                            index=index, text=head + out.new_text, finish_reason=out.finish_reason, logprobs=logprobs
                         )
                     ],
+                    usage=(
+                        usage(list(prompt_lens.values()), sum(tokens.values()), cached) if continuous_usage else None
+                    ),
                 )
             )
         if include_usage:
@@ -266,11 +339,13 @@ def body(
     req: CompletionRequest | ChatCompletionRequest,
     results: dict[int, list[RequestOutput]],
     text: TokenTexts,
+    echo: list[str] | None = None,
 ) -> Completion | ChatCompletion:
     """The JSON response of a finished generation request, in the shape of its route."""
+    want_prompt = req.prompt_logprobs is not None
     if isinstance(req, ChatCompletionRequest):
-        return chat_completion(rid, created, req.model, results, req.logprobs, text)
-    return completion(rid, created, req.model, results, req.n, req.logprobs is not None, text)
+        return chat_completion(rid, created, req.model, results, req.logprobs, text, want_prompt)
+    return completion(rid, created, req.model, results, req.n, req.logprobs is not None, text, echo, want_prompt)
 
 
 def stream(
@@ -280,8 +355,12 @@ def stream(
     req: CompletionRequest | ChatCompletionRequest,
     include_usage: bool,
     text: TokenTexts,
+    echo: list[str] | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The server-sent events of a streamed generation request, in the shape of its route."""
+    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
     if isinstance(req, ChatCompletionRequest):
-        return chat_stream(gen, rid, created, req.model, req.logprobs, include_usage, text)
-    return completion_stream(gen, rid, created, req.model, req.n, req.logprobs is not None, include_usage, text)
+        return chat_stream(gen, rid, created, req.model, req.logprobs, include_usage, text, continuous)
+    return completion_stream(
+        gen, rid, created, req.model, req.n, req.logprobs is not None, include_usage, text, echo, continuous
+    )

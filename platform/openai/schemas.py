@@ -1,7 +1,8 @@
 """OpenAI-compatible request and response bodies (plus vLLM's extra request fields).
 
-Requests accept unknown fields (clients send new OpenAI fields all the time); fields we cannot honour
-are refused explicitly in `translate.py` rather than ignored silently."""
+Nothing is ignored silently: every request struct, nested ones included, forbids unknown fields (a 400 naming
+the field, or with the server option `unknown_fields = "warn"` a response header naming it: see
+`platform/unknown_fields.py`); known fields we cannot honour are refused by name in `translate.py`."""
 
 from __future__ import annotations
 
@@ -16,23 +17,27 @@ Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 
 
-class StreamOptions(Struct, kw_only=True):
+REQUEST: dict[str, Any] = {"kw_only": True, "forbid_unknown_fields": True}  # every request struct's options
+
+
+class StreamOptions(Struct, **REQUEST):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk
 
 
-class JsonSchemaFormat(Struct, kw_only=True):
+class JsonSchemaFormat(Struct, **REQUEST):
     name: str = "response"
     schema: dict[str, Any] | None = None
     strict: bool | None = None
     description: str | None = None
 
 
-class ResponseFormat(Struct, kw_only=True):
+class ResponseFormat(Struct, **REQUEST):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(Struct, kw_only=True):
+class StructuredOutputs(Struct, **REQUEST):
     """vLLM's `structured_outputs` request field: exactly one of these."""
 
     json: dict[str, Any] | str | None = None
@@ -40,9 +45,14 @@ class StructuredOutputs(Struct, kw_only=True):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    # known and refused by name (translate.refuse_unsupported): never dropped, whatever unknown_fields says
+    structural_tag: Any = None
+    disable_any_whitespace: bool | None = None
+    disable_additional_properties: bool | None = None
+    whitespace_pattern: str | None = None
 
 
-class SamplingFields(Struct, kw_only=True):
+class SamplingFields(Struct, **REQUEST):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str
@@ -54,14 +64,20 @@ class SamplingFields(Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: Int64 | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None  # token id (a string) -> bias
+    # accepted without effect (listed in the README)
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    safety_identifier: str | None = None
     response_format: ResponseFormat | None = None
     # vLLM extensions
     top_k: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=1e6)] | None = None
+    prompt_logprobs: TopLogprobs | None = None
     min_tokens: Annotated[int, Meta(ge=0, le=INT64_MAX)] = 0
     stop_token_ids: list[Int64] | None = None
     ignore_eos: bool = False
@@ -71,13 +87,24 @@ class SamplingFields(Struct, kw_only=True):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM fields known and refused by name unless at their neutral value (translate.refuse_unsupported)
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    allowed_token_ids: list[Int64] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: Int64 | None = None
+    logits_processors: list[Any] | None = None
+    return_tokens_as_token_ids: bool = False
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
     # vLLM's scheduling priority (lower is sooner); None: the tenant's priority class, below which it may not ask
     priority: Annotated[int, Meta(ge=-(2**31), le=2**31)] | None = None
     # loraplex: "refuse" turns a schema that can only be enforced narrowed into a 400 instead
     schema_narrowing: Literal["allow", "refuse"] = "allow"
 
 
-class CompletionRequest(SamplingFields, kw_only=True):
+class CompletionRequest(SamplingFields, **REQUEST):
     prompt: str | list[Any]  # a string, a list of strings, a list of token ids, or a list of such lists
     logprobs: TopLogprobs | None = None
     echo: bool = False
@@ -85,18 +112,23 @@ class CompletionRequest(SamplingFields, kw_only=True):
     best_of: Int64 | None = None
 
 
-class ContentPart(Struct, kw_only=True):
+class ContentPart(Struct, **REQUEST):
     type: str
     text: str | None = None
+    # the other parts' payloads, so that their type is what gets refused (translate.chat_prompt)
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
+    refusal: str | None = None
 
 
-class ChatMessage(Struct, kw_only=True):
+class ChatMessage(Struct, **REQUEST):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
 
-class ChatCompletionRequest(SamplingFields, kw_only=True):
+class ChatCompletionRequest(SamplingFields, **REQUEST):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
@@ -141,10 +173,23 @@ class ChatLogprobs(Struct, kw_only=True):
 
 
 class CompletionLogprobs(Struct, kw_only=True):
+    """With echo, the prompt's tokens come first; the first prompt token has null logprobs (nothing predicts it)."""
+
     tokens: list[str] = msgspec.field(default_factory=list)
-    token_logprobs: list[float] = msgspec.field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = msgspec.field(default_factory=list)
+    token_logprobs: list[float | None] = msgspec.field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = msgspec.field(default_factory=list)
     text_offset: list[int] = msgspec.field(default_factory=list)
+
+
+class PromptLogprob(Struct, kw_only=True):
+    """vLLM's prompt_logprobs entry: one per token id (the prompt's own token and the top ones)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
 
 
 class AssistantMessage(Struct, kw_only=True):
@@ -157,6 +202,7 @@ class ChatChoice(Struct, kw_only=True):
     message: AssistantMessage
     finish_reason: str | None
     logprobs: ChatLogprobs | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ChatCompletion(Struct, kw_only=True):
@@ -197,6 +243,7 @@ class CompletionChoice(Struct, kw_only=True):
     text: str
     finish_reason: str | None
     logprobs: CompletionLogprobs | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class Completion(Struct, kw_only=True):

@@ -11,18 +11,50 @@ from loraplex.engine import RequestError, SamplingParams
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.platform.errors import ApiError, bad_request, engine_error
 from loraplex.platform.json_body import too_deep
-from loraplex.platform.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from loraplex.platform.openai.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from loraplex.platform.services.generation import ChoiceInput
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
+# Known fields refused unless at their neutral value: (field, neutral value, what it asks for)
+_REFUSED_UNLESS_NEUTRAL = (
+    ("use_beam_search", False, "beam search"),
+    ("length_penalty", 1.0, "a beam-search length penalty"),
+    ("include_stop_str_in_output", False, "stop strings kept in the output"),
+    ("allowed_token_ids", None, "an allow-list of token ids"),
+    ("bad_words", None, "banned words"),
+    ("truncate_prompt_tokens", None, "prompt truncation"),
+    ("logits_processors", None, "custom logits processors"),
+    ("return_tokens_as_token_ids", False, "tokens reported as token ids"),
+    ("guided_decoding_backend", None, "a choice of structured-output backend"),
+    ("guided_whitespace_pattern", None, "a whitespace pattern for JSON output"),
+)
+_REFUSED_STRUCTURED = (
+    ("structural_tag", "structural tags"),
+    ("disable_any_whitespace", "a whitespace option"),
+    ("disable_additional_properties", "a schema option"),
+    ("whitespace_pattern", "a whitespace pattern for JSON output"),
+)
+
+
+def _refused(param: str, what: str) -> ApiError:
+    return bad_request(f"{param} ({what}) is not supported by this server; leave it out", param=param)
+
+
 def refuse_unsupported(req: SamplingFields) -> None:
-    if req.presence_penalty or req.frequency_penalty:
-        param = "presence_penalty" if req.presence_penalty else "frequency_penalty"
-        raise bad_request(f"{param} is not supported by this server (send 0 or leave it out)", param=param)
-    if req.logit_bias:
-        raise bad_request("logit_bias is not supported by this server", param="logit_bias")
+    """Known fields this server cannot honour: a 400 naming each (the first found), never a silent drop."""
+    for field, neutral, what in _REFUSED_UNLESS_NEUTRAL:
+        if getattr(req, field) != neutral:
+            raise _refused(field, what)
+    if req.structured_outputs is not None:
+        for field, what in _REFUSED_STRUCTURED:
+            if getattr(req.structured_outputs, field) is not None:
+                raise _refused(f"structured_outputs.{field}", what)
+    if req.prompt_logprobs is not None and req.stream:
+        raise bad_request("prompt_logprobs cannot be streamed (send stream: false)", param="prompt_logprobs")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options needs stream: true", param="stream_options")
     if isinstance(req, ChatCompletionRequest):
         if req.tools:
             raise bad_request("tool calling is not supported by this server", param="tools")
@@ -31,15 +63,42 @@ def refuse_unsupported(req: SamplingFields) -> None:
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     if isinstance(req, CompletionRequest):
-        if req.echo:
-            raise bad_request("echo is not supported by this server", param="echo")
         if req.suffix:
             raise bad_request("suffix is not supported by this server", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of other than n is not supported by this server", param="best_of")
 
 
+def logit_bias(req: SamplingFields, vocab_size: int) -> dict[int, float] | None:
+    """`logit_bias` with token ids as integers, each within the vocabulary (else a 400 naming it)."""
+    if not req.logit_bias:
+        return None
+    bias: dict[int, float] = {}
+    for key, value in req.logit_bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if not 0 <= token < vocab_size or str(token) != key.strip():
+            raise bad_request(
+                f"logit_bias key {key!r} is not a token id of this model (integers in [0, {vocab_size}))",
+                param="logit_bias",
+            )
+        bias[token] = value
+    return bias
+
+
 # ------------------------------------------------------------------------------------- prompts
+
+
+def echo_texts(tokenizer: Any, req: CompletionRequest) -> list[str] | None:
+    """With echo, each prompt's text as the response repeats it (token-id prompts decoded); else None."""
+    if not req.echo:
+        return None
+    prompts = req.prompt if isinstance(req.prompt, list) and req.prompt else [req.prompt]
+    if all(isinstance(t, int) for t in prompts):  # one prompt of token ids
+        prompts = [prompts]
+    return [p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
 
 
 def completion_prompts(tokenizer: Any, prompt: Any) -> list[list[int]]:
@@ -68,12 +127,27 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
+    return chat_template_ids(
+        tokenizer, req.messages, req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs
+    )
+
+
+def chat_template_ids(
+    tokenizer: Any,
+    chat: list[ChatMessage],
+    add_generation_prompt: bool,
+    continue_final_message: bool = False,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    add_special_tokens: bool = False,
+) -> list[int]:
+    """The messages through the model's chat template, as token ids (the template writes special tokens)."""
     messages = []
-    for i, m in enumerate(req.messages):
+    for i, m in enumerate(chat):
         if isinstance(m.content, list):
             texts = []
             for part in m.content:
-                if part.type != "text" or part.text is None:
+                others = (part.image_url, part.input_audio, part.file, part.refusal)
+                if part.type != "text" or part.text is None or any(x is not None for x in others):
                     raise bad_request(
                         f"messages[{i}]: content part type {part.type!r} is not supported (text only)",
                         param=f"messages[{i}].content",
@@ -87,13 +161,13 @@ def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
         text = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
-            add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-            continue_final_message=req.continue_final_message,
-            **(req.chat_template_kwargs or {}),
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message,
+            **(chat_template_kwargs or {}),
         )
     except Exception as exc:  # jinja errors from the model's template name the problem
         raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None
-    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    ids = list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
     if not ids:
         raise bad_request("the chat prompt is empty", param="messages")
     return ids
@@ -130,10 +204,17 @@ def resolve_max_tokens(
 
 
 def sampling_params(
-    req: SamplingFields, max_tokens: int, logprobs: int | None, structured: StructuredSpec | None
+    req: SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    structured: StructuredSpec | None,
+    bias: dict[int, float] | None = None,
 ) -> list[SamplingParams]:
     """One SamplingParams per choice (n); with a seed, choice i uses seed + i so choices differ."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    prompt_logprobs = req.prompt_logprobs
+    if isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None:
+        prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)  # echo with logprobs reports the prompt's too
     params = []
     for i in range(req.n):
         try:
@@ -152,6 +233,11 @@ def sampling_params(
                     min_tokens=req.min_tokens,
                     structured=structured,
                     skip_special_tokens=req.skip_special_tokens,
+                    presence_penalty=req.presence_penalty or 0.0,
+                    frequency_penalty=req.frequency_penalty or 0.0,
+                    repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                    logit_bias=bias,
+                    prompt_logprobs=prompt_logprobs,
                 )
             )
         except RequestError as exc:
@@ -160,9 +246,15 @@ def sampling_params(
 
 
 def choice_inputs(
-    tokenizer: Any, max_model_len: int, req: CompletionRequest | ChatCompletionRequest, spec: StructuredSpec | None
+    tokenizer: Any,
+    max_model_len: int,
+    req: CompletionRequest | ChatCompletionRequest,
+    spec: StructuredSpec | None,
+    vocab_size: int | None = None,
 ) -> list[ChoiceInput]:
-    """One engine input per choice: ``n`` per prompt (a completion request may carry several prompts)."""
+    """One engine input per choice: ``n`` per prompt (a completion request may carry several prompts).
+    ``vocab_size``: logit_bias token ids are checked against it here (else by the engine, without `param`)."""
+    bias = logit_bias(req, vocab_size if vocab_size is not None else 2**63)
     if isinstance(req, ChatCompletionRequest):
         prompt_ids = chat_prompt(tokenizer, req)
         requested, param = (
@@ -172,13 +264,14 @@ def choice_inputs(
         )
         max_tokens = resolve_max_tokens(len(prompt_ids), requested, None, max_model_len, param)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        return [ChoiceInput(i, prompt_ids, p) for i, p in enumerate(sampling_params(req, max_tokens, logprobs, spec))]
+        params = sampling_params(req, max_tokens, logprobs, spec, bias)
+        return [ChoiceInput(i, prompt_ids, p) for i, p in enumerate(params)]
     inputs: list[ChoiceInput] = []
     for p, ids in enumerate(completion_prompts(tokenizer, req.prompt)):
         max_tokens = resolve_max_tokens(
             len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, max_model_len, "max_tokens"
         )
-        for i, params in enumerate(sampling_params(req, max_tokens, req.logprobs, spec)):
+        for i, params in enumerate(sampling_params(req, max_tokens, req.logprobs, spec, bias)):
             inputs.append(ChoiceInput(p * req.n + i, ids, params))
     return inputs
 
