@@ -6,6 +6,7 @@ request into engine inputs (`translate.choice_inputs`) and the shape of the resp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -85,14 +86,21 @@ def _engine_failure(results: dict[int, list[RequestOutput]]) -> None:
 
 
 async def _generate(
-    data: CompletionRequest | ChatCompletionRequest, principal: Principal, services: Services
+    data: CompletionRequest | ChatCompletionRequest,
+    principal: Principal,
+    services: Services,
+    *,
+    background_priority: int | None = None,
 ) -> Response[Any]:
     """The body of both generation routes: refuse what we cannot honour, resolve the model, run every choice
-    in the engine, then stream server-sent events or answer with one JSON body."""
+    in the engine, then stream server-sent events or answer with one JSON body. The Batch API runs its lines
+    here too, with `background_priority`: the least urgent priority class they run in."""
     arrival = time.perf_counter()
     translate.refuse_unsupported(data)
     limits.check_sequences(data, services.settings)
     share = limits.share_for(principal, services.settings, data.priority)
+    if background_priority is not None and share.priority < background_priority:
+        share = dataclasses.replace(share, priority=background_priority)
     adapter = await resolve_adapter(services, principal, data.model)
     engine = services.engine
     structured = translate.structured_request(data, services.settings.max_json_depth)
@@ -255,3 +263,6 @@ class OpenAIController(Controller):
         services: NamedDependency[Services],
     ) -> Response[ChatCompletion]:
         return await _generate(data, principal, services)
+
+
+generate = _generate  # the Batch API's entry to the routes' code path (platform/batch/execute.py)
