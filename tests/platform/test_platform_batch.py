@@ -302,7 +302,7 @@ def serve_args(tiny_llama_dir: Path, tmp_path: Path) -> Iterator[tuple[list[str]
         "--max-model-len",
         "512",
         "--batch-max-in-flight",
-        "2",
+        "4",
         "--batch-lease-ttl-s",
         "2",
         "--log-level",
@@ -327,7 +327,7 @@ def test_a_job_killed_mid_way_resumes_after_restart_without_duplicates(serve_arg
         lines = [
             line(
                 f"r{i}",
-                {"model": model, "prompt": [3 + i % 50, 9, 4], "max_tokens": 64, "ignore_eos": True, "temperature": 0},
+                {"model": model, "prompt": [3 + i % 50, 9, 4], "max_tokens": 16, "ignore_eos": True, "temperature": 0},
                 COMPLETIONS,
             )
             for i in range(200)
@@ -359,7 +359,7 @@ def test_a_job_killed_mid_way_resumes_after_restart_without_duplicates(serve_arg
         for cid, (_, response) in before.items():
             assert after[cid] == (1, response), cid  # finished before the kill: never run again
         rerun = [cid for cid, (attempts, _) in after.items() if attempts > 1]
-        assert len(rerun) <= 2 and all(after[c][0] == 2 for c in rerun)  # only what was in flight at the kill
+        assert len(rerun) <= 4 and all(after[c][0] == 2 for c in rerun)  # only what was in flight at the kill
         # every line, re-run or not, equals the same request sent alone
         for i in sorted({int(c[1:]) for c in rerun} | {0, 57, 199}):
             single = httpx.post(f"{second.url}{COMPLETIONS}", headers=auth(key), json=lines[i]["body"], timeout=120)
