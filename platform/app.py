@@ -17,6 +17,8 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from loraplex.adapters import AdapterLimits
+from loraplex.platform.batch.api import BatchApi
+from loraplex.platform.batch.controllers import BatchController, FileController
 from loraplex.platform.controllers.adapters import AdapterController
 from loraplex.platform.controllers.admin import AdminAdapterController
 from loraplex.platform.controllers.health import HealthController
@@ -126,9 +128,11 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
         if new_admin_key is not None:
             print(f"loraplex: generated admin key (shown only this once; stored hashed): {new_admin_key}", flush=True)
         app.state.services = services
+        services.batch = BatchApi.start(services)
         try:
             yield
         finally:
+            await services.batch.close()
             await services.close()
             if engine is None:
                 await asyncio.to_thread(services.engine.shutdown)
@@ -146,6 +150,8 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
             AdminAdapterController,
             OpenAIController,
             TokenizeController,
+            FileController,
+            BatchController,
         ],
         lifespan=[lifespan],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},

@@ -58,6 +58,12 @@ class Settings:
     # OpenAI routes: "refuse" an unknown request field (400 naming it), or "warn": ignore it, log it and name it
     # in the x-loraplex-ignored-fields response header
     unknown_fields: str = "refuse"
+    # Batch API (platform/batch/): input files, lines run at once per replica, their engine priority class
+    max_batch_file_bytes: int = 200 * MiB
+    max_batch_lines: int = 50_000
+    batch_max_in_flight: int = 256  # lines of all batches this replica runs at once
+    batch_priority: int = 1  # the least urgent class batch lines run in (background: after interactive requests)
+    batch_lease_ttl_s: float = 30.0  # a dead replica's claimed lines (and finalization) free after this
     # Operations
     metrics_token: str | None = None  # set: /metrics needs 'Authorization: Bearer <metrics_token>'
     metrics_tenant_labels: bool = True  # False: no tenant or adapter name in any metric label
@@ -85,6 +91,11 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.unknown_fields not in ("refuse", "warn"):
             raise ValueError(f"unknown_fields must be 'refuse' or 'warn', got {self.unknown_fields!r}")
+        for name in ("max_batch_file_bytes", "max_batch_lines", "batch_max_in_flight"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.batch_lease_ttl_s > 0 or abs(self.batch_priority) > 1 << 31:
+            raise ValueError("batch_lease_ttl_s must be > 0 and batch_priority in [-2^31, 2^31]")
         if self.database_schema is not None and not self.database_schema.isidentifier():
             raise ValueError(f"database_schema must be a plain identifier, got {self.database_schema!r}")
 
@@ -249,6 +260,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     lim.add_argument(
         "--tenant-lease-ttl-s", type=float, help="seconds until a crashed replica's slots free (default 30)"
     )
+    bat = parser.add_argument_group("batch API (each flag also reads LORAPLEX_<NAME>)")
+    bat.add_argument("--batch-max-in-flight", type=int, help="batch lines this replica runs at once (default 256)")
+    bat.add_argument("--batch-priority", type=int, help="engine priority class of batch lines (default 1)")
+    bat.add_argument("--batch-lease-ttl-s", type=float, help="seconds until a dead replica's lines free (default 30)")
     eng = parser.add_argument_group("engine (each flag also reads LORAPLEX_<NAME>)")
     for spec in engine_arg_specs():
         kind = _scalar_type(spec.type)

@@ -115,3 +115,73 @@ class Adapter(Base):
     blob: Mapped[str] = mapped_column(String(64))  # directory name under the adapter store
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class BatchFile(Base):
+    """A tenant's file for the Batch API (revision 0003): an uploaded JSONL input (`purpose` "batch") or a
+    batch's output / error file ("batch_output"). The bytes are one blob in the blob store."""
+
+    __tablename__ = "batch_files"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    lines: Mapped[int] = mapped_column(Integer)
+    blob: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Batch(Base):
+    """A batch job. `lease_owner`/`lease_until` guard its finalization (writing the output files), so one
+    replica does it, and another takes over when that one died."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[uuid.UUID] = mapped_column(Uuid)  # no foreign key: the input file may be deleted
+    completion_window: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    batch_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
+    total: Mapped[int] = mapped_column(Integer)
+    output_file_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    error_file_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    in_progress_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finalizing_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    failed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    expired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancelling_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class BatchLine(Base):
+    """One request of a batch. A line with a `status_code` has its result stored and is never run again;
+    `lease_owner`/`lease_until` say which replica runs it now (expired: free to claim), `attempts` how many
+    times one was started (a line run to completion once has 1)."""
+
+    __tablename__ = "batch_lines"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "line_no"),
+        Index("ix_batch_lines_pending", "batch_id", "status_code", "line_no"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    batch_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"))
+    line_no: Mapped[int] = mapped_column(Integer)
+    custom_id: Mapped[str] = mapped_column(String(512))
+    body: Mapped[dict[str, object]] = mapped_column(JSON)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    request_id: Mapped[str | None] = mapped_column(String(64))
+    response: Mapped[dict[str, object] | None] = mapped_column(JSON)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -6,6 +6,7 @@ request into engine inputs (`translate.choice_inputs`) and the shape of the resp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -92,14 +93,22 @@ def ignored_fields(request: Request[Any, Any, Any]) -> list[str]:
 
 
 async def _generate(
-    data: CompletionRequest | ChatCompletionRequest, principal: Principal, services: Services, ignored: list[str]
+    data: CompletionRequest | ChatCompletionRequest,
+    principal: Principal,
+    services: Services,
+    ignored: list[str] | None = None,
+    *,
+    background_priority: int | None = None,
 ) -> Response[Any]:
     """The body of both generation routes: refuse what we cannot honour, resolve the model, run every choice
-    in the engine, then stream server-sent events or answer with one JSON body."""
+    in the engine, then stream server-sent events or answer with one JSON body. The Batch API runs its lines
+    here too, with `background_priority`: the least urgent priority class they run in."""
     arrival = time.perf_counter()
     translate.refuse_unsupported(data)
     limits.check_sequences(data, services.settings)
     share = limits.share_for(principal, services.settings, data.priority)
+    if background_priority is not None and share.priority < background_priority:
+        share = dataclasses.replace(share, priority=background_priority)
     adapter = await resolve_adapter(services, principal, data.model)
     engine = services.engine
     structured = translate.structured_request(data, services.settings.max_json_depth)
@@ -134,7 +143,7 @@ async def _generate(
     try:
         chat = isinstance(data, ChatCompletionRequest)
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
-        headers = {**_constraint_headers(rid, gen.choices[0].first.narrowing), **ignored_header(ignored, rid)}
+        headers = {**_constraint_headers(rid, gen.choices[0].first.narrowing), **ignored_header(ignored or [], rid)}
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             events = responses.stream(gen, rid, created, data, include_usage, services.token_texts, echo)
@@ -268,3 +277,6 @@ class OpenAIController(Controller):
         request: Request[Any, Any, Any],
     ) -> Response[ChatCompletion]:
         return await _generate(data, principal, services, ignored_fields(request))
+
+
+generate = _generate  # the Batch API's entry to the routes' code path (platform/batch/execute.py)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from loraplex.engine import AsyncEngine
 from loraplex.platform.db.session import Database
@@ -37,6 +38,7 @@ class Services:
     started: int  # unix time the server started (the base model's `created`)
     tenant_limits: TenantLimits = field(default_factory=TenantLimits)
     upload_slots: UploadSlots = field(default_factory=lambda: UploadSlots(4, 2))
+    batch: Any = None  # platform.batch.api.BatchApi, started by the app's lifespan
 
     async def close(self) -> None:
         await self.tenant_limits.close()

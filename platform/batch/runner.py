@@ -1,0 +1,298 @@
+"""The batch runner: one asyncio task per server process that claims lines of in_progress batches, runs them
+(at most `batch_max_in_flight` at once) and commits each line's result as it finishes, then finalizes batches
+whose lines all ended (writes the output and error files).
+
+Claims are leases in SQL: a line's `lease_owner` / `lease_until` (renewed while it runs). On PostgreSQL the
+claim is `SELECT ... FOR UPDATE SKIP LOCKED`, so two replicas never take the same line; on SQLite there is one
+replica. A replica killed mid-line leaves the lease to expire (`batch_lease_ttl_s`), then any replica runs that
+line again; a line with a stored result (`status_code`) is never claimed again, so nothing that finished runs
+twice. A stopped replica hands its unfinished lines back at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import anyio
+from sqlalchemy import and_, exists, or_, select, true, update
+
+from loraplex.platform.batch.execute import LineResult, principal_of, run_line
+from loraplex.platform.batch.files import OUTPUT, FileService
+from loraplex.platform.batch.output import JsonlWriter, output_line
+from loraplex.platform.db.models import Batch, BatchLine, Tenant, utcnow
+from loraplex.platform.services.container import Services
+
+log = logging.getLogger("loraplex.platform.batch")
+POLL_S = 0.5  # how often an idle runner looks for new work (a batch created here wakes it at once)
+
+
+@dataclass
+class _Running:
+    batch_id: uuid.UUID
+    task: asyncio.Task[None]
+
+
+class BatchRunner:
+    def __init__(self, services: Services, files: FileService) -> None:
+        self.services = services
+        self.files = files
+        self.db = services.db
+        self.settings = services.settings
+        self.owner = f"{socket.gethostname()[:24]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.ttl = timedelta(seconds=self.settings.batch_lease_ttl_s)
+        self._running: dict[uuid.UUID, _Running] = {}  # line id -> its task
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._renewed = utcnow()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="batch-runner")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Stop claiming, abort the lines in flight and hand them back (their leases cleared)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        lines, tasks = list(self._running), [r.task for r in self._running.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._release(lines)
+        self._running.clear()
+
+    # ------------------------------------------------------------------------------------- loop
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self._cycle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("batch runner cycle failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), POLL_S)
+            self._wake.clear()
+
+    async def _cycle(self) -> None:
+        now = utcnow()
+        if self._running and now - self._renewed >= self.ttl / 3:
+            await self._renew(now)
+        if self._running:
+            await self._stop_cancelled()
+        await self._finalize_ready(now)
+        free = self.settings.batch_max_in_flight - len(self._running)
+        if free > 0:
+            await self._claim(now, free)
+
+    async def _renew(self, now: datetime) -> None:
+        async with self.db.session() as session:
+            await session.execute(
+                update(BatchLine)
+                .where(BatchLine.id.in_(list(self._running)), BatchLine.lease_owner == self.owner)
+                .values(lease_until=now + self.ttl)
+            )
+            await session.commit()
+        self._renewed = now
+
+    async def _stop_cancelled(self) -> None:
+        """Abort the lines of batches no longer in progress (cancelled), and hand them back."""
+        batch_ids = {r.batch_id for r in self._running.values()}
+        async with self.db.session() as session:
+            stopped = set(
+                (
+                    await session.scalars(
+                        select(Batch.id).where(Batch.id.in_(batch_ids), Batch.status != "in_progress")
+                    )
+                ).all()
+            )
+        if not stopped:
+            return
+        lines = [lid for lid, r in self._running.items() if r.batch_id in stopped]
+        tasks = [self._running[lid].task for lid in lines]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._release(lines)
+
+    async def _release(self, line_ids: list[uuid.UUID]) -> None:
+        if not line_ids:
+            return
+        async with self.db.session() as session:
+            await session.execute(
+                update(BatchLine)
+                .where(BatchLine.id.in_(line_ids), BatchLine.lease_owner == self.owner, BatchLine.status_code.is_(None))
+                .values(lease_owner=None, lease_until=None)
+            )
+            await session.commit()
+
+    # ------------------------------------------------------------------------------------ claims
+
+    async def _claim(self, now: datetime, limit: int) -> None:
+        free_lease = or_(BatchLine.lease_until.is_(None), BatchLine.lease_until < now)
+        async with self.db.session() as session:
+            claimed = (
+                await session.execute(
+                    select(BatchLine.id, BatchLine.batch_id, BatchLine.body, Batch.endpoint, Batch.tenant_id)
+                    .join(Batch, Batch.id == BatchLine.batch_id)
+                    .where(
+                        Batch.status == "in_progress",
+                        Batch.expires_at > now,
+                        BatchLine.status_code.is_(None),
+                        free_lease,
+                        BatchLine.id.not_in(list(self._running)) if self._running else true(),
+                    )
+                    .order_by(Batch.created_at, Batch.id, BatchLine.line_no)
+                    .limit(limit)
+                    .with_for_update(skip_locked=True, of=BatchLine)
+                )
+            ).all()
+            if not claimed:
+                return
+            await session.execute(
+                update(BatchLine)
+                .where(BatchLine.id.in_([c.id for c in claimed]))
+                .values(lease_owner=self.owner, lease_until=now + self.ttl, attempts=BatchLine.attempts + 1)
+            )
+            tenants = {
+                t.id: t
+                for t in (
+                    await session.scalars(select(Tenant).where(Tenant.id.in_({c.tenant_id for c in claimed})))
+                ).all()
+            }
+            await session.commit()
+        for c in claimed:
+            principal = principal_of(tenants[c.tenant_id])
+            task = asyncio.create_task(self._run_line(c.id, c.endpoint, c.body, principal))
+            self._running[c.id] = _Running(c.batch_id, task)
+
+    async def _run_line(self, line_id: uuid.UUID, endpoint: str, body: dict, principal: object) -> None:
+        try:
+            result = await run_line(self.services, principal, endpoint, body)  # type: ignore[arg-type]
+            with anyio.CancelScope(shield=True):
+                await self._store(line_id, result)
+        finally:
+            self._running.pop(line_id, None)
+            self._wake.set()
+
+    async def _store(self, line_id: uuid.UUID, result: LineResult) -> None:
+        """Commit a line's result; the first result stored wins (a line is never answered twice)."""
+        async with self.db.session() as session:
+            await session.execute(
+                update(BatchLine)
+                .where(BatchLine.id == line_id, BatchLine.status_code.is_(None))
+                .values(
+                    status_code=result.status_code,
+                    request_id=result.request_id[:64],
+                    response=result.body,
+                    finished_at=utcnow(),
+                    lease_owner=None,
+                    lease_until=None,
+                )
+            )
+            await session.commit()
+
+    # -------------------------------------------------------------------------------- finalizing
+
+    async def _finalize_ready(self, now: datetime) -> None:
+        """Take and finalize every batch that is ready: in progress with no line left to run (or past its
+        window), cancelling with no line running anywhere, or finalizing under an expired lease."""
+        pending = exists().where(BatchLine.batch_id == Batch.id, BatchLine.status_code.is_(None))
+        running = exists().where(
+            BatchLine.batch_id == Batch.id, BatchLine.status_code.is_(None), BatchLine.lease_until >= now
+        )
+        lease_free = or_(Batch.lease_until.is_(None), Batch.lease_until < now)
+        async with self.db.session() as session:
+            ready = (
+                await session.execute(
+                    select(Batch.id, Batch.status).where(
+                        or_(
+                            and_(Batch.status == "in_progress", or_(~pending, Batch.expires_at <= now)),
+                            and_(Batch.status == "cancelling", ~running),
+                            and_(Batch.status == "finalizing", lease_free),
+                        )
+                    )
+                )
+            ).all()
+        for batch_id, status in ready:
+            if await self._take(batch_id, status, now):
+                await self._finalize(batch_id)
+
+    async def _take(self, batch_id: uuid.UUID, seen: str, now: datetime) -> bool:
+        values: dict[str, object] = {"status": "finalizing", "lease_owner": self.owner, "lease_until": now + self.ttl}
+        if seen != "finalizing":
+            values["finalizing_at"] = now
+        async with self.db.session() as session:
+            result = await session.execute(
+                update(Batch)
+                .where(
+                    Batch.id == batch_id,
+                    Batch.status == seen,
+                    or_(Batch.lease_until.is_(None), Batch.lease_until < now),
+                )
+                .values(**values)
+            )
+            await session.commit()
+        return result.rowcount == 1  # type: ignore[attr-defined]
+
+    async def _finalize(self, batch_id: uuid.UUID) -> None:
+        async with self.db.session() as session:
+            batch = await session.get(Batch, batch_id)
+            lines = (
+                await session.scalars(
+                    select(BatchLine).where(BatchLine.batch_id == batch_id).order_by(BatchLine.line_no)
+                )
+            ).all()
+        if batch is None:
+            return
+        unrun = any(line.status_code is None for line in lines)
+        final = "cancelled" if batch.cancelling_at is not None else ("expired" if unrun else "completed")
+        folder = self.files.store.scratch.mkdtemp("batch-out-")
+        try:
+            out, err = JsonlWriter(folder / "output.jsonl"), JsonlWriter(folder / "error.jsonl")
+            try:
+                for line in lines:
+                    ok, entry = output_line(line, final)
+                    (out if ok else err).write(entry)
+            finally:
+                out.close()
+                err.close()
+            tenant = str(batch.tenant_id)
+            name = f"batch_{batch.id.hex}"
+            stored = {}
+            for kind, writer in (("output", out), ("error", err)):
+                if writer.lines:
+                    row = await self.files.store_file(
+                        tenant, f"{name}_{kind}.jsonl", OUTPUT, writer.path, writer.size, writer.lines
+                    )
+                    stored[kind] = row.id
+        finally:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+        now = utcnow()
+        async with self.db.session() as session:
+            await session.execute(
+                update(Batch)
+                .where(Batch.id == batch_id, Batch.lease_owner == self.owner)
+                .values(
+                    status=final,
+                    output_file_id=stored.get("output"),
+                    error_file_id=stored.get("error"),
+                    lease_owner=None,
+                    lease_until=None,
+                    **{f"{final}_at": now},
+                )
+            )
+            await session.commit()
+        log.info("batch %s %s: %d lines", batch_id.hex, final, len(lines))
