@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loraplex.adapters.spec import DEFAULT_ARCHITECTURES
+
 
 @dataclass(frozen=True)
 class Family:
     model_type: str
-    architecture: str  # the transformers class a config of this model_type names
     qkv_bias: bool = False  # q/k/v projections always carry biases (Qwen2); others follow `attention_bias`
     qk_norm: bool = False  # per-head RMSNorm of q and k before the rotary embedding (Qwen3, Gemma 3)
     norm_offset: bool = False  # RMSNorm scales by (1 + w) (Gemma): folded into the weights at load
@@ -28,18 +29,22 @@ class Family:
     # sliding_window_pattern-th layer is global), "none" (no sliding window).
     window_layout: str = "none"
 
+    @property
+    def architecture(self) -> str:
+        """The transformers class a config of this model_type names."""
+        return DEFAULT_ARCHITECTURES[self.model_type]
+
 
 FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
-        Family("llama", "LlamaForCausalLM"),
-        Family("mistral", "MistralForCausalLM", window_layout="all"),
-        Family("qwen2", "Qwen2ForCausalLM", qkv_bias=True, window_layout="qwen2"),
-        Family("qwen3", "Qwen3ForCausalLM", qk_norm=True, window_layout="qwen2"),
-        Family("phi3", "Phi3ForCausalLM", fused_weights=True, window_layout="all"),
+        Family("llama"),
+        Family("mistral", window_layout="all"),
+        Family("qwen2", qkv_bias=True, window_layout="qwen2"),
+        Family("qwen3", qk_norm=True, window_layout="qwen2"),
+        Family("phi3", fused_weights=True, window_layout="all"),
         Family(
             "gemma2",
-            "Gemma2ForCausalLM",
             norm_offset=True,
             sandwich_norms=True,
             embed_scale=True,
@@ -49,7 +54,6 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "gemma3_text",
-            "Gemma3ForCausalLM",
             qk_norm=True,
             norm_offset=True,
             sandwich_norms=True,
