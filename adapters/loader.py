@@ -176,6 +176,12 @@ def _check_tensors(
     pairs: dict[tuple[int, str], dict[str, TensorEntry]] = {}
     for name, entry in header.tensors.items():
         layer, module, ab = parse_tensor_name(name)
+        if module not in base.lora_modules():  # e.g. a fused qkv_proj on a model with separate projections
+            raise AdapterError(
+                f"unknown target module in tensor {name!r}: a {base.architecture} model has no {module} "
+                f"(LoRA is supported on {', '.join(base.lora_modules())})",
+                code="unknown_target_module",
+            )
         if layer >= base.num_hidden_layers:
             raise _wrong_base(
                 f"tensor {name!r} is for layer {layer} but the base model has {base.num_hidden_layers} layers", config
