@@ -23,7 +23,7 @@ from .files import CONFIG_NAME, PICKLE_SUFFIXES, WEIGHTS_NAME, pickled_error
 from .hashing import ContentHasher
 from .limits import AdapterLimits
 from .safetensors_header import SafetensorsHeader, TensorEntry, read_safetensors_header
-from .spec import LORA_MODULES, BaseModelSpec
+from .spec import ALL_LORA_MODULES, FUSED_MODULES, BaseModelSpec
 from .targets import TargetModule, resolve_targets
 from .tensors import parse_tensor_name
 
@@ -104,7 +104,7 @@ def _read(
         targets = resolve_targets(config, base)
         _check_scale(targets, config.use_rslora)
         pairs = _check_tensors(header, targets, config, base, max_lora_rank)
-        return _load_tensors(weights_path, header, pairs, targets, config, keep=keep)
+        return _load_tensors(weights_path, header, pairs, targets, config, base, keep=keep)
 
 
 @contextmanager
@@ -176,6 +176,12 @@ def _check_tensors(
     pairs: dict[tuple[int, str], dict[str, TensorEntry]] = {}
     for name, entry in header.tensors.items():
         layer, module, ab = parse_tensor_name(name)
+        if module not in base.lora_modules():  # e.g. a fused qkv_proj on a model with separate projections
+            raise AdapterError(
+                f"unknown target module in tensor {name!r}: a {base.architecture} model has no {module} "
+                f"(LoRA is supported on {', '.join(base.lora_modules())})",
+                code="unknown_target_module",
+            )
         if layer >= base.num_hidden_layers:
             raise _wrong_base(
                 f"tensor {name!r} is for layer {layer} but the base model has {base.num_hidden_layers} layers", config
@@ -311,11 +317,12 @@ def _load_tensors(
     pairs: dict[tuple[int, str], dict[str, TensorEntry]],
     targets: dict[tuple[int, str], TargetModule],
     config: AdapterConfig,
+    base: BaseModelSpec,
     *,
     keep: bool,
 ) -> tuple[AdapterInfo, dict[tuple[int, str], LoRAModuleWeights]]:
     """Hash every tensor's raw bytes, check values are finite and bounded, and keep the tensors if asked."""
-    modules = sorted(pairs, key=lambda lm: (lm[0], LORA_MODULES.index(lm[1])))
+    modules = sorted(pairs, key=lambda lm: (lm[0], ALL_LORA_MODULES.index(lm[1])))
     scalings = {lm: _scaling(targets[lm], config.use_rslora) for lm in modules}
     hasher = ContentHasher(
         {
@@ -359,17 +366,32 @@ def _load_tensors(
     if keep:
         for canonical, key, ab in named:
             loaded.setdefault(key, {})[ab] = tensors[canonical]
-    weights = {
-        key: LoRAModuleWeights(a=loaded[key]["A"], b=loaded[key]["B"], scaling=scalings[key]) for key in modules if keep
-    }
+    weights: dict[tuple[int, str], LoRAModuleWeights] = {}
+    for key in modules if keep else ():
+        w = LoRAModuleWeights(a=loaded[key]["A"], b=loaded[key]["B"], scaling=scalings[key])
+        weights.update(_split_fused(key, w, base) if key[1] in FUSED_MODULES else {key: w})
     info = AdapterInfo(
         content_hash=hasher.hexdigest(),
         rank=max(targets[key].rank for key in modules),
         alpha=config.lora_alpha,
         use_rslora=config.use_rslora,
-        target_modules=[m for m in LORA_MODULES if any(module == m for _, module in modules)],
+        target_modules=[m for m in ALL_LORA_MODULES if any(module == m for _, module in modules)],
         layers=sorted({layer for layer, _ in modules}),
         size_bytes=size,
         base_model_name_or_path=config.base_model_name_or_path,
     )
     return info, weights
+
+
+def _split_fused(
+    key: tuple[int, str], w: LoRAModuleWeights, base: BaseModelSpec
+) -> dict[tuple[int, str], LoRAModuleWeights]:
+    """A fused module's LoRA (Phi-3's qkv_proj / gate_up_proj) as one LoRA per slice: the same A, B's rows
+    of that slice (``B @ A`` restricted to those output rows is exactly the fused delta's rows)."""
+    layer, fused = key
+    out, row = {}, 0
+    for module in FUSED_MODULES[fused][1]:
+        rows = base.module_shape(module)[1]
+        out[(layer, module)] = LoRAModuleWeights(a=w.a, b=w.b[row : row + rows], scaling=w.scaling)
+        row += rows
+    return out

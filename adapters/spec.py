@@ -18,9 +18,27 @@ MODULE_BLOCKS: dict[str, str] = {
     "down_proj": "mlp",
 }
 LORA_MODULES: tuple[str, ...] = tuple(MODULE_BLOCKS)
+# Projections some families store fused (Phi-3): the fused module, its block and the slices it stacks in
+# output order. peft adapters on such a model target the fused module; the loader splits its lora_B by rows.
+FUSED_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "qkv_proj": ("self_attn", ("q_proj", "k_proj", "v_proj")),
+    "gate_up_proj": ("mlp", ("gate_proj", "up_proj")),
+}
+FUSED_MODEL_TYPES = frozenset({"phi3"})
+# Every module name an adapter may target on some family, in the engine's order.
+ALL_LORA_MODULES: tuple[str, ...] = ("qkv_proj", *LORA_MODULES[:4], "gate_up_proj", *LORA_MODULES[4:])
 
-# Class names for configs that do not list `architectures` (e.g. a LlamaConfig built in code).
-_DEFAULT_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+# The causal-LM class of each model_type the engine serves (engine.families), also the name for configs that
+# do not list `architectures` (e.g. a LlamaConfig built in code).
+DEFAULT_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+}
 
 
 def _field(config: Any, name: str) -> Any:
@@ -57,7 +75,7 @@ class BaseModelSpec:
         if not isinstance(model_type, str) or not model_type:
             raise ValueError("base model config has no model_type")
         architectures = _field(config, "architectures") or []
-        architecture = architectures[0] if architectures else _DEFAULT_ARCHITECTURES.get(model_type)
+        architecture = architectures[0] if architectures else DEFAULT_ARCHITECTURES.get(model_type)
         if not isinstance(architecture, str):
             raise ValueError(f"base model config lists no architecture for model_type {model_type!r}")
         hidden = _positive_int(config, "hidden_size")
@@ -76,8 +94,25 @@ class BaseModelSpec:
             vocab_size=_positive_int(config, "vocab_size"),
         )
 
+    @property
+    def fused(self) -> bool:
+        """The model holds qkv_proj and gate_up_proj fused (Phi-3), and adapters target those."""
+        return self.model_type in FUSED_MODEL_TYPES
+
+    def lora_modules(self) -> tuple[str, ...]:
+        """The projections adapters may target on this model, as peft names them."""
+        if self.fused:
+            return ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+        return LORA_MODULES
+
+    def module_block(self, module: str) -> str:
+        return FUSED_MODULES[module][0] if module in FUSED_MODULES else MODULE_BLOCKS[module]
+
     def module_shape(self, module: str) -> tuple[int, int]:
         """``(in_features, out_features)`` of one projection, e.g. ``module_shape("k_proj")``."""
+        if module in FUSED_MODULES:
+            slices = [self.module_shape(m) for m in FUSED_MODULES[module][1]]
+            return slices[0][0], sum(out for _, out in slices)
         q_out = self.num_attention_heads * self.head_dim
         kv_out = self.num_key_value_heads * self.head_dim
         shapes = {
@@ -92,14 +127,14 @@ class BaseModelSpec:
         try:
             return shapes[module]
         except KeyError:
-            raise ValueError(f"unknown projection {module!r}; expected one of {', '.join(LORA_MODULES)}") from None
+            raise ValueError(f"unknown projection {module!r}; expected one of {', '.join(ALL_LORA_MODULES)}") from None
 
     def module_keys(self) -> list[str]:
-        """Names of every module of a Llama-family causal LM, as peft sees them when matching targets."""
+        """Names of every module of the causal LM, as peft sees them when matching targets."""
         keys = ["model", "model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head"]
         for i in range(self.num_hidden_layers):
             layer = f"model.layers.{i}"
             keys += [layer, f"{layer}.self_attn", f"{layer}.mlp", f"{layer}.mlp.act_fn"]
             keys += [f"{layer}.input_layernorm", f"{layer}.post_attention_layernorm"]
-            keys += [f"{layer}.{block}.{module}" for module, block in MODULE_BLOCKS.items()]
+            keys += [f"{layer}.{self.module_block(module)}.{module}" for module in self.lora_modules()]
         return keys

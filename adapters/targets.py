@@ -20,7 +20,7 @@ import regex
 
 from .config import AdapterConfig
 from .errors import AdapterError
-from .spec import LORA_MODULES, BaseModelSpec
+from .spec import ALL_LORA_MODULES, BaseModelSpec
 
 _REGEX_TIMEOUT_S = 0.25
 _EMBEDDING_MODULES = ("embed_tokens", "lm_head")
@@ -83,7 +83,7 @@ def is_targeted(config: AdapterConfig, key: str) -> bool:
     targets = config.target_modules
     if isinstance(targets, str):
         if targets.lower() == "all-linear":
-            targets = LORA_MODULES
+            targets = ALL_LORA_MODULES  # resolve_targets keeps only the base model's own
         else:
             return _search(targets, key, "target_modules", full=True)
     if not _name_matches(targets, key):
@@ -103,12 +103,13 @@ def _pattern_value(patterns: dict[str, float], key: str, what: str) -> float | N
 def resolve_targets(config: AdapterConfig, base: BaseModelSpec) -> dict[tuple[int, str], TargetModule]:
     """Every (layer, module) the config puts LoRA on, with its rank and alpha; refuses bad targets."""
     keys = base.module_keys()
+    modules = base.lora_modules()
     if isinstance(config.target_modules, tuple):
         for name in config.target_modules:
             if not any(_name_matches((name,), key) for key in keys):
                 raise AdapterError(
-                    f"unknown target module {name!r}: a Llama-family model has no such module "
-                    f"(LoRA is supported on {', '.join(LORA_MODULES)})",
+                    f"unknown target module {name!r}: a {base.architecture} model has no such module "
+                    f"(LoRA is supported on {', '.join(modules)})",
                     code="unknown_target_module",
                 )
     if config.layers_to_transform is not None:
@@ -130,9 +131,9 @@ def resolve_targets(config: AdapterConfig, base: BaseModelSpec) -> dict[tuple[in
                 f"LoRA on {parts[-1]} is not supported: adapters may not change the embeddings or the LM head",
                 code="embedding_lora",
             )
-        if len(parts) != 5 or parts[-1] not in LORA_MODULES:
+        if len(parts) != 5 or parts[-1] not in modules:
             raise AdapterError(
-                f"unknown target module {key!r}: LoRA is supported only on the projections {', '.join(LORA_MODULES)}",
+                f"unknown target module {key!r}: LoRA is supported only on the projections {', '.join(modules)}",
                 code="unknown_target_module",
             )
         rank = _pattern_value(config.rank_pattern, key, "rank_pattern key")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 from .errors import AdapterError
-from .spec import MODULE_BLOCKS
+from .spec import FUSED_MODULES, MODULE_BLOCKS
+
+_BLOCKS = {**MODULE_BLOCKS, **{module: block for module, (block, _) in FUSED_MODULES.items()}}
 
 # What peft's save_pretrained writes for LoRA on a Llama-family causal LM (adapter name stripped).
 _LORA_NAME = re.compile(
@@ -19,10 +21,10 @@ def parse_tensor_name(name: str) -> tuple[int, str, str]:
     m = _LORA_NAME.fullmatch(name)
     if m is not None:
         module = m["module"]
-        if MODULE_BLOCKS.get(module) == m["block"]:
+        if _BLOCKS.get(module) == m["block"]:
             return int(m["layer"]), module, m["ab"]
         raise AdapterError(
-            f"unknown target module in tensor {name!r}: LoRA is supported only on {', '.join(MODULE_BLOCKS)}",
+            f"unknown target module in tensor {name!r}: LoRA is supported only on {', '.join(_BLOCKS)}",
             code="unknown_target_module",
         )
     raise _refusal(name)

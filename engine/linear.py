@@ -39,10 +39,11 @@ def onednn_linear_available(dtype: torch.dtype) -> bool:
 
 
 class Linear:
-    """y = x @ weight.T for a fixed weight [out_features, in_features]."""
+    """y = x @ weight.T (+ bias) for a fixed weight [out_features, in_features] and optional bias."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.out_features = weight.shape[0]
+        self.bias = bias
         self._packed: torch.Tensor | None = None
         self._weight: torch.Tensor | None = weight
         if weight.device.type == "cpu" and onednn_linear_available(weight.dtype):
@@ -55,7 +56,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is None:
-            return F.linear(x, self._weight)
+            return F.linear(x, self._weight, self.bias)
         if x.shape[0] == 0:
             return x.new_empty((0, self.out_features))
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")

@@ -76,7 +76,12 @@ class LLMEngine:
         positions = self.shape.max_position_embeddings
         max_model_len = args.max_model_len or min(positions, 8192)
         if max_model_len > positions:
-            raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {positions}")
+            why = ""
+            if positions < self.shape.rope_max_positions:
+                why = " (longrope is served exactly up to original_max_position_embeddings: see engine.rotary)"
+            raise ValueError(
+                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {positions}{why}"
+            )
         self.runner = ModelRunner(args, model_dir, self.shape, max_model_len)
         cache_tokens = self.runner.num_blocks * args.block_size
         # A lone sequence must always fit, or preemption could never make progress.

