@@ -17,7 +17,7 @@ On a CPU a step's time grows with its tokens, so B's first token also waits for 
 shares its own step with A's decodes and prefills: ``--a-concurrency N`` caps A's requests in the engine
 as the platform's per-tenant ``max_concurrent_sequences`` limit does, which bounds those steps.
 
-Usage: python -m bench.fairness [--policies fair,fcfs] [--flood 300] [--b-requests 20] [--spacing 0.5]
+Usage: python -m bench.fairness [--policies fair,fcfs] [--flood 300] [--b-requests 20] [--spacing 1.0]
                                 [--max-tokens 32] [--weights 2,1] [--window 20] [--max-num-seqs 128]
                                 [--a-concurrency 0]
 """
@@ -136,7 +136,7 @@ def main() -> None:
     ap.add_argument("--policies", default="fair,fcfs")
     ap.add_argument("--flood", type=int, default=300)
     ap.add_argument("--b-requests", type=int, default=20)
-    ap.add_argument("--spacing", type=float, default=0.5)
+    ap.add_argument("--spacing", type=float, default=1.0)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--weights", type=lambda s: tuple(float(x) for x in s.split(",")), default=(2.0, 1.0))
     ap.add_argument("--share-requests", type=int, default=150)
