@@ -25,7 +25,7 @@ from litestar.response import Stream
 from loraplex.engine import AdapterRef, RequestOutput
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.errors import ApiError, error_responses
-from loraplex.platform.openai import limits, responses, translate
+from loraplex.platform.openai import limits, responses, tools, translate
 from loraplex.platform.openai.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -96,7 +96,14 @@ async def _generate(
     adapter = await resolve_adapter(services, principal, data.model)
     engine = services.engine
     structured = translate.structured_request(data, services.settings.max_json_depth)
-    spec = translate.structured_spec(structured, allow_narrowing=data.schema_narrowing == "allow")
+    calls = tools.tool_mode(data) if isinstance(data, ChatCompletionRequest) else None
+    allow_narrowing = data.schema_narrowing == "allow"
+    if calls is not None:  # every call is held to its tool's parameters schema
+        tools.refuse_conflicts(data, calls, structured)  # type: ignore[arg-type]
+        spec = tools.tool_spec(calls, allow_narrowing)
+        structured = {"field": "tools"}
+    else:
+        spec = translate.structured_spec(structured, allow_narrowing=allow_narrowing)
     inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data, spec)
     tokens = limits.check_tokens(data, inputs, services.settings)
     lease = await services.tenant_limits.admit(

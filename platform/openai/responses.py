@@ -28,6 +28,8 @@ from loraplex.platform.openai.schemas import (
     TopLogprob,
     Usage,
 )
+from loraplex.platform.openai.tool_output import ToolStreamer, tool_message
+from loraplex.platform.openai.tools import ToolMode, tool_mode
 from loraplex.platform.services.generation import Generation
 
 _encoder = msgspec.json.Encoder()
@@ -99,18 +101,29 @@ def _all_logprobs(outputs: list[RequestOutput]) -> list[TokenLogprob]:
 
 
 def chat_completion(
-    rid: str, created: int, model: str, results: dict[int, list[RequestOutput]], want_logprobs: bool, text: TokenTexts
+    rid: str,
+    created: int,
+    model: str,
+    results: dict[int, list[RequestOutput]],
+    want_logprobs: bool,
+    text: TokenTexts,
+    tools: ToolMode | None = None,
 ) -> ChatCompletion:
     choices, completion, prompt_len, cached = [], 0, 0, 0
     for index in sorted(results):
         final = _final(results[index])
         completion += len(final.token_ids)
         prompt_len, cached = final.num_prompt_tokens, max(cached, final.num_cached_tokens)
+        message, finish_reason = (
+            tool_message(final.text, final.finish_reason, tools)
+            if tools is not None
+            else (AssistantMessage(content=final.text), final.finish_reason)
+        )
         choices.append(
             ChatChoice(
                 index=index,
-                message=AssistantMessage(content=final.text),
-                finish_reason=final.finish_reason,
+                message=message,
+                finish_reason=finish_reason,
                 logprobs=chat_logprobs(_all_logprobs(results[index]), text) if want_logprobs else None,
             )
         )
@@ -152,9 +165,17 @@ def completion(
 
 
 async def chat_stream(
-    gen: Generation, rid: str, created: int, model: str, want_logprobs: bool, include_usage: bool, text: TokenTexts
+    gen: Generation,
+    rid: str,
+    created: int,
+    model: str,
+    want_logprobs: bool,
+    include_usage: bool,
+    text: TokenTexts,
+    tools: ToolMode | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """SSE events of a streamed chat completion; closing this iterator aborts the generation."""
+    streamers = {ch.index: ToolStreamer(tools) for ch in gen.choices} if tools is not None else {}
     tokens: dict[int, int] = {}
     prompt_len = cached = 0
     try:
@@ -175,21 +196,30 @@ async def chat_stream(
             prompt_len, cached = out.num_prompt_tokens, max(cached, out.num_cached_tokens)
             if not out.new_text and not out.finished:
                 continue
-            yield sse(
-                ChatCompletionChunk(
-                    id=rid,
-                    created=created,
-                    model=model,
-                    choices=[
-                        ChatChunkChoice(
-                            index=index,
-                            delta=ChatDelta(content=out.new_text),
-                            finish_reason=out.finish_reason,
-                            logprobs=chat_logprobs(out.new_logprobs or [], text) if want_logprobs else None,
-                        )
-                    ],
+            logprobs = chat_logprobs(out.new_logprobs or [], text) if want_logprobs else None
+            if index in streamers:
+                deltas, finish_reason = streamers[index].feed(out.new_text, out.finish_reason)
+            else:
+                deltas, finish_reason = [ChatDelta(content=out.new_text)], out.finish_reason
+            if not deltas and (finish_reason is not None or logprobs is not None):
+                deltas = [ChatDelta()]
+            for k, delta in enumerate(deltas):  # one tool-call delta per chunk, as OpenAI sends them
+                last = k == len(deltas) - 1
+                yield sse(
+                    ChatCompletionChunk(
+                        id=rid,
+                        created=created,
+                        model=model,
+                        choices=[
+                            ChatChunkChoice(
+                                index=index,
+                                delta=delta,
+                                finish_reason=finish_reason if last else None,
+                                logprobs=logprobs if last else None,
+                            )
+                        ],
+                    )
                 )
-            )
         if include_usage:
             yield sse(
                 ChatCompletionChunk(
@@ -269,7 +299,7 @@ def body(
 ) -> Completion | ChatCompletion:
     """The JSON response of a finished generation request, in the shape of its route."""
     if isinstance(req, ChatCompletionRequest):
-        return chat_completion(rid, created, req.model, results, req.logprobs, text)
+        return chat_completion(rid, created, req.model, results, req.logprobs, text, tool_mode(req))
     return completion(rid, created, req.model, results, req.n, req.logprobs is not None, text)
 
 
@@ -283,5 +313,5 @@ def stream(
 ) -> AsyncGenerator[bytes, None]:
     """The server-sent events of a streamed generation request, in the shape of its route."""
     if isinstance(req, ChatCompletionRequest):
-        return chat_stream(gen, rid, created, req.model, req.logprobs, include_usage, text)
+        return chat_stream(gen, rid, created, req.model, req.logprobs, include_usage, text, tool_mode(req))
     return completion_stream(gen, rid, created, req.model, req.n, req.logprobs is not None, include_usage, text)

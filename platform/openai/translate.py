@@ -11,6 +11,7 @@ from loraplex.engine import RequestError, SamplingParams
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.platform.errors import ApiError, bad_request, engine_error
 from loraplex.platform.json_body import too_deep
+from loraplex.platform.openai import tool_prompt
 from loraplex.platform.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from loraplex.platform.services.generation import ChoiceInput
 
@@ -23,13 +24,8 @@ def refuse_unsupported(req: SamplingFields) -> None:
         raise bad_request(f"{param} is not supported by this server (send 0 or leave it out)", param=param)
     if req.logit_bias:
         raise bad_request("logit_bias is not supported by this server", param="logit_bias")
-    if isinstance(req, ChatCompletionRequest):
-        if req.tools:
-            raise bad_request("tool calling is not supported by this server", param="tools")
-        if req.tool_choice not in (None, "none", "auto"):
-            raise bad_request("tool_choice is not supported by this server", param="tool_choice")
-        if req.top_logprobs is not None and not req.logprobs:
-            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     if isinstance(req, CompletionRequest):
         if req.echo:
             raise bad_request("echo is not supported by this server", param="echo")
@@ -68,7 +64,7 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
-    messages = []
+    contents = []
     for i, m in enumerate(req.messages):
         if isinstance(m.content, list):
             texts = []
@@ -82,14 +78,15 @@ def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
             content = "".join(texts)
         else:
             content = m.content or ""
-        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+        contents.append(content)
+    messages, template_kwargs = tool_prompt.render_messages(tokenizer, req, contents, tool_prompt.show_tools(req))
     try:
         text = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
             add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
             continue_final_message=req.continue_final_message,
-            **(req.chat_template_kwargs or {}),
+            **{**template_kwargs, **(req.chat_template_kwargs or {})},
         )
     except Exception as exc:  # jinja errors from the model's template name the problem
         raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None
