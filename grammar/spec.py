@@ -69,7 +69,8 @@ class StructuredSpec:
     (llguidance's dialect), `json_object` asks for any JSON object. `tagged_json` is free text or JSON
     in tags: {"schema": S, "open": "<tool_call>", "close": "</tool_call>", "parallel": bool} allows any
     text that does not contain `open`, or text ending in `open`, a value of S, `close` (with
-    parallel, more `\n` `open` S `close` blocks may follow); tool calls in `auto` mode. `close_within_budget`
+    parallel, more `\n` `open` S `close` blocks may follow); tool calls in `auto` mode. With a "text" key
+    holding a schema T, the answer that is not a call must be a value of T instead of free text. `close_within_budget`
     makes the matcher steer onto a shortest completion once the token budget gets tight.
     `allow_narrowing=False` refuses a schema that cannot be enforced exactly instead of generating a
     narrower (still valid) language.
@@ -136,6 +137,8 @@ class StructuredSpec:
         value: Any = canonical_schema(self.schema()) if kind == "json" else self._value(kind)
         if kind == "tagged_json":
             value = {**self._value(kind), "schema": canonical_schema(self.schema())}
+            if "text" in value:
+                value["text"] = canonical_schema(value["text"])
         try:
             body = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
         except (TypeError, ValueError) as e:
@@ -143,11 +146,15 @@ class StructuredSpec:
         return f"{kind}:{int(self.close_within_budget)}{int(self.allow_narrowing)}:{body}"
 
 
+_TAGGED_KEYS = frozenset({"schema", "open", "close", "parallel", "text"})
+
+
 def _check_tagged(value: Any) -> None:
-    if not isinstance(value, dict) or set(value) != {"schema", "open", "close", "parallel"}:
-        raise GrammarError("tagged_json must be {schema, open, close, parallel}")
-    if not isinstance(value["schema"], (dict, bool)):
-        raise GrammarError("tagged_json.schema must be a JSON schema (an object or a boolean)")
+    if not isinstance(value, dict) or not {"schema", "open", "close", "parallel"} <= set(value) <= _TAGGED_KEYS:
+        raise GrammarError("tagged_json must be {schema, open, close, parallel} and optionally text")
+    for key in ("schema", "text"):
+        if key in value and not isinstance(value[key], (dict, bool)):
+            raise GrammarError(f"tagged_json.{key} must be a JSON schema (an object or a boolean)")
     for key in ("open", "close"):
         if not isinstance(value[key], str) or not value[key]:
             raise GrammarError(f"tagged_json.{key} must be a non-empty string")

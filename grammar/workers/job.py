@@ -74,7 +74,11 @@ def translate(spec: StructuredSpec, options: CompileOptions, drop_pattern_proper
     if kind == "tagged_json":
         tagged = spec.tagged_json
         schema, narrowing, _rx, _why = _schema_parts(spec.schema(), spec, options, drop_pattern_properties)
-        llg = llg_text.tagged_json_grammar(schema, tagged["open"], tagged["close"], tagged["parallel"])  # type: ignore[index]
+        text = None
+        if "text" in tagged:  # type: ignore[operator]
+            text, text_narrowing, _rx, _why = _schema_parts(tagged["text"], spec, options, drop_pattern_properties)  # type: ignore[index]
+            narrowing += [f"{n} (of the answer)" for n in text_narrowing]
+        llg = llg_text.tagged_json_grammar(schema, tagged["open"], tagged["close"], tagged["parallel"], text)  # type: ignore[index]
         why = "free text beside tagged JSON needs a complement (text without the tag), which only llguidance holds"
         return Translation(None, why, llg, "tagged JSON cannot be enforced", narrowing)
     if kind == "regex":

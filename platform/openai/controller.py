@@ -100,8 +100,8 @@ async def _generate(
     allow_narrowing = data.schema_narrowing == "allow"
     if calls is not None:  # every call is held to its tool's parameters schema
         tools.refuse_conflicts(data, calls, structured)  # type: ignore[arg-type]
-        spec = tools.tool_spec(calls, allow_narrowing)
-        structured = {"field": "tools"}
+        spec = tools.tool_spec(calls, allow_narrowing, structured)
+        structured = {"field": "tools"}  # compile errors name the tools (a JSON answer's schema is beside them)
     else:
         spec = translate.structured_spec(structured, allow_narrowing=allow_narrowing)
     inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data, spec)

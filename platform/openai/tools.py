@@ -5,7 +5,8 @@ every call valid (`tool_spec`).
 {"name": ..., "arguments": ...} (an array of one or more with `parallel_tool_calls`, required only),
 whose name is one of the tools and whose arguments validate against that tool's `parameters`.
 `auto` lets the model answer in text or call tools as `<tool_call>{call}</tool_call>` (more, newline
-separated, with `parallel_tool_calls`); a call, once its tag is written, is held to the same schema.
+separated, with `parallel_tool_calls`); a call, once its tag is written, is held to the same schema. With
+`response_format` json_schema (or json_object) beside auto, the answer that is not a call must be that JSON.
 Both go through the structured-output pipeline, so the schema rules (draft detection, narrowing,
 `schema_narrowing: refuse`, the budget rule) are those of `response_format`.
 """
@@ -67,10 +68,10 @@ def refuse_conflicts(req: ChatCompletionRequest, mode: ToolMode | None, structur
     """Inputs a tool call cannot honour are refused, never ignored."""
     if mode is None:
         return
-    if structured is not None:
+    if structured is not None and not (mode.kind == "auto" and structured["kind"] in ("json", "json_object")):
         raise bad_request(
-            f"{structured['field']} cannot be combined with tool calls (tool_choice {mode.kind}): "
-            "send tool_choice none to constrain a text answer",
+            f"{structured['field']} cannot be combined with tool calls (tool_choice {mode.kind}): only "
+            "tool_choice auto takes a JSON answer beside its calls, and only a JSON schema or json_object",
             param=structured["field"],
         )
     if req.stop or req.stop_token_ids:
@@ -107,12 +108,15 @@ def _call_branch(function: FunctionDef, draft: str | None) -> dict[str, Any]:
     }
 
 
-def tool_spec(mode: ToolMode, allow_narrowing: bool) -> StructuredSpec:
-    """The constraint of a tool-calling request's output."""
+def tool_spec(mode: ToolMode, allow_narrowing: bool, answer: dict[str, Any] | None = None) -> StructuredSpec:
+    """The constraint of a tool-calling request's output; `answer` (auto only: `structured_request`'s json or
+    json_object) constrains the answer that is not a call."""
     schema = call_schema(mode)
     try:
         if mode.kind == "auto":
             tagged = {"schema": schema, "open": TOOL_OPEN, "close": TOOL_CLOSE, "parallel": mode.parallel}
+            if answer is not None:
+                tagged["text"] = {"type": "object"} if answer["kind"] == "json_object" else answer["value"]
             return StructuredSpec(tagged_json=tagged, allow_narrowing=allow_narrowing)
         return StructuredSpec(json=schema, allow_narrowing=allow_narrowing)
     except GrammarError as exc:

@@ -70,6 +70,21 @@ def test_text_ends_anywhere_and_the_tag_commits(tokenizer, compiler) -> None:
     assert not m.accept_token(EOS)
 
 
+def test_a_json_answer_instead_of_text(tokenizer, compiler) -> None:
+    answer = {"type": "object", "properties": {"temp": {"type": "integer"}}, "required": ["temp"]}
+    tagged = {"schema": CALL, "open": "<tool_call>", "close": "</tool_call>", "parallel": False, "text": answer}
+    grammar = compiler.compile(StructuredSpec(tagged_json=tagged))
+    for text, ok in [
+        ('{"temp":21}', True),
+        (f"<tool_call>{GOOD}</tool_call>", True),
+        ("It is 21 degrees.", False),
+        ('{"temp":"warm"}', False),
+        (f"Let me check.<tool_call>{GOOD}</tool_call>", False),
+        (f"<tool_call>{BAD_DATE}</tool_call>", False),
+    ]:
+        assert _complete(tokenizer, grammar, text) is ok, text
+
+
 def test_narrowing_is_reported_or_refused(compiler) -> None:
     schema = {**CALL, "properties": {**CALL["properties"], "arguments": {"type": "array", "uniqueItems": True}}}
     grammar = compiler.compile(_spec(False, schema))

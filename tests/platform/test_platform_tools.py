@@ -126,6 +126,29 @@ def test_auto_answers_text_or_a_valid_call(tenant) -> None:
             assert "<tool_call>" not in ch.message.content and ch.finish_reason in ("stop", "length")
 
 
+def test_auto_with_a_json_answer(tenant) -> None:
+    _, _, client, base = tenant
+    answer = {"type": "object", "properties": {"temp": {"type": "integer"}}, "required": ["temp"]}
+    out = client.chat.completions.create(
+        model=base,
+        messages=USER,
+        tools=TOOLS,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": answer}},
+        n=8,
+        temperature=1.0,
+        seed=5,
+        max_tokens=40,
+    )
+    for ch in out.choices:
+        if ch.message.tool_calls:
+            assert ch.finish_reason == "tool_calls" and ch.message.content is None
+            for call in ch.message.tool_calls:
+                _validate(call)
+        else:
+            assert ch.finish_reason == "stop"
+            jsonschema.validate(json.loads(ch.message.content), answer)
+
+
 def test_streamed_calls_match_the_whole_response(tenant) -> None:
     _, _, client, base = tenant
     request = dict(model=base, messages=USER, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=80)
