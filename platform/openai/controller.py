@@ -251,7 +251,7 @@ class OpenAIController(Controller):
         responses=OPENAI_ERRORS,
         operation_class=_streaming_operation(
             "`chat.completion.chunk` object: {id, object, created, model, "
-            "choices: [{index, delta: {role, content}, finish_reason, "
+            "choices: [{index, delta: {role, content, tool_calls}, finish_reason, "
             "logprobs}], usage}"
         ),
     )

@@ -68,10 +68,12 @@ def refuse_conflicts(req: ChatCompletionRequest, mode: ToolMode | None, structur
     """Inputs a tool call cannot honour are refused, never ignored."""
     if mode is None:
         return
-    if structured is not None and not (mode.kind == "auto" and structured["kind"] in ("json", "json_object")):
+    # A JSON response format shapes the answer that is not a call: auto's other branch; with required or named
+    # there is no such answer (OpenAI takes both, and so does the Agents SDK with an output type).
+    if structured is not None and structured["kind"] not in ("json", "json_object"):
         raise bad_request(
-            f"{structured['field']} cannot be combined with tool calls (tool_choice {mode.kind}): only "
-            "tool_choice auto takes a JSON answer beside its calls, and only a JSON schema or json_object",
+            f"{structured['field']} cannot be combined with tool calls: beside tools, only a JSON schema or "
+            "json_object response format shapes the answer that is not a call",
             param=structured["field"],
         )
     if req.stop or req.stop_token_ids:
@@ -115,7 +117,7 @@ def tool_spec(mode: ToolMode, allow_narrowing: bool, answer: dict[str, Any] | No
     try:
         if mode.kind == "auto":
             tagged = {"schema": schema, "open": TOOL_OPEN, "close": TOOL_CLOSE, "parallel": mode.parallel}
-            if answer is not None:
+            if answer is not None:  # checked by refuse_conflicts: json or json_object
                 tagged["text"] = {"type": "object"} if answer["kind"] == "json_object" else answer["value"]
             return StructuredSpec(tagged_json=tagged, allow_narrowing=allow_narrowing)
         return StructuredSpec(json=schema, allow_narrowing=allow_narrowing)

@@ -201,7 +201,7 @@ CALLED = {"id": "call_1", "type": "function", "function": {"name": "get_weather"
             },
             "tools",
         ),
-        ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+        ({"tool_choice": "required", "guided_choice": ["a", "b"]}, "guided_choice"),
         ({"guided_regex": "a+"}, "guided_regex"),
         ({"stop": ["}"]}, "stop"),
         (
