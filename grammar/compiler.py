@@ -115,6 +115,7 @@ class GrammarCompiler:
             "choice": spec.choice,
             "grammar": spec.grammar,
             "json_object": spec.json_object,
+            "tagged_json": spec.tagged_json,
             "close_within_budget": spec.close_within_budget,
             "allow_narrowing": spec.allow_narrowing,
         }

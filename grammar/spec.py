@@ -20,7 +20,7 @@ class GrammarError(ValueError):
         self.code = code
 
 
-_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_KINDS = ("json", "regex", "choice", "grammar", "json_object", "tagged_json")
 
 # Where a schema holds sub-schemas (so their keys can be sorted) versus plain values (enum, const,
 # default, ...) whose key order is kept: a const object is generated in the order it is written.
@@ -66,7 +66,11 @@ class StructuredSpec:
 
     `json` is a JSON schema (a dict or its JSON text), `regex` must match the whole output,
     `choice` makes the output exactly one of the strings, `grammar` is a Lark grammar
-    (llguidance's dialect), `json_object` asks for any JSON object. `close_within_budget`
+    (llguidance's dialect), `json_object` asks for any JSON object. `tagged_json` is free text or JSON
+    in tags: {"schema": S, "open": "<tool_call>", "close": "</tool_call>", "parallel": bool} allows any
+    text that does not contain `open`, or text ending in `open`, a value of S, `close` (with
+    parallel, more `\n` `open` S `close` blocks may follow); tool calls in `auto` mode. With a "text" key
+    holding a schema T, the answer that is not a call must be a value of T instead of free text. `close_within_budget`
     makes the matcher steer onto a shortest completion once the token budget gets tight.
     `allow_narrowing=False` refuses a schema that cannot be enforced exactly instead of generating a
     narrower (still valid) language.
@@ -77,6 +81,7 @@ class StructuredSpec:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool = False
+    tagged_json: dict | None = None
     close_within_budget: bool = True
     allow_narrowing: bool = True
 
@@ -100,6 +105,8 @@ class StructuredSpec:
                 raise GrammarError("choice must contain only strings")
             if isinstance(self.choice, tuple):
                 object.__setattr__(self, "choice", list(self.choice))
+        if self.tagged_json is not None:
+            _check_tagged(self.tagged_json)
 
     def _value(self, kind: str) -> Any:
         return getattr(self, kind)
@@ -115,6 +122,8 @@ class StructuredSpec:
 
     def schema(self) -> Any:
         """The JSON schema as a Python value (parses JSON text); GrammarError if it is not JSON."""
+        if self.tagged_json is not None:
+            return self.tagged_json["schema"]
         if isinstance(self.json, str):
             try:
                 return json.loads(self.json)
@@ -126,8 +135,28 @@ class StructuredSpec:
         """Canonical text of the constraint: equal constraints give equal keys."""
         kind = self.kind
         value: Any = canonical_schema(self.schema()) if kind == "json" else self._value(kind)
+        if kind == "tagged_json":
+            value = {**self._value(kind), "schema": canonical_schema(self.schema())}
+            if "text" in value:
+                value["text"] = canonical_schema(value["text"])
         try:
             body = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
         except (TypeError, ValueError) as e:
             raise GrammarError(f"{kind} constraint is not JSON-serialisable: {e}") from None
         return f"{kind}:{int(self.close_within_budget)}{int(self.allow_narrowing)}:{body}"
+
+
+_TAGGED_KEYS = frozenset({"schema", "open", "close", "parallel", "text"})
+
+
+def _check_tagged(value: Any) -> None:
+    if not isinstance(value, dict) or not {"schema", "open", "close", "parallel"} <= set(value) <= _TAGGED_KEYS:
+        raise GrammarError("tagged_json must be {schema, open, close, parallel} and optionally text")
+    for key in ("schema", "text"):
+        if key in value and not isinstance(value[key], (dict, bool)):
+            raise GrammarError(f"tagged_json.{key} must be a JSON schema (an object or a boolean)")
+    for key in ("open", "close"):
+        if not isinstance(value[key], str) or not value[key]:
+            raise GrammarError(f"tagged_json.{key} must be a non-empty string")
+    if not isinstance(value["parallel"], bool):
+        raise GrammarError("tagged_json.parallel must be a boolean")

@@ -63,6 +63,42 @@ def json_schema_grammar(schema: Any) -> str:
     return LLMatcher.grammar_from_json_schema(prepared, overrides=_JSON_OPTIONS)
 
 
+def tagged_json_grammar(schema: Any, open_tag: str, close_tag: str, parallel: bool, text: Any = None) -> str:
+    """Free text without `open_tag`, or text ending in `open_tag`, a value of `schema`, `close_tag`, and
+    with `parallel` more newline-separated tagged values. The two text terminals part at the tag: text
+    may not contain it, the head must end at its first occurrence (llguidance's `&` and `~`). With a
+    `text` schema, the answer is a value of it instead of free text, and calls start with the tag."""
+    import json
+
+    from llguidance import LLMatcher
+
+    inner = json.loads(json_schema_grammar(schema))["grammars"][0]["json_schema"]  # keeps the JSON options
+    tag, close = json.dumps(open_tag), json.dumps(close_tag)
+    more = f' ("\\n" {tag} call)*' if parallel else ""
+    if text is not None:
+        answer = json.loads(json_schema_grammar(text))["grammars"][0]["json_schema"]
+        lark = (
+            f"start: answer | {tag} call{more}\n"
+            f"answer: %json {json.dumps(answer)}\n"
+            f"call: %json {json.dumps(inner)} {close}\n"
+        )
+        return LLMatcher.grammar_from_lark(lark)
+    lark = (
+        f"start: TEXT | HEAD call{more}\n"
+        f"TEXT: /(?s:.*)/ & ~/(?s:.*){_rx(open_tag)}(?s:.*)/\n"
+        f"HEAD: /(?s:.*){_rx(open_tag)}/ & ~/(?s:.*){_rx(open_tag)}(?s:.+)/\n"
+        f"call: %json {json.dumps(inner)} {close}\n"
+    )
+    return LLMatcher.grammar_from_lark(lark)
+
+
+def _rx(literal: str) -> str:
+    """`literal` as a regex inside Lark's /.../ (slashes escaped too)."""
+    from loraplex.grammar.schema.json_text import rx_escape
+
+    return rx_escape(literal).replace("/", "\\/")
+
+
 def regex_grammar(regex: str) -> str:
     from llguidance import LLMatcher
 

@@ -69,28 +69,18 @@ def translate(spec: StructuredSpec, options: CompileOptions, drop_pattern_proper
     kind = spec.kind
     if kind in ("json", "json_object"):
         schema: Any = {"type": "object"} if kind == "json_object" else spec.schema()
-        schema, _draft = to_internal(schema)  # validated under its own draft, in one internal form
-        if schema is False:
-            raise GrammarError("the schema is false: no value is valid")
-        if schema is True:
-            schema = {}
-        schema, rules = narrow(schema, drop_pattern_properties)
-        if rules and not spec.allow_narrowing:
-            raise GrammarError(
-                "the schema can only be enforced narrowed, and the request asked to refuse rather than narrow: "
-                + "; ".join(str(r) for r in rules)
-            )
-        narrowing = [str(r) for r in rules]
-        check_schema(schema)
-        if options.strict_objects:
-            schema = close_schema(schema)
-        try:
-            rx, why = SchemaRegex(schema, max_ref_depth=options.max_ref_depth, any_depth=options.any_depth).build(), ""
-        except NotRegular as e:
-            rx, why = None, str(e)
-        except GrammarError as e:
-            raise _with_narrowing(e, narrowing) from None
+        schema, narrowing, rx, why = _schema_parts(schema, spec, options, drop_pattern_properties)
         return Translation(rx, why, llg_text.json_schema_grammar(schema), "schema cannot be enforced", narrowing)
+    if kind == "tagged_json":
+        tagged = spec.tagged_json
+        schema, narrowing, _rx, _why = _schema_parts(spec.schema(), spec, options, drop_pattern_properties)
+        text = None
+        if "text" in tagged:  # type: ignore[operator]
+            text, text_narrowing, _rx, _why = _schema_parts(tagged["text"], spec, options, drop_pattern_properties)  # type: ignore[index]
+            narrowing += [f"{n} (of the answer)" for n in text_narrowing]
+        llg = llg_text.tagged_json_grammar(schema, tagged["open"], tagged["close"], tagged["parallel"], text)  # type: ignore[index]
+        why = "free text beside tagged JSON needs a complement (text without the tag), which only llguidance holds"
+        return Translation(None, why, llg, "tagged JSON cannot be enforced", narrowing)
     if kind == "regex":
         err = llg_text.regex_error(spec.regex)  # type: ignore[arg-type]
         if err:
@@ -101,6 +91,34 @@ def translate(spec: StructuredSpec, options: CompileOptions, drop_pattern_proper
         rx = alt([rx_escape(c) for c in spec.choice])  # type: ignore[union-attr]
         return Translation(rx, "", llg_text.regex_grammar(rx), "invalid choice")
     return Translation(None, "context-free grammar", llg_text.lark_grammar(spec.grammar), "grammar syntax error")  # type: ignore[arg-type]
+
+
+def _schema_parts(
+    schema: Any, spec: StructuredSpec, options: CompileOptions, drop_pattern_properties: bool
+) -> tuple[Any, list[str], str | None, str]:
+    """A schema checked, narrowed and closed: (schema, narrowing, exact regex or None, why not a regex)."""
+    schema, _draft = to_internal(schema)  # validated under its own draft, in one internal form
+    if schema is False:
+        raise GrammarError("the schema is false: no value is valid")
+    if schema is True:
+        schema = {}
+    schema, rules = narrow(schema, drop_pattern_properties)
+    if rules and not spec.allow_narrowing:
+        raise GrammarError(
+            "the schema can only be enforced narrowed, and the request asked to refuse rather than narrow: "
+            + "; ".join(str(r) for r in rules)
+        )
+    narrowing = [str(r) for r in rules]
+    check_schema(schema)
+    if options.strict_objects:
+        schema = close_schema(schema)
+    try:
+        rx, why = SchemaRegex(schema, max_ref_depth=options.max_ref_depth, any_depth=options.any_depth).build(), ""
+    except NotRegular as e:
+        rx, why = None, str(e)
+    except GrammarError as e:
+        raise _with_narrowing(e, narrowing) from None
+    return schema, narrowing, rx, why
 
 
 def _with_narrowing(error: GrammarError, narrowing: list[str]) -> GrammarError:

@@ -27,7 +27,7 @@ from loraplex.engine import AdapterRef, RequestOutput
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.errors import ApiError, error_responses
 from loraplex.platform.json_body import BODY_TYPE, IGNORED_STATE
-from loraplex.platform.openai import limits, responses, translate
+from loraplex.platform.openai import limits, responses, tools, translate
 from loraplex.platform.openai.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -112,7 +112,14 @@ async def _generate(
     adapter = await resolve_adapter(services, principal, data.model)
     engine = services.engine
     structured = translate.structured_request(data, services.settings.max_json_depth)
-    spec = translate.structured_spec(structured, allow_narrowing=data.schema_narrowing == "allow")
+    calls = tools.tool_mode(data) if isinstance(data, ChatCompletionRequest) else None
+    allow_narrowing = data.schema_narrowing == "allow"
+    if calls is not None:  # every call is held to its tool's parameters schema
+        tools.refuse_conflicts(data, calls, structured)  # type: ignore[arg-type]
+        spec = tools.tool_spec(calls, allow_narrowing, structured)
+        structured = {"field": "tools"}  # compile errors name the tools (a JSON answer's schema is beside them)
+    else:
+        spec = translate.structured_spec(structured, allow_narrowing=allow_narrowing)
     inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data, spec, engine.base_spec.vocab_size)
     echo = translate.echo_texts(engine.tokenizer, data) if isinstance(data, CompletionRequest) else None
     tokens = limits.check_tokens(data, inputs, services.settings)
@@ -265,7 +272,7 @@ class OpenAIController(Controller):
         opt={BODY_TYPE: ChatCompletionRequest},
         operation_class=_streaming_operation(
             "`chat.completion.chunk` object: {id, object, created, model, "
-            "choices: [{index, delta: {role, content}, finish_reason, "
+            "choices: [{index, delta: {role, content, tool_calls}, finish_reason, "
             "logprobs}], usage}"
         ),
     )

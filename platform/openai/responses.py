@@ -30,6 +30,8 @@ from loraplex.platform.openai.schemas import (
     TopLogprob,
     Usage,
 )
+from loraplex.platform.openai.tool_output import ToolStreamer, tool_message
+from loraplex.platform.openai.tools import ToolMode, tool_mode
 from loraplex.platform.services.generation import Generation
 
 _encoder = msgspec.json.Encoder()
@@ -142,17 +144,23 @@ def chat_completion(
     want_logprobs: bool,
     text: TokenTexts,
     want_prompt_logprobs: bool = False,
+    tools: ToolMode | None = None,
 ) -> ChatCompletion:
     choices, completion, prompt_len, cached = [], 0, 0, 0
     for index in sorted(results):
         final = _final(results[index])
         completion += len(final.token_ids)
         prompt_len, cached = final.num_prompt_tokens, max(cached, final.num_cached_tokens)
+        message, finish_reason = (
+            tool_message(final.text, final.finish_reason, tools)
+            if tools is not None
+            else (AssistantMessage(content=final.text), final.finish_reason)
+        )
         choices.append(
             ChatChoice(
                 index=index,
-                message=AssistantMessage(content=final.text),
-                finish_reason=final.finish_reason,
+                message=message,
+                finish_reason=finish_reason,
                 logprobs=chat_logprobs(_all_logprobs(results[index]), text) if want_logprobs else None,
                 prompt_logprobs=prompt_logprobs(final.prompt_logprobs, text) if want_prompt_logprobs else None,
             )
@@ -212,8 +220,10 @@ async def chat_stream(
     include_usage: bool,
     text: TokenTexts,
     continuous_usage: bool = False,
+    tools: ToolMode | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """SSE events of a streamed chat completion; closing this iterator aborts the generation."""
+    streamers = {ch.index: ToolStreamer(tools) for ch in gen.choices} if tools is not None else {}
     tokens: dict[int, int] = {}
     prompt_len = cached = 0
     try:
@@ -234,22 +244,33 @@ async def chat_stream(
             prompt_len, cached = out.num_prompt_tokens, max(cached, out.num_cached_tokens)
             if not out.new_text and not out.finished:
                 continue
-            yield sse(
-                ChatCompletionChunk(
-                    id=rid,
-                    created=created,
-                    model=model,
-                    choices=[
-                        ChatChunkChoice(
-                            index=index,
-                            delta=ChatDelta(content=out.new_text),
-                            finish_reason=out.finish_reason,
-                            logprobs=chat_logprobs(out.new_logprobs or [], text) if want_logprobs else None,
-                        )
-                    ],
-                    usage=usage([prompt_len], sum(tokens.values()), cached) if continuous_usage else None,
+            logprobs = chat_logprobs(out.new_logprobs or [], text) if want_logprobs else None
+            if index in streamers:
+                deltas, finish_reason = streamers[index].feed(out.new_text, out.finish_reason)
+            else:
+                deltas, finish_reason = [ChatDelta(content=out.new_text)], out.finish_reason
+            if not deltas and (finish_reason is not None or logprobs is not None):
+                deltas = [ChatDelta()]
+            for k, delta in enumerate(deltas):  # one tool-call delta per chunk, as OpenAI sends them
+                last = k == len(deltas) - 1
+                yield sse(
+                    ChatCompletionChunk(
+                        id=rid,
+                        created=created,
+                        model=model,
+                        choices=[
+                            ChatChunkChoice(
+                                index=index,
+                                delta=delta,
+                                finish_reason=finish_reason if last else None,
+                                logprobs=logprobs if last else None,
+                            )
+                        ],
+                        usage=(
+                            usage([prompt_len], sum(tokens.values()), cached) if continuous_usage and last else None
+                        ),
+                    )
                 )
-            )
         if include_usage:
             yield sse(
                 ChatCompletionChunk(
@@ -344,7 +365,7 @@ def body(
     """The JSON response of a finished generation request, in the shape of its route."""
     want_prompt = req.prompt_logprobs is not None
     if isinstance(req, ChatCompletionRequest):
-        return chat_completion(rid, created, req.model, results, req.logprobs, text, want_prompt)
+        return chat_completion(rid, created, req.model, results, req.logprobs, text, want_prompt, tool_mode(req))
     return completion(rid, created, req.model, results, req.n, req.logprobs is not None, text, echo, want_prompt)
 
 
@@ -360,7 +381,7 @@ def stream(
     """The server-sent events of a streamed generation request, in the shape of its route."""
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
     if isinstance(req, ChatCompletionRequest):
-        return chat_stream(gen, rid, created, req.model, req.logprobs, include_usage, text, continuous)
+        return chat_stream(gen, rid, created, req.model, req.logprobs, include_usage, text, continuous, tool_mode(req))
     return completion_stream(
         gen, rid, created, req.model, req.n, req.logprobs is not None, include_usage, text, echo, continuous
     )

@@ -112,6 +112,41 @@ class CompletionRequest(SamplingFields, **REQUEST):
     best_of: Int64 | None = None
 
 
+ToolName = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule for function names
+
+
+class FunctionDef(Struct, kw_only=True, forbid_unknown_fields=True):
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: no arguments ({})
+    strict: bool | None = None  # every call is enforced against `parameters` whatever this says
+
+
+class ToolDef(Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Struct, kw_only=True, forbid_unknown_fields=True):
+    name: ToolName
+
+
+class NamedToolChoice(Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class FunctionCall(Struct, **REQUEST):
+    name: str
+    arguments: str  # the arguments as JSON text
+
+
+class ToolCall(Struct, **REQUEST):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ContentPart(Struct, **REQUEST):
     type: str
     text: str | None = None
@@ -126,6 +161,8 @@ class ChatMessage(Struct, **REQUEST):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages that called tools
+    tool_call_id: str | None = None  # tool messages: the call they answer
 
 
 class ChatCompletionRequest(SamplingFields, **REQUEST):
@@ -133,8 +170,9 @@ class ChatCompletionRequest(SamplingFields, **REQUEST):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # None: true, as OpenAI
     # vLLM extensions
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -195,6 +233,22 @@ PromptLogprobs = list[dict[str, PromptLogprob] | None]
 class AssistantMessage(Struct, kw_only=True):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class FunctionDelta(Struct, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(Struct, kw_only=True, omit_defaults=True):
+    """A streamed tool call: the first delta of a call has its id, type and name (arguments ""), the
+    following ones the next fragment of its arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta | None = None
 
 
 class ChatChoice(Struct, kw_only=True):
@@ -218,6 +272,7 @@ class ChatCompletion(Struct, kw_only=True):
 class ChatDelta(Struct, kw_only=True, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(Struct, kw_only=True):

@@ -11,7 +11,14 @@ from loraplex.engine import RequestError, SamplingParams
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.platform.errors import ApiError, bad_request, engine_error
 from loraplex.platform.json_body import too_deep
-from loraplex.platform.openai.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from loraplex.platform.openai import tool_prompt
+from loraplex.platform.openai.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingFields,
+    ToolDef,
+)
 from loraplex.platform.services.generation import ChoiceInput
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -55,13 +62,8 @@ def refuse_unsupported(req: SamplingFields) -> None:
         raise bad_request("prompt_logprobs cannot be streamed (send stream: false)", param="prompt_logprobs")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options needs stream: true", param="stream_options")
-    if isinstance(req, ChatCompletionRequest):
-        if req.tools:
-            raise bad_request("tool calling is not supported by this server", param="tools")
-        if req.tool_choice not in (None, "none", "auto"):
-            raise bad_request("tool_choice is not supported by this server", param="tool_choice")
-        if req.top_logprobs is not None and not req.logprobs:
-            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     if isinstance(req, CompletionRequest):
         if req.suffix:
             raise bad_request("suffix is not supported by this server", param="suffix")
@@ -128,7 +130,13 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 def chat_prompt(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
     return chat_template_ids(
-        tokenizer, req.messages, req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs
+        tokenizer,
+        req.messages,
+        req.add_generation_prompt,
+        req.continue_final_message,
+        req.chat_template_kwargs,
+        tools=req.tools,
+        show_tools=tool_prompt.show_tools(req),
     )
 
 
@@ -139,9 +147,12 @@ def chat_template_ids(
     continue_final_message: bool = False,
     chat_template_kwargs: dict[str, Any] | None = None,
     add_special_tokens: bool = False,
+    tools: list[ToolDef] | None = None,
+    show_tools: bool = False,
 ) -> list[int]:
-    """The messages through the model's chat template, as token ids (the template writes special tokens)."""
-    messages = []
+    """The messages (with their tool calls and results, and the tools when shown) through the model's chat
+    template, as token ids (the template writes special tokens)."""
+    contents = []
     for i, m in enumerate(chat):
         if isinstance(m.content, list):
             texts = []
@@ -156,14 +167,15 @@ def chat_template_ids(
             content = "".join(texts)
         else:
             content = m.content or ""
-        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+        contents.append(content)
+    messages, template_kwargs = tool_prompt.render_messages(tokenizer, chat, tools, contents, show_tools)
     try:
         text = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
             add_generation_prompt=add_generation_prompt and not continue_final_message,
             continue_final_message=continue_final_message,
-            **(chat_template_kwargs or {}),
+            **{**template_kwargs, **(chat_template_kwargs or {})},
         )
     except Exception as exc:  # jinja errors from the model's template name the problem
         raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None

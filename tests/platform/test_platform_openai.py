@@ -176,8 +176,9 @@ def test_errors_in_openai_format(tenant) -> None:
             model=base,
             messages=[{"role": "user", "content": "x"}],
             tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},  # not one of the tools
         )
-    assert e.value.body["param"] == "tools"
+    assert e.value.body["param"] == "tool_choice"
     # Raw HTTP: invalid JSON, wrong types, empty messages, two constraints at once.
     r = httpx.post(
         f"{server.url}/v1/chat/completions",

@@ -365,8 +365,10 @@ def test_known_field_is_honoured(api: Api, route: str, field: str, check: Callab
 REFUSED: list[tuple[tuple[str, ...], dict[str, Any], str]] = [
     ((COMP,), {"suffix": "x"}, "suffix"),
     ((COMP,), {"best_of": 3}, "best_of"),
-    ((CHAT,), {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ((CHAT,), {"tools": [{"type": "function", "function": {"name": "f"}}], "stop": ["x"]}, "stop"),
     ((CHAT,), {"tool_choice": "required"}, "tool_choice"),
+    ((CHAT,), {"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ((CHAT,), {"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls"),
     ((CHAT,), {"top_logprobs": 2}, "top_logprobs"),
     (BOTH, {"use_beam_search": True}, "use_beam_search"),
     (BOTH, {"length_penalty": 0.5}, "length_penalty"),
@@ -422,13 +424,12 @@ def test_known_field_we_cannot_honour_is_refused_by_name(api: Api, route: str, e
 
 UNKNOWN: list[tuple[tuple[str, ...], dict[str, Any], str]] = [
     (BOTH, {"frobnicate": 1}, "frobnicate"),
-    ((CHAT,), {"parallel_tool_calls": False}, "parallel_tool_calls"),
     ((CHAT,), {"functions": []}, "functions"),
     ((CHAT,), {"reasoning_effort": "low"}, "reasoning_effort"),
     ((CHAT,), {"service_tier": "auto"}, "service_tier"),
     ((CHAT,), {"modalities": ["text"]}, "modalities"),
     ((CHAT,), {"prediction": {"type": "content", "content": "x"}}, "prediction"),
-    ((CHAT,), {"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls"),
+    ((CHAT,), {"messages": [{"role": "user", "content": "x", "tool_call": []}]}, "messages[0].tool_call"),
     (
         (CHAT,),
         {"messages": MESSAGES + [{"role": "user", "content": [{"type": "text", "text": "a", "cache": 1}]}]},
@@ -461,13 +462,13 @@ def test_warn_mode_ignores_unknown_fields_and_names_them(tiny_engine, tmp_path) 
         a = Api(server, create_tenant(server.url, "warn"))
         extra = {
             "frobnicate": 1,
-            "messages": [{"role": "user", "content": "Say hi", "tool_calls": []}],
+            "messages": [{"role": "user", "content": "Say hi", "tool_call": []}],
             "stream_options": {"include_usage": True, "chunk_size": 3},
             "stream": True,
         }
         raw = a.raw(CHAT, **extra)
         ignored = raw.headers["x-loraplex-ignored-fields"].split(",")
-        assert sorted(ignored) == ["frobnicate", "messages[0].tool_calls", "stream_options.chunk_size"]
+        assert sorted(ignored) == ["frobnicate", "messages[0].tool_call", "stream_options.chunk_size"]
         plain = a.raw(CHAT)
         assert "x-loraplex-ignored-fields" not in plain.headers
         # known fields it cannot honour are still refused: a constraint is never dropped
