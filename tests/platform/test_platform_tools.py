@@ -187,7 +187,10 @@ CALLED = {"id": "call_1", "type": "function", "function": {"name": "get_weather"
         ({"tools": [TOOLS[0], TOOLS[0]]}, "tools[1].function.name"),
         ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
         ({"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools[0].function.name"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "paramaters": {}}}]}, "tools[0].function"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "paramaters": {}}}]},
+            "tools[0].function.paramaters",
+        ),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]}, "tools"),
         (
             {
