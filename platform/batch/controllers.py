@@ -97,7 +97,7 @@ class FileController(Controller):
         rows = await _api(services).files.list(principal.tenant_id, purpose)
         return FileList(data=[file_object(r) for r in rows])
 
-    @get("/{file_id:str}", responses=error_responses(401, 404, 429), summary="One of the caller's files")
+    @get("/{file_id:str}", responses=error_responses(400, 401, 404, 429), summary="One of the caller's files")
     async def get_file(
         self, file_id: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> FileObject:
@@ -105,7 +105,7 @@ class FileController(Controller):
 
     @get(
         "/{file_id:str}/content",
-        responses=error_responses(401, 404, 429),
+        responses=error_responses(400, 401, 404, 429),
         summary="The bytes of one of the caller's files",
         media_type="application/octet-stream",
     )
@@ -121,7 +121,7 @@ class FileController(Controller):
             content_disposition_type="attachment",
         )
 
-    @delete("/{file_id:str}", status_code=200, responses=error_responses(401, 404, 429), summary="Delete a file")
+    @delete("/{file_id:str}", status_code=200, responses=error_responses(400, 401, 404, 429), summary="Delete a file")
     async def delete_file(
         self, file_id: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> FileDeleted:
@@ -171,7 +171,7 @@ class BatchController(Controller):
             has_more=len(rows) > limit,
         )
 
-    @get("/{batch_id:str}", responses=error_responses(401, 404, 429), summary="One of the caller's batches")
+    @get("/{batch_id:str}", responses=error_responses(400, 401, 404, 429), summary="One of the caller's batches")
     async def get_batch(
         self, batch_id: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> BatchObject:
