@@ -33,19 +33,7 @@ class LineResult:
 
 def principal_of(tenant: Tenant) -> Principal:
     """The tenant a batch acts for, as an API key would resolve it (with its current limits)."""
-    return Principal(
-        str(tenant.id),
-        tenant.name,
-        "batch",
-        tenant.max_adapters,
-        tenant.max_adapter_bytes,
-        tenant.rate_limit_per_minute,
-        tenant.weight,
-        tenant.priority,
-        tenant.max_concurrent_sequences,
-        tenant.tokens_per_minute,
-        tenant.max_queued_requests,
-    )
+    return Principal.of_tenant(tenant, "batch")
 
 
 def _decode(endpoint: str, body: dict[str, Any]) -> ChatCompletionRequest | CompletionRequest:

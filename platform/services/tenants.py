@@ -45,6 +45,23 @@ class Principal:
     tokens_per_minute: int | None = None
     max_queued_requests: int | None = None
 
+    @classmethod
+    def of_tenant(cls, tenant: Tenant, key_prefix: str) -> Principal:
+        """The principal of ``tenant`` (its current quotas, share and limits), acting through ``key_prefix``."""
+        return cls(
+            str(tenant.id),
+            tenant.name,
+            key_prefix,
+            tenant.max_adapters,
+            tenant.max_adapter_bytes,
+            tenant.rate_limit_per_minute,
+            tenant.weight,
+            tenant.priority,
+            tenant.max_concurrent_sequences,
+            tenant.tokens_per_minute,
+            tenant.max_queued_requests,
+        )
+
 
 @dataclass(frozen=True)
 class Quotas:
@@ -196,21 +213,7 @@ class TenantService:
             key, tenant = row
             return {
                 "key_hash": key.key_hash,
-                "principal": asdict(
-                    Principal(
-                        str(tenant.id),
-                        tenant.name,
-                        prefix,
-                        tenant.max_adapters,
-                        tenant.max_adapter_bytes,
-                        tenant.rate_limit_per_minute,
-                        tenant.weight,
-                        tenant.priority,
-                        tenant.max_concurrent_sequences,
-                        tenant.tokens_per_minute,
-                        tenant.max_queued_requests,
-                    )
-                ),
+                "principal": asdict(Principal.of_tenant(tenant, prefix)),
             }
 
         found = await self.cache.get_or_load(_key_cache_key(prefix), load)
