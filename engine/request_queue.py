@@ -62,7 +62,31 @@ class RequestQueue(Protocol):
     def __contains__(self, seq: object) -> bool: ...
 
 
-class FcfsQueue:
+class _ListQueue:
+    """What fcfs and priority share: one ordered container, no per-tenant accounting."""
+
+    _q: deque[Sequence] | list[Sequence]
+
+    def finished(self, seq: Sequence) -> None:
+        pass
+
+    def candidates(self) -> Iterator[Sequence]:
+        return iter(list(self._q))
+
+    def charge(self, seq: Sequence, num_new_tokens: int) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._q)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __contains__(self, seq: object) -> bool:
+        return seq in self._q
+
+
+class FcfsQueue(_ListQueue):
     def __init__(self) -> None:
         self._q: deque[Sequence] = deque()
 
@@ -78,33 +102,15 @@ class FcfsQueue:
         else:
             self._q.remove(seq)
 
-    def finished(self, seq: Sequence) -> None:
-        pass
-
-    def candidates(self) -> Iterator[Sequence]:
-        return iter(list(self._q))
-
-    def charge(self, seq: Sequence, num_new_tokens: int) -> None:
-        pass
-
     def running_order(self, running: list[Sequence]) -> list[Sequence]:
         return running  # admission order
-
-    def __iter__(self) -> Iterator[Sequence]:
-        return iter(self._q)
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __contains__(self, seq: object) -> bool:
-        return seq in self._q
 
 
 def _priority_key(seq: Sequence) -> tuple[int, int]:
     return seq.share.priority, seq.arrival
 
 
-class PriorityQueue:
+class PriorityQueue(_ListQueue):
     """Sorted by (priority, arrival); a preempted sequence keeps its arrival, so it goes back ahead."""
 
     def __init__(self) -> None:
@@ -122,26 +128,8 @@ class PriorityQueue:
         else:
             self._q.remove(seq)
 
-    def finished(self, seq: Sequence) -> None:
-        pass
-
-    def candidates(self) -> Iterator[Sequence]:
-        return iter(list(self._q))
-
-    def charge(self, seq: Sequence, num_new_tokens: int) -> None:
-        pass
-
     def running_order(self, running: list[Sequence]) -> list[Sequence]:
         return sorted(running, key=_priority_key)
-
-    def __iter__(self) -> Iterator[Sequence]:
-        return iter(self._q)
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __contains__(self, seq: object) -> bool:
-        return seq in self._q
 
 
 class FairQueue:
