@@ -27,6 +27,7 @@ from loraplex.platform.batch.execute import LineResult, principal_of, run_line
 from loraplex.platform.batch.files import OUTPUT, FileService
 from loraplex.platform.batch.output import JsonlWriter, output_line
 from loraplex.platform.db.models import Batch, BatchLine, Tenant, utcnow
+from loraplex.platform.services.background import stop_task
 from loraplex.platform.services.container import Services
 
 log = logging.getLogger("loraplex.platform.batch")
@@ -61,9 +62,7 @@ class BatchRunner:
     async def close(self) -> None:
         """Stop claiming, abort the lines in flight and hand them back (their leases cleared)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
         lines, tasks = list(self._running), [r.task for r in self._running.values()]
         for task in tasks:
             task.cancel()

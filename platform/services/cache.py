@@ -36,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from loraplex.platform.services.background import stop_task
 from loraplex.platform.services.redis_link import RedisLink
 
 log = logging.getLogger("loraplex.platform.cache")
@@ -157,8 +158,7 @@ class RegistryCache:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
         self._tasks = []
 
     def on_invalidate(self, prefix: str, callback: Callable[[str], None]) -> None:

@@ -8,6 +8,7 @@ timeout to every request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,8 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from loraplex.platform.services.background import cancelling
 
 log = logging.getLogger("loraplex.platform.redis")
 T = TypeVar("T")
@@ -73,6 +76,8 @@ class RedisLink:
         try:
             result = await fn(self.client)
         except (RedisError, OSError) as exc:
+            if cancelling():  # our own cancellation, turned into a timeout inside redis-py: not an outage
+                raise asyncio.CancelledError from exc
             self.mark_down(exc)
             return None
         await self.mark_up()

@@ -23,7 +23,6 @@ Redis leases of requests still running expire, so until those finish Redis count
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from loraplex.platform.errors import ApiError
+from loraplex.platform.services.background import stop_task
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.settings import Settings
 
@@ -186,9 +186,7 @@ class TenantLimits:
     async def close(self) -> None:
         """Stop refreshing leases (any still held expire in Redis within the TTL)."""
         if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+            await stop_task(self._heartbeat)
             self._heartbeat = None
 
     # -- admission ---------------------------------------------------------------------------------
