@@ -6,10 +6,14 @@ Two scenarios per policy, on one AsyncEngine per policy:
               Then tenant A floods ``--flood`` requests at once and, one second later, B sends the same spaced
               requests again: B's TTFT under the flood, p50 / p99, and the ratio to B alone (the goal: p99
               <= 2x alone). A's unfinished requests are aborted once B is done.
-  share       Tenants A (weight ``--weights``[0]) and B (weight [1]) each queue ``--share-requests`` requests
-              at once; after ``--window`` s everything is aborted and each tenant's service is counted from
-              the streamed outputs: prompt tokens of started requests + 2 x output tokens (the VTC cost the
-              engine charges) and output tokens alone. Under saturation the ratio should match the weights.
+  share       Tenants A (weight ``--weights``[0]) and B (weight [1]) each run ``--share-clients`` closed-loop
+              clients (each sends its next request as soon as the last one ends), so both tenants stay
+              backlogged for the whole ``--window`` s: saturation, where VTC promises service in proportion
+              to the weights. A fixed pile of requests per tenant would not do: the heavier tenant empties
+              its pile first and the rest of the window measures the other tenant alone. After the window
+              everything is aborted and each tenant's service is counted from the streamed outputs: prompt
+              tokens of started requests + 2 x output tokens (the VTC cost the engine charges) and output
+              tokens alone. The first ``--settle`` s (the batch filling up) are not counted.
 
 Every figure comes from timestamps and token counts seen by the client (the engine's counters are not used).
 
@@ -18,7 +22,8 @@ shares its own step with A's decodes and prefills: ``--a-concurrency N`` caps A'
 as the platform's per-tenant ``max_concurrent_sequences`` limit does, which bounds those steps.
 
 Usage: python -m bench.fairness [--policies fair,fcfs] [--flood 300] [--b-requests 20] [--spacing 1.0]
-                                [--max-tokens 32] [--weights 2,1] [--window 20] [--max-num-seqs 128]
+                                [--max-tokens 32] [--weights 2,1] [--share-clients 128] [--settle 5]
+                                [--window 30] [--max-num-seqs 128] [--max-num-batched-tokens 2048]
                                 [--a-concurrency 0]
 """
 
@@ -100,27 +105,36 @@ async def isolation(client: Client, args: argparse.Namespace) -> dict[str, float
 
 
 async def share(client: Client, args: argparse.Namespace) -> dict[str, float]:
-    client.prompt_tokens.clear()
-    client.output_tokens.clear()
     wa, wb = args.weights
-    tasks = [
-        asyncio.create_task(client.request(t, w)) for _ in range(args.share_requests) for t, w in (("A", wa), ("B", wb))
-    ]
+    stop = time.perf_counter() + args.settle + args.window
+
+    async def loop(tenant: str, weight: float) -> None:
+        while time.perf_counter() < stop:
+            await client.request(tenant, weight)
+
+    tasks = [asyncio.create_task(loop(t, w)) for _ in range(args.share_clients) for t, w in (("A", wa), ("B", wb))]
+    await asyncio.sleep(args.settle)
+    before = {t: (client.prompt_tokens[t], client.output_tokens[t]) for t in "AB"}
     await asyncio.sleep(args.window)
-    left = sum(not t.done() for t in tasks)
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    service = {t: client.prompt_tokens[t] + 2 * client.output_tokens[t] for t in "AB"}
+    prompt = {t: client.prompt_tokens[t] - before[t][0] for t in "AB"}
+    output = {t: client.output_tokens[t] - before[t][1] for t in "AB"}
+    service = {t: prompt[t] + 2 * output[t] for t in "AB"}
     return {
         "service_ratio": service["A"] / max(1, service["B"]),
-        "output_ratio": client.output_tokens["A"] / max(1, client.output_tokens["B"]),
-        "unfinished": left,
+        "output_ratio": output["A"] / max(1, output["B"]),
     }
 
 
 async def run_policy(policy: str, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, float]:
-    engine = await asyncio.to_thread(AsyncEngine, scheduling_policy=policy, max_num_seqs=args.max_num_seqs)
+    engine = await asyncio.to_thread(
+        AsyncEngine,
+        scheduling_policy=policy,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     try:
         client = Client(engine, prompts, args.max_tokens)
         await client.request("warm-up")
@@ -139,9 +153,11 @@ def main() -> None:
     ap.add_argument("--spacing", type=float, default=1.0)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--weights", type=lambda s: tuple(float(x) for x in s.split(",")), default=(2.0, 1.0))
-    ap.add_argument("--share-requests", type=int, default=150)
-    ap.add_argument("--window", type=float, default=20.0)
+    ap.add_argument("--share-clients", type=int, default=128, help="closed-loop clients per tenant (share)")
+    ap.add_argument("--settle", type=float, default=5.0, help="seconds of the share run not counted")
+    ap.add_argument("--window", type=float, default=30.0)
     ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="the step's token budget")
     ap.add_argument("--a-concurrency", type=int, default=0, help="A's requests in the engine at once (0: all)")
     args = ap.parse_args()
 
@@ -157,7 +173,8 @@ def main() -> None:
         f"\nflood {args.flood} x {args.max_tokens} tokens (tenant A, at most {args.a_concurrency or 'all'}"
         " in the engine); "
         f"B: {args.b_requests} requests every "
-        f"{args.spacing}s; max_num_seqs {args.max_num_seqs}; weights A:B = {args.weights[0]:g}:{args.weights[1]:g}"
+        f"{args.spacing}s; max_num_seqs {args.max_num_seqs}; step budget {args.max_num_batched_tokens} tokens; "
+        f"weights A:B = {args.weights[0]:g}:{args.weights[1]:g}"
     )
     print(
         "| policy | B TTFT alone p50 / p99 (ms) | B TTFT under flood p50 / p99 (ms) | p99 ratio | "
