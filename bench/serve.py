@@ -9,6 +9,14 @@ streamed through the official `openai` client, and the SAME requests on the same
 an in-process AsyncEngine. The two take turns over `--rounds` slices of the schedule (on a shared machine
 a whole-run comparison mostly measures which run hit a slow phase). Prints requests/s, output tokens/s,
 time-to-first-token and inter-token latency p50/p99 for both, and the HTTP layer's share of TTFT.
+
+`--mix tools` replays the same schedule as tool calls instead: every request offers one function whose
+`parameters` is Workload A's schema, with `tool_choice` naming it (half on the base model, half on
+adapters). The offline side sends the same constrained requests: the prompt and the constraint come from the
+server's own translation (chat template with the tools, the call's JSON schema), built before its clock
+starts; TTFT is the first streamed tool-call delta over HTTP and, offline, the moment the generated text
+has closed the function's name (what that first delta carries). The HTTP layer's share of TTFT is then the
+cost of tool calling over HTTP (target < +10%).
 """
 
 from __future__ import annotations
@@ -103,12 +111,19 @@ def setup_tenant(url: str, adapter_dirs: list[Path]) -> tuple[str, list[str]]:
     return key, models
 
 
-def plan(reqs: list[dict], n: int, n_adapters: int, rate: float, seed: int = 0) -> list[tuple[float, dict, str, int]]:
+TOOL_NAME = "record_person"
+MIXES = {"standard": ("base", "adapter", "json"), "tools": ("tool", "adapter-tool")}
+
+
+def plan(
+    reqs: list[dict], n: int, n_adapters: int, rate: float, seed: int = 0, mix: str = "standard"
+) -> list[tuple[float, dict, str, int]]:
     """(arrival offset, request, kind, adapter index) for each request, reproducible."""
     rng = random.Random(seed)
+    kinds = MIXES[mix]
     t, out = 0.0, []
     for i in range(n):
-        kind = ("base", "adapter", "json")[i % 3]
+        kind = kinds[i % len(kinds)]
         out.append((t, reqs[i % len(reqs)], kind, rng.randrange(n_adapters)))
         t += rng.expovariate(rate)
     return out
@@ -132,10 +147,12 @@ class HttpRunner:
 
     async def one(self, offset: float, req: dict, kind: str, a: int, t0: float) -> Result:
         await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
-        extra = {}
+        extra: dict = {}
         if kind == "json":
             extra["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": self.schema}}
-        model = self.adapter_models[a] if kind == "adapter" else self.base_model
+        elif kind in ("tool", "adapter-tool"):
+            extra.update(tool_fields(self.schema))
+        model = self.adapter_models[a] if kind.startswith("adapter") else self.base_model
         res = Result()
         start = time.perf_counter()
         last = None
@@ -149,7 +166,7 @@ class HttpRunner:
             **extra,
         )
         async for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
+            if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].delta.tool_calls):
                 now = time.perf_counter()
                 if last is None:
                     res.ttft = now - start
@@ -172,18 +189,24 @@ class OfflineRunner:
         from loraplex.grammar.spec import StructuredSpec
 
         await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
-        ids = self.engine.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        params = SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=0.0,
-            structured=StructuredSpec(json=self.schema) if kind == "json" else None,
-        )
+        if kind in ("tool", "adapter-tool"):
+            ids, structured = server_tool_request(self.engine.tokenizer, req["messages"], self.schema)
+        else:
+            ids = self.engine.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            structured = StructuredSpec(json=self.schema) if kind == "json" else None
+        params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0, structured=structured)
         res = Result()
         start = time.perf_counter()
         last = None
-        async for out in self.engine.generate(ids, params, adapter=self.refs[a] if kind == "adapter" else None):
-            if out.new_text:
+        adapter = self.refs[a] if kind.startswith("adapter") else None
+        # A tool call's first streamed delta carries its name, so it can go out once the name's string has
+        # closed: offline, the first token counts from that point too.
+        text, ready = "", kind not in ("tool", "adapter-tool")
+        async for out in self.engine.generate(ids, params, adapter=adapter):
+            text += out.new_text
+            ready = ready or f'"{TOOL_NAME}"' in text
+            if out.new_text and ready:
                 now = time.perf_counter()
                 if last is None:
                     res.ttft = now - start
@@ -194,11 +217,31 @@ class OfflineRunner:
         return res
 
 
+def tool_fields(schema: dict) -> dict:
+    """The request fields of a named tool call whose arguments follow `schema`."""
+    function = {"name": TOOL_NAME, "description": "Record a person.", "parameters": schema}
+    tool = {"type": "function", "function": function}
+    return {"tools": [tool], "tool_choice": {"type": "function", "function": {"name": TOOL_NAME}}}
+
+
+def server_tool_request(tokenizer, messages: list[dict], schema: dict):
+    """The prompt ids and constraint the server builds for the same tool-call request (its own translation)."""
+    import msgspec
+
+    from loraplex.platform.openai import tools, translate
+    from loraplex.platform.openai.schemas import ChatCompletionRequest
+
+    req = msgspec.convert({"model": "-", "messages": messages, **tool_fields(schema)}, ChatCompletionRequest)
+    mode = tools.tool_mode(req)
+    assert mode is not None
+    return translate.chat_prompt(tokenizer, req), tools.tool_spec(mode, allow_narrowing=True)
+
+
 async def warm_up(runner, schedule) -> None:
     """One request of each kind and adapter first (grammar compile, adapter loads), outside the timing."""
     seen = {}
     for _, r, k, a in schedule:
-        seen.setdefault((k, a if k == "adapter" else 0), (0.0, r, k, a))
+        seen.setdefault((k, a if k.startswith("adapter") else 0), (0.0, r, k, a))
     await asyncio.gather(*(runner.one(*item, time.perf_counter()) for item in seen.values()))
 
 
@@ -279,6 +322,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-loras", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=4, help="HTTP and offline alternate over this many slices")
+    ap.add_argument("--mix", choices=sorted(MIXES), default="standard", help="standard, or named tool calls")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -293,11 +337,13 @@ def main() -> None:
         bench_dir, model_dir, Path.home() / ".cache" / "loraplex" / "bench" / "workload-a-adapters", 32
     )
     adapter_dirs = adapter_dirs[: args.adapters]
-    schedule = plan(reqs, args.requests, len(adapter_dirs), args.rate)
-    print(
-        f"{args.requests} requests at {args.rate}/s (base / adapter / JSON schema, a third each), "
-        f"{args.max_tokens} max tokens; {machine_load()}"
+    schedule = plan(reqs, args.requests, len(adapter_dirs), args.rate, mix=args.mix)
+    what = (
+        "base / adapter / JSON schema, a third each"
+        if args.mix == "standard"
+        else "named tool calls with the JSON schema as parameters, half base, half adapter"
     )
+    print(f"{args.requests} requests at {args.rate}/s ({what}), {args.max_tokens} max tokens; {machine_load()}")
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -326,7 +372,8 @@ def main() -> None:
     rows = [summarise("HTTP (openai client, SSE)", http, http_s), summarise("offline AsyncEngine", offline, off_s)]
     print_table(["path", "req/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"], rows)
     added = rows[0][3] / rows[1][3] - 1
-    print(f"HTTP layer adds {added:+.1%} to TTFT p50 (target < +10%)")
+    layer = "HTTP tool calling" if args.mix == "tools" else "HTTP layer"
+    print(f"{layer} adds {added:+.1%} to TTFT p50 (target < +10%)")
 
 
 if __name__ == "__main__":
