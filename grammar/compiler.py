@@ -160,7 +160,7 @@ class GrammarCompiler:
         error: GrammarError | None = None
         cacheable = True
         if failure is not None:
-            error, cacheable = GrammarError(str(failure)), not failure.transient
+            error, cacheable = GrammarError(str(failure), code=failure.code), not failure.transient
         else:
             try:
                 narrowing = tuple(artifact.get("narrowing", ()))  # type: ignore[union-attr]
@@ -172,7 +172,7 @@ class GrammarCompiler:
             self._stats["compile_seconds"] += time.perf_counter() - started
             if error is not None:
                 self._stats["errors"] += 1
-                self._stats["timeouts"] += "timed out" in str(error)
+                self._stats["timeouts"] += error.code == "compile_timeout"
             else:
                 self._stats[grammar.backend] += 1  # type: ignore[union-attr]
             self._inflight.pop(key, None)

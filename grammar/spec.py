@@ -6,17 +6,28 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+GRAMMAR_ERROR_CODES = (
+    "invalid_schema",  # not a valid constraint (bad schema, regex, grammar, or spec shape)
+    "unsupported_schema",  # valid, but uses something we cannot enforce exactly nor narrow
+    "unsatisfiable_schema",  # no output can satisfy it (possibly after narrowing)
+    "narrowing_refused",  # enforceable only narrowed, and the request asked to refuse instead
+    "compile_timeout",  # the compile ran past its time limit (not cached: a retry may succeed)
+    "compile_failed",  # the compile worker crashed or ran out of memory
+)
+
 
 class GrammarError(ValueError):
     """A constraint that cannot be compiled; the message names the problem.
 
     Examples: an unsupported keyword with its JSON pointer, an invalid schema, an unsatisfiable
     schema, a regex or grammar syntax error, a compile that ran past its time limit. ``code`` is a short
-    stable tag for API error bodies (as ``AdapterError`` and the engine's errors carry).
+    stable tag for API error bodies (as ``AdapterError`` and the engine's errors carry), one of
+    ``GRAMMAR_ERROR_CODES``; it survives the trip from a compile worker process.
     """
 
     def __init__(self, message: str, *, code: str = "invalid_schema") -> None:
         super().__init__(message)
+        assert code in GRAMMAR_ERROR_CODES, code
         self.code = code
 
 

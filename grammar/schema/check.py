@@ -69,10 +69,14 @@ def pointer(parts: list[Any] | tuple[Any, ...]) -> str:
 def resolve_pointer(root: Any, ref: str) -> tuple[Any, str]:
     """Resolve a local `$ref` ("#", "#/$defs/x"); returns (target, its pointer)."""
     if not ref.startswith("#"):
-        raise GrammarError(f"unsupported $ref {ref!r}: only local references ('#/...') are supported")
+        raise GrammarError(
+            f"unsupported $ref {ref!r}: only local references ('#/...') are supported", code="unsupported_schema"
+        )
     frag = unquote(ref[1:])
     if frag and not frag.startswith("/"):
-        raise GrammarError(f"unsupported $ref {ref!r}: anchors are not supported, use a JSON pointer")
+        raise GrammarError(
+            f"unsupported $ref {ref!r}: anchors are not supported, use a JSON pointer", code="unsupported_schema"
+        )
     node = root
     parts: list[str] = []
     for raw in frag.split("/")[1:] if frag else []:
@@ -102,9 +106,12 @@ def check_schema(schema: Any) -> None:
         for key, value in node.items():
             where = pointer(path + [key])
             if not (key in ENFORCED or key in LLGUIDANCE_ONLY or key in ANNOTATIONS or key.startswith("x-loraplex-")):
-                raise GrammarError(f"unsupported keyword {key!r} at {ptr or '/'}")
+                raise GrammarError(f"unsupported keyword {key!r} at {ptr or '/'}", code="unsupported_schema")
             if key == "format" and value not in FORMATS:
-                raise GrammarError(f"unsupported format {value!r} at {where} (supported: {', '.join(FORMATS)})")
+                raise GrammarError(
+                    f"unsupported format {value!r} at {where} (supported: {', '.join(FORMATS)})",
+                    code="unsupported_schema",
+                )
             if key == "$ref":
                 target, target_ptr = resolve_pointer(schema, value)
                 todo.append((target, _parts(target_ptr)))

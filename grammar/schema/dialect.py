@@ -151,7 +151,8 @@ def draft_of(schema: Any) -> tuple[str, type]:
         raise GrammarError(
             f"unsupported $schema dialect {schema['$schema']!r} (supported: "
             + ", ".join(f"{c.META_SCHEMA['$schema']}" for c in DRAFTS)
-            + ")"
+            + ")",
+            code="unsupported_schema",
         )
     return DRAFTS[cls], cls
 
@@ -262,7 +263,8 @@ class _Index:
         if resource is None:
             raise GrammarError(
                 f"unsupported $ref {ref!r} at {where or '/'}: it points outside this schema, and references are "
-                "never fetched (inline the referenced schema under $defs)"
+                "never fetched (inline the referenced schema under $defs)",
+                code="unsupported_schema",
             )
         return resource + fragment
 

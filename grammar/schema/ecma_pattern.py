@@ -331,7 +331,9 @@ def _emit(node: Node, encoded: bool = True) -> str:
         return f"(?:{_emit(inner, encoded)}){q}"
     if not encoded:
         return "^" if kind == "bol" else "$"
-    raise GrammarError("'^' or '$' inside a pattern (not at its start or end) cannot be enforced")
+    raise GrammarError(
+        "'^' or '$' inside a pattern (not at its start or end) cannot be enforced", code="unsupported_schema"
+    )
 
 
 def _top_alternatives(node: Node) -> list[Node]:

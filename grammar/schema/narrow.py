@@ -295,7 +295,8 @@ class _Narrower:
             if need > len(optional):
                 raise GrammarError(
                     f"minProperties at {pointer(path) or '/'}: asks for {low} properties, more than "
-                    "can be generated from the declared ones"
+                    "can be generated from the declared ones",
+                    code="unsupported_schema",
                 )
             node["required"] = required + optional[:need]
             required, optional = node["required"], optional[need:]
@@ -303,7 +304,10 @@ class _Narrower:
         if high is not None:
             room = high - len(required)
             if room < 0:
-                raise GrammarError(f"maxProperties at {pointer(path) or '/'}: fewer than the required properties")
+                raise GrammarError(
+                    f"maxProperties at {pointer(path) or '/'}: fewer than the required properties",
+                    code="unsatisfiable_schema",
+                )
             closed = node.get("additionalProperties") is False
             for name in optional[room:]:
                 declared[name] = False
@@ -349,7 +353,8 @@ class _Narrower:
         if not witnesses:
             raise GrammarError(
                 f"pattern at {pointer(path + ['pattern'])}: {pattern!r} cannot be enforced (look-around, "
-                "word boundary or back-reference) and no known value satisfies it to narrow to"
+                "word boundary or back-reference) and no known value satisfies it to narrow to",
+                code="unsupported_schema",
             )
         node["enum"] = witnesses[:8] if "enum" not in node else [v for v in node["enum"] if v in witnesses]
         self.note("pattern", path, f"{pattern!r} cannot be enforced: narrowed to the values {node['enum']!r}")
@@ -368,12 +373,18 @@ class _Narrower:
                 for combo in itertools.combinations(values, k)
             ]
             if not choices:
-                raise GrammarError(f"uniqueItems at {pointer(path) or '/'}: no array of distinct values fits")
+                raise GrammarError(
+                    f"uniqueItems at {pointer(path) or '/'}: no array of distinct values fits",
+                    code="unsatisfiable_schema",
+                )
             _conjoin(node, {"anyOf": choices})
             self.note("uniqueItems", path, "distinct values are generated in the order the schema lists them")
             return
         if low > 1:
-            raise GrammarError(f"uniqueItems at {pointer(path) or '/'}: cannot guarantee {low} distinct items")
+            raise GrammarError(
+                f"uniqueItems at {pointer(path) or '/'}: cannot guarantee {low} distinct items",
+                code="unsupported_schema",
+            )
         node["maxItems"] = 1 if high is None else min(high, 1)
         self.note("uniqueItems", path, "at most one item is generated")
 
@@ -385,7 +396,7 @@ class _Narrower:
         sub = node.pop("contains")
         low, high = node.pop("minContains", 1), node.pop("maxContains", None)
         if high is not None and high < low:
-            raise GrammarError(f"maxContains at {pointer(path) or '/'}: below minContains")
+            raise GrammarError(f"maxContains at {pointer(path) or '/'}: below minContains", code="unsatisfiable_schema")
         prefix = list(node.get("prefixItems", []))
         for i in range(low):  # the first `low` items are the ones that match
             spot = {"allOf": [prefix[i] if i < len(prefix) else node.get("items", True), sub]}

@@ -55,7 +55,7 @@ class SchemaRegex:
     def build(self) -> str:
         rx = self.value([(self.root, "")], Ctx())
         if rx is None:
-            raise GrammarError("schema is unsatisfiable: no JSON value can match it")
+            raise GrammarError("schema is unsatisfiable: no JSON value can match it", code="unsatisfiable_schema")
         if len(rx) > MAX_REGEX_CHARS:
             raise NotRegular(f"regex of {len(rx)} characters is too large")
         return rx

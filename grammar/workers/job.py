@@ -99,14 +99,15 @@ def _schema_parts(
     """A schema checked, narrowed and closed: (schema, narrowing, exact regex or None, why not a regex)."""
     schema, _draft = to_internal(schema)  # validated under its own draft, in one internal form
     if schema is False:
-        raise GrammarError("the schema is false: no value is valid")
+        raise GrammarError("the schema is false: no value is valid", code="unsatisfiable_schema")
     if schema is True:
         schema = {}
     schema, rules = narrow(schema, drop_pattern_properties)
     if rules and not spec.allow_narrowing:
         raise GrammarError(
             "the schema can only be enforced narrowed, and the request asked to refuse rather than narrow: "
-            + "; ".join(str(r) for r in rules)
+            + "; ".join(str(r) for r in rules),
+            code="narrowing_refused",
         )
     narrowing = [str(r) for r in rules]
     check_schema(schema)
@@ -146,14 +147,19 @@ def _llguidance(ctx: WorkerContext, tr: Translation) -> dict[str, Any]:
         llg_text.validate(tr.llg, ctx.ll_tokenizer, tr.llg_error_label)
     except GrammarError as e:
         if tr.why_not_regex and tr.llg_error_label.startswith("schema"):
-            raise GrammarError(f"schema cannot be enforced: {tr.why_not_regex} ({e})") from None
+            raise GrammarError(
+                f"schema cannot be enforced: {tr.why_not_regex} ({e})", code="unsupported_schema"
+            ) from None
         raise
     matcher = LLMatcher(ctx.ll_tokenizer, tr.llg, log_level=0)
     if matcher.is_error():
         raise GrammarError(f"{tr.llg_error_label}: {matcher.get_error()}")
     plan = ctx.search.plan(matcher)
     if plan is None:
-        raise GrammarError("no complete output was found within the search bounds (is the constraint satisfiable?)")
+        raise GrammarError(
+            "no complete output was found within the search bounds (is the constraint satisfiable?)",
+            code="unsatisfiable_schema",
+        )
     return {"kind": "llg", "grammar": tr.llg, "plan": plan}
 
 

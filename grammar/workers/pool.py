@@ -27,11 +27,13 @@ STARTUP_SECONDS = 120.0  # a worker that cannot even start is a broken install, 
 
 
 class JobFailed(Exception):
-    """A job ended without an artifact; `transient` failures (timeout, crash) are not cached."""
+    """A job ended without an artifact; `transient` failures (timeout, crash) are not cached. `code` is the
+    GrammarError code it becomes (the worker's own for a refusal)."""
 
-    def __init__(self, message: str, transient: bool) -> None:
+    def __init__(self, message: str, transient: bool, code: str = "compile_failed") -> None:
         super().__init__(message)
         self.transient = transient
+        self.code = code
 
 
 @dataclass
@@ -112,7 +114,7 @@ class WorkerPool:
             worker.kill()
 
     def _run(self, slot: int, job: _Job) -> dict:
-        timeout = JobFailed(f"compile timed out after {job.timeout_s:g} s", transient=True)
+        timeout = JobFailed(f"compile timed out after {job.timeout_s:g} s", transient=True, code="compile_timeout")
         worker = self._workers[slot]
         deadline = time.monotonic() + job.timeout_s
         try:
@@ -134,7 +136,8 @@ class WorkerPool:
         if recycle:  # the worker exits after this reply (a stuck thread or a memory error)
             self._discard(slot)
         if status != "ok":
-            raise JobFailed(body, transient=False)
+            message, code = body
+            raise JobFailed(message, transient=False, code=code)
         return body
 
     def _discard(self, slot: int) -> None:

@@ -41,11 +41,14 @@ def main() -> None:
             recycle = bool(result.pop("recycle", False))
             reply: tuple = ("ok", job_id, result)
         except GrammarError as e:
-            reply = ("err", job_id, str(e))
+            reply = ("err", job_id, (str(e), e.code))
         except MemoryError:
-            reply, recycle = ("err", job_id, "compile ran out of memory (worker memory limit)"), True
+            reply, recycle = (
+                ("err", job_id, ("compile ran out of memory (worker memory limit)", "compile_failed")),
+                True,
+            )
         except Exception as e:  # reported to the parent, never fatal to it
-            reply = ("err", job_id, f"internal compile error: {type(e).__name__}: {e}")
+            reply = ("err", job_id, (f"internal compile error: {type(e).__name__}: {e}", "compile_failed"))
         try:
             write_frame(fd_out, reply + (recycle,))
         except PipeClosed:

@@ -113,8 +113,9 @@ def test_timeout_fails_that_request_only_and_the_pool_recovers(tokenizer):
         with stopped_worker(c):  # the compile cannot finish: only its deadline ends it (the pool kills the worker)
             runaway = c.submit(stuck)
             after = c.submit(StructuredSpec(regex="ok[0-9]"))  # queued behind the runaway compile
-            with pytest.raises(GrammarError, match="timed out after 1 s"):
+            with pytest.raises(GrammarError, match="timed out after 1 s") as timed_out:
                 runaway.result(timeout=60)
+            assert timed_out.value.code == "compile_timeout"
         assert after.result(timeout=60).min_tokens == 2  # a fresh worker took the next job
         assert c.stats()["timeouts"] == 1
         # the timeout was not cached: it compiles now, to the fewest tokens that spell "stuck-<digit>"

@@ -10,30 +10,50 @@ import pytest
 from loraplex.grammar import GrammarError, StructuredSpec
 
 _EXTERNAL = "unsupported \\$ref 'https://example.com/other.json' at /: it points outside this schema"
-SCHEMA_REFUSALS = [
-    ({"type": "strin"}, "invalid schema: .* at /type"),
-    ({"type": "string", "minLength": -1}, "invalid schema: .* at /minLength"),
-    ({"$schema": "http://json-schema.org/draft-04/schema#", "exclusiveMinimum": 3}, "invalid schema: .* at /"),
-    ({"type": "integer", "minimum": 5, "maximum": 3}, "unsatisfiable"),
-    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "unsatisfiable"),
-    ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "unsatisfiable"),
-    ({"oneOf": [{"type": "integer"}, {"type": "integer"}]}, "unsatisfiable"),  # both always match: never one
-    ({"not": {}}, "unsatisfiable"),
-    (False, "the schema is false"),
-    ({"$ref": "https://example.com/other.json"}, _EXTERNAL),
-    ({"$ref": "#/$defs/missing"}, "does not resolve"),
-    ({"type": "string", "pattern": "(?=a)b"}, "look-around"),
-    ({"type": "string", "pattern": "(q)\\1z"}, "no known value satisfies it"),  # a back-reference, no witness
-    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2}, "cannot guarantee 2 distinct"),
-    ({"type": "array", "contains": {"type": "string"}, "minContains": 3, "maxContains": 2}, "below minContains"),
-    ({"$schema": "http://json-schema.org/draft-03/schema#", "type": "string"}, "unsupported \\$schema dialect"),
+SCHEMA_REFUSALS = [  # schema, what the message says, the error's code
+    ({"type": "strin"}, "invalid schema: .* at /type", "invalid_schema"),
+    ({"type": "string", "minLength": -1}, "invalid schema: .* at /minLength", "invalid_schema"),
+    (
+        {"$schema": "http://json-schema.org/draft-04/schema#", "exclusiveMinimum": 3},
+        "invalid schema: .* at /",
+        "invalid_schema",
+    ),
+    ({"type": "integer", "minimum": 5, "maximum": 3}, "unsatisfiable", "unsatisfiable_schema"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "unsatisfiable", "unsatisfiable_schema"),
+    ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "unsatisfiable", "unsatisfiable_schema"),
+    # both branches always match: never exactly one
+    ({"oneOf": [{"type": "integer"}, {"type": "integer"}]}, "unsatisfiable", "unsatisfiable_schema"),
+    ({"not": {}}, "unsatisfiable", "unsatisfiable_schema"),
+    (False, "the schema is false", "unsatisfiable_schema"),
+    ({"$ref": "https://example.com/other.json"}, _EXTERNAL, "unsupported_schema"),
+    ({"$ref": "#/$defs/missing"}, "does not resolve", "invalid_schema"),
+    ({"type": "string", "pattern": "(?=a)b"}, "look-around", "unsupported_schema"),
+    # a back-reference, no witness
+    ({"type": "string", "pattern": "(q)\\1z"}, "no known value satisfies it", "unsupported_schema"),
+    (
+        {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
+        "cannot guarantee 2 distinct",
+        "unsupported_schema",
+    ),
+    (
+        {"type": "array", "contains": {"type": "string"}, "minContains": 3, "maxContains": 2},
+        "below minContains",
+        "unsatisfiable_schema",
+    ),
+    (
+        {"$schema": "http://json-schema.org/draft-03/schema#", "type": "string"},
+        "unsupported \\$schema dialect",
+        "unsupported_schema",
+    ),
 ]
 
 
-@pytest.mark.parametrize("schema, message", SCHEMA_REFUSALS, ids=[m[:40] for _, m in SCHEMA_REFUSALS])
-def test_schema_refusals(compiler, schema, message):
-    with pytest.raises(GrammarError, match=message):
+@pytest.mark.parametrize("schema, message, code", SCHEMA_REFUSALS, ids=[m[:40] for _, m, _ in SCHEMA_REFUSALS])
+def test_schema_refusals(compiler, schema, message, code):
+    """Refused in a compile worker process: the message and the code both come back to the caller."""
+    with pytest.raises(GrammarError, match=message) as refused:
         compiler.compile(StructuredSpec(json=schema))
+    assert refused.value.code == code
 
 
 def test_refusal_through_llguidance_too(llg_compiler):

@@ -369,7 +369,7 @@ def test_each_constrained_response_says_whether_its_schema_was_narrowed(tenant) 
             response_format=fmt(narrowed),
             extra_body={"schema_narrowing": "refuse"},
         )
-    assert e.value.body["param"] == "response_format" and e.value.body["code"] == "invalid_schema"
+    assert e.value.body["param"] == "response_format" and e.value.body["code"] == "narrowing_refused"
     assert "uniqueItems at /: at most one item" in e.value.body["message"]
     strict_exact = client.chat.completions.with_raw_response.create(
         model=base,
