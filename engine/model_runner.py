@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import torch
@@ -11,9 +10,7 @@ from loraplex.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineArgs, Model
 from loraplex.engine.llama import DecoderModel, LoRAContext, load_model
 from loraplex.engine.scheduler import ScheduledBatch
 from loraplex.kernels.attention_plan import AttentionMetadata
-from loraplex.kernels.backend import ComputeBackend, select_backend, torch_backend
-
-log = logging.getLogger(__name__)
+from loraplex.kernels.backend import ComputeBackend, select_backend
 
 
 class ModelRunner:
@@ -27,18 +24,6 @@ class ModelRunner:
         self.backend: ComputeBackend = select_backend(
             self.device, self.dtype, shape.head_dim, shape.num_heads, shape.num_kv_heads
         )
-        windowed = any(w is not None for w in shape.windows_for(max_model_len))
-        if (windowed or shape.attn_softcap is not None) and self.backend.name != "torch":
-            # The C and Triton attention kernels take neither a window nor a soft-cap yet: the torch paths,
-            # which take both, serve these models exactly (more slowly).
-            log.warning(
-                "%s: sliding windows shorter than max_model_len (%d) or attention soft-capping: running the "
-                "torch attention paths instead of the %s kernels",
-                shape.family.architecture,
-                max_model_len,
-                self.backend.name,
-            )
-            self.backend = torch_backend()
         self.model: DecoderModel = load_model(model_dir, shape, self.device, self.dtype, max_model_len, self.backend)
         self.num_blocks = self._num_blocks(args)
         # [num_blocks, block_size, kv_heads, head_dim] per layer; zeroed so never-written slots are finite.

@@ -8,6 +8,10 @@ pages with an online softmax. The grid needs no host sync: axis 0 has
 sequences, and each program finds its sequence by binary search over
 ``query_start_loc[s] // BLOCK_Q + s`` (the first block slot of sequence ``s``).
 
+With a sliding window (``WINDOW`` > 0) a query at position p sees keys p - WINDOW + 1 .. p and tiles
+wholly before the block's first visible key are skipped; with ``SOFTCAP`` > 0 scores become
+``SOFTCAP * tanh(score / SOFTCAP)`` (Gemma 2) before the mask.
+
 Keys are read in tiles of ``TILE_N`` positions, each position finding its page through the
 block table, so any page size works: a tile is one whole page when pages are a power of two
 of at least 16 (the smallest ``tl.dot`` width), and spans several pages when they are smaller.
@@ -47,6 +51,9 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     qk_scale_log2,
+    sm_scale,
+    softcap,
+    window,
     num_seqs,
     stride_qt,
     stride_qh,
@@ -72,6 +79,8 @@ def _paged_attention_kernel(
     TILE_N: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
     block_slot = tl.program_id(0)
@@ -110,9 +119,12 @@ def _paged_attention_kernel(
     # Keys this tile can see: 0 .. position of its last query row.
     kv_len = first_pos + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
     num_tiles = tl.cdiv(kv_len, TILE_N)
+    first_tile = 0
+    if HAS_WINDOW:  # the block's first query row sees nothing before first_pos + q_block * BLOCK_Q - window + 1
+        first_tile = tl.maximum(first_pos + q_block * BLOCK_Q - window + 1, 0) // TILE_N
     offs_tile = tl.arange(0, TILE_N)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for tile_idx in range(num_tiles):
+    for tile_idx in range(first_tile, num_tiles):
         key_pos = tile_idx * TILE_N + offs_tile
         key_valid = key_pos < kv_len  # never read stale slots of a partial last page
         block_id = tl.load(table_row + (key_pos // PAGE) * stride_bb, mask=key_valid, other=0).to(tl.int64)
@@ -122,8 +134,15 @@ def _paged_attention_kernel(
             mask=dim_valid[:, None] & key_valid[None, :],
             other=0.0,
         )  # [HEAD_DIM_P, TILE_N]
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale_log2
-        s = tl.where(key_pos[None, :] <= q_pos[:, None], s, float("-inf"))
+        if HAS_SOFTCAP:  # softcap * tanh(x / softcap), tanh written with exp (stable at both ends)
+            x = tl.dot(q, k, input_precision=PRECISION) * (sm_scale / softcap)
+            s = (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)) * (softcap * 1.4426950408889634)
+        else:
+            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale_log2
+        seen = key_pos[None, :] <= q_pos[:, None]
+        if HAS_WINDOW:
+            seen = seen & (key_pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -155,6 +174,9 @@ def launch_paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     out: torch.Tensor,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Launch the kernel writing into ``out`` (same shape and dtype as ``q``)."""
     num_tokens, num_heads, head_dim = q.shape
@@ -179,6 +201,9 @@ def launch_paged_attention(
         seq_lens.contiguous(),
         query_start_loc.contiguous(),
         scale * _LOG2E,
+        float(scale),
+        float(softcap or 0.0),
+        int(window or 0),
         num_seqs,
         q.stride(0),
         q.stride(1),
@@ -204,4 +229,6 @@ def launch_paged_attention(
         TILE_N=tile_n,
         BLOCK_Q=block_q,
         PRECISION=precision,
+        HAS_WINDOW=window is not None,
+        HAS_SOFTCAP=softcap is not None,
     )

@@ -68,6 +68,8 @@ def _attend_padded(
     q_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Attention for a group of sequences, queries padded to the group's longest chunk.
 
@@ -113,10 +115,16 @@ def _attend_padded(
     q_pos = seq_lens[:, None] - q_lens[:, None] + q_off[None, :]  # [S, max_q]
     # Padding rows get q_pos >= seq_len, so no row is fully masked (no NaN).
     allowed = (key_pos[None, None, :] <= q_pos[:, :, None]) & key_valid[:, None, :]  # [S, max_q, L]
+    if window is not None:
+        allowed &= key_pos[None, None, :] > q_pos[:, :, None] - window
     mask = allowed[:, None, None].expand(num_seqs, 1, group, max_q, max_len)
     mask = mask.reshape(num_seqs, 1, group * max_q, max_len)
 
-    att = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    if softcap is None:
+        att = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    else:
+        scores = torch.tanh(qg @ k.transpose(-1, -2) * (scale / softcap)) * softcap
+        att = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
     att = att.view(num_seqs, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
     att = att.reshape(num_seqs, max_q, num_heads, head_dim)
     out[rows[q_valid]] = att[q_valid]
@@ -130,11 +138,15 @@ def paged_attention_ref(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Torch paged attention, vectorised over the batch (float32 softmax).
 
     Decodes (one query row) and longer chunks are two padded groups, so a long prefill
-    chunk does not pad every decode to its length; no loop over sequences.
+    chunk does not pad every decode to its length; no loop over sequences. ``window``: a query at
+    position p sees keys p - window + 1 .. p (a sliding-window layer); ``softcap``: scores become
+    ``softcap * tanh(scores / softcap)`` before the softmax (Gemma 2).
     """
     _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -156,6 +168,8 @@ def paged_attention_ref(
                 q_lens[group],
                 scale,
                 out,
+                window,
+                softcap,
             )
     return out.to(q.dtype)
 
@@ -168,15 +182,20 @@ def paged_attention_triton(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Triton paged attention: one launch for mixed prefill chunks and decodes."""
+    """Triton paged attention: one launch for mixed prefill chunks and decodes (``window`` and ``softcap`` as
+    in :func:`paged_attention_ref`)."""
     _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     from ._triton_attention import launch_paged_attention
 
     out = torch.empty_like(q)
     if q.shape[0] == 0 or seq_lens.shape[0] == 0:
         return out
-    launch_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
+    launch_paged_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, window=window, softcap=softcap
+    )
     return out
 
 
@@ -188,10 +207,12 @@ def paged_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Paged attention: Triton on CUDA, the torch reference elsewhere."""
     impl = paged_attention_triton if q.is_cuda else paged_attention_ref
-    return impl(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    return impl(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=window, softcap=softcap)
 
 
 def store_kv(

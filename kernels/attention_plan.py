@@ -222,14 +222,20 @@ def attention(
     """q: [T, H, D]; k, v: [T, KVH, D]. Writes k, v to the cache, returns attention output [T, H, D].
 
     ``window``: a query at position p sees keys at positions p - window + 1 .. p (transformers' sliding
-    window); ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2). Both
-    run on the torch paths only (the engine picks the torch backend for models that need them)."""
+    window); ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2). Every
+    path takes both: the Triton and C kernels and the torch ones."""
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    if (window is not None or softcap is not None) and meta.backend != "torch":
-        raise ValueError(f"the {meta.backend} attention kernels take no sliding window or soft-cap")
     if meta.backend == "triton":
         return paged_attention_triton(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            scale,
+            window=window,
+            softcap=softcap,
         )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, _bs, kvh, d = k_cache.shape
@@ -243,6 +249,8 @@ def attention(
                 meta.seq_lens,
                 meta.query_start_loc,
                 scale,
+                window,
+                softcap,
                 out=out,
                 skip_decodes=g.skip_decodes,
                 check_tables=not g.checked,
@@ -251,7 +259,7 @@ def attention(
             continue
         if isinstance(g, CDecodePlan):
             out[g.rows] = paged_decode_attention_c(
-                q[g.rows], k_cache, v_cache, g.tables, g.seq_lens, scale, check_tables=not g.checked
+                q[g.rows], k_cache, v_cache, g.tables, g.seq_lens, scale, window, softcap, check_tables=not g.checked
             )
             g.checked = True  # every layer's cache has the same number of blocks
             continue

@@ -26,7 +26,9 @@ __all__ = [
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
-_SIGNATURES = {"loraplex_paged_decode_attention_f32": (ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, ctypes.c_int])}
+_SIGNATURES = {
+    "loraplex_paged_decode_attention_f32": (ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, _i64, _f32, ctypes.c_int])
+}
 
 
 def _library() -> ctypes.CDLL | None:
@@ -79,11 +81,13 @@ def paged_decode_attention_ref(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Torch reference: the general paged attention with a one-token chunk per sequence."""
     _check(q, k_cache, v_cache, block_tables, seq_lens)
     starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, starts, scale)
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, starts, scale, window, softcap)
 
 
 def paged_decode_attention_c(
@@ -93,9 +97,12 @@ def paged_decode_attention_c(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
     check_tables: bool = True,
 ) -> torch.Tensor:
     """The C kernel; raises when it cannot serve these tensors (not float32 CPU, or not built).
+    ``window`` and ``softcap`` as in :func:`kernels.attention.paged_attention_ref`.
 
     ``check_tables=False`` skips the bounds check of the table entries, for a caller that already checked
     the same tables against a cache of the same size (the engine checks once per step, not per layer)."""
@@ -134,6 +141,8 @@ def paged_decode_attention_c(
         block_size,
         tables.shape[1],
         float(scale),
+        _window_arg(window),
+        _softcap_arg(softcap),
         torch.get_num_threads(),
     )
     if rc == -2:
@@ -143,6 +152,20 @@ def paged_decode_attention_c(
     return out
 
 
+def _window_arg(window: int | None) -> int:
+    """The kernels' encoding of a sliding window: 0 for none; a window is at least one token."""
+    if window is not None and window < 1:
+        raise ValueError(f"a sliding window must be at least 1 token, got {window}")
+    return int(window or 0)
+
+
+def _softcap_arg(softcap: float | None) -> float:
+    """The kernels' encoding of a soft-cap: 0 for none; a cap must be positive."""
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"a soft-cap must be positive, got {softcap}")
+    return float(softcap or 0.0)
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -150,6 +173,8 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The C kernel for float32 CPU tensors when it is built, the torch reference otherwise."""
     if (
@@ -158,5 +183,5 @@ def paged_decode_attention(
         and q.shape[-1] % 8 == 0
         and cpu_decode_kernel_available()
     ):
-        return paged_decode_attention_c(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return paged_decode_attention_c(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap)
+    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap)

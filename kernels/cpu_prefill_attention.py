@@ -20,7 +20,7 @@ import torch
 
 from .attention import _check_shapes, paged_attention_ref
 from .cpu_build import load
-from .cpu_decode_attention import check_block_tables
+from .cpu_decode_attention import _softcap_arg, _window_arg, check_block_tables
 
 __all__ = ["cpu_prefill_kernel_available", "paged_prefill_attention_c", "paged_prefill_attention_ref"]
 
@@ -43,6 +43,8 @@ _SIGNATURES = {
             _i64,
             _i64,
             _i64,
+            _i64,
+            ctypes.c_float,
             _i64,
             ctypes.c_float,
             ctypes.c_int,
@@ -88,6 +90,8 @@ def paged_prefill_attention_c(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
     *,
     out: torch.Tensor | None = None,
     skip_decodes: bool = False,
@@ -141,6 +145,8 @@ def paged_prefill_attention_c(
         head_dim,
         block_size,
         float(scale),
+        _window_arg(window),
+        _softcap_arg(softcap),
         torch.get_num_threads(),
     )
     if rc == -2:

@@ -32,6 +32,13 @@ static inline __attribute__((always_inline)) void softmax_tile(v8 s0, v8 s1, flo
     store8(p + 8, e1);
 }
 
+/* Gemma 2's soft-capping of eight scores: cap * tanh(s / cap), which keeps every score inside (-cap, cap). */
+static inline v8 softcap8(v8 s, const float cap)
+{
+    for (int i = 0; i < 8; ++i) s[i] = cap * tanhf(s[i] / cap);
+    return s;
+}
+
 #define LORAPLEX_BY_GROUP(group, D)                                                                           \
     switch (group) {                                                                                          \
     case 1: ATTEND(1, D); break;                                                                              \

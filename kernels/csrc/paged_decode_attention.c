@@ -25,6 +25,10 @@
  * All contiguous; head_dim a multiple of 8; the caller checks shapes and that every table entry read
  * lies inside the cache. Query heads h*group .. h*group+group-1 share kv head h.
  *
+ * Sliding window: with window > 0 the query (at position len - 1) sees only the last `window` keys, and
+ * the walk starts at the first of them (earlier blocks are never read). Soft-capping (Gemma 2): with
+ * softcap > 0 every score becomes softcap * tanh(score / softcap) before the softmax.
+ *
  * Vectors are the 8-float vectors of vec8.h. The GQA group (1..8) and head_dim (64, 128) are
  * compile-time constants in the specialised bodies (attention_common.h), so the accumulators are fixed-size
  * arrays the compiler keeps in registers; other shapes take the generic body.
@@ -45,7 +49,7 @@
 static inline __attribute__((always_inline)) void attend_tile(
     const int64_t group, const int64_t head_dim, const v8 *qs, const float *kt, const float *vt, const int64_t n,
     const int64_t slot_stride, v8 *acc, float *run_max, float *run_sum, const char *pf_k, const char *pf_v,
-    const int64_t pf_lines)
+    const int64_t pf_lines, const float softcap)
 {
     const int64_t nv = head_dim / 8;
     v8 part[group][TILE];
@@ -74,6 +78,10 @@ static inline __attribute__((always_inline)) void attend_tile(
     float p[group][TILE];
     for (int64_t g = 0; g < group; ++g) {
         v8 s0 = reduce8(&part[g][0]), s1 = reduce8(&part[g][8]);
+        if (softcap > 0.0f) {
+            s0 = softcap8(s0, softcap);
+            s1 = softcap8(s1, softcap);
+        }
         for (int64_t i = n; i < TILE; ++i) {  /* lanes past the tile's end never win the max */
             if (i < 8) s0[i] = -INFINITY; else s1[i - 8] = -INFINITY;
         }
@@ -107,7 +115,7 @@ static inline __attribute__((always_inline)) void attend_tile(
 static inline __attribute__((always_inline)) void attend_seq(
     const int64_t group, const int64_t head_dim, const int64_t num_kv_heads, const float *q, const float *k_cache,
     const float *v_cache, const int32_t *table, const int64_t len, float *out, const int64_t block_size,
-    const float scale)
+    const float scale, const int64_t window, const float softcap)
 {
     const int64_t nv = head_dim / 8, num_heads = group * num_kv_heads, slot_stride = num_kv_heads * head_dim;
     v8 qs[num_heads * nv], acc[num_heads * nv];
@@ -122,21 +130,23 @@ static inline __attribute__((always_inline)) void attend_seq(
     }
     const int64_t block_floats = block_size * slot_stride;
     const int64_t pf_lines = (slot_stride * 4 / num_kv_heads + 63) / 64;  /* a slot's lines, over the kv heads' passes */
-    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+    const int64_t start = window > 0 && len > window ? len - window : 0;  /* the first key the query sees */
+    for (int64_t t0 = start / block_size * block_size; t0 < len; t0 += block_size) {
         const float *kb = k_cache + (int64_t)table[t0 / block_size] * block_floats;
         const float *vb = v_cache + (int64_t)table[t0 / block_size] * block_floats;
         const int64_t in_block = len - t0 < block_size ? len - t0 : block_size;
+        const int64_t first = start > t0 ? start - t0 : 0;
         /* the next block is prefetched into L2 a few lines per token, spread over this block's work */
         const int64_t ahead = t0 + block_size < len ? table[t0 / block_size + 1] : table[t0 / block_size];
         const char *pk = (const char *)(k_cache + ahead * block_floats), *pv = (const char *)(v_cache + ahead * block_floats);
-        for (int64_t i0 = 0; i0 < in_block; i0 += TILE) {
+        for (int64_t i0 = first; i0 < in_block; i0 += TILE) {
             const int64_t n = in_block - i0 < TILE ? in_block - i0 : TILE;
             for (int64_t h = 0; h < num_kv_heads; ++h) {
                 const int64_t off = i0 * slot_stride + h * head_dim;
                 const int64_t pf_off = (i0 * num_kv_heads + h * n) * pf_lines * 64;
                 attend_tile(group, head_dim, qs + h * group * nv, kb + off, vb + off, n, slot_stride,
                             acc + h * group * nv, run_max + h * group, run_sum + h * group, pk + pf_off, pv + pf_off,
-                            pf_lines);
+                            pf_lines, softcap);
             }
         }
     }
@@ -149,7 +159,8 @@ static inline __attribute__((always_inline)) void attend_seq(
 int loraplex_paged_decode_attention_f32(
     const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
     const int32_t *seq_lens, float *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-    int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int num_threads)
+    int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int64_t window, float softcap,
+    int num_threads)
 {
     if (head_dim % 8 != 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > MAX_GROUP) return -2;
     const int64_t group = num_heads / num_kv_heads;
@@ -159,7 +170,8 @@ int loraplex_paged_decode_attention_f32(
         const float *qs = q + s * num_heads * head_dim;
         float *os = out + s * num_heads * head_dim;
         const int32_t *table = block_tables + s * max_blocks;
-#define ATTEND(G, D) attend_seq(G, D, num_kv_heads, qs, k_cache, v_cache, table, seq_lens[s], os, block_size, scale)
+#define ATTEND(G, D) \
+    attend_seq(G, D, num_kv_heads, qs, k_cache, v_cache, table, seq_lens[s], os, block_size, scale, window, softcap)
         LORAPLEX_SPECIALISED(group, head_dim)
 #undef ATTEND
     }

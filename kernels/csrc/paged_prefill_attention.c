@@ -23,6 +23,9 @@
  *   out     [num_tokens, num_heads, head_dim] contiguous; rows of skipped sequences are not written
  *   k/v_cache [num_blocks, block_size, num_kv_heads, head_dim]; block_tables [num_seqs, max_blocks]
  *   seq_lens [num_seqs] (context incl. the chunk); query_start_loc [num_seqs + 1]
+ * Sliding window (window > 0): the query at position p sees keys p - window + 1 .. p; key tiles before the
+ * task's first visible key are never read, and lanes before a row's first key are masked like those past
+ * its last. Soft-capping (softcap > 0): scores become softcap * tanh(score / softcap) before the mask.
  * Sequences with fewer than min_q_len query rows are skipped (the engine gives decodes to the decode
  * kernel). head_dim a multiple of 8; the caller checks shapes and that every table entry read lies
  * inside the cache.
@@ -74,7 +77,7 @@ static inline __attribute__((always_inline)) void attend_task(
     const int64_t group, const int64_t head_dim, const float *q, const int64_t q_stride, float *out,
     const int64_t out_stride, const int64_t h, const int64_t ntok, const int64_t pos0, const float *k_cache,
     const float *v_cache, const int32_t *table, const int64_t block_size, const int64_t num_kv_heads,
-    const float scale)
+    const float scale, const int64_t window, const float softcap)
 {
     const int64_t nv = head_dim / 8, rows = ntok * group;
     const int64_t prows = (rows + 1) / 2 * 2;  /* scores go in pairs of rows; a padding row repeats the last */
@@ -97,24 +100,41 @@ static inline __attribute__((always_inline)) void attend_task(
     }
     const v8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
     const v8 neg_inf = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    const int64_t end = pos0 + ntok;  /* keys 0 .. end - 1 */
+    const int64_t end = pos0 + ntok;  /* keys lo .. end - 1 */
+    const int64_t lo = window > 0 && pos0 + 1 > window ? pos0 + 1 - window : 0;  /* the first row's first key */
     const int64_t strip = nv % 8 == 0 ? 8 : nv % 4 == 0 ? 4 : nv % 2 == 0 ? 2 : 1;  /* divides nv */
-    for (int64_t b0 = 0; b0 < end; b0 += block_size) {
+    for (int64_t b0 = lo / block_size * block_size; b0 < end; b0 += block_size) {
         const int64_t base = (int64_t)table[b0 / block_size] * block_floats + h * head_dim;
         const int64_t in_block = end - b0 < block_size ? end - b0 : block_size;
-        for (int64_t i0 = 0; i0 < in_block; i0 += KT) {
+        for (int64_t i0 = lo > b0 ? lo - b0 : 0; i0 < in_block; i0 += KT) {
             const int64_t n = in_block - i0 < KT ? in_block - i0 : KT, k0 = b0 + i0;
             const float *kt = k_cache + base + i0 * slot_stride, *vt = v_cache + base + i0 * slot_stride;
             for (int64_t r = 0; r < prows; r += 2)
                 score_pair(nv, qb + r * head_dim, qb + (r + 1) * head_dim, kt, n, slot_stride, s[r], s[r + 1]);
             for (int64_t r = 0; r < prows; ++r) {
                 v8 s0 = load8(s[r]), s1 = load8(s[r] + 8);
-                /* the last key this row sees, relative to the tile (every row sees key 0, so a row's
-                 * first tile always has a finite maximum) */
+                if (softcap > 0.0f) {
+                    s0 = softcap8(s0, softcap);
+                    s1 = softcap8(s1, softcap);
+                }
+                /* the first and last keys this row sees, relative to the tile. Without a window every row
+                 * sees key 0, so a row's first tile always has a finite maximum; with one, a tile wholly
+                 * before the row's window adds nothing (weights 0) and its first seen tile has a finite one */
+                const int64_t first = window > 0 ? limit[r] - window + 1 - k0 : 0;
+                if (first >= n) {
+                    memset(s[r], 0, sizeof(s[r]));
+                    continue;
+                }
                 const int64_t last = limit[r] - k0 < n - 1 ? limit[r] - k0 : n - 1;
                 if (last < KT - 1) {
                     const v8 lastv = {last, last, last, last, last, last, last, last};
                     const v8i m0 = lane > lastv, m1 = lane + 8.0f > lastv;
+                    s0 = (v8)(((v8i)s0 & ~m0) | ((v8i)neg_inf & m0));
+                    s1 = (v8)(((v8i)s1 & ~m1) | ((v8i)neg_inf & m1));
+                }
+                if (first > 0) {
+                    const v8 firstv = {first, first, first, first, first, first, first, first};
+                    const v8i m0 = lane < firstv, m1 = lane + 8.0f < firstv;
                     s0 = (v8)(((v8i)s0 & ~m0) | ((v8i)neg_inf & m0));
                     s1 = (v8)(((v8i)s1 & ~m1) | ((v8i)neg_inf & m1));
                 }
@@ -146,7 +166,7 @@ int loraplex_paged_prefill_attention_f32(
     const float *q, int64_t q_stride, const float *k_cache, const float *v_cache, const int32_t *block_tables,
     int64_t max_blocks, const int32_t *seq_lens, const int32_t *query_start_loc, int64_t num_seqs,
     int64_t min_q_len, float *out, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-    float scale, int num_threads)
+    float scale, int64_t window, float softcap, int num_threads)
 {
     if (head_dim % 8 != 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > MAX_GROUP) return -2;
     const int64_t group = num_heads / num_kv_heads;
@@ -182,7 +202,7 @@ int loraplex_paged_prefill_attention_f32(
         float *os = out + row * out_stride;
         const int32_t *table = block_tables + s * max_blocks;
 #define ATTEND(G, D) attend_task(G, D, qs, q_stride, os, out_stride, h, ntok, pos0, k_cache, v_cache, table, \
-                                 block_size, num_kv_heads, scale)
+                                 block_size, num_kv_heads, scale, window, softcap)
         LORAPLEX_SPECIALISED(group, head_dim)
 #undef ATTEND
     }

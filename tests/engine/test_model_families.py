@@ -58,6 +58,8 @@ def test_continuous_batch_matches_hf(family):
         block_size=8,
         enable_prefix_caching=True,
     )
+    if eng.runner.device.type == "cpu":  # windows and soft-caps run in the C attention kernels, not a fallback
+        assert eng.runner.backend.name == "cpu-c"
     rec = LogitsRecorder()
     eng.probe = EngineProbe(on_logits=rec)
     ps = prompts(7, seed=len(model_type))

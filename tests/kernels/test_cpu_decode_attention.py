@@ -45,6 +45,28 @@ def test_matches_reference(heads, kv_heads, head_dim, block_size, lens):
     assert torch.equal(paged_decode_attention(q, k, v, tables, seq_lens, scale), out)
 
 
+@pytest.mark.parametrize("window,softcap", [(1, None), (5, None), (16, None), (40, None), (None, 1.5), (5, 1.5)])
+def test_window_and_softcap_match_reference(window, softcap):
+    """Sliding windows shorter and longer than the contexts, starting mid-block and on a block edge, and
+    Gemma 2's soft-cap (small enough to change the scores: they are about N(0, 1) here)."""
+    lens = [1, 17, 200, 16, 33, 48]
+    q, k, v, tables, seq_lens = _case(len(lens), 9, 3, 64, 16, lens, seed=3)
+    scale = 64**-0.5
+    ref = paged_decode_attention_ref(q, k, v, tables, seq_lens, scale, window, softcap)
+    out = paged_decode_attention_c(q, k, v, tables, seq_lens, scale, window, softcap)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    plain = paged_decode_attention_ref(q, k, v, tables, seq_lens, scale)
+    assert not torch.allclose(out, plain, atol=1e-3)  # the window / cap changed the result
+
+
+def test_refuses_a_window_below_one_and_a_cap_not_positive():
+    q, k, v, tables, seq_lens = _case(1, 2, 2, 16, 16, [5])
+    with pytest.raises(ValueError, match="sliding window must be at least 1"):
+        paged_decode_attention_c(q, k, v, tables, seq_lens, 0.25, window=0)
+    with pytest.raises(ValueError, match="soft-cap must be positive"):
+        paged_decode_attention_c(q, k, v, tables, seq_lens, 0.25, softcap=-1.0)
+
+
 def test_other_dtypes_use_the_reference():
     q, k, v, tables, seq_lens = _case(2, 4, 2, 32, 16, [3, 40])
     out = paged_decode_attention(q.double(), k.double(), v.double(), tables, seq_lens, 0.2)

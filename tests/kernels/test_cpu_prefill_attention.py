@@ -51,6 +51,30 @@ def test_matches_reference(heads, kv_heads, head_dim, block_size, q_lens, ctx_le
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size,q_lens,ctx_lens",
+    [
+        (9, 3, 64, 16, [5, 1, 17, 33, 170], [0, 3, 16, 40, 16]),
+        (12, 1, 64, 8, [7, 30, 1], [300, 0, 9]),  # generic body, small blocks
+        (64, 1, 16, 16, [9, 3], [20, 0]),
+    ],
+)
+@pytest.mark.parametrize("window,softcap", [(1, None), (7, None), (16, None), (50, None), (None, 1.5), (20, 2.0)])
+def test_window_and_softcap_match_reference(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens, window, softcap):
+    """Windows of one token, shorter than a query tile, a block, longer than some contexts; soft-caps that
+    change the scores; queries whose window starts inside, before and after the task's first key tile."""
+    q, k, v, tables, seq_lens, starts = _case(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens, seed=5)
+    scale = head_dim**-0.5
+    ref = paged_prefill_attention_ref(q, k, v, tables, seq_lens, starts, scale, window, softcap)
+    out = paged_prefill_attention_c(q, k, v, tables, seq_lens, starts, scale, window, softcap)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    plain = paged_prefill_attention_ref(q, k, v, tables, seq_lens, starts, scale)
+    # the window / cap changed the result, unless the window covers every context
+    changes = softcap is not None or window < int(seq_lens.max())
+    assert torch.allclose(out, plain, atol=1e-3) != changes
+
+
 def test_skip_decodes_leaves_their_rows_alone():
     q, k, v, tables, seq_lens, starts = _case(9, 3, 64, 16, [1, 20, 1, 7], [40, 5, 3, 0])
     out = torch.full(q.shape, 7.0)

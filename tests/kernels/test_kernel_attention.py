@@ -50,8 +50,9 @@ def make_batch(
     return q, k_cache, v_cache, block_tables, seq_lens, qsl
 
 
-def naive_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale):
-    """Per-sequence dense causal attention in float64."""
+def naive_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, window=None, softcap=None):
+    """Per-sequence dense causal attention in float64 (a query at p sees keys p - window + 1 .. p; scores
+    soft-capped as cap * tanh(s / cap))."""
     out = torch.empty(q.shape, dtype=torch.float64)
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q.shape[1] // num_kv_heads
@@ -64,8 +65,11 @@ def naive_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale):
         v = v_cache[blocks, pos % block_size].double().repeat_interleave(group, dim=1)
         for j in range(end - start):
             p = seq_len - (end - start) + j
-            scores = torch.einsum("hd,lhd->hl", q[start + j].double(), k[: p + 1]) * scale
-            out[start + j] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v[: p + 1])
+            lo = 0 if window is None else max(0, p - window + 1)
+            scores = torch.einsum("hd,lhd->hl", q[start + j].double(), k[lo : p + 1]) * scale
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
+            out[start + j] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v[lo : p + 1])
     return out
 
 
@@ -104,6 +108,30 @@ def test_reference_matches_naive(case, num_heads, num_kv_heads):
     ref = paged_attention_ref(*batch, scale)
     assert torch.isfinite(ref).all()
     assert rel_err(ref, naive_attention(*batch, scale)) < 1e-5
+
+
+WINDOW_SOFTCAP = [(1, None), (6, None), (20, None), (None, 1.5), (9, 2.0)]
+
+
+@pytest.mark.parametrize(("window", "softcap"), WINDOW_SOFTCAP)
+@pytest.mark.parametrize("case", ["mixed", "chunked_prefill"])
+def test_reference_window_and_softcap_match_naive(case, window, softcap):
+    batch = make_batch(CASES[case], 6, 2, 16, seed=11, head_dim=64)
+    ref = paged_attention_ref(*batch, 0.125, window=window, softcap=softcap)
+    assert torch.isfinite(ref).all()
+    assert rel_err(ref, naive_attention(*batch, 0.125, window=window, softcap=softcap)) < 1e-5
+    assert rel_err(ref, naive_attention(*batch, 0.125)) > 1e-3  # the window / cap changed the result
+
+
+@pytest.mark.parametrize(("window", "softcap"), WINDOW_SOFTCAP)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "block_size"), [(6, 2, 16), (8, 2, 8)])
+def test_triton_window_and_softcap_match_reference(window, softcap, num_heads, num_kv_heads, block_size):
+    batch = make_batch(CASES["mixed"], num_heads, num_kv_heads, block_size, seed=13)
+    scale = HEAD_DIM**-0.5
+    ref = paged_attention_ref(*batch, scale, window=window, softcap=softcap)
+    tri = paged_attention_triton(*on_test_device(*batch), scale, window=window, softcap=softcap).cpu()
+    assert torch.isfinite(tri).all()
+    assert rel_err(tri, ref) < 1e-4
 
 
 def test_triton_odd_head_dim_and_strided_query():
