@@ -318,13 +318,22 @@ class _Narrower:
     def _pattern_properties(self, node: dict, path: list[Any]) -> None:
         """Keys through patternProperties are generated only where every pattern can be enforced (and, when
         llguidance found them overlapping, not at all): otherwise only declared properties are, each also
-        held to the schema of every pattern its name matches."""
+        held to the schema of every pattern its name matches. A required name that only a pattern (or
+        additionalProperties) admits is declared first, with that schema, so it stays satisfiable."""
         patterns = node["patternProperties"]
         unenforceable = [p for p in patterns if not _enforceable(p)]
         if not unenforceable and not self.drop_pattern_properties:
             return
         del node["patternProperties"]
         declared = node.setdefault("properties", {})
+        extra = node.get("additionalProperties", True)
+        for name in node.get("required", []):
+            if isinstance(name, str) and name not in declared:
+                matching = [sub for pattern, sub in patterns.items() if _search(pattern, name)]
+                if matching:  # held to the matching patterns' schemas below
+                    declared[name] = True
+                elif extra is not False:
+                    declared[name] = extra
         for name in list(declared):
             matching = [sub for pattern, sub in patterns.items() if _search(pattern, name)]
             if matching and declared[name] is not False:

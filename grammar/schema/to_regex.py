@@ -4,6 +4,11 @@ Objects list their declared properties in schema order (required ones always, op
 maybe), then any additional properties (keys other than the declared names). Values without
 constraints ("any JSON") nest at most `any_depth` levels; recursive `$ref`s unroll at most
 `max_ref_depth` times. Both bounds only narrow what is generated.
+
+A regex longer than `max_chars` is of no use (the token automaton is built only from short ones), and
+objects with many optional properties grow their regex quadratically: every sub-regex is checked
+against the limit as soon as it is built, so a schema that cannot have one stops early (`NotRegular`)
+instead of building hundreds of megabytes of text first.
 """
 
 from __future__ import annotations
@@ -45,8 +50,11 @@ def const_regex(v: Any) -> str:
 class SchemaRegex:
     """Builds the regex of one schema; `build()` raises GrammarError or NotRegular."""
 
-    def __init__(self, root: Any, *, max_ref_depth: int = 3, any_depth: int = 2) -> None:
+    def __init__(
+        self, root: Any, *, max_ref_depth: int = 3, any_depth: int = 2, max_chars: int = MAX_REGEX_CHARS
+    ) -> None:
         self.norm = Normalizer(root, max_ref_depth)
+        self.max_chars = max_chars
         self.root = root  # the schema whose regex build() returns
         self.any_depth = any_depth
         self._memo: dict[Any, str | None] = {}
@@ -56,26 +64,32 @@ class SchemaRegex:
         rx = self.value([(self.root, "")], Ctx())
         if rx is None:
             raise GrammarError("schema is unsatisfiable: no JSON value can match it", code="unsatisfiable_schema")
-        if len(rx) > MAX_REGEX_CHARS:
-            raise NotRegular(f"regex of {len(rx)} characters is too large")
+        return rx
+
+    def _bounded(self, rx: str | None) -> str | None:
+        if rx is not None and len(rx) > self.max_chars:
+            raise NotRegular(f"regex of more than {self.max_chars} characters is too large")
         return rx
 
     # ---- values --------------------------------------------------------------------------------
     def value(self, subs: list[Sub], ctx: Ctx) -> str | None:
         key = (tuple(ptr for _, ptr in subs), ctx.refs)
         if key not in self._memo:
-            self._memo[key] = self._value(subs, ctx)
+            self._memo[key] = self._bounded(self._value(subs, ctx))
         return self._memo[key]
 
     def _value(self, subs: list[Sub], ctx: Ctx) -> str | None:
-        parts = []
+        parts, total = [], 0
         for term in self.norm.dnf(subs, ctx):
             if not term.parts:
                 return self.any_value(self.any_depth)
             for node in self.norm.nodes(term):
-                rx = self.emit(node)
+                rx = self._bounded(self.emit(node))
                 if rx is not None:
                     parts.append(rx)
+                    total += len(rx)
+                    if total > self.max_chars:
+                        raise NotRegular(f"regex of more than {self.max_chars} characters is too large")
         return jt.alt(parts) if parts else None
 
     def any_value(self, depth: int) -> str:
@@ -208,4 +222,5 @@ class SchemaRegex:
             else:
                 first = f"(?:{pair}{after}|{first})" if first else f"(?:{pair}{after})?"
                 after = f"(?:,{pair})?{after}"
+            self._bounded(first)
         return rf"\{{{first}\}}"

@@ -114,7 +114,13 @@ def _schema_parts(
     if options.strict_objects:
         schema = close_schema(schema)
     try:
-        rx, why = SchemaRegex(schema, max_ref_depth=options.max_ref_depth, any_depth=options.any_depth).build(), ""
+        regex = SchemaRegex(
+            schema,
+            max_ref_depth=options.max_ref_depth,
+            any_depth=options.any_depth,
+            max_chars=options.upgrade_max_chars,  # a longer regex is never made into an automaton
+        )
+        rx, why = regex.build(), ""
     except NotRegular as e:
         rx, why = None, str(e)
     except GrammarError as e:

@@ -141,3 +141,30 @@ def test_schema_text_that_is_not_json(compiler):
 def test_regex_without_any_match(compiler):
     with pytest.raises(GrammarError, match="matches no output"):
         compiler.compile(StructuredSpec(regex="[a&&b]"))
+
+
+def test_a_required_name_only_a_pattern_admits_stays_generable(compiler):
+    """When patternProperties cannot be enforced and only declared names are generated, a required name that
+    only a pattern (or additionalProperties) admits is declared with that schema: the object stays
+    satisfiable (it was refused as unsatisfiable before) and the name keeps the pattern's constraint."""
+    import random
+
+    from jsonschema import Draft202012Validator
+
+    from loraplex.grammar.fuzz import random_walk
+
+    schema = {
+        "type": "object",
+        "required": ["ab", "zz"],
+        "patternProperties": {"^(?!q)a": {"type": "integer", "minimum": 3}},
+        "additionalProperties": {"type": "boolean"},
+    }
+    grammar = compiler.compile(StructuredSpec(json=schema))
+    assert any(n.startswith("patternProperties at /") for n in grammar.narrowing), grammar.narrowing
+    rng = random.Random(0)
+    for _ in range(5):
+        walk = random_walk(grammar, compiler.vocab, rng, 64)
+        assert walk.closed and walk.error is None, walk
+        doc = json.loads(walk.text)
+        assert not list(Draft202012Validator(schema).iter_errors(doc)), doc
+        assert isinstance(doc["ab"], int) and doc["ab"] >= 3 and isinstance(doc["zz"], bool)
