@@ -101,7 +101,12 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             adapters=adapters,
             engine=engine,
             engine_adapters=engine_adapters,
-            metrics=Metrics(engine.stats, engine_adapters.names, tenant_labels=settings.metrics_tenant_labels),
+            metrics=Metrics(
+                engine.stats,
+                engine_adapters.names,
+                block_size=engine.args.block_size,
+                tenant_labels=settings.metrics_tenant_labels,
+            ),
             token_texts=TokenTexts(engine.tokenizer),
             upload_slots=UploadSlots(settings.max_concurrent_uploads, settings.max_concurrent_uploads_per_tenant),
             started=int(time.time()),
@@ -140,7 +145,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
     def provide_services(state: State) -> Services:
         return state.services  # type: ignore[no-any-return]
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             HealthController,
             TenantController,
@@ -172,3 +177,4 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
         ),
         logging_config=None,
     )
+    return app
