@@ -25,6 +25,7 @@ from loraplex.platform.controllers.health import HealthController
 from loraplex.platform.controllers.tenants import ApiKeyController, TenantController, TenantUsageController
 from loraplex.platform.db.migrate import upgrade
 from loraplex.platform.db.session import Database
+from loraplex.platform.drain import Drain
 from loraplex.platform.errors import EXCEPTION_HANDLERS
 from loraplex.platform.json_body import depth_limited_request
 from loraplex.platform.metrics import Metrics
@@ -145,6 +146,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
     def provide_services(state: State) -> Services:
         return state.services  # type: ignore[no-any-return]
 
+    drain = Drain(settings.drain_retry_after_s)
     app = Litestar(
         route_handlers=[
             HealthController,
@@ -159,6 +161,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
             BatchController,
         ],
         lifespan=[lifespan],
+        middleware=[drain.middleware],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=settings.max_request_bytes,
@@ -177,4 +180,5 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
         ),
         logging_config=None,
     )
+    app.state.drain = drain  # the server begins it on SIGTERM; /ready reads it
     return app

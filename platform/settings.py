@@ -68,6 +68,10 @@ class Settings:
     metrics_token: str | None = None  # set: /metrics needs 'Authorization: Bearer <metrics_token>'
     metrics_tenant_labels: bool = True  # False: no tenant or adapter name in any metric label
     log_level: str = "info"
+    # Graceful drain on SIGTERM (platform/drain.py): in-flight requests get this long to finish; new ones get
+    # 503 with this Retry-After. A Kubernetes pod's terminationGracePeriodSeconds must exceed the timeout.
+    drain_timeout_s: float = 30.0
+    drain_retry_after_s: int = 5
     # Engine arguments (names of EngineArgs fields -> value); only the ones given are set.
     engine_args: dict[str, Any] = field(default_factory=dict)
 
@@ -226,6 +230,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="an unknown request field: refuse it (400 naming it, the default) or ignore it with a warning header",
     )
     srv.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    srv.add_argument(
+        "--drain-timeout-s", type=float, help="on SIGTERM, seconds in-flight requests get to finish (default 30)"
+    )
+    srv.add_argument("--drain-retry-after-s", type=int, help="Retry-After of the 503s while draining (default 5)")
     srv.add_argument("--metrics-token", help="bearer token /metrics requires (default: none, /metrics is open)")
     srv.add_argument(
         "--metrics-tenant-labels",
