@@ -74,8 +74,10 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
         await asyncio.to_thread(store.sweep_tmp)
         if engine is None:
             from loraplex.engine import AsyncEngine
+            from loraplex.engine.warmup import warm_up
 
             engine = await asyncio.to_thread(AsyncEngine, settings.build_engine_args())
+            await warm_up(engine, settings.warmup_s)  # before the server listens: /ready says yes only after
         # a deleted or replaced adapter's weights leave the engine's host and device caches (on every replica)
         cache.on_invalidate(RETIRED_CONTENT, engine.remove_adapter)
         tenants = TenantService(db, cache, settings.admin_key)

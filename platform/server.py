@@ -25,6 +25,7 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.drain = drain
         self.timeout_s = timeout_s
+        self._announced = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain.draining:
@@ -34,6 +35,9 @@ class DrainingServer(uvicorn.Server):
         self.drain.begin()
 
     async def on_tick(self, counter: int) -> bool:
+        if self.drain.draining and not self._announced:  # logged here, not in the signal handler
+            self._announced = True
+            log.info("draining: refusing new requests, %d in flight", self.drain.in_flight)
         if not self.should_exit and self.drain.done(self.timeout_s):
             log.info("drained: no request in flight; shutting down")
             self.should_exit = True
