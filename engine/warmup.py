@@ -45,26 +45,31 @@ async def warm_up(engine: AsyncEngine, budget_s: float, seed: int = 0) -> Warmup
     rng = random.Random(seed)
     args = engine.args
     vocab = engine.base_spec.vocab_size
-    longest = max(8, min(args.max_model_len - 32, args.max_num_batched_tokens, 512))
+    longest = max(8, min(engine.max_model_len - 32, args.max_num_batched_tokens or 512, 512))
     engine.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
     sizes, n = [], 1
     while n < args.max_num_seqs:
         sizes.append(n)
         n *= 2
     sizes.append(args.max_num_seqs)
+    # starts the grammar workers and compiles once, beside the waves (a compile must not hold them up)
+    schema_request = SamplingParams(max_tokens=8, temperature=0.0, structured=StructuredSpec(json=_SCHEMA))
+    compile_once = _wave(engine, [[rng.randrange(100, vocab) for _ in range(16)]], [schema_request], budget_s)
+    grammar: asyncio.Task[bool] = asyncio.ensure_future(compile_once)
     count, waves = 0, 0
     finished = True
-    for i, size in enumerate(sizes):
+    for size in sizes:
         prompts = [[rng.randrange(100, vocab) for _ in range(rng.randint(8, longest))] for _ in range(size)]
         params = [SamplingParams(max_tokens=rng.randint(4, 24), temperature=0.0, ignore_eos=True) for _ in prompts]
-        if i == 0:  # starts the grammar workers and compiles once
-            params[0] = SamplingParams(max_tokens=8, temperature=0.0, structured=StructuredSpec(json=_SCHEMA))
         remaining = deadline - time.monotonic()
         if remaining <= 0 or not await _wave(engine, prompts, params, remaining):
             finished = False
             break
         count += size
         waves += 1
+    grammar_done = await _within(grammar, deadline - time.monotonic())
+    finished = finished and grammar_done
+    count += int(grammar_done)
     report = WarmupReport(time.monotonic() - start, count, waves, finished)
     log.info(
         "warm-up: %d requests in %d waves, %.1fs%s",
@@ -74,6 +79,16 @@ async def warm_up(engine: AsyncEngine, budget_s: float, seed: int = 0) -> Warmup
         "" if finished else " (budget reached)",
     )
     return report
+
+
+async def _within(task: asyncio.Task[bool], timeout_s: float) -> bool:
+    """The task's result if it ends within the timeout, else cancel it (False)."""
+    done, _ = await asyncio.wait([task], timeout=max(0.0, timeout_s))
+    if not done:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return False
+    return task.result()
 
 
 async def _wave(engine: AsyncEngine, prompts: list[list[int]], params: list[SamplingParams], timeout_s: float) -> bool:

@@ -186,6 +186,17 @@ def _constraint_headers(rid: str, narrowing: tuple[str, ...] | None) -> dict[str
     return {SCHEMA_HEADER: "narrowed", NARROWING_HEADER: json.dumps(list(narrowing), ensure_ascii=True)}
 
 
+def _base_card(services: Services) -> ModelCard:
+    engine = services.engine
+    return ModelCard(
+        id=engine.model_name,
+        created=services.started,
+        owned_by="loraplex",
+        root=engine.model_name,
+        max_model_len=engine.max_model_len,
+    )
+
+
 def _adapter_card(record: AdapterRecord, principal: Principal, engine_model: str, max_model_len: int) -> ModelCard:
     return ModelCard(
         id=adapter_id(principal.tenant_name, record.name),
@@ -228,14 +239,7 @@ class OpenAIController(Controller):
         self, principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> ModelList:
         engine = services.engine
-        base = ModelCard(
-            id=engine.model_name,
-            created=services.started,
-            owned_by="loraplex",
-            root=engine.model_name,
-            max_model_len=engine.max_model_len,
-        )
-        cards = [base] + [
+        cards = [_base_card(services)] + [
             _adapter_card(r, principal, engine.model_name, engine.max_model_len)
             for r in await services.adapters.list(principal)
         ]
@@ -251,9 +255,7 @@ class OpenAIController(Controller):
     ) -> ModelCard:
         engine = services.engine
         if model == engine.model_name:
-            return ModelCard(
-                id=model, created=services.started, owned_by="loraplex", root=model, max_model_len=engine.max_model_len
-            )
+            return _base_card(services)
         record = await _own_adapter(services, principal, model)
         return _adapter_card(record, principal, engine.model_name, engine.max_model_len)
 
@@ -270,7 +272,10 @@ class OpenAIController(Controller):
         services: NamedDependency[Services],
     ) -> ModelCard:
         engine = services.engine
-        record = await _own_adapter(services, principal, adapter_id(tenant, name))
+        model = adapter_id(tenant, name)
+        if model == engine.model_name:  # a base model served under an `org/name` name
+            return _base_card(services)
+        record = await _own_adapter(services, principal, model)
         return _adapter_card(record, principal, engine.model_name, engine.max_model_len)
 
     @post(

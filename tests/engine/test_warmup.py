@@ -16,9 +16,7 @@ MAX_NUM_SEQS = 6
 
 
 def _engine(tiny_llama_dir: Path) -> AsyncEngine:
-    return AsyncEngine(
-        model=str(tiny_llama_dir), num_kv_blocks=512, block_size=8, max_num_seqs=MAX_NUM_SEQS, max_model_len=256
-    )
+    return AsyncEngine(model=str(tiny_llama_dir), num_kv_blocks=512, block_size=8, max_num_seqs=MAX_NUM_SEQS)
 
 
 def _idle(engine: AsyncEngine) -> bool:
@@ -37,7 +35,7 @@ def test_warm_up_runs_every_batch_width_and_a_grammar(tiny_llama_dir: Path) -> N
     try:
         report = asyncio.run(warm_up(engine, budget_s=600))  # a liveness bound, not a speed expectation
         assert report.finished and report.waves == 4  # concurrencies 1, 2, 4, 6
-        assert report.requests == 1 + 2 + 4 + MAX_NUM_SEQS
+        assert report.requests == 1 + 2 + 4 + MAX_NUM_SEQS + 1  # the waves and one JSON-schema request
         assert MAX_NUM_SEQS in widths  # the widest decode step real traffic can produce was run
         assert _idle(engine)
         assert engine.stats()["grammar_compiles"] >= 1
