@@ -1,6 +1,7 @@
 """Serving benchmark: concurrent OpenAI clients against `loraplex serve`, and the same requests offline.
 
     .venv/bin/python -m bench.serve [--rate 2] [--requests 48] [--adapters 4] [--max-tokens 64]
+    .venv/bin/python -m bench.serve --cold-start --requests 64 [--warmup-s 15]
 
 Starts a server on a free port (temporary data dir), creates a tenant, uploads adapters made by the
 workload's make_adapters.py, then replays Workload A chat requests as a Poisson stream at `--rate`
@@ -47,6 +48,7 @@ class Result:
     itl: list[float] = field(default_factory=list)
     output_tokens: int = 0
     ok: bool = True
+    e2e: float = 0.0
 
 
 def free_port() -> int:
@@ -55,7 +57,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, data_dir: Path, max_loras: int) -> subprocess.Popen:
+def start_server(port: int, data_dir: Path, max_loras: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
@@ -73,6 +75,7 @@ def start_server(port: int, data_dir: Path, max_loras: int) -> subprocess.Popen:
         "0",
         "--log-level",
         "warning",
+        *extra,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(data_dir / "server.log", "w"))
     for _ in range(600):
@@ -175,6 +178,7 @@ class HttpRunner:
                 last = now
             if chunk.usage:
                 res.output_tokens = chunk.usage.completion_tokens
+        res.e2e = time.perf_counter() - start
         return res
 
 
@@ -314,6 +318,41 @@ def summarise(name: str, results: list[Result], seconds: float) -> list:
     ]
 
 
+def cold_start(args: argparse.Namespace, schedule, adapter_dirs: list[Path], schema: dict) -> None:
+    """A replica as a rolling update starts it: `loraplex serve`, then the whole load at once as soon as /ready
+    says yes (no warm-up requests), without and with the start-up warm-up; then the same load again on the
+    warmed server (the warm row). Start-to-ready is from the process start to the first 200 from /ready."""
+    from loraplex.engine.model_files import DEFAULT_MODEL_NAME
+
+    rows = []
+    for warmup_s in (0.0, args.warmup_s):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            proc = start_server(port, Path(tmp), args.max_loras, ("--warmup-s", str(warmup_s)))
+            ready_s = time.perf_counter() - t0
+            try:
+                key, models = setup_tenant(url, adapter_dirs)
+                runner = HttpRunner(url, key, DEFAULT_MODEL_NAME, models, schema, args.max_tokens)
+                runs = [("cold", *asyncio.run(run_round(runner, schedule)))]
+                if warmup_s > 0:
+                    runs.append(("warm (same load again)", *asyncio.run(run_round(runner, schedule))))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=120)
+        for what, results, _secs in runs:
+            ttft, e2e = [r.ttft for r in results], [r.e2e for r in results]
+            rows.append(
+                [f"{what}, warm-up {warmup_s:g}s", ready_s, pct(ttft, 50), pct(ttft, 99), pct(e2e, 50), pct(e2e, 99)]
+            )
+            print(f"  {rows[-1][0]}: done", flush=True)
+    print_table(["run", "start-to-ready s", "TTFT p50 s", "TTFT p99 s", "e2e p50 s", "e2e p99 s"], rows)
+    warm = rows[-1][2]
+    for row in rows[:-1]:
+        print(f"{row[0]}: TTFT p50 {row[2] / warm:.2f}x warm")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rate", type=float, default=2.0, help="requests per second (Poisson)")
@@ -323,6 +362,12 @@ def main() -> None:
     ap.add_argument("--max-loras", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=4, help="HTTP and offline alternate over this many slices")
     ap.add_argument("--mix", choices=sorted(MIXES), default="standard", help="standard, or named tool calls")
+    ap.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="instead: the load right after `loraplex serve` is ready, without and with --warmup-s, then warm",
+    )
+    ap.add_argument("--warmup-s", type=float, default=15.0, help="the server's start-up warm-up budget (cold start)")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -345,6 +390,9 @@ def main() -> None:
     )
     print(f"{args.requests} requests at {args.rate}/s ({what}), {args.max_tokens} max tokens; {machine_load()}")
 
+    if args.cold_start:
+        cold_start(args, schedule, adapter_dirs, wl.SCHEMA)
+        return
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:

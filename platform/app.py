@@ -25,6 +25,7 @@ from loraplex.platform.controllers.health import HealthController
 from loraplex.platform.controllers.tenants import ApiKeyController, TenantController, TenantUsageController
 from loraplex.platform.db.migrate import upgrade
 from loraplex.platform.db.session import Database
+from loraplex.platform.drain import Drain
 from loraplex.platform.errors import EXCEPTION_HANDLERS
 from loraplex.platform.json_body import depth_limited_request
 from loraplex.platform.metrics import Metrics
@@ -73,8 +74,10 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
         await asyncio.to_thread(store.sweep_tmp)
         if engine is None:
             from loraplex.engine import AsyncEngine
+            from loraplex.engine.warmup import warm_up
 
             engine = await asyncio.to_thread(AsyncEngine, settings.build_engine_args())
+            await warm_up(engine, settings.warmup_s)  # before the server listens: /ready says yes only after
         # a deleted or replaced adapter's weights leave the engine's host and device caches (on every replica)
         cache.on_invalidate(RETIRED_CONTENT, engine.remove_adapter)
         tenants = TenantService(db, cache, settings.admin_key)
@@ -101,7 +104,12 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             adapters=adapters,
             engine=engine,
             engine_adapters=engine_adapters,
-            metrics=Metrics(engine.stats, engine_adapters.names, tenant_labels=settings.metrics_tenant_labels),
+            metrics=Metrics(
+                engine.stats,
+                engine_adapters.names,
+                block_size=engine.args.block_size,
+                tenant_labels=settings.metrics_tenant_labels,
+            ),
             token_texts=TokenTexts(engine.tokenizer),
             upload_slots=UploadSlots(settings.max_concurrent_uploads, settings.max_concurrent_uploads_per_tenant),
             started=int(time.time()),
@@ -140,7 +148,8 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
     def provide_services(state: State) -> Services:
         return state.services  # type: ignore[no-any-return]
 
-    return Litestar(
+    drain = Drain(settings.drain_retry_after_s)
+    app = Litestar(
         route_handlers=[
             HealthController,
             TenantController,
@@ -154,6 +163,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
             BatchController,
         ],
         lifespan=[lifespan],
+        middleware=[drain.middleware],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=settings.max_request_bytes,
@@ -172,3 +182,5 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
         ),
         logging_config=None,
     )
+    app.state.drain = drain  # the server begins it on SIGTERM; /ready reads it
+    return app

@@ -45,6 +45,7 @@ class Metrics:
         stats: Callable[[], dict[str, Any]],
         adapter_names: Callable[[list[str]], list[str]],
         *,
+        block_size: int,
         tenant_labels: bool = True,
     ) -> None:
         self.tenant_labels = tenant_labels  # False: no tenant or adapter name appears in any metric
@@ -76,7 +77,7 @@ class Metrics:
             ["tenant", "model", "finish_reason"] if tenant_labels else ["finish_reason"],
             registry=r,
         )
-        r.register(EngineCollector(stats, adapter_names if tenant_labels else _opaque))
+        r.register(EngineCollector(stats, adapter_names if tenant_labels else _opaque, block_size))
         ProcessCollector(registry=r)  # CPU, memory, open files of the server process
         GCCollector(registry=r)
 
@@ -96,9 +97,12 @@ def _opaque(content_hashes: list[str]) -> list[str]:
 class EngineCollector(Collector):
     """Reads `engine.stats()` on every scrape (no background polling)."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]], adapter_names: Callable[[list[str]], list[str]]) -> None:
+    def __init__(
+        self, stats: Callable[[], dict[str, Any]], adapter_names: Callable[[list[str]], list[str]], block_size: int
+    ) -> None:
         self.stats = stats
         self.adapter_names = adapter_names
+        self.block_size = block_size
 
     def describe(self) -> list[Metric]:
         return []  # collected lazily; describing would call the engine at registration
@@ -118,11 +122,16 @@ class EngineCollector(Collector):
                 "Prompt tokens served from the prefix cache / prompt tokens",
                 s["prefix_cache_hit_rate"],
             ),
-            # The names adapter-aware gateways read from vLLM servers.
+            # The names the Gateway API Inference Extension's endpoint picker reads (its model-server
+            # protocol, as vLLM exports them); gpu_cache_usage_perc is the older name of kv_cache_usage_perc.
             "vllm:num_requests_running": ("Requests in the running batch", s["num_running"]),
             "vllm:num_requests_waiting": ("Requests waiting to be scheduled", s["num_waiting"]),
             "vllm:kv_cache_usage_perc": (
                 "KV-cache usage (1 = full)",
+                s["kv_blocks_used"] / max(1, s["kv_blocks_total"]),
+            ),
+            "vllm:gpu_cache_usage_perc": (
+                "KV-cache usage (1 = full; the older name of vllm:kv_cache_usage_perc)",
                 s["kv_blocks_used"] / max(1, s["kv_blocks_total"]),
             ),
         }
@@ -144,6 +153,14 @@ class EngineCollector(Collector):
         for name, (key, doc) in counters.items():
             if key in s:
                 yield CounterMetricFamily(name, doc, value=float(s[key]))
+        cache = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the KV cache's configuration (value 1)",
+            labels=["block_size", "num_gpu_blocks"],
+        )
+        cache.add_metric([str(self.block_size), str(s["kv_blocks_total"])], 1.0)
+        yield cache
+        # The picker takes the sample with the latest timestamp value; adapters by model id (`<tenant>/<name>`)
         info = GaugeMetricFamily(
             "vllm:lora_requests_info",
             "Running stats on LoRA requests",

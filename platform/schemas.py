@@ -101,7 +101,7 @@ class TenantList(Struct, kw_only=True):
 class AdapterOut(Struct, kw_only=True):
     id: str
     name: str
-    model: str  # what clients put in the `model` field of OpenAI requests
+    model: str  # the globally unique model id `<tenant>/<name>` (the short name works too in `model`)
     version: int
     sha256: str  # content hash of the weights and config (the engine's identity of the adapter)
     rank: int

@@ -68,6 +68,13 @@ class Settings:
     metrics_token: str | None = None  # set: /metrics needs 'Authorization: Bearer <metrics_token>'
     metrics_tenant_labels: bool = True  # False: no tenant or adapter name in any metric label
     log_level: str = "info"
+    # Graceful drain on SIGTERM (platform/drain.py): in-flight requests get this long to finish; new ones get
+    # 503 with this Retry-After. A Kubernetes pod's terminationGracePeriodSeconds must exceed the timeout.
+    drain_timeout_s: float = 30.0
+    drain_retry_after_s: int = 5
+    # Start-up warm-up (engine/warmup.py): at most this many seconds of the step shapes, kernels, grammar
+    # workers and chat template the first traffic would pay for, before the server listens (0: none)
+    warmup_s: float = 15.0
     # Engine arguments (names of EngineArgs fields -> value); only the ones given are set.
     engine_args: dict[str, Any] = field(default_factory=dict)
 
@@ -226,6 +233,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="an unknown request field: refuse it (400 naming it, the default) or ignore it with a warning header",
     )
     srv.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    srv.add_argument(
+        "--drain-timeout-s", type=float, help="on SIGTERM, seconds in-flight requests get to finish (default 30)"
+    )
+    srv.add_argument("--drain-retry-after-s", type=int, help="Retry-After of the 503s while draining (default 5)")
+    srv.add_argument(
+        "--warmup-s", type=float, help="at start-up, warm the engine for at most this many seconds (default 15; 0: off)"
+    )
     srv.add_argument("--metrics-token", help="bearer token /metrics requires (default: none, /metrics is open)")
     srv.add_argument(
         "--metrics-tenant-labels",

@@ -13,6 +13,7 @@ from litestar.params import FromPath
 
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.errors import error_responses
+from loraplex.platform.model_ids import adapter_id
 from loraplex.platform.multipart import receive_form
 from loraplex.platform.schemas import AdapterList, AdapterOut
 from loraplex.platform.services.adapters import AdapterRecord
@@ -23,11 +24,11 @@ FORM_FIELDS = {"name"}
 FORM_FILES = {"file", "adapter_config", "adapter_model"}
 
 
-def adapter_out(r: AdapterRecord) -> AdapterOut:
+def adapter_out(r: AdapterRecord, tenant: str) -> AdapterOut:
     return AdapterOut(
         id=r.id,
         name=r.name,
-        model=r.name,
+        model=adapter_id(tenant, r.name),
         version=r.version,
         sha256=r.sha256,
         rank=r.rank,
@@ -95,19 +96,21 @@ class AdapterController(Controller):
                 record = await services.adapters.create(principal, form, workdir)
             finally:
                 await asyncio.to_thread(shutil.rmtree, workdir, True)
-        return adapter_out(record)
+        return adapter_out(record, principal.tenant_name)
 
     @get("/", responses=error_responses(401, 429), summary="List the caller's adapters")
     async def list_adapters(
         self, principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> AdapterList:
-        return AdapterList(data=[adapter_out(r) for r in await services.adapters.list(principal)])
+        return AdapterList(
+            data=[adapter_out(r, principal.tenant_name) for r in await services.adapters.list(principal)]
+        )
 
     @get("/{name:str}", responses=error_responses(400, 401, 404, 429), summary="Get one of the caller's adapters")
     async def get_adapter(
         self, name: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> AdapterOut:
-        return adapter_out(await services.adapters.get(principal, name))
+        return adapter_out(await services.adapters.get(principal, name), principal.tenant_name)
 
     @delete(
         "/{name:str}",
@@ -118,4 +121,4 @@ class AdapterController(Controller):
     async def delete_adapter(
         self, name: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> AdapterOut:
-        return adapter_out(await services.adapters.delete(principal, name))
+        return adapter_out(await services.adapters.delete(principal, name), principal.tenant_name)

@@ -35,7 +35,7 @@ class AdminAdapterController(Controller):
     @get("/", responses=error_responses(400, 401, 403, 404), summary="List a tenant's adapters (admin)")
     async def list_adapters(self, tenant: FromPath[str], services: NamedDependency[Services]) -> AdapterList:
         row = await services.tenants.get_tenant(tenant)
-        return AdapterList(data=[adapter_out(r) for r in await services.adapters.list_of_tenant(str(row.id))])
+        return AdapterList(data=[adapter_out(r, row.name) for r in await services.adapters.list_of_tenant(str(row.id))])
 
     @delete(
         "/{name:str}",
@@ -56,4 +56,4 @@ class AdminAdapterController(Controller):
             record.sha256,
             tenant,
         )
-        return adapter_out(record)
+        return adapter_out(record, row.name)

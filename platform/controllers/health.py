@@ -21,8 +21,10 @@ class HealthController(Controller):
         alive = services.engine.is_alive()
         return Response(Health(status="ok" if alive else "engine_dead"), status_code=200 if alive else 503)
 
-    @get("/ready", summary="Readiness: model loaded, database reachable (Redis is optional)")
-    async def ready(self, services: NamedDependency[Services]) -> Response[Health]:
+    @get("/ready", summary="Readiness: model loaded, database reachable (Redis is optional), not draining")
+    async def ready(self, request: Request, services: NamedDependency[Services]) -> Response[Health]:
+        if request.app.state.drain.draining:  # shutting down: the load balancer should stop sending here
+            return Response(Health(status="not_ready", detail={"drain": "draining"}), status_code=503)
         detail: dict[str, str] = {"engine": "ok" if services.engine.is_alive() else "dead"}
         try:
             await services.db.ping()

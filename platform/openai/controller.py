@@ -27,6 +27,7 @@ from loraplex.engine import AdapterRef, RequestOutput
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.errors import ApiError, error_responses
 from loraplex.platform.json_body import BODY_TYPE, IGNORED_STATE
+from loraplex.platform.model_ids import adapter_id, short_name
 from loraplex.platform.openai import limits, responses, tools, translate
 from loraplex.platform.openai.schemas import (
     ChatCompletion,
@@ -59,10 +60,22 @@ async def resolve_adapter(services: Services, principal: Principal, model: str) 
     (another tenant's adapter is indistinguishable from a missing one)."""
     if model == services.engine.model_name:
         return None
-    record = await services.adapters.resolve(principal.tenant_id, model)
+    record = await _own_adapter(services, principal, model)
+    return services.engine_adapters.ref(record, principal.tenant_name)
+
+
+async def _own_adapter(services: Services, principal: Principal, model: str) -> AdapterRecord:
+    """The caller's adapter named by its short name or its `<tenant>/<adapter>` id; 404 otherwise."""
+    name = short_name(model, principal.tenant_name)
+    record = None if name is None else await services.adapters.resolve(principal.tenant_id, name)
     if record is None:
         raise _model_not_found(model)
-    return services.engine_adapters.ref(record)
+    return record
+
+
+def _metric_model(adapter: AdapterRef | None, model: str) -> str:
+    """The `model` label of request counts: the adapter's unique id, or the base model's name."""
+    return adapter.name if adapter is not None and adapter.name else model
 
 
 def _sse(events: AsyncGenerator[bytes, None], headers: dict[str, str], gen: Generation) -> Stream:
@@ -137,7 +150,7 @@ async def _generate(
             adapter,
             salt=principal.tenant_id,
             metrics=services.metrics,
-            labels=(principal.tenant_name, data.model),
+            labels=(principal.tenant_name, _metric_model(adapter, data.model)),
             arrival=arrival,
             structured_param=structured["field"] if structured else None,
             share=share,
@@ -173,9 +186,21 @@ def _constraint_headers(rid: str, narrowing: tuple[str, ...] | None) -> dict[str
     return {SCHEMA_HEADER: "narrowed", NARROWING_HEADER: json.dumps(list(narrowing), ensure_ascii=True)}
 
 
+def _base_card(services: Services) -> ModelCard:
+    engine = services.engine
+    return ModelCard(
+        id=engine.model_name,
+        created=services.started,
+        owned_by="loraplex",
+        root=engine.model_name,
+        max_model_len=engine.max_model_len,
+    )
+
+
 def _adapter_card(record: AdapterRecord, principal: Principal, engine_model: str, max_model_len: int) -> ModelCard:
     return ModelCard(
-        id=record.name,
+        id=adapter_id(principal.tenant_name, record.name),
+        name=record.name,
         created=int(record.created.timestamp()),
         owned_by=principal.tenant_name,
         root=record.sha256,
@@ -214,14 +239,7 @@ class OpenAIController(Controller):
         self, principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> ModelList:
         engine = services.engine
-        base = ModelCard(
-            id=engine.model_name,
-            created=services.started,
-            owned_by="loraplex",
-            root=engine.model_name,
-            max_model_len=engine.max_model_len,
-        )
-        cards = [base] + [
+        cards = [_base_card(services)] + [
             _adapter_card(r, principal, engine.model_name, engine.max_model_len)
             for r in await services.adapters.list(principal)
         ]
@@ -237,12 +255,27 @@ class OpenAIController(Controller):
     ) -> ModelCard:
         engine = services.engine
         if model == engine.model_name:
-            return ModelCard(
-                id=model, created=services.started, owned_by="loraplex", root=model, max_model_len=engine.max_model_len
-            )
-        record = await services.adapters.resolve(principal.tenant_id, model)
-        if record is None:
-            raise _model_not_found(model)
+            return _base_card(services)
+        record = await _own_adapter(services, principal, model)
+        return _adapter_card(record, principal, engine.model_name, engine.max_model_len)
+
+    @get(
+        "/models/{tenant:str}/{name:str}",
+        responses=error_responses(400, 401, 404, 429),
+        summary="One of the caller's adapters by its model id `<tenant>/<adapter>`",
+    )
+    async def get_qualified_model(
+        self,
+        tenant: FromPath[str],
+        name: FromPath[str],
+        principal: NamedDependency[Principal],
+        services: NamedDependency[Services],
+    ) -> ModelCard:
+        engine = services.engine
+        model = adapter_id(tenant, name)
+        if model == engine.model_name:  # a base model served under an `org/name` name
+            return _base_card(services)
+        record = await _own_adapter(services, principal, model)
         return _adapter_card(record, principal, engine.model_name, engine.max_model_len)
 
     @post(

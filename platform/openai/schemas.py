@@ -314,7 +314,8 @@ class Completion(Struct, kw_only=True):
 
 
 class ModelCard(Struct, kw_only=True):
-    id: str
+    id: str  # for adapters, the globally unique `<tenant>/<adapter>`
+    name: str | None = None  # an adapter's short name (what its tenant calls it; also accepted in `model`)
     object: Literal["model"] = "model"
     created: int
     owned_by: str

@@ -1,29 +1,38 @@
 """From registry records to the engine's AdapterRef (content hash + where the LoRA manager loads it
-from), and back from content hashes to public names for metrics."""
+from), and back from content hashes to public model ids (`<tenant>/<adapter>`) for metrics."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
 from loraplex.engine import AdapterRef
+from loraplex.platform.model_ids import adapter_id
 from loraplex.platform.services.adapters import AdapterRecord
 from loraplex.platform.services.blobstore import BlobStore
 
 _MAX_NAMES = 4096
+_MAX_IDS_PER_WEIGHTS = 64
 
 
 class EngineAdapters:
     def __init__(self, store: BlobStore) -> None:
         self.store = store
-        self._names: OrderedDict[str, str] = OrderedDict()
+        # content hash -> the model ids served with those weights (two tenants may upload the same weights:
+        # the engine holds them once, and a router must find either id on this replica)
+        self._ids: OrderedDict[str, dict[str, None]] = OrderedDict()
 
-    def ref(self, record: AdapterRecord) -> AdapterRef:
-        self._names[record.sha256] = record.name
-        self._names.move_to_end(record.sha256)
-        while len(self._names) > _MAX_NAMES:
-            self._names.popitem(last=False)
-        return AdapterRef(content_hash=record.sha256, path=str(self.store.path(record.blob)), name=record.name)
+    def ref(self, record: AdapterRecord, tenant: str) -> AdapterRef:
+        model_id = adapter_id(tenant, record.name)
+        ids = self._ids.setdefault(record.sha256, {})
+        ids.pop(model_id, None)
+        ids[model_id] = None  # the most recently used id last
+        while len(ids) > _MAX_IDS_PER_WEIGHTS:
+            del ids[next(iter(ids))]
+        self._ids.move_to_end(record.sha256)
+        while len(self._ids) > _MAX_NAMES:
+            self._ids.popitem(last=False)
+        return AdapterRef(content_hash=record.sha256, path=str(self.store.path(record.blob)), name=model_id)
 
     def names(self, content_hashes: list[str]) -> list[str]:
-        """Public model names for the engine's adapter hashes (the hash itself if not seen here)."""
-        return [self._names.get(h, h) for h in content_hashes]
+        """Model ids for the engine's adapter hashes (the hash itself if not seen here)."""
+        return [model_id for h in content_hashes for model_id in (self._ids.get(h) or {h: None})]

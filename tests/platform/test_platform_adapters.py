@@ -48,7 +48,7 @@ def test_upload_archive_and_two_files_then_list_get_delete(server, adapter_facto
     assert set(first) == EXPECTED_FIELDS
     assert (first["name"], first["model"], first["version"], first["rank"], first["alpha"]) == (
         "support-bot",
-        "support-bot",
+        "owner/support-bot",  # the globally unique model id
         1,
         4,
         8.0,

@@ -121,7 +121,7 @@ def test_adapter_by_model_name(start_server, adapter_factory, tiny_llama_dir) ->
     assert upload(server.url, key, "my-lora", archive=zip_folder(folder)).status_code == 201
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
     base_name, ids = client.models.list().data[0].id, [m.id for m in client.models.list().data]
-    assert "my-lora" in ids
+    assert "lora-user/my-lora" in ids  # the adapter's globally unique model id
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
     base_model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()

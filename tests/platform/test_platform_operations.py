@@ -80,8 +80,8 @@ def test_health_ready_and_metrics(start_server, adapter_factory, tiny_engine) ->
     assert delta("loraplex_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage.values())
     assert delta("loraplex_time_to_first_token_seconds_count") == 2
     assert delta("loraplex_e2e_request_latency_seconds_count") == 2
-    for model in (base, "m-lora"):
-        assert delta("loraplex_requests_total", tenant="metered", model=model, finish_reason=finish[model]) == 1
+    for model, label in ((base, base), ("m-lora", "metered/m-lora")):  # adapters by their unique model id
+        assert delta("loraplex_requests_total", tenant="metered", model=label, finish_reason=finish[model]) == 1
     assert delta("loraplex_lora_loads_total") == 1 and delta("loraplex_lora_disk_loads_total") == 1
     stats = tiny_engine.stats()
     gauges = {k[0]: v for k, v in after.items() if not k[1]}
