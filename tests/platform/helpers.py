@@ -76,7 +76,8 @@ class ServerProcess:
         self._log_file = open(log, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "loraplex.platform.cli", "serve", "--port", str(self.port), *args],
-            env={**os.environ, **env},
+            # no start-up warm-up unless a test asks for it (it would add up to warmup_s to every start)
+            env={**os.environ, "LORAPLEX_WARMUP_S": "0", **env},
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             cwd="/",
