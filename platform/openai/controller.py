@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -28,6 +29,7 @@ from loraplex.platform.auth import provide_principal
 from loraplex.platform.errors import ApiError, error_responses
 from loraplex.platform.json_body import BODY_TYPE, IGNORED_STATE
 from loraplex.platform.openai import limits, responses, tools, translate
+from loraplex.platform.openai.endpoint_defaults import apply_defaults
 from loraplex.platform.openai.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -38,7 +40,9 @@ from loraplex.platform.openai.schemas import (
 )
 from loraplex.platform.services.adapters import AdapterRecord
 from loraplex.platform.services.container import Services
+from loraplex.platform.services.endpoints import EndpointRecord
 from loraplex.platform.services.generation import Generation
+from loraplex.platform.services.models import STICKY_HEADER, Target
 from loraplex.platform.services.tenant_limits import tenant_quota
 from loraplex.platform.services.tenants import Principal
 from loraplex.platform.unknown_fields import ignored_header
@@ -46,23 +50,32 @@ from loraplex.platform.unknown_fields import ignored_header
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SCHEMA_HEADER = "x-loraplex-schema"  # "exact" or "narrowed", on every constrained response
 NARROWING_HEADER = "x-loraplex-schema-narrowing"  # the narrowings applied, as a JSON list of strings
+ENDPOINT_HEADER = "x-loraplex-endpoint"  # endpoint calls: `name@revision` of the endpoint that answered
+SERVED_HEADER = "x-loraplex-served-by"  # endpoint calls: the adapter version that answered (`name@N` or base)
 log = logging.getLogger("loraplex.platform")
 OPENAI_ERRORS = error_responses(400, 401, 404, 413, 429, 500)
 
 
-def _model_not_found(model: str) -> ApiError:
-    return ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
-
-
 async def resolve_adapter(services: Services, principal: Principal, model: str) -> AdapterRef | None:
-    """None for the base model, the adapter's ref for one of the caller's adapters, else 404
-    (another tenant's adapter is indistinguishable from a missing one)."""
-    if model == services.engine.model_name:
-        return None
-    record = await services.adapters.resolve(principal.tenant_id, model)
-    if record is None:
-        raise _model_not_found(model)
-    return services.engine_adapters.ref(record)
+    """None for the base model, the adapter's ref for one of the caller's adapters or endpoints, else 404
+    (another tenant's is indistinguishable from a missing one)."""
+    target = await services.models.resolve(principal.tenant_id, model)
+    return services.engine_adapters.ref(target.adapter) if target.adapter is not None else None
+
+
+def sticky_key(data: CompletionRequest | ChatCompletionRequest, request: Request[Any, Any, Any]) -> str | None:
+    """The end-user key that keeps a caller on one canary version: `user`, else the sticky-key header."""
+    return data.user if data.user is not None else request.headers.get(STICKY_HEADER)
+
+
+def _endpoint_headers(target: Target) -> dict[str, str]:
+    """Which endpoint revision and which adapter version answered (endpoint calls only)."""
+    if target.endpoint is None:
+        return {}
+    return {
+        ENDPOINT_HEADER: f"{target.endpoint.name}@{target.endpoint.revision}",
+        SERVED_HEADER: target.served,
+    }
 
 
 def _sse(events: AsyncGenerator[bytes, None], headers: dict[str, str], gen: Generation) -> Stream:
@@ -99,6 +112,7 @@ async def _generate(
     ignored: list[str] | None = None,
     *,
     background_priority: int | None = None,
+    sticky: str | None = None,
 ) -> Response[Any]:
     """The body of both generation routes: refuse what we cannot honour, resolve the model, run every choice
     in the engine, then stream server-sent events or answer with one JSON body. The Batch API runs its lines
@@ -109,7 +123,10 @@ async def _generate(
     share = limits.share_for(principal, services.settings, data.priority)
     if background_priority is not None and share.priority < background_priority:
         share = dataclasses.replace(share, priority=background_priority)
-    adapter = await resolve_adapter(services, principal, data.model)
+    target = await services.models.resolve(principal.tenant_id, data.model, sticky)
+    if target.endpoint is not None:
+        data = apply_defaults(data, target.endpoint)
+    adapter = services.engine_adapters.ref(target.adapter) if target.adapter is not None else None
     engine = services.engine
     structured = translate.structured_request(data, services.settings.max_json_depth)
     calls = tools.tool_mode(data) if isinstance(data, ChatCompletionRequest) else None
@@ -150,7 +167,11 @@ async def _generate(
     try:
         chat = isinstance(data, ChatCompletionRequest)
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
-        headers = {**_constraint_headers(rid, gen.choices[0].first.narrowing), **ignored_header(ignored or [], rid)}
+        headers = {
+            **_constraint_headers(rid, gen.choices[0].first.narrowing),
+            **ignored_header(ignored or [], rid),
+            **_endpoint_headers(target),
+        }
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             events = responses.stream(gen, rid, created, data, include_usage, services.token_texts, echo)
@@ -179,6 +200,18 @@ def _adapter_card(record: AdapterRecord, principal: Principal, engine_model: str
         created=int(record.created.timestamp()),
         owned_by=principal.tenant_name,
         root=record.sha256,
+        parent=engine_model,
+        max_model_len=max_model_len,
+    )
+
+
+def _endpoint_card(endpoint: EndpointRecord, principal: Principal, engine_model: str, max_model_len: int) -> ModelCard:
+    """An endpoint as a model: `root` is the adapter version it serves (`name@N`) or the base model."""
+    return ModelCard(
+        id=endpoint.name,
+        created=int(datetime.fromisoformat(endpoint.created_at).timestamp()),
+        owned_by=principal.tenant_name,
+        root=endpoint.adapter or engine_model,
         parent=engine_model,
         max_model_len=max_model_len,
     )
@@ -225,6 +258,10 @@ class OpenAIController(Controller):
             _adapter_card(r, principal, engine.model_name, engine.max_model_len)
             for r in await services.adapters.list(principal)
         ]
+        cards += [
+            _endpoint_card(e, principal, engine.model_name, engine.max_model_len)
+            for e in await services.endpoints.list(principal)
+        ]
         return ModelList(data=cards)
 
     @get(
@@ -240,10 +277,11 @@ class OpenAIController(Controller):
             return ModelCard(
                 id=model, created=services.started, owned_by="loraplex", root=model, max_model_len=engine.max_model_len
             )
-        record = await services.adapters.resolve(principal.tenant_id, model)
-        if record is None:
-            raise _model_not_found(model)
-        return _adapter_card(record, principal, engine.model_name, engine.max_model_len)
+        target = await services.models.resolve(principal.tenant_id, model)
+        if target.endpoint is not None:
+            return _endpoint_card(target.endpoint, principal, engine.model_name, engine.max_model_len)
+        assert target.adapter is not None  # the base model answered above
+        return _adapter_card(target.adapter, principal, engine.model_name, engine.max_model_len)
 
     @post(
         "/completions",
@@ -262,7 +300,7 @@ class OpenAIController(Controller):
         services: NamedDependency[Services],
         request: Request[Any, Any, Any],
     ) -> Response[Completion]:
-        return await _generate(data, principal, services, ignored_fields(request))
+        return await _generate(data, principal, services, ignored_fields(request), sticky=sticky_key(data, request))
 
     @post(
         "/chat/completions",
@@ -283,7 +321,7 @@ class OpenAIController(Controller):
         services: NamedDependency[Services],
         request: Request[Any, Any, Any],
     ) -> Response[ChatCompletion]:
-        return await _generate(data, principal, services, ignored_fields(request))
+        return await _generate(data, principal, services, ignored_fields(request), sticky=sticky_key(data, request))
 
 
 generate = _generate  # the Batch API's entry to the routes' code path (platform/batch/execute.py)

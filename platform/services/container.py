@@ -12,7 +12,9 @@ from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.services.adapters import AdapterService
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
+from loraplex.platform.services.endpoints import EndpointService
 from loraplex.platform.services.engine_adapters import EngineAdapters
+from loraplex.platform.services.models import ModelResolver
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenant_limits import TenantLimits
@@ -31,6 +33,8 @@ class Services:
     tenants: TenantService
     rate_limiter: RateLimiter
     adapters: AdapterService
+    endpoints: EndpointService
+    models: ModelResolver  # what a request's `model` names (the one place that decides)
     engine: AsyncEngine
     engine_adapters: EngineAdapters
     metrics: Metrics
