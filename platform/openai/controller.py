@@ -24,10 +24,11 @@ from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Refe
 from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
-from loraplex.engine import AdapterRef, RequestOutput
+from loraplex.engine import AdapterRef, RequestOutput, Share
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.errors import ApiError, error_responses
 from loraplex.platform.json_body import BODY_TYPE, IGNORED_STATE
+from loraplex.platform.metrics import EndpointLabels
 from loraplex.platform.openai import limits, responses, tools, translate
 from loraplex.platform.openai.endpoint_defaults import apply_defaults
 from loraplex.platform.openai.schemas import (
@@ -47,6 +48,7 @@ from loraplex.platform.services.tenant_limits import tenant_quota
 from loraplex.platform.services.tenants import Principal
 from loraplex.platform.unknown_fields import ignored_header
 
+Request_ = CompletionRequest | ChatCompletionRequest
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SCHEMA_HEADER = "x-loraplex-schema"  # "exact" or "narrowed", on every constrained response
 NARROWING_HEADER = "x-loraplex-schema-narrowing"  # the narrowings applied, as a JSON list of strings
@@ -124,6 +126,53 @@ async def _generate(
     if background_priority is not None and share.priority < background_priority:
         share = dataclasses.replace(share, priority=background_priority)
     target = await services.models.resolve(principal.tenant_id, data.model, sticky)
+    version = _version_labels(services, principal, target)
+    try:
+        gen, data, headers, echo = await _start(data, principal, services, share, arrival, target, version)
+    except Exception:  # refused or failed before generating (after that, Generation counts the outcome)
+        if version is not None:
+            services.metrics.endpoint_requests.labels(*version, "error").inc()
+        raise
+    try:
+        chat = isinstance(data, ChatCompletionRequest)
+        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        headers = {
+            **_constraint_headers(rid, gen.choices[0].first.narrowing),
+            **ignored_header(ignored or [], rid),
+            **headers,
+        }
+        if data.stream:
+            include_usage = bool(data.stream_options and data.stream_options.include_usage)
+            events = responses.stream(gen, rid, created, data, include_usage, services.token_texts, echo)
+            return _sse(events, headers, gen)
+    except BaseException:
+        await gen.close()
+        raise
+    results = await gen.collect()
+    _engine_failure(results)
+    return Response(responses.body(rid, created, data, results, services.token_texts, echo), headers=headers)
+
+
+def _version_labels(services: Services, principal: Principal, target: Target) -> EndpointLabels | None:
+    if target.endpoint is None:
+        return None
+    content = target.adapter.sha256 if target.adapter else "base"
+    return services.metrics.endpoint_labels(
+        principal.tenant_name, target.endpoint.name, target.endpoint.id, target.served, content
+    )
+
+
+async def _start(
+    data: Request_,
+    principal: Principal,
+    services: Services,
+    share: Share,
+    arrival: float,
+    target: Target,
+    version: EndpointLabels | None,
+) -> tuple[Generation, Request_, dict[str, str], list[str] | None]:
+    """From the resolved model to started engine requests: the endpoint's defaults, the translation, the
+    tenant's admission. Returns the generation, the request as served, its endpoint headers and echo texts."""
     if target.endpoint is not None:
         data = apply_defaults(data, target.endpoint)
     adapter = services.engine_adapters.ref(target.adapter) if target.adapter is not None else None
@@ -159,29 +208,16 @@ async def _generate(
             structured_param=structured["field"] if structured else None,
             share=share,
             on_close=lease.release,  # every way a generation ends goes through Generation.close
+            endpoint=version,
         )
     except BaseException:
         with anyio.CancelScope(shield=True):
             await lease.release()
         raise
-    try:
-        chat = isinstance(data, ChatCompletionRequest)
-        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
-        headers = {
-            **_constraint_headers(rid, gen.choices[0].first.narrowing),
-            **ignored_header(ignored or [], rid),
-            **_endpoint_headers(target),
-        }
-        if data.stream:
-            include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            events = responses.stream(gen, rid, created, data, include_usage, services.token_texts, echo)
-            return _sse(events, headers, gen)
-    except BaseException:
-        await gen.close()
-        raise
-    results = await gen.collect()
-    _engine_failure(results)
-    return Response(responses.body(rid, created, data, results, services.token_texts, echo), headers=headers)
+    if version is not None and gen.choices[0].first.narrowing is not None:
+        schema = "narrowed" if gen.choices[0].first.narrowing else "exact"
+        services.metrics.endpoint_constrained.labels(*version, schema).inc()
+    return gen, data, _endpoint_headers(target), echo
 
 
 def _constraint_headers(rid: str, narrowing: tuple[str, ...] | None) -> dict[str, str]:
