@@ -34,7 +34,7 @@ from loraplex.platform.openai.controller import OpenAIController
 from loraplex.platform.openai.endpoint_defaults import compile_defaults
 from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.openai.tokenize import TokenizeController
-from loraplex.platform.services.adapters import RETIRED_CONTENT, AdapterService, QuotaDefaults
+from loraplex.platform.services.adapters import DELETED_BLOB, RETIRED_CONTENT, AdapterService, QuotaDefaults
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.container import Services
@@ -43,6 +43,7 @@ from loraplex.platform.services.engine_adapters import EngineAdapters
 from loraplex.platform.services.models import ModelResolver
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
+from loraplex.platform.services.s3_blobstore import S3BlobStore
 from loraplex.platform.services.tenant_limits import TenantLimits
 from loraplex.platform.services.tenants import TenantService
 from loraplex.platform.services.upload_slots import UploadSlots
@@ -74,7 +75,12 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
     owns_engine = engine is None
     try:
         await cache.start()
-        store = BlobStore(settings.adapter_dir)
+        store = (
+            S3BlobStore(settings.adapter_dir, settings.blob_url)
+            if settings.blob_url
+            else BlobStore(settings.adapter_dir)
+        )
+        cache.on_invalidate(DELETED_BLOB, store.evict)
         await asyncio.to_thread(store.sweep_tmp)
         if engine is None:
             from loraplex.engine import AsyncEngine

@@ -32,6 +32,9 @@ class Settings:
     port: int = 8000
     data_dir: Path = field(default_factory=default_data_dir)
     database_url: str | None = None  # None: SQLite file <data_dir>/loraplex.db
+    # s3://bucket/prefix: blobs in S3-compatible storage (endpoint and credentials from AWS_* variables), read
+    # through a local cache under <data_dir>/adapters; None: blobs in <data_dir>/adapters (shared by replicas)
+    blob_url: str | None = None
     database_schema: str | None = None  # PostgreSQL only: the schema to use (created if missing)
     redis_url: str | None = None  # None: in-process cache and rate limits (one replica)
     admin_key: str | None = None  # None: keys stored in the database; one is generated on first start
@@ -97,6 +100,10 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.batch_lease_ttl_s > 0 or abs(self.batch_priority) > 1 << 31:
             raise ValueError("batch_lease_ttl_s must be > 0 and batch_priority in [-2^31, 2^31]")
+        if self.blob_url is not None:
+            from loraplex.platform.services.s3_blobstore import parse_blob_url
+
+            parse_blob_url(self.blob_url)  # a ValueError naming the setting
         if self.database_schema is not None and not self.database_schema.isidentifier():
             raise ValueError(f"database_schema must be a plain identifier, got {self.database_schema!r}")
 

@@ -78,7 +78,7 @@ class EndpointController(Controller):
     @post(
         "/{name:str}/promote",
         status_code=200,
-        responses=error_responses(401, 404, 409, 429),
+        responses=error_responses(400, 401, 404, 409, 429),
         summary="Promote the canary: its version serves every caller",
     )
     async def promote(
@@ -89,7 +89,7 @@ class EndpointController(Controller):
     @post(
         "/{name:str}/rollback",
         status_code=200,
-        responses=error_responses(401, 404, 409, 429),
+        responses=error_responses(400, 401, 404, 409, 429),
         summary="Roll back the canary: the endpoint's main version serves every caller",
     )
     async def rollback(
@@ -97,7 +97,7 @@ class EndpointController(Controller):
     ) -> EndpointOut:
         return endpoint_out(await services.endpoints.rollback(principal, name))
 
-    @delete("/{name:str}", status_code=200, responses=error_responses(401, 404, 429), summary="Delete an endpoint")
+    @delete("/{name:str}", status_code=200, responses=error_responses(400, 401, 404, 429), summary="Delete an endpoint")
     async def delete_endpoint(
         self, name: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> EndpointOut:

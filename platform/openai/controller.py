@@ -62,7 +62,7 @@ async def resolve_adapter(services: Services, principal: Principal, model: str) 
     """None for the base model, the adapter's ref for one of the caller's adapters or endpoints, else 404
     (another tenant's is indistinguishable from a missing one)."""
     target = await services.models.resolve(principal.tenant_id, model)
-    return services.engine_adapters.ref(target.adapter) if target.adapter is not None else None
+    return await services.engine_adapters.ref(target.adapter) if target.adapter is not None else None
 
 
 def sticky_key(data: CompletionRequest | ChatCompletionRequest, request: Request[Any, Any, Any]) -> str | None:
@@ -175,7 +175,7 @@ async def _start(
     tenant's admission. Returns the generation, the request as served, its endpoint headers and echo texts."""
     if target.endpoint is not None:
         data = apply_defaults(data, target.endpoint)
-    adapter = services.engine_adapters.ref(target.adapter) if target.adapter is not None else None
+    adapter = await services.engine_adapters.ref(target.adapter) if target.adapter is not None else None
     engine = services.engine
     structured = translate.structured_request(data, services.settings.max_json_depth)
     calls = tools.tool_mode(data) if isinstance(data, ChatCompletionRequest) else None

@@ -86,6 +86,8 @@ def cache_key(tenant_id: str, name: str) -> str:
 # Invalidated when no live adapter has these weights any more (`RegistryCache.on_invalidate` watchers, e.g. the
 # engine dropping its cached copies, see app.py); the rest of the key is the content hash.
 RETIRED_CONTENT = "adapter-content-retired:"
+# Invalidated when a blob is deleted: replicas drop their local copy (BlobStore.evict); the rest is the blob.
+DELETED_BLOB = "blob-deleted:"
 
 
 class AdapterService:
@@ -435,6 +437,7 @@ class AdapterService:
         for row in rows:
             await self.cache.invalidate(cache_key(tenant_id, f"{row.name}@{row.version}"))
             await asyncio.to_thread(self.store.delete, row.blob)
+            await self.cache.invalidate(DELETED_BLOB + row.blob)  # other replicas drop their local copies
             await self._retire(row.sha256)
 
     async def _retire(self, sha256: str) -> None:
