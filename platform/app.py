@@ -47,6 +47,7 @@ from loraplex.platform.services.s3_blobstore import S3BlobStore
 from loraplex.platform.services.tenant_limits import TenantLimits
 from loraplex.platform.services.tenants import TenantService
 from loraplex.platform.services.upload_slots import UploadSlots
+from loraplex.platform.services.warm import Warmer
 from loraplex.platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -104,6 +105,8 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
                 settings.default_adapter_versions_kept,
             ),
         )
+        warmer = Warmer(engine, store, cache, enabled=settings.warm_adapters)
+        adapters.on_publish = warmer.publish
         endpoints = EndpointService(
             db,
             cache,
@@ -121,6 +124,7 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             rate_limiter=RateLimiter(redis),
             adapters=adapters,
             endpoints=endpoints,
+            warmer=warmer,
             models=ModelResolver(engine.model_name, adapters, endpoints),
             engine=engine,
             engine_adapters=engine_adapters,

@@ -151,6 +151,7 @@ class EngineCollector(Collector):
                 "Fraction of KV-cache blocks in use",
                 s["kv_blocks_used"] / max(1, s["kv_blocks_total"]),
             ),
+            "loraplex_lora_host_adapters": ("Adapters held in host memory", s.get("cpu_adapters", 0)),
             "loraplex_prefix_cache_hit_rate": (
                 "Prompt tokens served from the prefix cache / prompt tokens",
                 s["prefix_cache_hit_rate"],

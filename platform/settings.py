@@ -43,6 +43,7 @@ class Settings:
     max_request_bytes: int = 8 * MiB
     default_max_adapters: int = 100
     default_max_adapter_bytes: int = 8 * GiB
+    warm_adapters: bool = True  # publishing a version or an endpoint loads it into host memory on every replica
     default_adapter_versions_kept: int = 5  # versions kept per adapter name, unless a tenant sets its own
     default_rate_limit_per_minute: int = 0  # 0: unlimited unless a tenant sets its own
     # One request: its sequences (prompts * n) and requested tokens (prompt + max_tokens over its sequences)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -111,6 +111,8 @@ class AdapterService:
         self.max_lora_rank = max_lora_rank
         self.limits = limits
         self.quotas = quotas
+        # Called with each newly published version (set by the app: services/warm.py loads it on every replica).
+        self.on_publish: Callable[[list[AdapterRecord]], Awaitable[None]] | None = None
 
     # -- upload ------------------------------------------------------------------------------
 
@@ -131,6 +133,8 @@ class AdapterService:
             raise
         await self.cache.invalidate(cache_key(principal.tenant_id, name))
         await self._drop(principal.tenant_id, retired)
+        if self.on_publish is not None:
+            await self.on_publish([record])
         return record
 
     def _validated_files(self, form: UploadedForm, workdir: Path) -> tuple[AdapterInfo, dict[str, Path]]:

@@ -20,6 +20,7 @@ from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenant_limits import TenantLimits
 from loraplex.platform.services.tenants import TenantService
 from loraplex.platform.services.upload_slots import UploadSlots
+from loraplex.platform.services.warm import Warmer
 from loraplex.platform.settings import Settings
 
 
@@ -35,6 +36,7 @@ class Services:
     adapters: AdapterService
     endpoints: EndpointService
     models: ModelResolver  # what a request's `model` names (the one place that decides)
+    warmer: Warmer
     engine: AsyncEngine
     engine_adapters: EngineAdapters
     metrics: Metrics
@@ -45,6 +47,7 @@ class Services:
     batch: Any = None  # platform.batch.api.BatchApi, started by the app's lifespan
 
     async def close(self) -> None:
+        await self.warmer.close()
         await self.tenant_limits.close()
         await self.cache.close()
         if self.redis is not None:

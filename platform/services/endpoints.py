@@ -130,7 +130,17 @@ class EndpointService:
             except IntegrityError:
                 raise ApiError(409, f"endpoint {name!r} already exists", param="name", code="endpoint_exists") from None
         await self.cache.invalidate(endpoint_cache_key(principal.tenant_id, name))
-        return EndpointRecord.from_row(row)
+        record = EndpointRecord.from_row(row)
+        await self._publish(record)
+        return record
+
+    async def _publish(self, record: EndpointRecord) -> None:
+        """Warm the adapter versions the endpoint serves on every replica (AdapterService.on_publish)."""
+        if self.adapters.on_publish is None or record.adapter_name is None:
+            return
+        versions = [record.adapter_version, record.canary_version]
+        found = [await self.adapters.resolve(record.tenant_id, f"{record.adapter_name}@{v}") for v in versions if v]
+        await self.adapters.on_publish([r for r in found if r is not None])
 
     async def update(self, principal: Principal, name: str, body: EndpointUpdate) -> EndpointRecord:
         """Change some fields (a new revision). Setting `adapter` keeps the canary only if it is still another
@@ -195,7 +205,9 @@ class EndpointService:
             row.updated_at = utcnow()
             await session.commit()
         await self.cache.invalidate(endpoint_cache_key(principal.tenant_id, name))
-        return EndpointRecord.from_row(row)
+        record = EndpointRecord.from_row(row)
+        await self._publish(record)
+        return record
 
     async def delete(self, principal: Principal, name: str) -> EndpointRecord:
         tenant_id = uuid.UUID(principal.tenant_id)
