@@ -221,6 +221,22 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--port", type=int, help="port (default 8000)")
     add_database_arguments(srv)
     srv.add_argument("--redis-url", help="redis://host:6379/0: shared cache, invalidation and rate limits")
+    srv.add_argument(
+        "--blob-url",
+        help="s3://bucket/prefix: adapter blobs in S3-compatible storage (endpoint URL and credentials from "
+        "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); default: the data directory",
+    )
+    srv.add_argument(
+        "--warm-adapters",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="load a published adapter version or endpoint into host memory on every replica (default on)",
+    )
+    srv.add_argument(
+        "--default-adapter-versions-kept",
+        type=int,
+        help="versions kept per adapter name, unless a tenant sets its own (default 5)",
+    )
     srv.add_argument("--admin-key", help="admin API key (default: generated once and printed)")
     srv.add_argument("--max-upload-bytes", type=int, help="largest adapter upload accepted")
     srv.add_argument("--default-rate-limit-per-minute", type=int, help="per-tenant request limit (0: none)")
