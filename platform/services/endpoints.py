@@ -143,8 +143,8 @@ class EndpointService:
         await self.adapters.on_publish([r for r in found if r is not None])
 
     async def update(self, principal: Principal, name: str, body: EndpointUpdate) -> EndpointRecord:
-        """Change some fields (a new revision). Setting `adapter` keeps the canary only if it is still another
-        version of the same adapter."""
+        """Change some fields (a new revision). Setting `adapter` to another adapter drops the canary (unless the
+        same call sets one); the canary must be another live version of the endpoint's adapter."""
         if body.defaults is not msgspec.UNSET:
             await self.compile_defaults(body.defaults)
 
@@ -192,8 +192,9 @@ class EndpointService:
             row = await self._row(session, tenant_id, name)
             change(row)
             if adapter is not msgspec.UNSET:
+                before = row.adapter_name
                 row.adapter_name, row.adapter_version = await self._adapter_version(session, principal, adapter)
-                if row.adapter_name is None and canary is msgspec.UNSET:
+                if row.adapter_name != before and canary is msgspec.UNSET:  # a canary is a version of the same adapter
                     row.canary_version, row.canary_weight = None, None
             if canary is not msgspec.UNSET:
                 row.canary_version = canary.version if canary else None
