@@ -16,9 +16,10 @@ import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loraplex.adapters import BaseModelSpec
 from loraplex.engine.config import EngineArgs
@@ -28,6 +29,10 @@ from loraplex.engine.messages import Abort, AddAdapter, AddRequest, EngineMessag
 from loraplex.engine.outputs import RequestOutput
 from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.share import DEFAULT_SHARE, Share
+
+if TYPE_CHECKING:
+    from loraplex.grammar.backend_types import CompiledGrammar
+    from loraplex.grammar.spec import StructuredSpec
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +122,11 @@ class AsyncEngine:
         adapter = self.engine.read_adapter(path, name)
         self._send(AddAdapter(adapter))
         return adapter.ref
+
+    def compile_grammar(self, spec: StructuredSpec) -> Future[CompiledGrammar]:
+        """Compile a constraint ahead of the requests that will use it (they then hit the compile cache); fails
+        with GrammarError as a request's compile would. Thread-safe."""
+        return self.engine.structured.compiler.submit(spec)
 
     def remove_adapter(self, adapter: AdapterRef | str) -> None:
         """Drop the adapter's cached copies (on the engine thread); requests naming it later reload it."""

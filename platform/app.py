@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from loraplex.platform.batch.api import BatchApi
 from loraplex.platform.batch.controllers import BatchController, FileController
 from loraplex.platform.controllers.adapters import AdapterController
 from loraplex.platform.controllers.admin import AdminAdapterController
+from loraplex.platform.controllers.endpoints import EndpointController
 from loraplex.platform.controllers.health import HealthController
 from loraplex.platform.controllers.tenants import ApiKeyController, TenantController, TenantUsageController
 from loraplex.platform.db.migrate import upgrade
@@ -30,18 +32,23 @@ from loraplex.platform.errors import EXCEPTION_HANDLERS
 from loraplex.platform.json_body import depth_limited_request
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.openai.controller import OpenAIController
+from loraplex.platform.openai.endpoint_defaults import compile_defaults
 from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.openai.tokenize import TokenizeController
-from loraplex.platform.services.adapters import RETIRED_CONTENT, AdapterService, QuotaDefaults
+from loraplex.platform.services.adapters import DELETED_BLOB, RETIRED_CONTENT, AdapterService, QuotaDefaults
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.container import Services
+from loraplex.platform.services.endpoints import EndpointService
 from loraplex.platform.services.engine_adapters import EngineAdapters
+from loraplex.platform.services.models import ModelResolver
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
+from loraplex.platform.services.s3_blobstore import S3BlobStore
 from loraplex.platform.services.tenant_limits import TenantLimits
 from loraplex.platform.services.tenants import TenantService
 from loraplex.platform.services.upload_slots import UploadSlots
+from loraplex.platform.services.warm import Warmer
 from loraplex.platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -70,7 +77,12 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
     owns_engine = engine is None
     try:
         await cache.start()
-        store = BlobStore(settings.adapter_dir)
+        store = (
+            S3BlobStore(settings.adapter_dir, settings.blob_url)
+            if settings.blob_url
+            else BlobStore(settings.adapter_dir)
+        )
+        cache.on_invalidate(DELETED_BLOB, store.evict)
         await asyncio.to_thread(store.sweep_tmp)
         if engine is None:
             from loraplex.engine import AsyncEngine
@@ -90,7 +102,19 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             base_model_name=engine.model_name,
             max_lora_rank=engine.args.max_lora_rank,
             limits=AdapterLimits(max_archive_bytes=settings.max_upload_bytes, max_json_depth=settings.max_json_depth),
-            quotas=QuotaDefaults(settings.default_max_adapters, settings.default_max_adapter_bytes),
+            quotas=QuotaDefaults(
+                settings.default_max_adapters,
+                settings.default_max_adapter_bytes,
+                settings.default_adapter_versions_kept,
+            ),
+        )
+        warmer = Warmer(engine, store, cache, enabled=settings.warm_adapters)
+        adapters.on_publish = warmer.publish
+        endpoints = EndpointService(
+            db,
+            cache,
+            adapters,
+            functools.partial(compile_defaults, engine, max_json_depth=settings.max_json_depth),
         )
         engine_adapters = EngineAdapters(store)
         services = Services(
@@ -102,6 +126,9 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             tenants=tenants,
             rate_limiter=RateLimiter(redis),
             adapters=adapters,
+            endpoints=endpoints,
+            warmer=warmer,
+            models=ModelResolver(engine.model_name, adapters, endpoints),
             engine=engine,
             engine_adapters=engine_adapters,
             metrics=Metrics(
@@ -157,6 +184,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
             TenantUsageController,
             AdapterController,
             AdminAdapterController,
+            EndpointController,
             OpenAIController,
             TokenizeController,
             FileController,

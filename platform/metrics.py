@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+EndpointLabels = tuple[str, ...]  # (tenant, endpoint, version), or (endpoint id, content hash) without tenant labels
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (
@@ -77,6 +78,36 @@ class Metrics:
             ["tenant", "model", "finish_reason"] if tenant_labels else ["finish_reason"],
             registry=r,
         )
+        # Per endpoint version (the adapter version that answered an endpoint call), so a canary can be judged.
+        # Without tenant labels the endpoint is its id and the version its adapter's content hash.
+        version_labels = ["tenant", "endpoint", "version"] if tenant_labels else ["endpoint", "version"]
+        self.endpoint_requests = Counter(
+            "loraplex_endpoint_requests",
+            "Endpoint calls by the version that answered and outcome (a finish reason, abort, or error: refused "
+            "or failed before generating)",
+            [*version_labels, "outcome"],
+            registry=r,
+        )
+        self.endpoint_tokens = Counter(
+            "loraplex_endpoint_tokens",
+            "Prompt and generated tokens of endpoint calls by the version that answered",
+            [*version_labels, "kind"],
+            registry=r,
+        )
+        self.endpoint_latency = Histogram(
+            "loraplex_endpoint_request_latency_seconds",
+            "Endpoint call latency from arrival to the last token, by the version that answered",
+            version_labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.endpoint_constrained = Counter(
+            "loraplex_endpoint_constrained_requests",
+            "Constrained endpoint calls by whether the schema was enforced exactly or narrowed (the narrowed "
+            "share is narrowed / (exact + narrowed))",
+            [*version_labels, "schema"],
+            registry=r,
+        )
         r.register(EngineCollector(stats, adapter_names if tenant_labels else _opaque, block_size))
         ProcessCollector(registry=r)  # CPU, memory, open files of the server process
         GCCollector(registry=r)
@@ -84,6 +115,12 @@ class Metrics:
     def count_request(self, tenant: str, model: str, finish_reason: str) -> None:
         labels = (tenant, model, finish_reason) if self.tenant_labels else (finish_reason,)
         self.requests.labels(*labels).inc()
+
+    def endpoint_labels(
+        self, tenant: str, endpoint: str, endpoint_id: str, version: str, content: str
+    ) -> EndpointLabels:
+        """The label values of one endpoint version (`version`: `name@N` or base; `content`: its content hash)."""
+        return (tenant, endpoint, version) if self.tenant_labels else (endpoint_id, content)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -118,6 +155,7 @@ class EngineCollector(Collector):
                 "Fraction of KV-cache blocks in use",
                 s["kv_blocks_used"] / max(1, s["kv_blocks_total"]),
             ),
+            "loraplex_lora_host_adapters": ("Adapters held in host memory", s.get("cpu_adapters", 0)),
             "loraplex_prefix_cache_hit_rate": (
                 "Prompt tokens served from the prefix cache / prompt tokens",
                 s["prefix_cache_hit_rate"],

@@ -32,6 +32,9 @@ class Settings:
     port: int = 8000
     data_dir: Path = field(default_factory=default_data_dir)
     database_url: str | None = None  # None: SQLite file <data_dir>/loraplex.db
+    # s3://bucket/prefix: blobs in S3-compatible storage (endpoint and credentials from AWS_* variables), read
+    # through a local cache under <data_dir>/adapters; None: blobs in <data_dir>/adapters (shared by replicas)
+    blob_url: str | None = None
     database_schema: str | None = None  # PostgreSQL only: the schema to use (created if missing)
     redis_url: str | None = None  # None: in-process cache and rate limits (one replica)
     admin_key: str | None = None  # None: keys stored in the database; one is generated on first start
@@ -40,6 +43,8 @@ class Settings:
     max_request_bytes: int = 8 * MiB
     default_max_adapters: int = 100
     default_max_adapter_bytes: int = 8 * GiB
+    warm_adapters: bool = True  # publishing a version or an endpoint loads it into host memory on every replica
+    default_adapter_versions_kept: int = 5  # versions kept per adapter name, unless a tenant sets its own
     default_rate_limit_per_minute: int = 0  # 0: unlimited unless a tenant sets its own
     # One request: its sequences (prompts * n) and requested tokens (prompt + max_tokens over its sequences)
     max_request_sequences: int = 256
@@ -103,6 +108,10 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.batch_lease_ttl_s > 0 or abs(self.batch_priority) > 1 << 31:
             raise ValueError("batch_lease_ttl_s must be > 0 and batch_priority in [-2^31, 2^31]")
+        if self.blob_url is not None:
+            from loraplex.platform.services.s3_blobstore import parse_blob_url
+
+            parse_blob_url(self.blob_url)  # a ValueError naming the setting
         if self.database_schema is not None and not self.database_schema.isidentifier():
             raise ValueError(f"database_schema must be a plain identifier, got {self.database_schema!r}")
 
@@ -219,6 +228,22 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--port", type=int, help="port (default 8000)")
     add_database_arguments(srv)
     srv.add_argument("--redis-url", help="redis://host:6379/0: shared cache, invalidation and rate limits")
+    srv.add_argument(
+        "--blob-url",
+        help="s3://bucket/prefix: adapter blobs in S3-compatible storage (endpoint URL and credentials from "
+        "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); default: the data directory",
+    )
+    srv.add_argument(
+        "--warm-adapters",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="load a published adapter version or endpoint into host memory on every replica (default on)",
+    )
+    srv.add_argument(
+        "--default-adapter-versions-kept",
+        type=int,
+        help="versions kept per adapter name, unless a tenant sets its own (default 5)",
+    )
     srv.add_argument("--admin-key", help="admin API key (default: generated once and printed)")
     srv.add_argument("--max-upload-bytes", type=int, help="largest adapter upload accepted")
     srv.add_argument("--default-rate-limit-per-minute", type=int, help="per-tenant request limit (0: none)")

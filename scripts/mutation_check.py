@@ -9,6 +9,27 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 M = [
     (
+        "endpoint defaults ignored",
+        "platform/openai/controller.py",
+        "        data = apply_defaults(data, target.endpoint)",
+        "        pass",
+        ["tests/platform/test_platform_endpoints.py::test_defaults_apply_and_forbidden_overrides_are_refused"],
+    ),
+    (
+        "canary never picked",
+        "platform/services/models.py",
+        "picked = canary is not None and share < canary.weight",
+        "picked = False",
+        ["tests/platform/test_platform_endpoints.py::test_canary_split_is_sticky_then_promote_and_rollback"],
+    ),
+    (
+        "a version an endpoint serves can be deleted",
+        "platform/services/adapters.py",
+        "        if endpoint is not None:\n            used",
+        "        if False:\n            used",
+        ["tests/platform/test_platform_endpoints.py::test_versions_an_endpoint_serves_cannot_be_deleted_or_retired"],
+    ),
+    (
         "min_tokens ignored",
         "engine/llm_engine.py",
         "            if p.min_tokens > seq.num_output_tokens:",
@@ -49,8 +70,8 @@ M = [
     (
         "adapter requests served by the base model",
         "platform/openai/controller.py",
-        "    return services.engine_adapters.ref(record)",
-        "    return None",
+        "    adapter = await services.engine_adapters.ref(target.adapter) if target.adapter is not None else None",
+        "    adapter = None",
         ["tests/platform/test_platform_openai.py::test_adapter_by_model_name"],
     ),
     (

@@ -115,7 +115,7 @@ class FileController(Controller):
         api = _api(services)
         row = await api.files.get(principal.tenant_id, file_id)
         return File(
-            path=api.files.content_path(row),
+            path=await asyncio.to_thread(api.files.content_path, row),
             filename=row.filename,
             media_type="application/jsonl",
             content_disposition_type="attachment",

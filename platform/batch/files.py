@@ -86,7 +86,7 @@ class FileService:
             return list((await session.scalars(query.order_by(BatchFile.created_at.desc()))).all())
 
     def content_path(self, row: BatchFile) -> Path:
-        return self.store.path(row.blob) / CONTENT
+        return self.store.fetch(row.blob) / CONTENT  # blocking: object storage may download it
 
     async def input_lines(self, row: BatchFile) -> list[InputLine]:
         return await asyncio.to_thread(read_lines, self.content_path(row), self.max_json_depth, self.max_lines)

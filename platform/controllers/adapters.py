@@ -6,16 +6,16 @@ import asyncio
 import shutil
 from dataclasses import dataclass
 
-from litestar import Controller, Request, delete, get, post
+from litestar import Controller, Request, delete, get, post, put
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.spec import OpenAPIFormat, OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
-from litestar.params import FromPath
+from litestar.params import FromPath, JSONBody
 
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.errors import error_responses
 from loraplex.platform.model_ids import adapter_id
 from loraplex.platform.multipart import receive_form
-from loraplex.platform.schemas import AdapterList, AdapterOut
+from loraplex.platform.schemas import AdapterList, AdapterOut, AdapterVersions, SetCurrent
 from loraplex.platform.services.adapters import AdapterRecord
 from loraplex.platform.services.container import Services
 from loraplex.platform.services.tenants import Principal
@@ -106,7 +106,11 @@ class AdapterController(Controller):
             data=[adapter_out(r, principal.tenant_name) for r in await services.adapters.list(principal)]
         )
 
-    @get("/{name:str}", responses=error_responses(400, 401, 404, 429), summary="Get one of the caller's adapters")
+    @get(
+        "/{name:str}",
+        responses=error_responses(400, 401, 404, 429),
+        summary="Get one of the caller's adapters: `name` (its current version) or `name@N` (version N)",
+    )
     async def get_adapter(
         self, name: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> AdapterOut:
@@ -115,10 +119,38 @@ class AdapterController(Controller):
     @delete(
         "/{name:str}",
         status_code=200,
-        responses=error_responses(400, 401, 404, 429),
-        summary="Delete one of the caller's adapters",
+        responses=error_responses(400, 401, 404, 409, 429),
+        summary="Delete one of the caller's adapters: `name` (every version) or `name@N` (version N); 409 while "
+        "an endpoint serves it",
     )
     async def delete_adapter(
         self, name: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> AdapterOut:
         return adapter_out(await services.adapters.delete(principal, name), principal.tenant_name)
+
+    @get(
+        "/{name:str}/versions",
+        responses=error_responses(400, 401, 404, 429),
+        summary="Every kept version of one of the caller's adapters, and which one is current",
+    )
+    async def list_versions(
+        self, name: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
+    ) -> AdapterVersions:
+        records, current = await services.adapters.versions(principal, name)
+        return AdapterVersions(
+            name=name, current=current, data=[adapter_out(r, principal.tenant_name) for r in records]
+        )
+
+    @put(
+        "/{name:str}/current",
+        responses=error_responses(400, 401, 404, 429),
+        summary="Mark the version `name` alone resolves to (roll back or forward in one call; null: the newest)",
+    )
+    async def set_current(
+        self,
+        name: FromPath[str],
+        data: JSONBody[SetCurrent],
+        principal: NamedDependency[Principal],
+        services: NamedDependency[Services],
+    ) -> AdapterOut:
+        return adapter_out(await services.adapters.set_current(principal, name, data.version), principal.tenant_name)

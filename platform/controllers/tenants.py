@@ -39,6 +39,7 @@ def tenant_out(t: Tenant) -> TenantOut:
         max_concurrent_sequences=t.max_concurrent_sequences,
         tokens_per_minute=t.tokens_per_minute,
         max_queued_requests=t.max_queued_requests,
+        adapter_versions_kept=t.adapter_versions_kept,
     )
 
 

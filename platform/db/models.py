@@ -17,7 +17,6 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     Uuid,
-    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -58,6 +57,8 @@ class Tenant(Base):
     max_concurrent_sequences: Mapped[int | None] = mapped_column(Integer)
     tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
     max_queued_requests: Mapped[int | None] = mapped_column(Integer)
+    # How many versions of one adapter name are kept (revision 0004); None: the server default.
+    adapter_versions_kept: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -86,22 +87,11 @@ class AdminKey(Base):
 
 
 class Adapter(Base):
-    """One uploaded version of a tenant's adapter. Deleted and superseded versions keep their row
-    (with `deleted_at` set) so version numbers only ever grow; at most one live row per name."""
+    """One uploaded version of a tenant's adapter (immutable). A deleted or retired version keeps its row (with
+    `deleted_at` set) so version numbers only ever grow; several versions of a name may be live (revision 0004)."""
 
     __tablename__ = "adapters"
-    __table_args__ = (
-        UniqueConstraint("tenant_id", "name", "version"),
-        # Partial unique index: one live (not deleted) version per (tenant, name).
-        Index(
-            "uq_adapters_live_name",
-            "tenant_id",
-            "name",
-            unique=True,
-            sqlite_where=text("deleted_at IS NULL"),
-            postgresql_where=text("deleted_at IS NULL"),
-        ),
-    )
+    __table_args__ = (UniqueConstraint("tenant_id", "name", "version"),)
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
@@ -115,6 +105,37 @@ class Adapter(Base):
     blob: Mapped[str] = mapped_column(String(64))  # directory name under the adapter store
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class AdapterCurrent(Base):
+    """The version of an adapter name the tenant marked current; without a row the name means its newest version."""
+
+    __tablename__ = "adapter_current"
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+
+
+class Endpoint(Base):
+    """A tenant's endpoint: a model name that serves one adapter version (or the base model, `adapter_name`
+    None) with defaults, optionally a canary version of the same adapter for `canary_weight` of the callers.
+    `revision` grows with every change, so a response can say which configuration answered it."""
+
+    __tablename__ = "endpoints"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    revision: Mapped[int] = mapped_column(Integer)
+    adapter_name: Mapped[str | None] = mapped_column(String(64))
+    adapter_version: Mapped[int | None] = mapped_column(Integer)
+    canary_version: Mapped[int | None] = mapped_column(Integer)
+    canary_weight: Mapped[float | None] = mapped_column(Float)
+    config: Mapped[dict[str, object]] = mapped_column(JSON)  # defaults and overridable fields (EndpointConfig)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class BatchFile(Base):

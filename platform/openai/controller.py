@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -23,12 +24,14 @@ from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Refe
 from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
-from loraplex.engine import AdapterRef, RequestOutput
+from loraplex.engine import AdapterRef, RequestOutput, Share
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.errors import ApiError, error_responses
 from loraplex.platform.json_body import BODY_TYPE, IGNORED_STATE
-from loraplex.platform.model_ids import adapter_id, short_name
+from loraplex.platform.metrics import EndpointLabels
+from loraplex.platform.model_ids import adapter_id
 from loraplex.platform.openai import limits, responses, tools, translate
+from loraplex.platform.openai.endpoint_defaults import apply_defaults
 from loraplex.platform.openai.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -39,38 +42,45 @@ from loraplex.platform.openai.schemas import (
 )
 from loraplex.platform.services.adapters import AdapterRecord
 from loraplex.platform.services.container import Services
+from loraplex.platform.services.endpoints import EndpointRecord
 from loraplex.platform.services.generation import Generation
+from loraplex.platform.services.models import STICKY_HEADER, Target
 from loraplex.platform.services.tenant_limits import tenant_quota
 from loraplex.platform.services.tenants import Principal
 from loraplex.platform.unknown_fields import ignored_header
 
+Request_ = CompletionRequest | ChatCompletionRequest
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SCHEMA_HEADER = "x-loraplex-schema"  # "exact" or "narrowed", on every constrained response
 NARROWING_HEADER = "x-loraplex-schema-narrowing"  # the narrowings applied, as a JSON list of strings
+ENDPOINT_HEADER = "x-loraplex-endpoint"  # endpoint calls: `name@revision` of the endpoint that answered
+SERVED_HEADER = "x-loraplex-served-by"  # endpoint calls: the adapter version that answered (`name@N` or base)
 log = logging.getLogger("loraplex.platform")
 OPENAI_ERRORS = error_responses(400, 401, 404, 413, 429, 500)
 
 
-def _model_not_found(model: str) -> ApiError:
-    return ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
-
-
 async def resolve_adapter(services: Services, principal: Principal, model: str) -> AdapterRef | None:
-    """None for the base model, the adapter's ref for one of the caller's adapters, else 404
-    (another tenant's adapter is indistinguishable from a missing one)."""
-    if model == services.engine.model_name:
+    """None for the base model, the adapter's ref for one of the caller's adapters or endpoints, else 404
+    (another tenant's is indistinguishable from a missing one)."""
+    target = await services.models.resolve(principal.tenant_id, principal.tenant_name, model)
+    if target.adapter is None:
         return None
-    record = await _own_adapter(services, principal, model)
-    return services.engine_adapters.ref(record, principal.tenant_name)
+    return await services.engine_adapters.ref(target.adapter, principal.tenant_name)
 
 
-async def _own_adapter(services: Services, principal: Principal, model: str) -> AdapterRecord:
-    """The caller's adapter named by its short name or its `<tenant>/<adapter>` id; 404 otherwise."""
-    name = short_name(model, principal.tenant_name)
-    record = None if name is None else await services.adapters.resolve(principal.tenant_id, name)
-    if record is None:
-        raise _model_not_found(model)
-    return record
+def sticky_key(data: CompletionRequest | ChatCompletionRequest, request: Request[Any, Any, Any]) -> str | None:
+    """The end-user key that keeps a caller on one canary version: `user`, else the sticky-key header."""
+    return data.user if data.user is not None else request.headers.get(STICKY_HEADER)
+
+
+def _endpoint_headers(target: Target) -> dict[str, str]:
+    """Which endpoint revision and which adapter version answered (endpoint calls only)."""
+    if target.endpoint is None:
+        return {}
+    return {
+        ENDPOINT_HEADER: f"{target.endpoint.name}@{target.endpoint.revision}",
+        SERVED_HEADER: target.served,
+    }
 
 
 def _metric_model(adapter: AdapterRef | None, model: str) -> str:
@@ -112,6 +122,7 @@ async def _generate(
     ignored: list[str] | None = None,
     *,
     background_priority: int | None = None,
+    sticky: str | None = None,
 ) -> Response[Any]:
     """The body of both generation routes: refuse what we cannot honour, resolve the model, run every choice
     in the engine, then stream server-sent events or answer with one JSON body. The Batch API runs its lines
@@ -122,7 +133,59 @@ async def _generate(
     share = limits.share_for(principal, services.settings, data.priority)
     if background_priority is not None and share.priority < background_priority:
         share = dataclasses.replace(share, priority=background_priority)
-    adapter = await resolve_adapter(services, principal, data.model)
+    target = await services.models.resolve(principal.tenant_id, principal.tenant_name, data.model, sticky)
+    version = _version_labels(services, principal, target)
+    try:
+        gen, data, headers, echo = await _start(data, principal, services, share, arrival, target, version)
+    except Exception:  # refused or failed before generating (after that, Generation counts the outcome)
+        if version is not None:
+            services.metrics.endpoint_requests.labels(*version, "error").inc()
+        raise
+    try:
+        chat = isinstance(data, ChatCompletionRequest)
+        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        headers = {
+            **_constraint_headers(rid, gen.choices[0].first.narrowing),
+            **ignored_header(ignored or [], rid),
+            **headers,
+        }
+        if data.stream:
+            include_usage = bool(data.stream_options and data.stream_options.include_usage)
+            events = responses.stream(gen, rid, created, data, include_usage, services.token_texts, echo)
+            return _sse(events, headers, gen)
+    except BaseException:
+        await gen.close()
+        raise
+    results = await gen.collect()
+    _engine_failure(results)
+    return Response(responses.body(rid, created, data, results, services.token_texts, echo), headers=headers)
+
+
+def _version_labels(services: Services, principal: Principal, target: Target) -> EndpointLabels | None:
+    if target.endpoint is None:
+        return None
+    content = target.adapter.sha256 if target.adapter else "base"
+    return services.metrics.endpoint_labels(
+        principal.tenant_name, target.endpoint.name, target.endpoint.id, target.served, content
+    )
+
+
+async def _start(
+    data: Request_,
+    principal: Principal,
+    services: Services,
+    share: Share,
+    arrival: float,
+    target: Target,
+    version: EndpointLabels | None,
+) -> tuple[Generation, Request_, dict[str, str], list[str] | None]:
+    """From the resolved model to started engine requests: the endpoint's defaults, the translation, the
+    tenant's admission. Returns the generation, the request as served, its endpoint headers and echo texts."""
+    if target.endpoint is not None:
+        data = apply_defaults(data, target.endpoint)
+    adapter = None
+    if target.adapter is not None:
+        adapter = await services.engine_adapters.ref(target.adapter, principal.tenant_name)
     engine = services.engine
     structured = translate.structured_request(data, services.settings.max_json_depth)
     calls = tools.tool_mode(data) if isinstance(data, ChatCompletionRequest) else None
@@ -155,25 +218,16 @@ async def _generate(
             structured_param=structured["field"] if structured else None,
             share=share,
             on_close=lease.release,  # every way a generation ends goes through Generation.close
+            endpoint=version,
         )
     except BaseException:
         with anyio.CancelScope(shield=True):
             await lease.release()
         raise
-    try:
-        chat = isinstance(data, ChatCompletionRequest)
-        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
-        headers = {**_constraint_headers(rid, gen.choices[0].first.narrowing), **ignored_header(ignored or [], rid)}
-        if data.stream:
-            include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            events = responses.stream(gen, rid, created, data, include_usage, services.token_texts, echo)
-            return _sse(events, headers, gen)
-    except BaseException:
-        await gen.close()
-        raise
-    results = await gen.collect()
-    _engine_failure(results)
-    return Response(responses.body(rid, created, data, results, services.token_texts, echo), headers=headers)
+    if version is not None and gen.choices[0].first.narrowing is not None:
+        schema = "narrowed" if gen.choices[0].first.narrowing else "exact"
+        services.metrics.endpoint_constrained.labels(*version, schema).inc()
+    return gen, data, _endpoint_headers(target), echo
 
 
 def _constraint_headers(rid: str, narrowing: tuple[str, ...] | None) -> dict[str, str]:
@@ -207,6 +261,29 @@ def _adapter_card(record: AdapterRecord, principal: Principal, engine_model: str
         parent=engine_model,
         max_model_len=max_model_len,
     )
+
+
+def _endpoint_card(endpoint: EndpointRecord, principal: Principal, engine_model: str, max_model_len: int) -> ModelCard:
+    """An endpoint as a model: `root` is the adapter version it serves (`name@N`) or the base model."""
+    return ModelCard(
+        id=adapter_id(principal.tenant_name, endpoint.name),
+        name=endpoint.name,
+        created=int(datetime.fromisoformat(endpoint.created_at).timestamp()),
+        owned_by=principal.tenant_name,
+        root=endpoint.adapter or engine_model,
+        parent=engine_model,
+        max_model_len=max_model_len,
+    )
+
+
+async def _model_card(services: Services, principal: Principal, model: str) -> ModelCard:
+    """The card of one of the caller's adapters or endpoints (short name or model id); 404 otherwise."""
+    engine = services.engine
+    target = await services.models.resolve(principal.tenant_id, principal.tenant_name, model)
+    if target.endpoint is not None:
+        return _endpoint_card(target.endpoint, principal, engine.model_name, engine.max_model_len)
+    assert target.adapter is not None  # the base model is answered before
+    return _adapter_card(target.adapter, principal, engine.model_name, engine.max_model_len)
 
 
 def _streaming_operation(chunk: str) -> type[Operation]:
@@ -243,6 +320,10 @@ class OpenAIController(Controller):
             _adapter_card(r, principal, engine.model_name, engine.max_model_len)
             for r in await services.adapters.list(principal)
         ]
+        cards += [
+            _endpoint_card(e, principal, engine.model_name, engine.max_model_len)
+            for e in await services.endpoints.list(principal)
+        ]
         return ModelList(data=cards)
 
     @get(
@@ -256,13 +337,12 @@ class OpenAIController(Controller):
         engine = services.engine
         if model == engine.model_name:
             return _base_card(services)
-        record = await _own_adapter(services, principal, model)
-        return _adapter_card(record, principal, engine.model_name, engine.max_model_len)
+        return await _model_card(services, principal, model)
 
     @get(
         "/models/{tenant:str}/{name:str}",
         responses=error_responses(400, 401, 404, 429),
-        summary="One of the caller's adapters by its model id `<tenant>/<adapter>`",
+        summary="One of the caller's adapters or endpoints by its model id `<tenant>/<name>`",
     )
     async def get_qualified_model(
         self,
@@ -271,12 +351,10 @@ class OpenAIController(Controller):
         principal: NamedDependency[Principal],
         services: NamedDependency[Services],
     ) -> ModelCard:
-        engine = services.engine
         model = adapter_id(tenant, name)
-        if model == engine.model_name:  # a base model served under an `org/name` name
+        if model == services.engine.model_name:  # a base model served under an `org/name` name
             return _base_card(services)
-        record = await _own_adapter(services, principal, model)
-        return _adapter_card(record, principal, engine.model_name, engine.max_model_len)
+        return await _model_card(services, principal, model)
 
     @post(
         "/completions",
@@ -295,7 +373,7 @@ class OpenAIController(Controller):
         services: NamedDependency[Services],
         request: Request[Any, Any, Any],
     ) -> Response[Completion]:
-        return await _generate(data, principal, services, ignored_fields(request))
+        return await _generate(data, principal, services, ignored_fields(request), sticky=sticky_key(data, request))
 
     @post(
         "/chat/completions",
@@ -316,7 +394,7 @@ class OpenAIController(Controller):
         services: NamedDependency[Services],
         request: Request[Any, Any, Any],
     ) -> Response[ChatCompletion]:
-        return await _generate(data, principal, services, ignored_fields(request))
+        return await _generate(data, principal, services, ignored_fields(request), sticky=sticky_key(data, request))
 
 
 generate = _generate  # the Batch API's entry to the routes' code path (platform/batch/execute.py)

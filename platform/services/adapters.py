@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from loraplex.adapters import (
     CONFIG_NAME,
@@ -24,13 +26,13 @@ from loraplex.adapters import (
     inspect_adapter,
 )
 from loraplex.engine.threads import single_threaded_torch
-from loraplex.platform.db.models import Adapter, Tenant, as_utc, utcnow
+from loraplex.platform.db.models import Adapter, AdapterCurrent, Endpoint, Tenant, as_utc, utcnow
 from loraplex.platform.db.session import Database
 from loraplex.platform.errors import ApiError, bad_request, engine_error, not_found
 from loraplex.platform.multipart import UploadedForm
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
-from loraplex.platform.services.tenants import Principal, check_name
+from loraplex.platform.services.tenants import NAME_RE, Principal, check_name
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class AdapterRecord:
 class QuotaDefaults:
     max_adapters: int
     max_adapter_bytes: int
+    adapter_versions_kept: int = 5
 
 
 def cache_key(tenant_id: str, name: str) -> str:
@@ -83,6 +86,8 @@ def cache_key(tenant_id: str, name: str) -> str:
 # Invalidated when no live adapter has these weights any more (`RegistryCache.on_invalidate` watchers, e.g. the
 # engine dropping its cached copies, see app.py); the rest of the key is the content hash.
 RETIRED_CONTENT = "adapter-content-retired:"
+# Invalidated when a blob is deleted: replicas drop their local copy (BlobStore.evict); the rest is the blob.
+DELETED_BLOB = "blob-deleted:"
 
 
 class AdapterService:
@@ -106,11 +111,14 @@ class AdapterService:
         self.max_lora_rank = max_lora_rank
         self.limits = limits
         self.quotas = quotas
+        # Called with each newly published version (set by the app: services/warm.py loads it on every replica).
+        self.on_publish: Callable[[list[AdapterRecord]], Awaitable[None]] | None = None
 
     # -- upload ------------------------------------------------------------------------------
 
     async def create(self, principal: Principal, form: UploadedForm, workdir: Path) -> AdapterRecord:
-        """Validate the uploaded form (files already in `workdir`), store the blob, commit the row."""
+        """Validate the uploaded form (files already in `workdir`), store the blob, commit the new version; the
+        versions past the tenant's retention are retired in the same transaction."""
         name = check_name(form.fields.get("name", ""), "adapter name") if "name" in form.fields else None
         if name is None:
             raise bad_request("missing form field 'name' (the model name clients will use)", param="name")
@@ -119,15 +127,14 @@ class AdapterService:
         info, files = await asyncio.to_thread(self._validated_files, form, workdir)
         blob = await asyncio.to_thread(self.store.put, files)
         try:
-            record, replaced = await self._commit(principal, name, info, blob)
+            record, retired = await self._commit(principal, name, info, blob)
         except BaseException:
             await asyncio.to_thread(self.store.delete, blob)
             raise
         await self.cache.invalidate(cache_key(principal.tenant_id, name))
-        if replaced is not None:
-            blob, sha256 = replaced
-            await asyncio.to_thread(self.store.delete, blob)
-            await self._retire(sha256)
+        await self._drop(principal.tenant_id, retired)
+        if self.on_publish is not None:
+            await self.on_publish([record])
         return record
 
     def _validated_files(self, form: UploadedForm, workdir: Path) -> tuple[AdapterInfo, dict[str, Path]]:
@@ -187,28 +194,38 @@ class AdapterService:
 
     async def _commit(
         self, principal: Principal, name: str, info: AdapterInfo, blob: str
-    ) -> tuple[AdapterRecord, tuple[str, str] | None]:
-        """The new version's record, and the (blob, content hash) of the version it replaced, if any."""
+    ) -> tuple[AdapterRecord, list[Adapter]]:
+        """The new version's record, and the versions it retired (past the tenant's retention)."""
         tenant_id = uuid.UUID(principal.tenant_id)
         async with self.db.session() as session:
-            # Serialises concurrent uploads of one tenant on PostgreSQL (quota check + version number).
+            # Serialises concurrent uploads, endpoint changes and deletions of one tenant on PostgreSQL.
             tenant = await session.scalar(select(Tenant).where(Tenant.id == tenant_id).with_for_update())
             if tenant is None:
                 raise not_found("tenant no longer exists", code="tenant_not_found")
+            if await session.scalar(select(Endpoint.id).where(Endpoint.tenant_id == tenant_id, Endpoint.name == name)):
+                raise ApiError(
+                    409, f"{name!r} is the name of one of your endpoints; choose another", param="name", code="conflict"
+                )
             live = (
                 await session.scalars(
-                    select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.deleted_at.is_(None))
+                    select(Adapter)
+                    .where(Adapter.tenant_id == tenant_id, Adapter.deleted_at.is_(None))
+                    .order_by(Adapter.version.desc())
                 )
             ).all()
-            current = next((a for a in live if a.name == name), None)
-            others = [a for a in live if a.name != name]
-            self._check_quotas(tenant, others, info)
+            kept = self.versions_kept(tenant)
+            same = [a for a in live if a.name == name]
+            retired = same[kept - 1 :]
+            await self._refuse_in_use(
+                session, tenant_id, name, [a.version for a in retired], "retention would retire", True
+            )
+            self._check_quotas(tenant, [a for a in live if a not in retired], name, info)
             last = await session.scalar(
                 select(func.max(Adapter.version)).where(Adapter.tenant_id == tenant_id, Adapter.name == name)
             )
-            if current is not None:
-                current.deleted_at = utcnow()
-                await session.flush()  # frees the live-name slot before the new row goes in
+            now = utcnow()
+            for old in retired:
+                old.deleted_at = now
             row = Adapter(
                 id=uuid.uuid4(),
                 tenant_id=tenant_id,
@@ -220,7 +237,7 @@ class AdapterService:
                 target_modules=list(info.target_modules),
                 size_bytes=info.size_bytes,
                 blob=blob,
-                created_at=utcnow(),
+                created_at=now,
             )
             session.add(row)
             try:
@@ -229,11 +246,54 @@ class AdapterService:
                 raise ApiError(
                     409, f"adapter {name!r} was uploaded concurrently; retry the upload", param="name", code="conflict"
                 ) from None
-        return AdapterRecord.from_row(row), ((current.blob, current.sha256) if current is not None else None)
+        return AdapterRecord.from_row(row), list(retired)
 
-    def _check_quotas(self, tenant: Tenant, others: list[Adapter], info: AdapterInfo) -> None:
+    def versions_kept(self, tenant: Tenant) -> int:
+        kept = tenant.adapter_versions_kept
+        return max(1, kept if kept is not None else self.quotas.adapter_versions_kept)
+
+    async def _refuse_in_use(
+        self,
+        session: AsyncSession,
+        tenant_id: uuid.UUID,
+        name: str,
+        versions: list[int],
+        action: str,
+        protect_current: bool = False,
+    ) -> None:
+        """409 when an endpoint serves one of these versions of `name` (or, with `protect_current`, the tenant
+        marked one of them current)."""
+        if not versions:
+            return
+        endpoint = await session.scalar(
+            select(Endpoint).where(
+                Endpoint.tenant_id == tenant_id,
+                Endpoint.adapter_name == name,
+                or_(Endpoint.adapter_version.in_(versions), Endpoint.canary_version.in_(versions)),
+            )
+        )
+        if endpoint is not None:
+            used = endpoint.adapter_version if endpoint.adapter_version in versions else endpoint.canary_version
+            raise ApiError(
+                409,
+                f"{action} {name}@{used}, which endpoint {endpoint.name!r} serves; change or delete the endpoint first",
+                param="name",
+                code="version_in_use",
+            )
+        current = await session.get(AdapterCurrent, (tenant_id, name)) if protect_current else None
+        if current is not None and current.version in versions:
+            raise ApiError(
+                409,
+                f"{action} {name}@{current.version}, which is marked current; mark another version current first",
+                param="name",
+                code="version_in_use",
+            )
+
+    def _check_quotas(self, tenant: Tenant, kept: Sequence[Adapter], name: str, info: AdapterInfo) -> None:
+        """`max_adapters` counts names, `max_adapter_bytes` every kept version's weights."""
         max_count = tenant.max_adapters if tenant.max_adapters is not None else self.quotas.max_adapters
         max_bytes = tenant.max_adapter_bytes if tenant.max_adapter_bytes is not None else self.quotas.max_adapter_bytes
+        others = {a.name for a in kept if a.name != name}
         if len(others) + 1 > max_count:
             raise ApiError(
                 403,
@@ -241,12 +301,12 @@ class AdapterService:
                 f"and has {len(others)}; delete one first",
                 code="adapter_quota_exceeded",
             )
-        used = sum(a.size_bytes for a in others)
+        used = sum(a.size_bytes for a in kept)
         if used + info.size_bytes > max_bytes:
             raise ApiError(
                 403,
                 f"storage quota exceeded: this adapter has {info.size_bytes} bytes of weights, "
-                f"tenant {tenant.name!r} uses {used} of {max_bytes} bytes",
+                f"tenant {tenant.name!r} uses {used} of {max_bytes} bytes (every kept version counts)",
                 code="storage_quota_exceeded",
             )
 
@@ -256,55 +316,133 @@ class AdapterService:
         return await self.list_of_tenant(principal.tenant_id)
 
     async def list_of_tenant(self, tenant_id: str) -> list[AdapterRecord]:
+        """The current version of each of the tenant's adapter names."""
         async with self.db.session() as session:
-            rows = await session.scalars(
-                select(Adapter)
-                .where(Adapter.tenant_id == uuid.UUID(tenant_id), Adapter.deleted_at.is_(None))
-                .order_by(Adapter.name)
-            )
-            return [AdapterRecord.from_row(r) for r in rows.all()]
+            rows = (await session.scalars(self._live(tenant_id).order_by(Adapter.name, Adapter.version))).all()
+            marked = {
+                c.name: c.version
+                for c in await session.scalars(
+                    select(AdapterCurrent).where(AdapterCurrent.tenant_id == uuid.UUID(tenant_id))
+                )
+            }
+        by_name: dict[str, list[Adapter]] = {}
+        for r in rows:
+            by_name.setdefault(r.name, []).append(r)
+        current = [next((r for r in rs if r.version == marked.get(name)), rs[-1]) for name, rs in by_name.items()]
+        return [AdapterRecord.from_row(r) for r in current]
 
-    async def resolve(self, tenant_id: str, name: str) -> AdapterRecord | None:
-        """The live version of `name` for this tenant (cached), or None."""
+    async def versions(self, principal: Principal, name: str) -> tuple[list[AdapterRecord], int]:
+        """Every live version of `name`, oldest first, and the current one's number (404 if none)."""
+        async with self.db.session() as session:
+            rows = (
+                await session.scalars(
+                    self._live(principal.tenant_id).where(Adapter.name == name).order_by(Adapter.version)
+                )
+            ).all()
+        if not rows:
+            raise not_found(f"adapter {name!r} not found", code="adapter_not_found")
+        current = await self.resolve(principal.tenant_id, name)
+        return [AdapterRecord.from_row(r) for r in rows], current.version if current else rows[-1].version
+
+    def _live(self, tenant_id: str) -> Select[tuple[Adapter]]:
+        return select(Adapter).where(Adapter.tenant_id == uuid.UUID(tenant_id), Adapter.deleted_at.is_(None))
+
+    async def resolve(self, tenant_id: str, model: str) -> AdapterRecord | None:
+        """The adapter version `model` names for this tenant (`name`: the current one, `name@N`: version N),
+        cached, or None."""
+        ref = parse_ref(model)
+        if ref is None:
+            return None
+        name, version = ref
 
         async def load() -> dict[str, object] | None:
             async with self.db.session() as session:
-                row = await session.scalar(
-                    select(Adapter).where(
-                        Adapter.tenant_id == uuid.UUID(tenant_id), Adapter.name == name, Adapter.deleted_at.is_(None)
-                    )
-                )
+                row = await self._load(session, uuid.UUID(tenant_id), name, version)
             return asdict(AdapterRecord.from_row(row)) if row is not None else None
 
-        found = await self.cache.get_or_load(cache_key(tenant_id, name), load)
+        key = cache_key(tenant_id, name) if version is None else cache_key(tenant_id, f"{name}@{version}")
+        found = await self.cache.get_or_load(key, load)
         return AdapterRecord(**found) if found is not None else None
 
-    async def get(self, principal: Principal, name: str) -> AdapterRecord:
-        record = await self.resolve(principal.tenant_id, name)
+    async def _load(
+        self, session: AsyncSession, tenant_id: uuid.UUID, name: str, version: int | None
+    ) -> Adapter | None:
+        live = select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == name, Adapter.deleted_at.is_(None))
+        if version is None:
+            marked = await session.get(AdapterCurrent, (tenant_id, name))
+            version = marked.version if marked is not None else None
+        if version is not None:
+            return await session.scalar(live.where(Adapter.version == version))
+        return await session.scalar(live.order_by(Adapter.version.desc()).limit(1))
+
+    async def get(self, principal: Principal, model: str) -> AdapterRecord:
+        record = await self.resolve(principal.tenant_id, model)
         if record is None:
-            raise not_found(f"adapter {name!r} not found", code="adapter_not_found")
+            raise not_found(f"adapter {model!r} not found", code="adapter_not_found")
         return record
 
-    async def delete(self, principal: Principal, name: str) -> AdapterRecord:
-        return await self.delete_of_tenant(principal.tenant_id, name)
-
-    async def delete_of_tenant(self, tenant_id: str, name: str) -> AdapterRecord:
+    async def set_current(self, principal: Principal, name: str, version: int | None) -> AdapterRecord:
+        """Mark `version` of `name` current (a rollback or a roll forward), or follow the newest again (None)."""
+        tenant_id = uuid.UUID(principal.tenant_id)
         async with self.db.session() as session:
-            row = await session.scalar(
-                select(Adapter).where(
-                    Adapter.tenant_id == uuid.UUID(tenant_id),
-                    Adapter.name == name,
-                    Adapter.deleted_at.is_(None),
-                )
-            )
+            await session.scalar(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+            if version is not None and await self._load(session, tenant_id, name, version) is None:
+                raise not_found(f"adapter {name}@{version} not found", code="adapter_not_found")
+            marked = await session.get(AdapterCurrent, (tenant_id, name))
+            if version is None:
+                if marked is not None:
+                    await session.delete(marked)
+            elif marked is None:
+                session.add(AdapterCurrent(tenant_id=tenant_id, name=name, version=version))
+            else:
+                marked.version = version
+            await session.flush()
+            row = await self._load(session, tenant_id, name, None)
             if row is None:
                 raise not_found(f"adapter {name!r} not found", code="adapter_not_found")
-            await session.execute(update(Adapter).where(Adapter.id == row.id).values(deleted_at=utcnow()))
+            await session.commit()
+        await self.cache.invalidate(cache_key(principal.tenant_id, name))
+        return AdapterRecord.from_row(row)
+
+    async def delete(self, principal: Principal, model: str) -> AdapterRecord:
+        return await self.delete_of_tenant(principal.tenant_id, model)
+
+    async def delete_of_tenant(self, tenant_id: str, model: str) -> AdapterRecord:
+        """Delete version N (`name@N`) or every version of `name`; 409 while an endpoint serves one of them.
+        Returns the current version before the deletion (`name`) or the deleted version (`name@N`)."""
+        ref = parse_ref(model)
+        if ref is None:
+            raise not_found(f"adapter {model!r} not found", code="adapter_not_found")
+        name, version = ref
+        tid = uuid.UUID(tenant_id)
+        async with self.db.session() as session:
+            await session.scalar(select(Tenant.id).where(Tenant.id == tid).with_for_update())
+            shown = await self._load(session, tid, name, version)
+            if shown is None:
+                raise not_found(f"adapter {model!r} not found", code="adapter_not_found")
+            query = self._live(tenant_id).where(Adapter.name == name)
+            doomed = list(
+                (await session.scalars(query if version is None else query.where(Adapter.version == version))).all()
+            )
+            await self._refuse_in_use(session, tid, name, [a.version for a in doomed], "cannot delete")
+            now = utcnow()
+            for row in doomed:
+                row.deleted_at = now
+            marked = await session.get(AdapterCurrent, (tid, name))
+            if marked is not None and (version is None or marked.version == version):
+                await session.delete(marked)  # the name follows its newest version again
             await session.commit()
         await self.cache.invalidate(cache_key(tenant_id, name))
-        await asyncio.to_thread(self.store.delete, row.blob)
-        await self._retire(row.sha256)
-        return AdapterRecord.from_row(row)
+        await self._drop(tenant_id, doomed)
+        return AdapterRecord.from_row(shown)
+
+    async def _drop(self, tenant_id: str, rows: Sequence[Adapter]) -> None:
+        """After a commit that deleted `rows`: their cache entries, blobs and (where unused) engine copies."""
+        for row in rows:
+            await self.cache.invalidate(cache_key(tenant_id, f"{row.name}@{row.version}"))
+            await asyncio.to_thread(self.store.delete, row.blob)
+            await self.cache.invalidate(DELETED_BLOB + row.blob)  # other replicas drop their local copies
+            await self._retire(row.sha256)
 
     async def _retire(self, sha256: str) -> None:
         """Tell every replica that no live adapter has these weights any more (unless one still does)."""
@@ -314,3 +452,15 @@ class AdapterService:
             )
         if not still_live:
             await self.cache.invalidate(RETIRED_CONTENT + sha256)
+
+
+def parse_ref(model: str) -> tuple[str, int | None] | None:
+    """`name` -> (name, None); `name@N` -> (name, N) for N >= 1; anything else (no valid name) -> None."""
+    name, at, version = model.partition("@")
+    if not NAME_RE.match(name):
+        return None
+    if not at:
+        return name, None
+    if not version.isdigit() or version.startswith("0") or len(version) > 9:
+        return None
+    return name, int(version)

@@ -39,6 +39,13 @@ class BlobStore:
     def exists(self, blob: str) -> bool:
         return self.path(blob).is_dir()
 
+    def fetch(self, blob: str) -> Path:
+        """The blob's local folder, ready to read (here it is the store itself; see S3BlobStore). Blocking."""
+        return self.path(blob)
+
+    def evict(self, blob: str) -> None:
+        """Drop a local copy of a blob deleted elsewhere (nothing to do: the folder is the store)."""
+
     def new_tmp_dir(self) -> Path:
         """A private scratch folder for an upload in progress (caller removes it)."""
         return self.scratch.mkdtemp("upload-")
@@ -46,6 +53,10 @@ class BlobStore:
     def put(self, files: Mapping[str, Path]) -> str:
         """Store `files` (name in the blob -> source file) atomically; return the new blob's name."""
         blob = uuid.uuid4().hex
+        self._put_local(blob, files)
+        return blob
+
+    def _put_local(self, blob: str, files: Mapping[str, Path]) -> None:
         staging = self.scratch.mkdtemp(f"blob-{blob}-")
         try:
             for name, source in files.items():
@@ -58,7 +69,6 @@ class BlobStore:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        return blob
 
     def delete(self, blob: str) -> None:
         """Remove a blob; it is renamed away first so readers never see a half-deleted folder."""

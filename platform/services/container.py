@@ -12,12 +12,15 @@ from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.services.adapters import AdapterService
 from loraplex.platform.services.blobstore import BlobStore
 from loraplex.platform.services.cache import RegistryCache
+from loraplex.platform.services.endpoints import EndpointService
 from loraplex.platform.services.engine_adapters import EngineAdapters
+from loraplex.platform.services.models import ModelResolver
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenant_limits import TenantLimits
 from loraplex.platform.services.tenants import TenantService
 from loraplex.platform.services.upload_slots import UploadSlots
+from loraplex.platform.services.warm import Warmer
 from loraplex.platform.settings import Settings
 
 
@@ -31,6 +34,9 @@ class Services:
     tenants: TenantService
     rate_limiter: RateLimiter
     adapters: AdapterService
+    endpoints: EndpointService
+    models: ModelResolver  # what a request's `model` names (the one place that decides)
+    warmer: Warmer
     engine: AsyncEngine
     engine_adapters: EngineAdapters
     metrics: Metrics
@@ -41,6 +47,7 @@ class Services:
     batch: Any = None  # platform.batch.api.BatchApi, started by the app's lifespan
 
     async def close(self) -> None:
+        await self.warmer.close()
         await self.tenant_limits.close()
         await self.cache.close()
         if self.redis is not None:

@@ -23,7 +23,7 @@ from loraplex.engine import AdapterRef, RequestOutput, SamplingParams, Share
 from loraplex.engine.share import DEFAULT_SHARE
 from loraplex.grammar.spec import GrammarError
 from loraplex.platform.errors import REFUSALS, ApiError, engine_error
-from loraplex.platform.metrics import Metrics
+from loraplex.platform.metrics import EndpointLabels, Metrics
 
 if TYPE_CHECKING:
     from loraplex.engine import AsyncEngine
@@ -59,6 +59,7 @@ class Generation:
     # reservation is settled there, whichever way the request ends.
     on_close: Callable[[int], Awaitable[None]] | None = field(default=None)
     used_tokens: int = field(default=0)
+    endpoint: EndpointLabels | None = field(default=None)  # endpoint calls: the answering version's labels
 
     @classmethod
     async def start(
@@ -74,6 +75,7 @@ class Generation:
         structured_param: str | None = None,
         share: Share = DEFAULT_SHARE,
         on_close: Callable[[int], Awaitable[None]] | None = None,
+        endpoint: EndpointLabels | None = None,
     ) -> Generation:
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = [
@@ -104,8 +106,16 @@ class Generation:
             metrics.ttft.observe(now - arrival)
             metrics.prompt_tokens.inc(len(ch.first.prompt_token_ids))
         gen = cls(
-            choices, arrival, metrics, labels, on_close=on_close, used_tokens=sum(len(c.prompt_ids) for c in inputs)
+            choices,
+            arrival,
+            metrics,
+            labels,
+            on_close=on_close,
+            used_tokens=sum(len(c.prompt_ids) for c in inputs),
+            endpoint=endpoint,
         )
+        if endpoint is not None:
+            metrics.endpoint_tokens.labels(*endpoint, "prompt").inc(sum(len(c.prompt_ids) for c in inputs))
         for ch in choices:
             gen._record(ch, ch.first, first=True)
         return gen
@@ -117,10 +127,15 @@ class Generation:
         choice.last_time = now
         self.metrics.generation_tokens.inc(len(out.new_token_ids))
         self.used_tokens += len(out.new_token_ids)
+        if self.endpoint is not None and out.new_token_ids:
+            self.metrics.endpoint_tokens.labels(*self.endpoint, "generation").inc(len(out.new_token_ids))
         if out.finished and not choice.finished:
             choice.finished = True
             self.metrics.e2e.observe(now - self.arrival)
             self.metrics.count_request(*self.labels, out.finish_reason or "unknown")
+            if self.endpoint is not None:
+                self.metrics.endpoint_latency.labels(*self.endpoint).observe(now - self.arrival)
+                self.metrics.endpoint_requests.labels(*self.endpoint, out.finish_reason or "unknown").inc()
 
     def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, output) for every output of every choice, in arrival order (one iteration only)."""
@@ -196,6 +211,8 @@ class Generation:
             if not ch.finished:
                 ch.finished = True
                 self.metrics.count_request(*self.labels, "abort")
+                if self.endpoint is not None:
+                    self.metrics.endpoint_requests.labels(*self.endpoint, "abort").inc()
 
 
 async def _close_all(streams: list[AsyncIterator[RequestOutput]]) -> None:

@@ -73,6 +73,7 @@ class Quotas:
     max_concurrent_sequences: int | None = None
     tokens_per_minute: int | None = None
     max_queued_requests: int | None = None
+    adapter_versions_kept: int | None = None  # how many versions of one adapter name are kept
 
 
 MAX_WEIGHT = 1e6
@@ -96,6 +97,8 @@ def check_quotas(values: Mapping[str, Any]) -> None:
                 raise bad_request(f"priority must be in [-2^31, 2^31], got {value}", param=field)
         elif value < 0:
             raise bad_request(f"{field} must be >= 0, got {value}", param=field)
+        elif field == "adapter_versions_kept" and value < 1:
+            raise bad_request(f"adapter_versions_kept must be >= 1 (the current version), got {value}", param=field)
 
 
 class TenantService:

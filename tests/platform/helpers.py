@@ -234,3 +234,68 @@ def sse_events(text: str) -> list[Any]:
             payload = block[len("data: ") :]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
+
+
+# ----------------------------------------------------------------------------------- object storage
+
+
+class S3Server:
+    """moto's standalone S3-compatible server as a separate process on a free port, with one bucket."""
+
+    def __init__(self, log: Path, bucket: str = "loraplex-test") -> None:
+        self.port = free_port()
+        self.bucket = bucket
+        self._log_file = open(log, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.proc.poll() is None, log.read_text()[-3000:]
+            try:
+                httpx.get(self.url, timeout=2)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "moto server did not start"
+                time.sleep(0.1)
+        self.client().create_bucket(Bucket=bucket)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a replica needs to reach it (boto3 reads these)."""
+        return {
+            "AWS_ENDPOINT_URL": self.url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+
+    def keys(self, prefix: str = "") -> list[str]:
+        listed = self.client().list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+        return sorted(item["Key"] for item in listed.get("Contents", []))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log_file.close()

@@ -15,6 +15,7 @@ import torch
 
 from tests.platform.conftest import MAX_UPLOAD
 from tests.platform.helpers import (
+    ADMIN_KEY,
     auth,
     create_tenant,
     error_of,
@@ -74,12 +75,16 @@ def test_upload_archive_and_two_files_then_list_get_delete(server, adapter_facto
     assert [(a["name"], a["version"]) for a in listed["data"]] == [("other", 1), ("support-bot", 2)]
     got = httpx.get(f"{server.url}/v1/adapters/support-bot", headers=auth(key)).json()
     assert got["id"] == second["id"] and got["sha256"] == second["sha256"]
-    # The replaced version's blob is gone: one blob per live adapter.
-    assert len(stored_blobs(server.settings.data_dir)) == 2
+    # Version 1 is kept (the default retention keeps 5 per name) and still addressable as name@1.
+    assert len(stored_blobs(server.settings.data_dir)) == 3
+    old = httpx.get(f"{server.url}/v1/adapters/support-bot@1", headers=auth(key)).json()
+    assert (old["id"], old["version"], old["sha256"]) == (first["id"], 1, first["sha256"])
 
+    # Deleting the name deletes every version.
     r = httpx.delete(f"{server.url}/v1/adapters/support-bot", headers=auth(key))
     assert r.status_code == 200 and r.json()["version"] == 2
-    assert httpx.get(f"{server.url}/v1/adapters/support-bot", headers=auth(key)).status_code == 404
+    for model in ("support-bot", "support-bot@1", "support-bot@2"):
+        assert httpx.get(f"{server.url}/v1/adapters/{model}", headers=auth(key)).status_code == 404
     assert httpx.delete(f"{server.url}/v1/adapters/support-bot", headers=auth(key)).status_code == 404
     assert len(stored_blobs(server.settings.data_dir)) == 1
     # Re-uploading after a delete continues the version sequence.
@@ -139,9 +144,9 @@ def test_quotas(server, adapter_factory) -> None:
     r = upload(server.url, key, "three", archive=zip_folder(small))
     assert r.status_code == 403 and error_of(r)["code"] == "adapter_quota_exceeded"
     assert "2 adapters" in error_of(r)["message"]
-    # Replacing an existing name is not a new adapter.
+    # A new version of an existing name is not a new adapter (its version 1 is kept beside it).
     assert upload(server.url, key, "two", archive=zip_folder(small)).status_code == 201
-    assert len(stored_blobs(server.settings.data_dir)) == len(blobs)
+    assert len(stored_blobs(server.settings.data_dir)) == len(blobs) + 1
 
     size = upload(server.url, create_tenant(server.url, "probe"), "p", folder=small).json()["size_bytes"]
     key = create_tenant(server.url, "bytes", max_adapter_bytes=size + size // 2)
@@ -150,6 +155,16 @@ def test_quotas(server, adapter_factory) -> None:
     assert r.status_code == 403 and error_of(r)["code"] == "storage_quota_exceeded"
     names = [a["name"] for a in httpx.get(f"{server.url}/v1/adapters", headers=auth(key)).json()["data"]]
     assert names == ["fits"]
+    # Every kept version counts against the bytes: a second version of "fits" is over too, unless the tenant
+    # keeps one version per name (then the upload retires version 1).
+    r = upload(server.url, key, "fits", folder=small)
+    assert r.status_code == 403 and error_of(r)["code"] == "storage_quota_exceeded"
+    r = httpx.patch(f"{server.url}/v1/tenants/bytes", json={"adapter_versions_kept": 1}, headers=auth(ADMIN_KEY))
+    assert r.status_code == 200 and r.json()["adapter_versions_kept"] == 1
+    r = upload(server.url, key, "fits", folder=small)
+    assert r.status_code == 201 and r.json()["version"] == 2
+    versions = httpx.get(f"{server.url}/v1/adapters/fits/versions", headers=auth(key)).json()
+    assert (versions["current"], [v["version"] for v in versions["data"]]) == (2, [2])
 
 
 # ------------------------------------------------------------------------------- bad uploads
@@ -334,12 +349,13 @@ def test_adapter_config_without_weights_is_listed_nowhere(start_server, adapter_
 @pytest.mark.services
 def test_concurrent_uploads_on_postgresql_get_versions_and_keep_quotas(start_server, adapter_factory) -> None:
     """Six uploads of one name at once, then five new names at once against a quota of two: every upload is
-    a new version or a clear refusal, the quota holds, and exactly the live adapters have blobs on disk."""
+    a new version or a clear refusal, the quota holds, and exactly the live adapters have blobs on disk (the
+    tenant keeps one version per name: each upload retires the one before)."""
     from concurrent.futures import ThreadPoolExecutor
 
     # above the default concurrent-upload limits (test_platform_hygiene tests those)
     server = start_server("postgres+redis", max_concurrent_uploads=8, max_concurrent_uploads_per_tenant=8)
-    key = create_tenant(server.url, "racer", max_adapters=2)
+    key = create_tenant(server.url, "racer", max_adapters=2, adapter_versions_kept=1)
     same = [zip_folder(adapter_factory(f"race-{i}", seed=60 + i)) for i in range(6)]
     with ThreadPoolExecutor(len(same)) as pool:
         results = list(pool.map(lambda archive: upload(server.url, key, "same", archive=archive), same))

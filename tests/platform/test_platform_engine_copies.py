@@ -36,12 +36,12 @@ def _copies(engine: Any, content_hash: str) -> tuple[bool, bool]:
 
 
 def test_delete_and_replace_drop_the_engines_copies(server, tiny_engine, adapter_factory) -> None:
-    key = create_tenant(server.url, "copies")
+    key = create_tenant(server.url, "copies", adapter_versions_kept=1)
     first = upload(server.url, key, "doomed", archive=zip_folder(adapter_factory("copies-v1", seed=41))).json()
     _chat(server.url, key, "doomed")
     _wait_for(lambda: _copies(tiny_engine, first["sha256"]) == (True, True), "v1 is in host memory and a slot")
 
-    # A new version under the same name retires the old weights.
+    # A new version under the same name retires the old one (the tenant keeps one version), and its weights.
     second = upload(server.url, key, "doomed", archive=zip_folder(adapter_factory("copies-v2", seed=42))).json()
     assert second["version"] == 2 and second["sha256"] != first["sha256"]
     _wait_for(lambda: _copies(tiny_engine, first["sha256"]) == (False, False), "v1's copies are dropped")

@@ -123,6 +123,12 @@ def _serve_and_check(settings, tiny_engine) -> None:
             16.0,
         )
         assert adapter["target_modules"] == ["q_proj", "v_proj"] and adapter["size_bytes"] == 2468
+        # 0004: the live adapter is the one kept version of its name, addressable as name@2 and current.
+        pinned = httpx.get(f"{server.url}/v1/adapters/extractor@2", headers=auth(TENANT_KEY))
+        assert pinned.status_code == 200 and pinned.json()["sha256"] == "2" * 64
+        assert httpx.get(f"{server.url}/v1/adapters/extractor@1", headers=auth(TENANT_KEY)).status_code == 404
+        versions = httpx.get(f"{server.url}/v1/adapters/extractor/versions", headers=auth(TENANT_KEY)).json()
+        assert (versions["current"], [v["version"] for v in versions["data"]]) == (2, [2])
         tenants_listed = httpx.get(f"{server.url}/v1/tenants", headers=auth(ADMIN_KEY)).json()["data"]
         [migrated] = [t for t in tenants_listed if t["name"] == "migrated"]
         assert migrated["max_adapters"] == 7 and migrated["max_adapter_bytes"] == 10**9
@@ -155,6 +161,22 @@ def test_upgrade_keeps_a_populated_postgresql_registry(tiny_engine, tmp_path: Pa
             await conn.close()
 
         asyncio.run(drop())
+
+
+def test_upgrade_from_0003_with_data_to_versions(tiny_engine, tmp_path: Path) -> None:
+    """A registry at 0003 holding adapters and keys (written at 0001, then upgraded) keeps them all at 0004."""
+    settings = settings_for("sqlite", tmp_path / "data")
+    settings.data_dir.mkdir(parents=True)
+    url = settings.resolved_database_url
+
+    async def at_0003() -> None:
+        await populate_oldest(url, None)
+        await upgrade(url, None, "0003")
+        assert await current_revision(url) == "0003"
+
+    asyncio.run(at_0003())
+    _serve_and_check(settings, tiny_engine)
+    assert asyncio.run(current_revision(url)) == _head() == "0004"
 
 
 def _head() -> str:
