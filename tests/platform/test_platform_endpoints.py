@@ -98,8 +98,9 @@ def test_defaults_apply_and_forbidden_overrides_are_refused(published, tiny_llam
     assert e.value.body["param"] == "model"
 
     # Listed in /v1/models, its root the adapter version it serves.
-    cards = {m.id: m for m in client.models.list().data}
-    assert cards["extract"].root == "bot@1" and cards["bot"].root == v2["sha256"]
+    cards = {m.id: m for m in client.models.list().data}  # ids are `<tenant>/<name>`
+    extract, bot = (next(m for i, m in cards.items() if i.endswith("/" + n)) for n in ("extract", "bot"))
+    assert extract.root == "bot@1" and bot.root == v2["sha256"]
     assert client.models.retrieve("extract").root == "bot@1"
 
 

@@ -51,7 +51,7 @@ def test_versions_are_addressable_and_rollback_is_one_call(server, tiny_engine, 
     assert _chat(server.url, key, "bot@1").status_code == 200
     _wait_for(lambda: _in_host(tiny_engine, v1["sha256"]), "bot@1's weights are loaded")
     model = httpx.get(f"{server.url}/v1/models/bot@1", headers=auth(key)).json()
-    assert (model["id"], model["root"]) == ("bot", v1["sha256"])
+    assert (model["id"], model["name"], model["root"]) == ("versioned/bot", "bot", v1["sha256"])
 
     # Rollback: `bot` means version 1 until marked otherwise, also for a new upload.
     r = httpx.put(f"{server.url}/v1/adapters/bot/current", json={"version": 1}, headers=auth(key))
