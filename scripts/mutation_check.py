@@ -9,6 +9,27 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 M = [
     (
+        "another tenant's adapter id accepted",
+        "platform/model_ids.py",
+        "    return name if owner == tenant else None",
+        "    return name",
+        ["tests/platform/test_platform_routing.py::test_same_named_adapters_of_two_tenants_have_distinct_ids"],
+    ),
+    (
+        "lora_requests_info by short name",
+        "platform/services/engine_adapters.py",
+        "        model_id = adapter_id(tenant, record.name)",
+        "        model_id = record.name",
+        ["tests/platform/test_platform_routing.py::test_metrics_parse_as_the_picker_reads_them"],
+    ),
+    (
+        "a draining server admits new requests",
+        "platform/drain.py",
+        '            if self.draining and scope["path"] not in PROBE_PATHS:',
+        "            if False:",
+        ["tests/platform/test_platform_drain.py"],
+    ),
+    (
         "min_tokens ignored",
         "engine/llm_engine.py",
         "            if p.min_tokens > seq.num_output_tokens:",
@@ -49,7 +70,7 @@ M = [
     (
         "adapter requests served by the base model",
         "platform/openai/controller.py",
-        "    return services.engine_adapters.ref(record)",
+        "    return services.engine_adapters.ref(record, principal.tenant_name)",
         "    return None",
         ["tests/platform/test_platform_openai.py::test_adapter_by_model_name"],
     ),
