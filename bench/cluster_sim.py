@@ -6,7 +6,8 @@ per-step costs (bench/cluster_costs.json, made by `python -m bench.cluster_costs
 Each replica is modelled as the engine schedules: continuous batching of at most max_num_seqs sequences and
 max_num_batched_tokens tokens a step (decodes first, then prefill chunks), at most max_loras distinct
 adapters running, a host cache of max_cpu_loras adapters (a miss costs the measured adapter load before the
-request can run), and a step time of c0 + c_token*tokens + c_seq*seqs + c_adapter*distinct adapters.
+request can run), and the measured step times (a decode step by its sequences and adapters, a step with
+prompt tokens by its tokens and adapters).
 Adapter popularity is Zipf(s); tenant 0 sends `--flood` of all requests (a noisy neighbour), the others share
 the rest. Routing: round-robin; LoRA affinity (the inference extension's picker: a replica already running
 or holding the adapter with a short queue, else one with a free adapter slot, else the least loaded); and
@@ -32,14 +33,16 @@ COSTS = Path(__file__).with_name("cluster_costs.json")
 
 @dataclass
 class Costs:
-    c0: float
-    per_token: float
-    per_seq: float
-    per_adapter: float
+    decode: dict[str, float]  # c0, per_seq, per_adapter: a step of one token per sequence
+    prefill: dict[str, float]  # c0, per_token, per_adapter: a step with prompt tokens (and maybe decodes)
     load_s: float
 
     def step(self, tokens: int, seqs: int, adapters: int) -> float:
-        return max(1e-4, self.c0 + self.per_token * tokens + self.per_seq * seqs + self.per_adapter * adapters)
+        if tokens == seqs:
+            d = self.decode
+            return max(1e-4, d["c0"] + d["per_seq"] * seqs + d["per_adapter"] * adapters)
+        p = self.prefill
+        return max(1e-4, p["c0"] + p["per_token"] * tokens + p["per_adapter"] * adapters)
 
 
 @dataclass
@@ -276,7 +279,7 @@ def main() -> None:
     args = ap.parse_args()
     data = json.loads(args.costs.read_text())
     sc = data["step_seconds"]
-    costs = Costs(sc["c0"], sc["per_token"], sc["per_seq"], sc["per_adapter"], data["adapter_load_s"])
+    costs = Costs(sc["decode"], sc["prefill"], data["adapter_load_s"])
     ratio = check_single_replica(data, costs)
     meas = data["measured"]["requests_per_s"]
     print(f"single replica, the measured run: simulated {ratio * meas:.2f} req/s vs measured {meas:.2f} ({ratio:.1%})")

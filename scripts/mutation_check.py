@@ -30,6 +30,27 @@ M = [
         ["tests/platform/test_platform_endpoints.py::test_versions_an_endpoint_serves_cannot_be_deleted_or_retired"],
     ),
     (
+        "another tenant's adapter id accepted",
+        "platform/model_ids.py",
+        "    return name if owner == tenant else None",
+        "    return name",
+        ["tests/platform/test_platform_routing.py::test_same_named_adapters_of_two_tenants_have_distinct_ids"],
+    ),
+    (
+        "lora_requests_info by short name",
+        "platform/services/engine_adapters.py",
+        "        model_id = adapter_id(tenant, record.name)",
+        "        model_id = record.name",
+        ["tests/platform/test_platform_routing.py::test_metrics_parse_as_the_picker_reads_them"],
+    ),
+    (
+        "a draining server admits new requests",
+        "platform/drain.py",
+        '            if self.draining and scope["path"] not in PROBE_PATHS:',
+        "            if False:",
+        ["tests/platform/test_platform_drain.py"],
+    ),
+    (
         "min_tokens ignored",
         "engine/llm_engine.py",
         "            if p.min_tokens > seq.num_output_tokens:",
@@ -70,8 +91,8 @@ M = [
     (
         "adapter requests served by the base model",
         "platform/openai/controller.py",
-        "    adapter = await services.engine_adapters.ref(target.adapter) if target.adapter is not None else None",
-        "    adapter = None",
+        "        adapter = await services.engine_adapters.ref(target.adapter, principal.tenant_name)",
+        "        adapter = None",
         ["tests/platform/test_platform_openai.py::test_adapter_by_model_name"],
     ),
     (

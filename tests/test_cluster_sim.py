@@ -6,7 +6,11 @@ import pytest
 
 from bench.cluster_sim import Costs, Replica, Request, simulate
 
-COSTS = Costs(c0=0.01, per_token=0.001, per_seq=0.002, per_adapter=0.005, load_s=0.5)
+COSTS = Costs(
+    decode={"c0": 0.01, "per_seq": 0.002, "per_adapter": 0.005},
+    prefill={"c0": 0.02, "per_token": 0.001, "per_adapter": 0.005},
+    load_s=0.5,
+)
 
 
 def _replica(**kw: int) -> Replica:
@@ -18,8 +22,8 @@ def _replica(**kw: int) -> Replica:
 def test_one_request_prefill_then_decodes() -> None:
     (r,) = simulate([Request(0.0, 0, 7, prompt=30, output=3)], [_replica()], COSTS, "round-robin", 10)
     load = 0.5  # adapter 7 is not in host memory: it loads first
-    prefill = 0.01 + 30 * 0.001 + 0.002 + 0.005
-    decode = 0.01 + 0.001 + 0.002 + 0.005
+    prefill = 0.02 + 30 * 0.001 + 0.005
+    decode = 0.01 + 0.002 + 0.005
     assert r.first_token == pytest.approx(load + prefill)
     assert r.finished == pytest.approx(load + prefill + 2 * decode)
 
@@ -29,11 +33,11 @@ def test_chunked_prefill_and_adapter_slots() -> None:
     rep = _replica()
     rep.host.update({1: 0.0, 2: 0.0})  # both in host memory; one device slot (max_loras=1)
     simulate(reqs, [rep], COSTS, "round-robin", 10)
-    first = 0.01 + 100 * 0.001 + 0.002 + 0.005  # the 100-token budget: a first chunk of the long prompt
-    second = 0.01 + 50 * 0.001 + 0.002 + 0.005
+    first = 0.02 + 100 * 0.001 + 0.005  # the 100-token budget: a first chunk of the long prompt
+    second = 0.02 + 50 * 0.001 + 0.005
     assert reqs[0].first_token == pytest.approx(first + second)
     # the other adapter's request waits for the slot, then runs its prompt in one step
-    assert reqs[1].first_token == pytest.approx(first + second + 0.01 + 10 * 0.001 + 0.002 + 0.005)
+    assert reqs[1].first_token == pytest.approx(first + second + 0.02 + 10 * 0.001 + 0.005)
 
 
 def test_affinity_routes_to_the_replica_holding_the_adapter() -> None:
