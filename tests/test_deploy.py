@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from loraplex.platform.services.s3_blobstore import parse_blob_url
 from loraplex.platform.settings import Settings
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -107,7 +108,7 @@ def test_inference_pool_routes_to_the_replicas_through_the_picker() -> None:
 def test_compose_runs_two_replicas_behind_a_load_balancer() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     services = compose["services"]
-    assert {"postgres", "redis", "replica-1", "replica-2", "lb"} <= set(services)
+    assert {"postgres", "redis", "minio", "minio-bucket", "replica-1", "replica-2", "lb"} <= set(services)
     settings = {f.name for f in dataclasses.fields(Settings)}
     for name in ("replica-1", "replica-2"):
         replica = services[name]
@@ -117,10 +118,14 @@ def test_compose_runs_two_replicas_behind_a_load_balancer() -> None:
             and "@postgres:5432/" in env["LORAPLEX_DATABASE_URL"]
         )
         assert env["LORAPLEX_REDIS_URL"].startswith("redis://redis:6379/")
-        assert all(k.removeprefix("LORAPLEX_").lower() in settings for k in env)
+        assert all(k.removeprefix("LORAPLEX_").lower() in settings for k in env if k.startswith("LORAPLEX_"))
+        # adapter blobs in the S3-compatible store, in a bucket the minio-bucket job creates
+        assert parse_blob_url(env["LORAPLEX_BLOB_URL"])[0] == "loraplex-adapters"
+        assert env["AWS_ENDPOINT_URL"] == "http://minio:9000"
+        assert "mb --ignore-existing store/loraplex-adapters" in services["minio-bucket"]["entrypoint"]
         grace_s = int(replica["stop_grace_period"].removesuffix("s"))
         assert grace_s > float(env["LORAPLEX_DRAIN_TIMEOUT_S"])
-        assert set(replica["depends_on"]) == {"postgres", "redis"}
+        assert set(replica["depends_on"]) == {"postgres", "redis", "minio-bucket"}
         assert "/ready" in " ".join(replica["healthcheck"]["test"])
     nginx = (DEPLOY / "nginx.conf").read_text()
     assert re.findall(r"server (replica-\d):8000", nginx) == ["replica-1", "replica-2"]
