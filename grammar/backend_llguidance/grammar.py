@@ -113,11 +113,16 @@ class LLGuidanceMatcher(GrammarMatcher):
             return 0
         g = self._g
         plain = []
-        for token in token_ids:  # llguidance's count, cut before the first EOS or special token
+        for token in token_ids:  # llguidance's count up to the first EOS or special token
             if token in g.eos_ids or token in g.special:
                 break
             plain.append(token)
-        return int(self._m.validate_tokens(plain)) if plain else 0
+        n = int(self._m.validate_tokens(plain)) if plain else 0
+        if n == len(plain) < len(token_ids) and token_ids[n] in g.eos_ids:  # EOS ends a complete output only
+            trial = self._m.deep_copy()
+            if all(trial.consume_token(t) for t in plain) and trial.is_accepting():
+                n += 1
+        return n
 
     def bitmask_words(self) -> int:
         return self._g.words
