@@ -190,7 +190,15 @@ def test_preemption_mid_speculation_recomputes_the_same_outputs(small_vocab_dir)
 def test_fair_policy_charges_accepted_tokens_only(small_vocab_dir):
     eng = _engine(small_vocab_dir, speculative_config=NGRAM, scheduling_policy="fair")
     prompt, params = _greedy_requests(1, 30)[0]
-    (tokens,) = _run(eng, [(prompt, params)], share=Share(tenant="t", weight=2.0)).values()
+
+    def charged_so_far(engine: LLMEngine) -> None:  # after every step: exactly the tokens whose K/V was kept
+        for seq in engine.scheduler.running:
+            done = seq.num_computed_tokens
+            prompt_part = min(done, len(prompt))
+            cost = (PROMPT_COST * prompt_part + OUTPUT_COST * (done - prompt_part)) / 2.0
+            assert engine.scheduler.waiting.counters["t"] == pytest.approx(cost)
+
+    (tokens,) = _run(eng, [(prompt, params)], on_step=charged_so_far, share=Share(tenant="t", weight=2.0)).values()
     stats = eng.stats()
     assert stats["spec_decode_num_draft_tokens"] > stats["spec_decode_num_accepted_tokens"] > 0
     assert len(tokens) == 30  # max_tokens: greedy under the bias never picks EOS
