@@ -110,7 +110,7 @@ def make_llm(mode: dict, k: int, batch_limit: int | None) -> LLM:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="4 single requests and a batch of 16")
+    ap.add_argument("--quick", action="store_true", help="2 single requests and a batch of 8")
     ap.add_argument("--single", type=int, default=16, help="requests run one at a time")
     ap.add_argument("--batch", type=int, default=64, help="requests in the batch run")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=None, help="a Python with vLLM installed, for the side-by-side")
     args = ap.parse_args()
     if args.quick:
-        args.single, args.batch = 4, 16
+        args.single, args.batch = 2, 8
     probe = LLM(max_num_seqs=1)
     prompts = build_workload(probe.tokenizer, max(args.single, args.batch))
     probe.engine.close()
@@ -158,7 +158,12 @@ def main() -> None:
             valid=valid,
         )
         llm.engine.close()
-        print(f"  {name}: done", flush=True)
+        r = results[name]
+        print(
+            f"  {name}: single {r['single']:.2f} s/req, batch {r['batch_tps']:.1f} tok/s, "
+            f"forced {100 * r['forced']:.0f}%, accepted {100 * r['accept']:.0f}% of drafts",
+            flush=True,
+        )
     base = results["plain"]
     rows = []
     for name, r in results.items():
