@@ -165,6 +165,16 @@ class BlockManager:
             seq.block_table.append(block)
         return True
 
+    def truncate(self, seq: Sequence) -> None:
+        """Release the tail blocks past those holding ``seq.num_computed_tokens`` tokens (after rejected drafts:
+        their K/V is void). Those blocks were never registered (only full blocks of accepted tokens are)."""
+        keep = -(-seq.num_computed_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            block = seq.block_table.pop()
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_queue[block] = None
+
     def free(self, seq: Sequence) -> None:
         """Release the sequence's blocks (tail first); cached ones stay reusable until evicted."""
         for block in reversed(seq.block_table):

@@ -10,6 +10,7 @@ import torch
 
 from loraplex.adapters import BaseModelSpec
 from loraplex.engine.families import ACTIVATIONS, FAMILIES, Family, family_of
+from loraplex.engine.speculative import SpeculativeConfig
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 SCHEDULING_POLICIES = ("fcfs", "fair", "priority")
@@ -42,6 +43,11 @@ class EngineArgs:
     grammar_compile_timeout_s: float = 10.0
     grammar_cache_size: int = 256
     grammar_workers: int = 1
+    # Fewer decode steps (engine/speculative.py), both lossless: vLLM's speculative_config for n-gram drafts
+    # ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": .., "prompt_lookup_max": ..,
+    # "disable_by_batch_size": ..}; a JSON string from a flag), and jump-forward over the tokens a grammar forces
+    enable_jump_forward: bool = True
+    speculative_config: dict[str, Any] | str | None = None
     device: str | None = None  # None: cuda if available else cpu
     dtype: str | None = None  # None: the checkpoint's dtype on CUDA (bf16 for fp32), float32 on CPU
     seed: int = 0
@@ -68,6 +74,10 @@ class EngineArgs:
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        self.resolved_speculative_config()  # refuses a bad one by name
+
+    def resolved_speculative_config(self) -> SpeculativeConfig | None:
+        return SpeculativeConfig.parse(self.speculative_config)
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -31,6 +31,7 @@ from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.scheduler import ScheduledBatch, Scheduler
 from loraplex.engine.sequence import Sequence, SequenceStatus
 from loraplex.engine.share import DEFAULT_SHARE, Share
+from loraplex.engine.speculative import ngram_propose
 from loraplex.engine.structured import StructuredOutputManager
 
 if TYPE_CHECKING:
@@ -121,6 +122,10 @@ class LLMEngine:
         self.num_preemptions = 0
         self.scheduler.on_preempt = self._count_preemption
         self._probe: EngineProbe | None = None
+        self.spec_config = args.resolved_speculative_config()
+        self.spec_stats = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_forced_tokens": 0}
+        if self.spec_config is not None:
+            self.scheduler.proposer = self._propose
 
     @property
     def base_spec(self) -> BaseModelSpec:
@@ -145,6 +150,24 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def _count_preemption(self, seq: Sequence) -> None:
         self.num_preemptions += 1
+
+    def _propose(self, seq: Sequence, budget: int) -> list[int]:
+        """N-gram drafts for a running sequence (engine.speculative), within the step's remaining token budget,
+        max_tokens and max_model_len; none while the batch is large enough to be compute-bound."""
+        cfg = self.spec_config
+        if cfg is None or len(self.scheduler.running) > cfg.disable_by_batch_size:
+            return []
+        k = min(cfg.num_speculative_tokens, budget, self.max_model_len - seq.num_tokens)
+        if seq.remaining_tokens is not None:
+            k = min(k, seq.remaining_tokens - 1)  # the drafts and the token after them fit max_tokens
+        if k <= 0:
+            return []
+        drafts = ngram_propose(
+            seq.prompt_token_ids + seq.output_token_ids, cfg.prompt_lookup_min, cfg.prompt_lookup_max, k
+        )
+        if drafts and seq.grammar is not None:
+            drafts = drafts[: seq.grammar.valid_prefix(drafts)]  # cut at the first token the grammar refuses
+        return drafts
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError for a request that cannot be served; nothing is allocated."""
@@ -303,13 +326,59 @@ class LLMEngine:
 
     def _process(self, batch: ScheduledBatch, sample_idx: list[int], logits: torch.Tensor) -> list[RequestOutput]:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
-            self.block_manager.register_full_blocks(seq)
+            seq.num_computed_tokens += n - len(seq.spec_token_ids)  # drafts count once verified (below)
+            if not seq.spec_token_ids:
+                self.block_manager.register_full_blocks(seq)
         for i, (first, prompt_logits) in self.runner.prompt_logits.items():
             self._record_prompt_logprobs(batch.seqs[i], first, prompt_logits)
         if not sample_idx:
             return []
         seqs = [batch.seqs[i] for i in sample_idx]
+        counts = self.runner.sample_counts
+        starts = [0] * len(seqs)
+        for j in range(1, len(seqs)):
+            starts[j] = starts[j - 1] + counts[j - 1]
+        outputs: list[RequestOutput] = []
+        reasons: dict[str, FinishReason] = {}
+        taken = [0] * len(seqs)  # tokens taken per sequence this step
+        # Position by position (engine.speculative): a sequence's next row is sampled only while the token just
+        # taken equals its draft there, each with the state plain decoding would have at that position.
+        alive, depth = list(range(len(seqs))), 0
+        while alive:
+            rows = [starts[j] + depth for j in alive]
+            round_seqs = [seqs[j] for j in alive]
+            outputs += self._sample(round_seqs, logits[rows] if len(rows) != logits.shape[0] else logits, reasons)
+            nxt = []
+            for j in alive:
+                seq = seqs[j]
+                if seq.request_id not in self.requests and seq.request_id not in reasons:
+                    continue  # failed (non-finite logits): nothing taken
+                taken[j] += 1
+                if seq.request_id in reasons:
+                    continue  # this token finished it
+                drafts = seq.spec_token_ids
+                if depth < len(drafts) and seq.output_token_ids[-1] == drafts[depth]:
+                    nxt.append(j)
+            alive, depth = nxt, depth + 1
+        for j, seq in enumerate(seqs):
+            failed = seq.request_id not in self.requests  # non-finite logits: finished, blocks freed
+            if seq.spec_token_ids:
+                self._settle_drafts(seq, max(0, taken[j] - 1), failed)
+            if not failed and seq.request_id not in reasons and self.args.enable_jump_forward:
+                self._jump_forward(seq, reasons)
+        for seq in seqs:
+            req = self.requests.get(seq.request_id)
+            if req is None:
+                continue  # failed in _sample (non-finite logits): already finished
+            reason = reasons.get(seq.request_id)
+            outputs.append(self._finish(req, reason) if reason else self._output(req, None))
+        return outputs
+
+    def _sample(
+        self, seqs: list[Sequence], logits: torch.Tensor, reasons: dict[str, FinishReason]
+    ) -> list[RequestOutput]:
+        """Sample one token for each row (aligned with ``seqs``) and take it; finish reasons go to ``reasons``.
+        Returns the outputs of requests that failed (non-finite logits), already finished."""
         if self._probe is not None and self._probe.on_logits is not None:
             self._probe.on_logits([s.request_id for s in seqs], [s.num_output_tokens for s in seqs], logits)
         failed, seqs, logits = self._fail_non_finite(seqs, logits)
@@ -323,7 +392,6 @@ class LLMEngine:
         result = self.sampler(
             logits, [s.params for s in seqs], [s.generator for s in seqs], self.structured.budget_check(seqs)
         )
-        outputs: list[RequestOutput] = failed
         now = time.monotonic()
         for r, seq in enumerate(seqs):
             req = self.requests[seq.request_id]
@@ -336,10 +404,50 @@ class LLMEngine:
                 req.logprobs.append(TokenLogprob(token, self._token_str(token), result.logprobs[r], top))
             reason = self._check_stop(seq, req, token)
             if reason:
-                outputs.append(self._finish(req, reason))
-            else:
-                outputs.append(self._output(req, None))
-        return outputs
+                reasons[seq.request_id] = reason
+        return failed
+
+    def _settle_drafts(self, seq: Sequence, accepted: int, failed: bool) -> None:
+        """After verification: the accepted drafts' K/V stays, the rejected ones' blocks go back; the tenant is
+        charged for accepted drafts only, and only blocks of accepted tokens are hashed for the prefix cache."""
+        drafts = len(seq.spec_token_ids)
+        seq.spec_token_ids = []
+        seq.num_draft_tokens += drafts
+        seq.num_accepted_tokens += accepted
+        self.spec_stats["num_drafts"] += 1
+        self.spec_stats["num_draft_tokens"] += drafts
+        self.spec_stats["num_accepted_tokens"] += accepted
+        if failed:
+            return  # its blocks were freed with it
+        self.scheduler.waiting.charge(seq, accepted)
+        seq.num_computed_tokens += accepted
+        self.block_manager.truncate(seq)
+        self.block_manager.register_full_blocks(seq)
+
+    def _jump_forward(self, seq: Sequence, reasons: dict[str, FinishReason]) -> None:
+        """Append the tokens the grammar forces after the last taken one (each the only token its mask allows,
+        so the sampler could take no other); they are computed as one chunk next step. A seeded sampled request's
+        generator draws what plain sampling would have drawn for each, so later draws stay the same."""
+        m = seq.grammar
+        p = seq.params
+        if m is None or p.logprobs is not None:
+            return  # logprobs of a forced token are the sampler's to report: such requests sample every token
+        req = self.requests[seq.request_id]
+        budget = p.structured.close_within_budget
+        while True:
+            token = m.forced_token(seq.remaining_tokens if budget else None)
+            if token is None or token in self.eos_token_ids or token in p.stop_token_ids:
+                return
+            if seq.generator is not None and not p.greedy:
+                row = torch.empty(self.shape.vocab_size, dtype=torch.float32, device=self.runner.device)
+                row.exponential_(generator=seq.generator)
+            seq.output_token_ids.append(token)
+            seq.num_forced_tokens += 1
+            self.spec_stats["num_forced_tokens"] += 1
+            reason = self._check_stop(seq, req, token)
+            if reason:
+                reasons[seq.request_id] = reason
+                return
 
     def _record_prompt_logprobs(self, seq: Sequence, first: int, logits: torch.Tensor) -> None:
         """Logprobs (raw model distribution), ranks and top ones of prompt tokens first.. from their logits rows;
@@ -435,6 +543,9 @@ class LLMEngine:
             error=req.error,
             narrowing=seq.narrowing,
             prompt_logprobs=req.prompt_logprobs,
+            num_draft_tokens=seq.num_draft_tokens,
+            num_accepted_tokens=seq.num_accepted_tokens,
+            num_forced_tokens=seq.num_forced_tokens,
         )
 
     def _finish(self, req: _Request, reason: FinishReason) -> RequestOutput:
@@ -460,6 +571,7 @@ class LLMEngine:
             "num_preemptions": self.num_preemptions,
             **self.lora_manager.stats(self.scheduler.running, self.scheduler.waiting),
             **self.structured.stats(),
+            **{f"spec_decode_{k}": v for k, v in self.spec_stats.items()},
         }
 
     def check_invariants(self) -> None:

@@ -35,6 +35,9 @@ class ModelRunner:
         # after each run: batch index -> (first prompt position predicted, logits [rows, V]) of the sequences
         # asking for prompt logprobs (row j predicts prompt token first + j)
         self.prompt_logits: dict[int, tuple[int, torch.Tensor]] = {}
+        # after each run: per sampled sequence, its logits rows (1 + its drafts: the last known position, then
+        # one per draft position), consecutive in the returned logits
+        self.sample_counts: list[int] = []
 
     def _num_blocks(self, args: EngineArgs) -> int:
         per_block = self.shape.kv_bytes_per_token(self.dtype) * self.block_size
@@ -60,25 +63,29 @@ class ModelRunner:
         q_lens, ctx_lens, tables = [], [], []
         sample_rows: list[int] = []
         sample_seq_idx: list[int] = []
+        sample_counts: list[int] = []
         prompt_rows: dict[int, tuple[int, int, int]] = {}  # batch index -> (first target, first row, rows)
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start = seq.num_computed_tokens
             last = min(start + n, seq.num_prompt_tokens - 1)  # positions start..last-1 predict a prompt token
             if seq.params.prompt_logprobs is not None and last > start:
                 prompt_rows[i] = (start + 1, len(ids), last - start)
-            ids.extend(seq.tokens(start, start + n))
+            ids.extend(seq.step_tokens(start, start + n))
             positions.extend(range(start, start + n))
             q_lens.append(n)
             ctx_lens.append(start)
             tables.append(seq.block_table)
-            if start + n == seq.num_tokens:  # this chunk completes the known tokens: sample the next
-                sample_rows.append(len(ids) - 1)
+            drafts = len(seq.spec_token_ids)
+            if start + n == seq.num_tokens + drafts:  # this chunk completes the known tokens: sample the next
+                sample_rows.extend(range(len(ids) - 1 - drafts, len(ids)))
                 sample_seq_idx.append(i)
+                sample_counts.append(1 + drafts)
         dev = self.device
         meta = AttentionMetadata.build(q_lens, ctx_lens, tables, self.block_size, dev, self.backend.name)
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         hidden = self.model.forward(input_ids, pos, meta, self.kv_caches, lora)
+        self.sample_counts = sample_counts
         self.prompt_logits = {
             i: (target, self.model.logits(hidden[row : row + count])) for i, (target, row, count) in prompt_rows.items()
         }

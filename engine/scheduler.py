@@ -63,6 +63,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.admission = admission or []
         self.on_preempt: Callable[[Sequence], None] | None = None
+        # drafts for a running sequence whose known tokens all fit this step: (seq, tokens left in the budget)
+        # -> draft tokens to verify after them (engine.speculative); they share the step's token budget
+        self.proposer: Callable[[Sequence, int], list[int]] | None = None
         self._arrivals = itertools.count(1)
 
     def add(self, seq: Sequence) -> None:
@@ -85,6 +88,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
         self.bm.free(seq)
+        seq.spec_token_ids = []
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.waiting.requeue(seq)
@@ -107,13 +111,20 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            while not self.bm.allocate(seq, n):
+            seq.spec_token_ids = []
+            if self.proposer is not None and n == seq.num_tokens - seq.num_computed_tokens and budget > n:
+                seq.spec_token_ids = self.proposer(seq, budget - n)
+            while not self.bm.allocate(seq, n + len(seq.spec_token_ids)):
+                if seq.spec_token_ids:  # drafts are the first thing to give up
+                    seq.spec_token_ids = []
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim, batch)
                 if victim is seq:
                     break
             else:
-                self.waiting.charge(seq, n)
+                self.waiting.charge(seq, n)  # drafts are charged only once accepted (LLMEngine._process)
+                n += len(seq.spec_token_ids)
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(n)
                 budget -= n
@@ -124,7 +135,11 @@ class Scheduler:
         # 2. admit waiting sequences (none when this step had to preempt). A sequence whose first uncached
         # block another sequence of this step computes waits for the next step, where that block is cached,
         # rather than computing it a second time now (it keeps its place in the queue).
-        computing = {h for seq, n in zip(batch.seqs, batch.num_new_tokens) for h in self.bm.blocks_completed_by(seq, n)}
+        computing = {
+            h
+            for seq, n in zip(batch.seqs, batch.num_new_tokens)
+            for h in self.bm.blocks_completed_by(seq, n - len(seq.spec_token_ids))  # drafts are not known yet
+        }
         admitted: list[Sequence] = []
         if not batch.preempted:
             for seq in self.waiting.candidates():

@@ -49,6 +49,12 @@ class Sequence:
     grammar_future: Future[CompiledGrammar] | None = None  # while compiling (requests added without precheck)
     generator: torch.Generator | None = None  # for seeded sampling
     first_token_time: float | None = None
+    # fewer decode steps (engine/speculative.py): draft tokens proposed for this step (not yet output; the
+    # scheduler computes them after the known tokens), and per-request counts
+    spec_token_ids: list[int] = field(default_factory=list)
+    num_draft_tokens: int = 0  # proposed and verified
+    num_accepted_tokens: int = 0  # drafts verification kept
+    num_forced_tokens: int = 0  # appended by jump-forward without sampling
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -69,6 +75,13 @@ class Sequence:
         if start >= n:
             return self.output_token_ids[start - n : end - n]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
+
+    def step_tokens(self, start: int, end: int) -> list[int]:
+        """Tokens start..end of the known tokens followed by this step's drafts."""
+        known = self.num_tokens
+        if end <= known:
+            return self.tokens(start, end)
+        return self.tokens(start, known) + self.spec_token_ids[: end - known]
 
     @property
     def remaining_tokens(self) -> int | None:

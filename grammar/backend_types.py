@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import numpy as np
 import torch
 
 
@@ -36,6 +37,10 @@ class GrammarMatcher(ABC):
     def is_terminated(self) -> bool:
         """Accepting and nothing more can follow (or EOS was accepted)."""
 
+    @abstractmethod
+    def bitmask_words(self) -> int:
+        """Length of this constraint's bitmask in int32 words."""
+
     def needs_budget_check(self) -> bool:
         """Whether the token sampled under the last `fill_bitmask` must pass `fits_budget`.
 
@@ -52,6 +57,20 @@ class GrammarMatcher(ABC):
         """A token that always fits the budget (the next one on a known completion path)."""
         raise NotImplementedError
 
+    def forced_token(self, remaining_tokens: int | None = None) -> int | None:
+        """The one token the mask allows next (as `fill_bitmask` with the same budget fills it), else None.
+
+        Jump-forward appends such tokens without sampling: the sampler could pick nothing else. May be an EOS id
+        (the engine does not jump over those: it finishes sequences by its own rules).
+        """
+        words = torch.zeros(self.bitmask_words(), dtype=torch.int32)
+        self.fill_bitmask(words, remaining_tokens)
+        return single_token(words)
+
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """How many leading tokens of `token_ids` the constraint allows in a row from here; state unchanged."""
+        return 0
+
     @abstractmethod
     def min_tokens_to_accept(self) -> int:
         """Fewest tokens from here to a complete output (0 when accepting).
@@ -60,6 +79,18 @@ class GrammarMatcher(ABC):
         by a bounded search (achievable, so budget mode still ends complete, but not always the
         minimum).
         """
+
+
+def single_token(bitmask: torch.Tensor) -> int | None:
+    """The token of a bitmask with exactly one bit set, else None."""
+    words = bitmask.numpy().view(np.uint32)
+    nz = np.flatnonzero(words)
+    if len(nz) != 1:
+        return None
+    w = int(words[nz[0]])
+    if w & (w - 1):
+        return None
+    return 32 * int(nz[0]) + w.bit_length() - 1
 
 
 class CompiledGrammar(ABC):

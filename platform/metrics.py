@@ -187,6 +187,14 @@ class EngineCollector(Collector):
             "loraplex_prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens served from the prefix cache"),
             "loraplex_grammar_compile_seconds": ("grammar_compile_seconds", "Seconds spent compiling grammars"),
             "loraplex_grammar_compiles": ("grammar_compiles", "Grammars compiled (cache misses)"),
+            # vLLM's spec-decode counters (n-gram drafts verified in one pass), and jump-forward's forced tokens
+            "vllm:spec_decode_num_drafts": ("spec_decode_num_drafts", "Drafts verified"),
+            "vllm:spec_decode_num_draft_tokens": ("spec_decode_num_draft_tokens", "Draft tokens verified"),
+            "vllm:spec_decode_num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
+            "loraplex_spec_decode_num_forced_tokens": (
+                "spec_decode_num_forced_tokens",
+                "Tokens a grammar forced, taken without sampling (jump-forward)",
+            ),
         }
         for name, (key, doc) in counters.items():
             if key in s:

@@ -271,6 +271,27 @@ M = [
         "        pass",
         ["tests/platform/test_platform_engine_copies.py::test_delete_and_replace_drop_the_engines_copies"],
     ),
+    (
+        "rejected drafts keep their blocks",
+        "engine/llm_engine.py",
+        "        self.block_manager.truncate(seq)",
+        "        pass",
+        ["tests/engine/test_speculative.py::test_rejected_drafts_release_blocks_and_only_accepted_tokens_are_hashed"],
+    ),
+    (
+        "rejected drafts charged to the tenant",
+        "engine/scheduler.py",
+        "                self.waiting.charge(seq, n)  # drafts",
+        "                self.waiting.charge(seq, n + len(seq.spec_token_ids))  # drafts",
+        ["tests/engine/test_speculative.py::test_fair_policy_charges_accepted_tokens_only"],
+    ),
+    (
+        "drafts accepted without comparing",
+        "engine/llm_engine.py",
+        "if depth < len(drafts) and seq.output_token_ids[-1] == drafts[depth]:",
+        "if depth < len(drafts):",
+        ["tests/engine/test_speculative.py::test_rejected_drafts_release_blocks_and_only_accepted_tokens_are_hashed"],
+    ),
 ]
 only = set(sys.argv[1:])
 results = []

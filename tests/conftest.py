@@ -35,11 +35,13 @@ def make_tiny_llama(
     tie: bool = True,
     seed: int = 0,
     rope_theta: float = 10000.0,
+    vocab: int | None = None,
 ) -> Path:
     """A random Llama checkpoint with SmolLM2's tokenizer (so real text works), saved as HF does."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    vocab = json.loads((tokenizer_src / "config.json").read_text())["vocab_size"]
+    # a smaller vocab than the tokenizer's (ids past it are never produced) makes sampling-heavy tests cheap
+    vocab = vocab or json.loads((tokenizer_src / "config.json").read_text())["vocab_size"]
     cfg = LlamaConfig(
         vocab_size=vocab,
         hidden_size=hidden,

@@ -108,6 +108,25 @@ class LLGuidanceMatcher(GrammarMatcher):
     def is_terminated(self) -> bool:
         return self._terminated or (self._m.is_accepting() and self._m.is_stopped())
 
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        if self._terminated:
+            return 0
+        g = self._g
+        plain = []
+        for token in token_ids:  # llguidance's count up to the first EOS or special token
+            if token in g.eos_ids or token in g.special:
+                break
+            plain.append(token)
+        n = int(self._m.validate_tokens(plain)) if plain else 0
+        if n == len(plain) < len(token_ids) and token_ids[n] in g.eos_ids:  # EOS ends a complete output only
+            trial = self._m.deep_copy()
+            if all(trial.consume_token(t) for t in plain) and trial.is_accepting():
+                n += 1
+        return n
+
+    def bitmask_words(self) -> int:
+        return self._g.words
+
     # ---- distances -------------------------------------------------------------------------------
     def _current_plan(self) -> list[int] | None:
         return self._plan if self._plan is not None and self._plan_pos == self._pos else None

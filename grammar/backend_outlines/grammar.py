@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from loraplex.grammar.backend_outlines.automaton import AutomatonData, token_row
-from loraplex.grammar.backend_types import CompiledGrammar, GrammarMatcher
+from loraplex.grammar.backend_types import CompiledGrammar, GrammarMatcher, single_token
 
 
 class AutomatonGrammar(CompiledGrammar):
@@ -36,6 +36,15 @@ class AutomatonGrammar(CompiledGrammar):
         # per state, the largest distance any allowed token leads to: below it a budget row is needed
         self.max_next_dist = [max((self.dist[n] for n in row if n >= 0), default=0) for row in self.table]
         self._lock = threading.Lock()
+        self._forced: dict[int, int | None] = {}  # state -> its only allowed token (no budget), memo
+
+    def forced_token(self, state: int) -> int | None:
+        """The only token state's unbudgeted row allows, else None (memoised: a dict read per step)."""
+        if state not in self._forced:
+            token = single_token(self.rows[state])
+            with self._lock:
+                self._forced[state] = token
+        return self._forced[state]
 
     def new_matcher(self) -> AutomatonMatcher:
         return AutomatonMatcher(self)
@@ -108,20 +117,45 @@ class AutomatonMatcher(GrammarMatcher):
         self.state = nxt
         return True
 
-    def fill_bitmask(self, out: torch.Tensor, remaining_tokens: int | None = None) -> None:
+    def _row(self, remaining_tokens: int | None) -> torch.Tensor | None:
+        """The precomputed row `fill_bitmask` copies; None: the state's plain row."""
         g = self._g
         if self._terminated:
-            out.copy_(g.eos_row)
-        elif remaining_tokens is not None and g.close_within_budget and remaining_tokens <= g.dist[self.state]:
-            out.copy_(g.shortest_row(self.state))
-        elif (
+            return g.eos_row
+        if remaining_tokens is not None and g.close_within_budget and remaining_tokens <= g.dist[self.state]:
+            return g.shortest_row(self.state)
+        if (
             remaining_tokens is not None
             and g.close_within_budget
             and remaining_tokens - 1 < g.max_next_dist[self.state]
         ):
-            out.copy_(g.budget_row(self.state, remaining_tokens - 1))
-        else:
-            out.copy_(g.rows[self.state])
+            return g.budget_row(self.state, remaining_tokens - 1)
+        return None
+
+    def fill_bitmask(self, out: torch.Tensor, remaining_tokens: int | None = None) -> None:
+        row = self._row(remaining_tokens)
+        out.copy_(self._g.rows[self.state] if row is None else row)
+
+    def forced_token(self, remaining_tokens: int | None = None) -> int | None:
+        row = self._row(remaining_tokens)
+        return self._g.forced_token(self.state) if row is None else single_token(row)
+
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        g = self._g
+        state, n = self.state, 0
+        if self._terminated:
+            return 0
+        for token in token_ids:
+            if token in g.eos_ids:
+                return n + 1 if g.accepting[state] else n
+            nxt = g.next_state(state, token)
+            if nxt is None:
+                return n
+            state, n = nxt, n + 1
+        return n
+
+    def bitmask_words(self) -> int:
+        return self._g.rows.shape[1]
 
     def is_accepting(self) -> bool:
         return self._terminated or self._g.accepting[self.state]

@@ -138,3 +138,21 @@ def test_two_eos_ids(tokenizer):
         assert feed(m, _ids(tokenizer, "ok"))
         assert _mask(m) == [0, EOS]
         assert m.accept_token(0) and m.is_terminated()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forced_token_and_valid_prefix(request, tokenizer, backend):
+    """Jump-forward and draft cutting (engine.speculative): the one token a mask allows, and how many drafted
+    tokens the constraint takes in a row, without moving the matcher."""
+    compiler = request.getfixturevalue(backend)
+    brace = compiler.compile(StructuredSpec(regex=r"\{")).new_matcher()
+    assert brace.forced_token() == tokenizer.convert_tokens_to_ids("{")  # no other token spells "{" alone
+    assert feed(brace, [tokenizer.convert_tokens_to_ids("{")])
+    assert brace.forced_token() == EOS  # complete, nothing may follow
+    m = compiler.compile(StructuredSpec(choice=["Lyon", "Paris"])).new_matcher()
+    assert m.forced_token() is None  # "L", "Ly", "P", "Pa", ... all allowed
+    paris = _ids(tokenizer, "Paris")
+    assert m.valid_prefix([*paris, EOS]) == len(paris) + 1
+    assert m.valid_prefix([*paris, *_ids(tokenizer, "!")]) == len(paris)
+    assert m.valid_prefix(_ids(tokenizer, "Rome")) == 0
+    assert feed(m, _ids(tokenizer, "Lyon")) and m.is_accepting()  # the checks above left it at the start

@@ -53,6 +53,10 @@ def test_health_ready_and_metrics(start_server, adapter_factory, tiny_engine) ->
         "vllm:num_requests_waiting",
         "vllm:num_requests_running",
         "vllm:kv_cache_usage_perc",
+        "vllm:spec_decode_num_drafts",
+        "vllm:spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens",
+        "loraplex_spec_decode_num_forced_tokens",
     ):
         assert name in names, name
     before = _samples(server.url)
@@ -90,6 +94,8 @@ def test_health_ready_and_metrics(start_server, adapter_factory, tiny_engine) ->
     usage_ratio = stats["kv_blocks_used"] / stats["kv_blocks_total"]
     assert gauges["loraplex_kv_cache_usage_ratio"] == gauges["vllm:kv_cache_usage_perc"] == usage_ratio
     assert gauges["loraplex_prefix_cache_hit_rate"] == stats["prefix_cache_hit_rate"]
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        assert after[(f"vllm:spec_decode_{name}_total", ())] == stats[f"spec_decode_{name}"]
     info = [labels for (name, labels) in after if name == "vllm:lora_requests_info"]
     assert [dict(labels) for labels in info] == [
         {"max_lora": "4", "running_lora_adapters": "", "waiting_lora_adapters": ""}

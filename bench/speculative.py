@@ -1,0 +1,212 @@
+"""Fewer decode steps on an extraction workload: plain decoding vs jump-forward vs n-gram speculation vs both.
+
+    .venv/bin/python -m bench.speculative [--quick] [--single N] [--batch N] [--vllm-python PY]
+
+The workload is built here (seeded): invoices of 300-800 tokens (a header with the fields, then filler
+prose), and a JSON schema of 10 fields whose values all appear in the document; greedy, one chat prompt
+per document. Two measurements per mode:
+
+* single: the first N requests one at a time, mean end-to-end latency (what one user waits);
+* batch: all requests submitted at once, output tokens per second.
+
+Every mode must give the same tokens as plain decoding (lossless); the table says so per mode, with the
+share of output tokens jump-forward took without sampling and the share of draft tokens accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+from bench.common import machine_load, print_table
+from loraplex.engine import LLM, SamplingParams
+from loraplex.grammar.spec import StructuredSpec
+
+FIELDS = {
+    "invoice_number": "string",
+    "customer": "string",
+    "vendor": "string",
+    "issue_date": "string",
+    "due_date": "string",
+    "currency": "string",
+    "total": "number",
+    "po_number": "string",
+    "payment_terms": "string",
+    "contact_email": "string",
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {k: {"type": v} if v == "number" else {"type": v, "maxLength": 48} for k, v in FIELDS.items()},
+    "required": list(FIELDS),
+    "additionalProperties": False,
+}
+COMPANIES = ["Northwind Traders", "Contoso Ltd", "Fabrikam Inc", "Tailspin Toys", "Litware Systems", "Adventure Works"]
+PEOPLE = ["maria.gonzalez", "li.wei", "omar.haddad", "anna.kowalska", "james.okafor", "sofia.rossi"]
+TERMS = ["Net 30", "Net 45", "Due on receipt", "Net 15", "2/10 Net 30"]
+FILLER = [
+    "The goods were delivered to the loading dock on the second floor and signed for by the warehouse team.",
+    "Please reference the invoice number on all correspondence and remittance advice.",
+    "Late payments may incur a fee of one and a half percent per month on the outstanding balance.",
+    "The order included replacement parts for the conveyor system and two boxes of safety equipment.",
+    "Our accounts department is available Monday to Friday between nine and five for any questions.",
+    "Shipping was handled by a third-party carrier and insured for the full value of the consignment.",
+    "Any discrepancies must be reported within fourteen days of receipt of this document.",
+    "Thank you for your continued business; we value our partnership and look forward to serving you.",
+]
+
+
+def build_workload(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
+    """``n`` chat prompts, each an invoice of 300-800 tokens with every schema value in its text."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(n):
+        cust, vend = rng.sample(COMPANIES, 2)
+        values = {
+            "invoice_number": f"INV-{rng.randint(10000, 99999)}",
+            "customer": cust,
+            "vendor": vend,
+            "issue_date": f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+            "due_date": f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+            "currency": rng.choice(["EUR", "USD", "GBP"]),
+            "total": f"{rng.randint(100, 99999)}.{rng.randint(0, 99):02d}",
+            "po_number": f"PO-{rng.randint(1000, 9999)}-{rng.choice('ABCDEF')}",
+            "payment_terms": rng.choice(TERMS),
+            "contact_email": f"{rng.choice(PEOPLE)}@{cust.split()[0].lower()}.com",
+        }
+        header = "\n".join(f"{k.replace('_', ' ').title()}: {v}" for k, v in values.items())
+        target = rng.randint(300, 800)
+        body = [header]
+        while len(tokenizer.encode("\n".join(body))) < target - 40:
+            body.append(rng.choice(FILLER))
+        doc = "\n".join(body)
+        messages = [
+            {"role": "system", "content": "Extract the invoice fields as JSON: " + json.dumps(SCHEMA)},
+            {"role": "user", "content": doc},
+        ]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return prompts
+
+
+MODES = {
+    "plain": dict(enable_jump_forward=False),
+    "jump-forward": dict(enable_jump_forward=True),
+    "ngram": dict(enable_jump_forward=False, spec=True),
+    "both": dict(enable_jump_forward=True, spec=True),
+}
+
+
+def make_llm(mode: dict, k: int, batch_limit: int | None) -> LLM:
+    args = dict(max_num_seqs=64, max_num_batched_tokens=4096, enable_jump_forward=mode["enable_jump_forward"])
+    if mode.get("spec"):
+        cfg = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+        if batch_limit is not None:
+            cfg["disable_by_batch_size"] = batch_limit
+        args["speculative_config"] = cfg
+    return LLM(**args)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="2 single requests and a batch of 8")
+    ap.add_argument("--single", type=int, default=16, help="requests run one at a time")
+    ap.add_argument("--batch", type=int, default=64, help="requests in the batch run")
+    ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
+    ap.add_argument("--disable-by-batch-size", type=int, default=None, help="default: the engine's")
+    ap.add_argument("--vllm-python", default=None, help="a Python with vLLM installed, for the side-by-side")
+    args = ap.parse_args()
+    if args.quick:
+        args.single, args.batch = 2, 8
+    probe = LLM(max_num_seqs=1)
+    prompts = build_workload(probe.tokenizer, max(args.single, args.batch))
+    probe.engine.close()
+    lens = [len(p) for p in prompts]
+    print(f"extraction workload: {len(prompts)} invoices, prompt tokens {min(lens)}-{max(lens)}; {machine_load()}")
+    params = SamplingParams(max_tokens=160, temperature=0.0, structured=StructuredSpec(json=SCHEMA))
+    results: dict[str, dict] = {}
+    for name, mode in MODES.items():
+        llm = make_llm(mode, args.k, args.disable_by_batch_size)
+        llm.engine.structured.compiler.compile(params.structured)  # compile outside the timings
+        llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0))  # warm up
+        llm.engine.block_manager.reset_prefix_cache()
+        single_s, single_out = [], []
+        for p in prompts[: args.single]:
+            t = time.perf_counter()
+            (out,) = llm.generate([p], params)
+            single_s.append(time.perf_counter() - t)
+            single_out.append(out.token_ids)
+            llm.engine.block_manager.reset_prefix_cache()  # every request computes its prompt
+        before = dict(llm.engine.stats())
+        t = time.perf_counter()
+        outs = llm.generate(prompts[: args.batch], params)
+        batch_s = time.perf_counter() - t
+        after = llm.engine.stats()
+        n_out = sum(len(o.token_ids) for o in outs)
+        drafts = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
+        accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
+        forced = after["spec_decode_num_forced_tokens"] - before["spec_decode_num_forced_tokens"]
+        valid = sum(o.finish_reason == "stop" for o in outs)
+        results[name] = dict(
+            single=sum(single_s) / len(single_s),
+            single_tokens=single_out,
+            batch_tps=n_out / batch_s,
+            batch_tokens=[o.token_ids for o in outs],
+            forced=forced / max(1, n_out),
+            accept=accepted / drafts if drafts else float("nan"),
+            valid=valid,
+        )
+        llm.engine.close()
+        r = results[name]
+        print(
+            f"  {name}: single {r['single']:.2f} s/req, batch {r['batch_tps']:.1f} tok/s, "
+            f"forced {100 * r['forced']:.0f}%, accepted {100 * r['accept']:.0f}% of drafts",
+            flush=True,
+        )
+    base = results["plain"]
+    rows = []
+    for name, r in results.items():
+        same = r["single_tokens"] == base["single_tokens"] and r["batch_tokens"] == base["batch_tokens"]
+        rows.append(
+            [
+                name,
+                f"{r['single']:.2f}",
+                f"{base['single'] / r['single']:.2f}x",
+                f"{r['batch_tps']:.1f}",
+                f"{r['batch_tps'] / base['batch_tps']:.2f}x",
+                f"{100 * r['forced']:.0f}%",
+                "-" if r["accept"] != r["accept"] else f"{100 * r['accept']:.0f}%",
+                f"{r['valid']}/{args.batch}",
+                "yes" if same else "NO",
+            ]
+        )
+    print_table(
+        [
+            "mode",
+            f"single s/req ({args.single})",
+            "speed-up",
+            f"batch {args.batch} tok/s",
+            "vs plain",
+            "forced (batch)",
+            "drafts accepted (batch)",
+            "complete",
+            "same tokens",
+        ],
+        rows,
+    )
+    print(
+        f"single-request latency: both {base['single'] / results['both']['single']:.2f}x lower than plain; "
+        f"batch throughput: both {results['both']['batch_tps'] / base['batch_tps']:.2f}x plain"
+    )
+    if args.vllm_python is None:
+        print(
+            "vLLM-CPU side by side: not run (no --vllm-python given; vLLM is not installed on this machine and "
+            "its CPU build is not among the packages installed here)"
+        )
+    else:
+        print("vLLM-CPU side by side: not implemented for this workload yet (see the README's section)")
+
+
+if __name__ == "__main__":
+    main()
