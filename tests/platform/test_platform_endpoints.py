@@ -97,6 +97,17 @@ def test_defaults_apply_and_forbidden_overrides_are_refused(published, tiny_llam
         client.completions.create(model="extract", prompt="x")
     assert e.value.body["param"] == "model"
 
+    # Per-version metrics: the three constrained calls were exact, the six refused ones count as errors.
+    samples = {
+        (s.name, s.labels.get("schema") or s.labels.get("outcome")): s.value
+        for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)
+        for s in f.samples
+        if s.labels.get("endpoint") == "extract" and s.labels.get("version") == "bot@1"
+    }
+    assert samples[("loraplex_endpoint_constrained_requests_total", "exact")] == 3
+    assert ("loraplex_endpoint_constrained_requests_total", "narrowed") not in samples
+    assert samples[("loraplex_endpoint_requests_total", "error")] == 6
+
     # Listed in /v1/models, its root the adapter version it serves.
     cards = {m.id: m for m in client.models.list().data}  # ids are `<tenant>/<name>`
     extract, bot = (next(m for i, m in cards.items() if i.endswith("/" + n)) for n in ("extract", "bot"))

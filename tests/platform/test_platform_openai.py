@@ -219,7 +219,7 @@ def test_engine_failure_is_a_500_in_openai_format(start_server, adapter_factory)
     with a 500 naming the problem, not a hang or a dropped connection."""
     import shutil
 
-    server = start_server("sqlite")
+    server = start_server("sqlite", warm_adapters=False)  # warming would give the engine a copy at upload
     key = create_tenant(server.url, "unlucky")
     folder = adapter_factory("lost", seed=11)  # content no other test loads, so the engine has no copy
     assert upload(server.url, key, "lost", archive=zip_folder(folder)).status_code == 201

@@ -24,7 +24,8 @@ def _samples(server_url: str) -> dict[tuple[str, tuple], float]:
 
 
 def test_health_ready_and_metrics(start_server, adapter_factory, tiny_engine) -> None:
-    server = start_server("sqlite")
+    # Publish-time warming off: the first request reads the adapter from the store (test_platform_warm.py has it on).
+    server = start_server("sqlite", warm_adapters=False)
     assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
     ready = httpx.get(f"{server.url}/ready")
     assert ready.status_code == 200 and ready.json()["detail"] == {"engine": "ok", "database": "ok"}
@@ -49,6 +50,7 @@ def test_health_ready_and_metrics(start_server, adapter_factory, tiny_engine) ->
         "loraplex_lora_loads",
         "loraplex_lora_evictions",
         "loraplex_lora_disk_loads",
+        "loraplex_lora_host_adapters",
         "vllm:lora_requests_info",
         "vllm:num_requests_waiting",
         "vllm:num_requests_running",

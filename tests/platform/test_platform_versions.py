@@ -4,6 +4,7 @@ version drops its blob and the engine's copies, and a refused change leaves noth
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -139,3 +140,30 @@ def test_retention_below_one_is_refused(start_server) -> None:
     ):
         r = httpx.post(f"{server.url}/v1/tenants", json=body, headers=auth(ADMIN_KEY))
         assert r.status_code == 400 and "adapter_versions_kept" in error_of(r)["message"], r.text
+
+
+def test_a_running_request_finishes_on_a_version_deleted_under_it(start_server, tiny_engine, adapter_factory) -> None:
+    """The version is deleted while its request streams: the request keeps its device slot and ends normally with
+    every token it asked for; then the engine drops the copies."""
+    server = start_server()
+    key = create_tenant(server.url, "running")
+    v1 = upload(server.url, key, "live", archive=zip_folder(adapter_factory("run-1", seed=103))).json()
+    body = {
+        "model": "live@1",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 120,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=auth(key), timeout=120) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # the request runs
+        assert tiny_engine.stats()["num_running"] >= 1  # 120 tokens: far from done
+        assert httpx.delete(f"{server.url}/v1/adapters/live@1", headers=auth(key)).status_code == 200
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
+    finish = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+    assert finish == ["length"] and events[-1]["usage"]["completion_tokens"] == 120
+    _wait_for(lambda: not _in_host(tiny_engine, v1["sha256"]), "version 1's copies are dropped")
+    assert _chat(server.url, key, "live@1").status_code == 404
