@@ -75,3 +75,20 @@ def test_random_walks_validate(compiler, case):
         doc = json.loads(walk.text)
         errors = [e.message for e in check.iter_errors(doc)]
         assert not errors, f"{walk.text!r:.300} is invalid: {errors[:2]} (narrowing: {grammar.narrowing})"
+
+
+def test_patterns_dropped_when_llguidance_finds_a_required_property_unsatisfiable(compiler):
+    """SchemaStore's `dein`: with its patternProperties llguidance calls a required property unsatisfiable; the
+    compile falls back to declared keys only (required ones declared with their patterns' schemas), a narrowing
+    that is reported, and what it generates validates."""
+    entry = next(json.loads(line) for line in (CORPUS / "index.jsonl").read_text().splitlines() if '"dein"' in line)
+    schema = json.loads((CORPUS / entry["file"]).read_text())
+    grammar = compiler.compile(StructuredSpec(json=schema))
+    assert any(n.startswith("patternProperties at /properties/ftplugin") for n in grammar.narrowing), grammar.narrowing
+    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    check = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    rng = random.Random("dein")
+    for _ in range(4):
+        walk = random_walk(grammar, compiler.vocab, rng, max(BUDGET, grammar.min_tokens + BUDGET // 2))
+        assert walk.error is None and walk.closed, walk
+        assert not list(check.iter_errors(json.loads(walk.text))), walk.text
