@@ -8,9 +8,9 @@ pages with an online softmax. The grid needs no host sync: axis 0 has
 sequences, and each program finds its sequence by binary search over
 ``query_start_loc[s] // BLOCK_Q + s`` (the first block slot of sequence ``s``).
 
-With a sliding window (``WINDOW`` > 0) a query at position p sees keys p - WINDOW + 1 .. p and tiles
-wholly before the block's first visible key are skipped; with ``SOFTCAP`` > 0 scores become
-``SOFTCAP * tanh(score / SOFTCAP)`` (Gemma 2) before the mask.
+With a sliding window (``HAS_WINDOW``) a query at position p sees keys p - window + 1 .. p and tiles
+wholly before the block's first visible key are skipped; with a soft-cap (``HAS_SOFTCAP``) scores become
+``softcap * tanh(score / softcap)`` (Gemma 2) before the mask.
 
 Keys are read in tiles of ``TILE_N`` positions, each position finding its page through the
 block table, so any page size works: a tile is one whole page when pages are a power of two
