@@ -196,7 +196,7 @@ def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> dict[str, Any]:
         try:
             artifact = _build(ctx, tr)
         except GrammarError as e:
-            if "patternProperty" not in str(e) and "is unsatisfiable" not in str(e):
+            if "patternProperty" not in str(e) and "required property" not in str(e):
                 raise
             # llguidance needs patternProperties whose patterns cannot both match a key, and finds a required
             # property only a pattern admits unsatisfiable: generate declared keys only (required ones declared)
