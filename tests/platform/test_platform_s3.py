@@ -41,8 +41,10 @@ def _chat(url: str, key: str, model: str) -> httpx.Response:
 
 def test_two_replicas_share_adapters_through_s3(start_server, s3: S3Server, adapter_factory, tmp_path) -> None:
     url = f"s3://{s3.bucket}/adapters"
-    one = start_server("postgres+redis", data_dir=tmp_path / "one", blob_url=url)
-    two = start_server("postgres+redis", data_dir=tmp_path / "two", blob_url=url)
+    # no publish-time warming: replica two must read each version from the bucket when first asked (a warm
+    # copy fetched before the object is corrupted below would hide the check on read)
+    one = start_server("postgres+redis", data_dir=tmp_path / "one", blob_url=url, warm_adapters=False)
+    two = start_server("postgres+redis", data_dir=tmp_path / "two", blob_url=url, warm_adapters=False)
     key = create_tenant(one.url, "s3-tenant")
     r = upload(one.url, key, "remote", archive=zip_folder(adapter_factory("s3-1", seed=95)))
     assert r.status_code == 201, r.text
