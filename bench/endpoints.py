@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,39 +22,14 @@ import httpx
 
 from bench.common import load_workload, machine_load, print_table
 from bench.lora import ensure_adapters
-from bench.serve import ADMIN_KEY, free_port
+from bench.serve import ADMIN_KEY, free_port, start_server
 
 PROMPT = [{"role": "user", "content": "Summarise the ticket: the printer on floor 3 is jammed again."}]
 
 
 def start(port: int, data_dir: Path, warm: bool) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "loraplex.platform.cli",
-        "serve",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(data_dir),
-        "--admin-key",
-        ADMIN_KEY,
-        "--warm-adapters" if warm else "--no-warm-adapters",
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(data_dir / "server.log", "w"))
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            sys.exit(f"server exited: see {data_dir / 'server.log'}")
-        time.sleep(0.5)
-    proc.kill()
-    sys.exit("server did not become ready")
+    """`loraplex serve` with publish-time warming on or off (the engine's default max_loras)."""
+    return start_server(port, data_dir, max_loras=16, extra=("--warm-adapters" if warm else "--no-warm-adapters",))
 
 
 def host_adapters(url: str) -> float:
