@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,8 +39,32 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Stream:
+    """One request's mailbox. The engine thread leaves outputs in `pending` (joined into one while the consumer
+    has not taken them: a consumer that falls behind gets fewer, larger outputs instead of a growing backlog)
+    and wakes the event loop once per step for all the streams that got something."""
+
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    pending: RequestOutput | None = None
+    error: BaseException | None = None
+
+    def take(self) -> RequestOutput | BaseException | None:
+        """(event loop) What arrived since the last take: outputs first, then an error."""
+        with _mailbox_lock:
+            item: RequestOutput | BaseException | None = self.pending
+            if item is None:
+                item, self.error = self.error, None
+            else:
+                self.pending = None
+            return item
+
+
+_mailbox_lock = threading.Lock()  # guards every _Stream's pending/error (held for a few assignments only)
+
+
+def _wake(streams: list[_Stream]) -> None:
+    for stream in streams:
+        stream.ready.set()
 
 
 class AsyncEngine:
@@ -92,13 +116,19 @@ class AsyncEngine:
         prompt_token_ids = list(prompt_token_ids)
         grammar = await asyncio.wrap_future(self.engine.precheck(prompt_token_ids, params))
         request_id = request_id or f"req-{uuid.uuid4().hex[:12]}"
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = _Stream(asyncio.get_running_loop())
         self._streams[request_id] = stream
         self._send(AddRequest(request_id, prompt_token_ids, params, adapter, cache_salt, grammar, share))
         finished = False
         try:
             while True:
-                item = await stream.queue.get()
+                item = stream.take()
+                if item is None:
+                    # The engine thread wakes this loop only after it filled an empty mailbox, so a wake cannot
+                    # fall between this take and the wait (callbacks run only while this task awaits).
+                    stream.ready.clear()
+                    await stream.ready.wait()
+                    continue
                 if isinstance(item, BaseException):
                     raise item
                 yield item
@@ -151,10 +181,29 @@ class AsyncEngine:
         self._wake.set()
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        stream = self._streams.get(request_id)
-        if stream is not None:
+        self._deliver_all([(request_id, item)])
+
+    def _deliver_all(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        """Leave each item in its request's mailbox; one wake-up per event loop for all the mailboxes that were
+        empty (one cross-thread call per step, not one per request)."""
+        woken: dict[asyncio.AbstractEventLoop, list[_Stream]] = {}
+        with _mailbox_lock:
+            for request_id, item in items:
+                stream = self._streams.get(request_id)
+                if stream is None:
+                    continue
+                was_empty = stream.pending is None and stream.error is None
+                if isinstance(item, BaseException):
+                    stream.error = item
+                elif stream.pending is None:
+                    stream.pending = item
+                else:
+                    stream.pending = stream.pending.then(item)
+                if was_empty:
+                    woken.setdefault(stream.loop, []).append(stream)
+        for loop, streams in woken.items():
             with contextlib.suppress(RuntimeError):  # the client's event loop is gone
-                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+                loop.call_soon_threadsafe(_wake, streams)
 
     def _handle(self, message: EngineMessage) -> None:
         match message:
@@ -215,6 +264,5 @@ class AsyncEngine:
             except Exception as exc:  # one bad step must not take the server down
                 log.exception("engine step failed; failing the requests it held")
                 outputs = self.engine.fail_running(f"internal engine error: {exc}")
-            for out in outputs:
-                self._deliver(out.request_id, out)
+            self._deliver_all([(out.request_id, out) for out in outputs])
             self._stats = self.engine.stats()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -39,6 +39,19 @@ class RequestOutput:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_forced_tokens: int = 0
+
+    def then(self, later: RequestOutput) -> RequestOutput:
+        """This output followed by `later` of the same request, as one output (what a consumer that did not
+        take this one in time receives): `later`'s cumulative state, both deltas joined."""
+        return replace(
+            later,
+            new_text=self.new_text + later.new_text,
+            new_token_ids=self.new_token_ids + later.new_token_ids,
+            new_logprobs=None
+            if self.new_logprobs is None and later.new_logprobs is None
+            else (self.new_logprobs or []) + (later.new_logprobs or []),
+            prompt_logprobs=later.prompt_logprobs if later.prompt_logprobs is not None else self.prompt_logprobs,
+        )
 
     @property
     def finished(self) -> bool:

@@ -1,0 +1,76 @@
+"""A request's outputs reach its consumer through a mailbox: a consumer that does not keep up gets fewer,
+larger outputs whose deltas join up exactly (no token, text or logprob lost or repeated)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from loraplex.engine import AsyncEngine, SamplingParams
+from loraplex.engine.outputs import RequestOutput, TokenLogprob
+from tests.engine.helpers import HFOracle
+
+PROMPT = [412, 9013, 77, 2044]
+
+
+def _out(new: list[int], text: str, finish=None, prompt_logprobs=None) -> RequestOutput:
+    lps = [TokenLogprob(t, str(t), -1.0) for t in new]
+    return RequestOutput(
+        request_id="r",
+        prompt_token_ids=[1, 2],
+        text=text,
+        token_ids=[],
+        new_text=text[-len(new) :],
+        new_token_ids=new,
+        finish_reason=finish,
+        new_logprobs=lps,
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+def test_then_joins_deltas_and_keeps_the_later_state() -> None:
+    first = _out([5], "a", prompt_logprobs=[None])
+    second = _out([6, 7], "abc", finish="length")
+    joined = first.then(second)
+    assert joined.new_token_ids == [5, 6, 7]
+    assert joined.new_text == "a" + "bc"
+    assert [lp.token_id for lp in joined.new_logprobs] == [5, 6, 7]
+    assert joined.finish_reason == "length" and joined.text == "abc"
+    assert joined.prompt_logprobs == [None]  # given once, with the first output, and kept
+
+
+async def test_a_slow_consumer_gets_joined_outputs_with_every_token(tiny_llama_dir) -> None:
+    engine = AsyncEngine(model=str(tiny_llama_dir), num_kv_blocks=64, block_size=8)
+    oracle = HFOracle(tiny_llama_dir)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=1)
+    try:
+        stream = engine.generate(PROMPT, params)
+        first = await stream.__anext__()
+        # Blocks the event loop (the engine thread keeps stepping meanwhile): the outputs of many steps pile up.
+        time.sleep(1.0)
+        rest = [o async for o in stream]
+        outs = [first, *rest]
+        tokens = [t for o in outs for t in o.new_token_ids]
+        assert tokens == outs[-1].token_ids == oracle.greedy_ignore_eos(PROMPT, 24)
+        assert "".join(o.new_text for o in outs) == outs[-1].text
+        assert [lp.token_id for o in outs for lp in o.new_logprobs] == tokens
+        assert len(outs) < 24, "the outputs of the steps taken while the loop was blocked were joined"
+    finally:
+        engine.shutdown()
+
+
+async def test_requests_on_two_event_loops_are_each_woken(tiny_llama_dir) -> None:
+    """Two loops (as two server threads would have): each stream is woken on its own loop."""
+    engine = AsyncEngine(model=str(tiny_llama_dir), num_kv_blocks=64, block_size=8)
+    oracle = HFOracle(tiny_llama_dir)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    async def run() -> list[int]:
+        return [o async for o in engine.generate(PROMPT, params)][-1].token_ids
+
+    try:
+        other = await asyncio.to_thread(asyncio.run, run())
+        here = await run()
+        assert other == here == oracle.greedy_ignore_eos(PROMPT, 8)
+    finally:
+        engine.shutdown()
