@@ -271,12 +271,22 @@ async def compare(
     """HTTP and offline take turns round by round on consecutive slices of the schedule (the server's engine
     idles while the offline one runs and the other way round), so slow phases of a shared machine hit both."""
     from loraplex.engine import AsyncEngine
+    from loraplex.engine.threads import single_threaded_torch
 
     engine = await asyncio.to_thread(AsyncEngine, max_loras=max_loras)
+
+    def add_adapters() -> list:
+        # add_adapter's torch work runs in the calling thread: on this process' main thread it would start a
+        # second OpenMP team beside the engine thread's, which slows every later engine step (engine.threads)
+        # and would handicap the offline side. The server does the same in its loader threads.
+        single_threaded_torch()
+        return [engine.add_adapter(str(d)) for d in adapter_dirs]
+
     try:
+        refs = await asyncio.to_thread(add_adapters)
         runners = {
             "http": HttpRunner(url, key, base_model, adapter_models, schema, max_tokens),
-            "offline": OfflineRunner(engine, [engine.add_adapter(str(d)) for d in adapter_dirs], schema, max_tokens),
+            "offline": OfflineRunner(engine, refs, schema, max_tokens),
         }
         for runner in runners.values():
             await warm_up(runner, schedule)
