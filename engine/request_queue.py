@@ -55,6 +55,12 @@ class RequestQueue(Protocol):
     def running_order(self, running: list[Sequence]) -> list[Sequence]:
         """The order to serve running sequences (preemption takes from the end)."""
 
+    can_overtake: bool  # whether a waiting request can ever be ahead of a running one (not under fcfs)
+
+    def ahead_of(self, waiting: Sequence, running: Sequence, preempt: bool = False) -> bool:
+        """Whether ``waiting`` goes before ``running``'s remaining work (its prefill chunks); with ``preempt``,
+        whether it is far enough ahead to take ``running``'s seat when the batch is full."""
+
     def __iter__(self) -> Iterator[Sequence]: ...
 
     def __len__(self) -> int: ...
@@ -87,8 +93,13 @@ class _ListQueue:
 
 
 class FcfsQueue(_ListQueue):
+    can_overtake = False
+
     def __init__(self) -> None:
         self._q: deque[Sequence] = deque()
+
+    def ahead_of(self, waiting: Sequence, running: Sequence, preempt: bool = False) -> bool:
+        return False  # arrival order: a running request arrived first
 
     def add(self, seq: Sequence) -> None:
         self._q.append(seq)
@@ -113,8 +124,13 @@ def _priority_key(seq: Sequence) -> tuple[int, int]:
 class PriorityQueue(_ListQueue):
     """Sorted by (priority, arrival); a preempted sequence keeps its arrival, so it goes back ahead."""
 
+    can_overtake = True
+
     def __init__(self) -> None:
         self._q: list[Sequence] = []
+
+    def ahead_of(self, waiting: Sequence, running: Sequence, preempt: bool = False) -> bool:
+        return waiting.share.priority < running.share.priority
 
     def add(self, seq: Sequence) -> None:
         bisect.insort(self._q, seq, key=_priority_key)
@@ -135,12 +151,26 @@ class PriorityQueue(_ListQueue):
 class FairQueue:
     """Virtual Token Counter scheduling (see the module docstring)."""
 
+    can_overtake = True
+
     def __init__(self) -> None:
         # priority class -> tenant -> that tenant's waiting sequences, oldest first
         self._classes: dict[int, dict[str, list[Sequence]]] = {}
         self._len = 0
         self.counters: dict[str, float] = {}
         self._live: Counter[str] = Counter()  # tenant -> requests not yet finished (waiting or running)
+
+    def ahead_of(self, waiting: Sequence, running: Sequence, preempt: bool = False) -> bool:
+        """A tie goes to the waiting request (a tenant that just became active starts level with the lowest
+        active counter). To take a seat, the waiting tenant must stay below the running one even after paying
+        for its prompt: otherwise the next step would hand the seat straight back (each trade recomputes)."""
+        a, b = waiting.share, running.share
+        if a.tenant == b.tenant or a.priority != b.priority:
+            return a.priority < b.priority
+        gap = self.counters.get(b.tenant, 0.0) - self.counters.get(a.tenant, 0.0)
+        if not preempt:
+            return gap >= 0
+        return gap > PROMPT_COST * waiting.num_prompt_tokens / a.weight
 
     # -- accounting
     def _activate(self, tenant: str) -> None:

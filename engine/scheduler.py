@@ -8,6 +8,18 @@ while the token budget, `max_num_seqs`, the KV cache and the admission hooks (ad
 grammars) allow. When the cache runs out, the last running sequence in that order is preempted (the
 newest under fcfs; the newest of the tenant furthest over its share under fair): its blocks are freed
 and it is recomputed later (prefix caching usually brings most of it back).
+
+Two more rules serve a request the queue puts *ahead* of running work (under fair: a tenant below the
+others' share; under priority: a more urgent class; never under fcfs), so that one tenant's flood does not
+set another's time to first token:
+
+* a running sequence's multi-token chunk (a prefill chunk) of a tenant behind the first waiting request is
+  scheduled after the admissions, from what is left of the budget: the newcomer's prefill goes first and
+  the step is not filled with the flood's prompts before it (its decodes, one token each, still go first);
+* when the batch is full (``max_num_seqs`` or KV blocks) and the first admissible waiting request is ahead of
+  the last running sequence, that sequence gives up its seat: it is preempted as under memory pressure (at
+  most one per step; under fair only when the newcomer's tenant stays below the other even after paying
+  for its prompt, so that two tenants near parity do not trade seats).
 """
 
 from __future__ import annotations
@@ -85,6 +97,30 @@ class Scheduler:
         self.waiting.finished(seq)
         self.bm.free(seq)
 
+    def _first_admissible(self) -> Sequence | None:
+        for seq in self.waiting.candidates():
+            if all(policy.can_admit(seq) for policy in self.admission):
+                return seq
+        return None
+
+    def _make_room(self, batch: ScheduledBatch) -> Sequence | None:
+        """The first admissible waiting request, if the queue puts it ahead of some running work; when the batch
+        is full, the last running sequence behind it gives up its seat (preempted)."""
+        if not self.running or not self.waiting or not self.waiting.can_overtake:
+            return None
+        head = self._first_admissible()
+        if head is None:
+            return None
+        victim = self.running[-1]
+        full = len(self.running) >= self.max_num_seqs or self.bm.num_free_blocks < self.bm.blocks_needed(
+            head, min(head.num_tokens, self.max_num_batched_tokens)
+        )
+        if full and self.waiting.ahead_of(head, victim, preempt=True):
+            self._preempt(victim, batch)
+            for policy in self.admission:  # the victim's adapter slot may be free now
+                policy.begin_step(self.running)
+        return head
+
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
         self.bm.free(seq)
@@ -104,11 +140,18 @@ class Scheduler:
 
         # 1. running sequences in the policy's order; preempt from the end of it when blocks run out
         self.running = self.waiting.running_order(self.running)
+        head = self._make_room(batch)
+        deferred: list[Sequence] = []  # chunks of sequences behind `head`: after the admissions
+        memory_preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if n <= 0:
+                i += 1
+                continue
+            if n > 1 and head is not None and self.waiting.ahead_of(head, seq):
+                deferred.append(seq)
                 i += 1
                 continue
             seq.spec_token_ids = []
@@ -120,6 +163,9 @@ class Scheduler:
                     continue
                 victim = self.running[-1]
                 self._preempt(victim, batch)
+                memory_preempted = True
+                if victim in deferred:
+                    deferred.remove(victim)
                 if victim is seq:
                     break
             else:
@@ -132,7 +178,7 @@ class Scheduler:
                 continue
             break  # seq itself was preempted: it was the last, nothing after it remains
 
-        # 2. admit waiting sequences (none when this step had to preempt). A sequence whose first uncached
+        # 2. admit waiting sequences (none when this step ran out of blocks). A sequence whose first uncached
         # block another sequence of this step computes waits for the next step, where that block is cached,
         # rather than computing it a second time now (it keeps its place in the queue).
         computing = {
@@ -141,7 +187,7 @@ class Scheduler:
             for h in self.bm.blocks_completed_by(seq, n - len(seq.spec_token_ids))  # drafts are not known yet
         }
         admitted: list[Sequence] = []
-        if not batch.preempted:
+        if not memory_preempted:
             for seq in self.waiting.candidates():
                 if budget <= 0 or len(self.running) >= self.max_num_seqs:
                     break
@@ -167,6 +213,16 @@ class Scheduler:
                 computing.update(self.bm.blocks_completed_by(seq, n))
         for seq in admitted:  # the queue is not changed while its candidates are visited
             self.waiting.remove(seq)
+
+        # 3. the deferred chunks, from what is left (no preemption for them: they run next step otherwise)
+        for seq in deferred:
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n <= 0 or seq not in self.running or not self.bm.allocate(seq, n):
+                continue
+            self.waiting.charge(seq, n)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+            budget -= n
         return batch
 
     def num_waiting(self) -> int:

@@ -242,3 +242,49 @@ def test_share_values_are_checked():
         Share("t", priority=2**70)
     with pytest.raises(ValueError, match="scheduling policy"):
         Sim("lottery")
+
+
+def test_fair_gives_a_full_batch_seat_to_a_tenant_far_below_its_share():
+    sim = Sim("fair", max_num_seqs=2)
+    a_old, a_new = sim.add("A", max_tokens=100), sim.add("A", max_tokens=100)
+    sim.run(2)
+    b = sim.add("B")  # B starts level with A (an idle tenant banks no credit)
+    assert not sim.step().preempted and b not in sim.sched.running  # no seat at parity
+    # A's decodes are charged step by step; once A is ahead by more than B's prompt costs, B takes a seat
+    gap_needed = PROMPT_COST * b.num_prompt_tokens
+    steps = 0
+    while b not in sim.sched.running:
+        gap = sim.sched.waiting.counters["A"] - sim.sched.waiting.counters["B"]
+        batch = sim.step()
+        steps += 1
+        assert bool(batch.preempted) == (gap > gap_needed), (gap, batch.preempted)
+    assert batch.preempted == [a_new]  # the newest sequence of the tenant over its share gives up its seat
+    assert b in batch.seqs and a_old in batch.seqs and steps < 10
+    while b.request_id not in sim.finished:
+        assert not sim.step().preempted  # B keeps its seat: no trade back
+    assert a_new.request_id not in sim.finished  # A's sequence comes back later, recomputed
+    while a_new.request_id not in sim.finished:
+        sim.step()
+
+
+def test_fcfs_never_preempts_for_a_later_request():
+    sim = Sim("fcfs", max_num_seqs=2)
+    sim.add("A", max_tokens=100), sim.add("A", max_tokens=100)
+    sim.run(2)
+    b = sim.add("B")
+    for _ in range(20):
+        assert not sim.step().preempted
+    assert b not in sim.sched.running
+
+
+@pytest.mark.parametrize("policy", ["fair", "fcfs"])
+def test_a_newcomers_prefill_goes_before_the_flood_tenants_prompt_chunks(policy):
+    sim = Sim(policy, budget=16)
+    a = sim.add("A", prompt_len=64, max_tokens=4)  # prefilled in chunks of the 16-token budget
+    sim.step()
+    b = sim.add("B", prompt_len=8)
+    batch = sim.step()
+    if policy == "fair":  # B (level with A) has its whole prompt first, A's chunk gets what is left
+        assert batch.seqs == [b, a] and batch.num_new_tokens == [8, 8]
+    else:  # fcfs: A's chunk fills the step, B waits
+        assert batch.seqs == [a] and batch.num_new_tokens == [16]
