@@ -328,10 +328,21 @@ def summarise(name: str, results: list[Result], seconds: float) -> list:
     ]
 
 
+def tagged(schedule, tag: str):
+    """The schedule with each user message led by `tag`: the same load on documents the prefix cache has not
+    seen (only the chat template's system prompt is shared, as it would be with new traffic)."""
+    out = []
+    for offset, req, kind, a in schedule:
+        messages = [{**m, "content": f"[{tag}] {m['content']}"} if m["role"] == "user" else m for m in req["messages"]]
+        out.append((offset, {**req, "messages": messages}, kind, a))
+    return out
+
+
 def cold_start(args: argparse.Namespace, schedule, adapter_dirs: list[Path], schema: dict) -> None:
     """A replica as a rolling update starts it: `loraplex serve`, then the whole load at once as soon as /ready
     says yes (no warm-up requests), without and with the start-up warm-up; then the same load again on the
-    warmed server (the warm row). Start-to-ready is from the process start to the first 200 from /ready."""
+    warmed server (the warm row), on new documents (`tagged`): repeating the same prompts would measure the
+    prefix cache, not a warm replica. Start-to-ready is from the process start to the first 200 from /ready."""
     from loraplex.engine.model_files import DEFAULT_MODEL_NAME
 
     rows = []
@@ -345,9 +356,10 @@ def cold_start(args: argparse.Namespace, schedule, adapter_dirs: list[Path], sch
             try:
                 key, models = setup_tenant(url, adapter_dirs)
                 runner = HttpRunner(url, key, DEFAULT_MODEL_NAME, models, schema, args.max_tokens)
-                runs = [("cold", *asyncio.run(run_round(runner, schedule)))]
+                runs = [("cold", *asyncio.run(run_round(runner, tagged(schedule, "first"))))]
                 if warmup_s > 0:
-                    runs.append(("warm (same load again)", *asyncio.run(run_round(runner, schedule))))
+                    load = tagged(schedule, "again")
+                    runs.append(("warm (same load, new documents)", *asyncio.run(run_round(runner, load))))
             finally:
                 proc.terminate()
                 proc.wait(timeout=120)
