@@ -21,6 +21,7 @@ from loraplex.platform.settings import Settings
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 K8S_VERSION = "1.33.0"
 CRD_GROUPS = ("inference.networking.k8s.io/", "gateway.networking.k8s.io/")
+BOTO3_ENV = {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_DEFAULT_REGION"}
 
 
 def _docs() -> list[dict[str, Any]]:
@@ -55,8 +56,9 @@ def test_replicas_probe_drain_and_use_real_settings() -> None:
     assert server["livenessProbe"]["httpGet"]["path"] == "/health"
     env = _env(server)
     settings = {f.name for f in dataclasses.fields(Settings)}
-    for name in env:  # every variable is a setting loraplex reads (a typo would be silently ignored)
-        assert name.startswith("LORAPLEX_") and name.removeprefix("LORAPLEX_").lower() in settings, name
+    for name in env:  # every variable is a setting loraplex or boto3 reads (a typo would be silently ignored)
+        assert name in BOTO3_ENV or name.removeprefix("LORAPLEX_").lower() in settings, name
+        assert name in BOTO3_ENV or name.startswith("LORAPLEX_"), name
     pre_stop_s = int(server["lifecycle"]["preStop"]["exec"]["command"][1])
     assert pod["terminationGracePeriodSeconds"] > pre_stop_s + float(env["LORAPLEX_DRAIN_TIMEOUT_S"])
     secret = _one(docs, "Secret", "loraplex")
@@ -66,6 +68,12 @@ def test_replicas_probe_drain_and_use_real_settings() -> None:
             assert ref["name"] == "loraplex" and ref["key"] in secret["stringData"]
     (port,) = server["ports"]
     assert port["containerPort"] == int(env["LORAPLEX_PORT"])
+    # adapter blobs in the object store, credentials from the secret; no volume shared between replicas
+    assert parse_blob_url(secret["stringData"][env["LORAPLEX_BLOB_URL"]["secretKeyRef"]["key"]])[0]
+    assert {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(env)
+    (data,) = [v for v in pod["volumes"] if v["name"] == server["volumeMounts"][0]["name"]]
+    assert "emptyDir" in data and server["volumeMounts"][0]["mountPath"] == env["LORAPLEX_DATA_DIR"]
+    assert not [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
 
 
 def test_inference_pool_routes_to_the_replicas_through_the_picker() -> None:
