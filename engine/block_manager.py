@@ -14,8 +14,9 @@ become ``NULL_BLOCK`` (the table keeps its length: position // block_size still 
 keeps its prefix-cache hash like any freed block: its K/V is exactly what that hash names, and it stays
 reusable until the allocator recycles it, which drops the hash. During a step computing n tokens from position
 c a sequence holds exactly the blocks touching positions c - W + 1 .. c + n - 1: at most
-ceil((W + n - 2) / block_size) + 1, for a decode ceil((W - 1) / block_size) + 1 <= ceil(W / block_size) + 1. Models that mix sliding and global layers (Gemma 2 / 3) keep every block: the block table is shared by
-all layers and the global ones read the whole context.
+ceil((W + n - 2) / block_size) + 1; for a decode ceil((W - 1) / block_size) + 1 <= ceil(W / block_size) + 1.
+Models that mix sliding and global layers (Gemma 2 / 3) keep every block: one block table is shared by all
+layers and the global ones read the whole context (separate per-kind tables would be needed to free more).
 """
 
 from __future__ import annotations

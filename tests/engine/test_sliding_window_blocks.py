@@ -35,10 +35,12 @@ def random_prompts(lengths: list[int], seed: int, prefix: list[int] | None = Non
 
 
 class HeldBlocks:
-    """Wraps the runner: before each forward, every scheduled sequence's held blocks against the bound."""
+    """Wraps the runner: before each forward, every scheduled sequence's held blocks (against the bound when
+    ``bounded``)."""
 
-    def __init__(self, eng: LLMEngine) -> None:
+    def __init__(self, eng: LLMEngine, bounded: bool = True) -> None:
         self.eng = eng
+        self.bounded = bounded
         self.run = eng.runner.run
         self.max_released = 0
         self.decode_peak = 0
@@ -48,7 +50,7 @@ class HeldBlocks:
         bm = self.eng.block_manager
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             held = bm.num_held_blocks(seq)
-            assert held <= bound(n), f"{seq.request_id} holds {held} blocks computing {n} tokens"
+            assert not self.bounded or held <= bound(n), f"{seq.request_id} holds {held} blocks computing {n} tokens"
             assert seq.block_table[seq.num_released_blocks :].count(NULL_BLOCK) == 0
             self.max_released = max(self.max_released, seq.num_released_blocks)
             if n == 1:
@@ -111,15 +113,15 @@ def test_preemption_and_abort_with_released_blocks(mistral):
     """A cache too small for four sequences' windows preempts; recomputed sequences still give Hugging Face's
     tokens. An aborted sequence's remaining blocks return to the pool."""
     model_dir, oracle = mistral
-    eng = engine(model_dir, num_kv_blocks=12, max_num_batched_tokens=16)
+    eng = engine(model_dir, num_kv_blocks=10, max_num_batched_tokens=16)  # max_model_len 40
     HeldBlocks(eng)
-    ps = random_prompts([24, 21, 26, 22], seed=5)
+    ps = random_prompts([22, 19, 23, 20], seed=5)
     arrivals = {0: [(p, SamplingParams(max_tokens=16, **GREEDY), f"r{i}") for i, p in enumerate(ps)]}
     done = run_to_completion(eng, arrivals)
     assert eng.num_preemptions > 0
     for i, p in enumerate(ps):
         assert done[f"r{i}"].token_ids == oracle.greedy_ignore_eos(p, 16), f"request {i}"
-    assert eng.block_manager.num_free_blocks == 12
+    assert eng.block_manager.num_free_blocks == 10
 
     eng.add_request(ps[0], SamplingParams(max_tokens=16, **GREEDY), "x")
     seq = eng.requests["x"].seq
@@ -127,7 +129,7 @@ def test_preemption_and_abort_with_released_blocks(mistral):
         eng.step()
     eng.abort("x")
     eng.check_invariants()
-    assert eng.block_manager.num_free_blocks == 12
+    assert eng.block_manager.num_free_blocks == 10
     eng.close()
 
 
@@ -144,7 +146,7 @@ def test_models_with_a_global_layer_keep_every_block(model_type, overrides, tmp_
     d = make_family_model(tmp_path / model_type, smol_dir, model_type, **overrides)
     eng = LLMEngine(model=str(d), block_size=BS, num_kv_blocks=32, max_model_len=128)
     assert eng.block_manager.sliding_window is None
-    probe = HeldBlocks(eng)
+    probe = HeldBlocks(eng, bounded=False)
     done = run_to_completion(eng, {0: [(list(range(5, 45)), SamplingParams(max_tokens=4, **GREEDY), "r")]})
     assert len(done["r"].token_ids) == 4
     assert probe.max_released == 0 and probe.decode_peak == -(-43 // BS)  # the whole context's blocks
