@@ -151,3 +151,20 @@ def test_models_with_a_global_layer_keep_every_block(model_type, overrides, tmp_
     assert len(done["r"].token_ids) == 4
     assert probe.max_released == 0 and probe.decode_peak == -(-43 // BS)  # the whole context's blocks
     eng.close()
+
+
+def test_speculative_drafts_with_released_blocks_match_hf(mistral):
+    """n-gram drafts past the window: rejected drafts' tail blocks go back (truncate) while the released head
+    stays released; the tokens are still Hugging Face's."""
+    model_dir, oracle = mistral
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    eng = engine(model_dir, max_num_batched_tokens=32, speculative_config={**spec, "disable_by_batch_size": 64})
+    probe = HeldBlocks(eng)
+    cycle = random_prompts([3], seed=8)[0] * 9  # 27 tokens repeating: the proposer always finds a draft
+    arrivals = {0: [(cycle, SamplingParams(max_tokens=20, **GREEDY), "s")]}
+    done = run_to_completion(eng, arrivals)
+    assert done["s"].token_ids == oracle.greedy_ignore_eos(cycle, 20)
+    assert eng.stats()["spec_decode_num_draft_tokens"] > 0
+    assert probe.max_released >= (27 + 20 - W) // BS - 1
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    eng.close()
