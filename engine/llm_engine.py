@@ -90,7 +90,13 @@ class LLMEngine:
         self.eos_token_ids = set(self.shape.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching)
+        # Blocks slide out of use only when every layer slides (Mistral, Phi-3 with sliding_window): layers of a
+        # mixed model (Gemma 2 / 3) share one block table and the global ones read all of it, so all blocks stay.
+        windows = self.shape.windows_for(max_model_len)
+        self.sliding_window = max(windows) if windows and None not in windows else None
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, args.block_size, args.enable_prefix_caching, self.sliding_window
+        )
         self.scheduler = Scheduler(
             self.block_manager, args.max_num_seqs, args.max_num_batched_tokens, policy=args.scheduling_policy
         )

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from loraplex.engine.block_manager import NULL_BLOCK
 from loraplex.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineArgs, ModelShape
 from loraplex.engine.llama import DecoderModel, LoRAContext, load_model
 from loraplex.engine.scheduler import ScheduledBatch
@@ -74,7 +75,7 @@ class ModelRunner:
             positions.extend(range(start, start + n))
             q_lens.append(n)
             ctx_lens.append(start)
-            tables.append(seq.block_table)
+            tables.append(_kernel_table(seq.block_table))
             drafts = len(seq.spec_token_ids)
             if start + n == seq.num_tokens + drafts:  # this chunk completes the known tokens: sample the next
                 sample_rows.extend(range(len(ids) - 1 - drafts, len(ids)))
@@ -93,3 +94,13 @@ class ModelRunner:
             return [], hidden.new_empty((0, self.shape.vocab_size), dtype=torch.float32)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
         return sample_seq_idx, self.model.logits(hidden[rows])
+
+
+def _kernel_table(table: list[int]) -> list[int]:
+    """The block table the attention kernels get: entries a sliding window released (NULL_BLOCK, always a
+    leading run) point at block 0 instead, a valid block whose (finite) contents no query weighs: the C kernels
+    start reading at the window, the Triton kernel's first tile and the torch paths mask those positions. New
+    tokens never land there (slots are computed for positions past the window only)."""
+    if not table or table[0] != NULL_BLOCK:
+        return table
+    return [0 if b == NULL_BLOCK else b for b in table]

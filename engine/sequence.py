@@ -37,7 +37,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     # KV state
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
-    block_table: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)  # NULL_BLOCK entries: released, out of the window
+    num_released_blocks: int = 0  # leading block-table entries a sliding window released (engine.block_manager)
     block_hashes: list[bytes] = field(default_factory=list)  # hashes of this sequence's full blocks
     prefix_hashes: list[bytes] = field(default_factory=list)  # block manager's memo: leading blocks' hashes
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at first admission

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from loraplex.engine.block_manager import BlockManager
+import pytest
+
+from loraplex.engine.block_manager import NULL_BLOCK, BlockManager
 from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.sequence import Sequence
 
@@ -101,3 +103,129 @@ def test_tail_blocks_are_evicted_before_shared_prefix():
     x = seq([7] * 5, "x")
     assert bm.allocate(x, 5)
     assert bm.match_prefix(seq(list(range(12)) + [3], "b")) == 12
+
+
+# ------------------------------------------------------------------------------------------ sliding windows
+W, BS = 11, 4  # window 11 over blocks of 4: ceil((11 - 1) / 4) + 1 = 4 blocks at most for a decode
+
+
+def bound(n: int) -> int:
+    """The most blocks a step computing n tokens holds (engine.block_manager's docstring)."""
+    return -(-(W + n - 2) // BS) + 1
+
+
+def blocks_touching(lo: int, hi: int) -> int:
+    """Blocks of size BS that hold any position in lo..hi (inclusive)."""
+    return hi // BS - max(lo, 0) // BS + 1
+
+
+def test_sliding_window_keeps_only_the_blocks_the_window_needs():
+    """Decoding token by token, the sequence holds exactly the blocks touching its next query's window
+    (positions c - W + 1 .. c), never more than ceil(W / BS) + 1; the released ones go back to the pool."""
+    bm = BlockManager(32, BS, sliding_window=W)
+    s = seq(list(range(1, 61)))
+    s.num_computed_tokens = 0
+    peak = 0
+    for c in range(60):
+        assert bm.allocate(s, 1)
+        held = bm.num_held_blocks(s)
+        assert held == blocks_touching(c - W + 1, c), c
+        assert held <= bound(1) <= -(-W // BS) + 1
+        assert bm.num_used_blocks == held
+        peak = max(peak, held)
+        bm.check_invariants([s])
+        s.num_computed_tokens += 1
+        bm.register_full_blocks(s)
+        bm.check_invariants([s])
+    assert peak == bound(1)  # the bound is reached, not just respected
+    assert len(s.block_table) == 15 and s.block_table[:12] == [NULL_BLOCK] * 12 and NULL_BLOCK not in s.block_table[12:]
+    bm.free(s)
+    bm.check_invariants([])
+    assert bm.num_free_blocks == 32
+
+
+def test_sliding_window_chunk_bound():
+    """A chunk of n tokens holds the blocks touching c - W + 1 .. c + n - 1: at most ceil((W + n - 2) / BS) + 1."""
+    bm = BlockManager(32, BS, sliding_window=W)
+    s = seq(list(range(1, 50)))
+    for n in (7, 7, 7, 7, 7, 7, 7):
+        c = s.num_computed_tokens
+        assert bm.allocate(s, n)
+        assert bm.num_held_blocks(s) == blocks_touching(c - W + 1, c + n - 1)
+        assert bm.num_held_blocks(s) <= bound(n)
+        s.num_computed_tokens += n
+        bm.register_full_blocks(s)
+        bm.check_invariants([s])
+    # between steps the next query (position 49) needs keys 39..49; 39..48 are cached: blocks 9..12
+    assert bm.num_held_blocks(s) == blocks_touching(49 - W + 1, 48) == 4
+
+
+def test_without_a_window_every_block_stays():
+    """Mixed or global-attention models (sliding_window=None) never release a block."""
+    bm = BlockManager(32, BS)
+    s = seq(list(range(1, 41)))
+    compute_all(bm, s)
+    assert NULL_BLOCK not in s.block_table and bm.num_held_blocks(s) == 10
+
+
+def test_released_blocks_stay_reusable_until_recycled():
+    """A released block keeps its hash (its K/V is what the hash names), so a later request with the same
+    prefix longer than the window hits it; once the allocator recycles it the hash is gone and the request
+    misses instead of reading another sequence's data."""
+    bm = BlockManager(12, BS, sliding_window=W)
+    prefix = list(range(100, 132))  # 8 full blocks, longer than the window
+    a = seq(prefix + [1, 2, 3], "a")
+    for _ in range(5):  # chunked prefill: 7 tokens a step
+        assert bm.allocate(a, min(7, a.num_tokens - a.num_computed_tokens))
+        a.num_computed_tokens = min(a.num_computed_tokens + 7, a.num_tokens)
+        bm.register_full_blocks(a)
+    assert a.num_released_blocks == 6 and bm.num_held_blocks(a) == 3
+    b = seq(prefix + [9], "b")
+    assert bm.match_prefix(b) == 32  # every block of the prefix, the released ones included
+    assert bm.allocate(b, 1)  # b's own out-of-window blocks are released again at once
+    assert bm.num_held_blocks(b) == blocks_touching(32 - W + 1, 32)
+    bm.check_invariants([a, b])
+    bm.free(b)
+    # recycle every free block: the released blocks' hashes are dropped
+    x = seq(list(range(500, 500 + BS * bm.num_free_blocks)), "x")
+    assert bm.allocate(x, x.num_tokens)
+    bm.check_invariants([a, x])
+    assert all(bm.block_hash[blk] is None for blk in x.block_table)
+    c = seq(prefix + [9], "c")
+    assert bm.match_prefix(c) == 0  # the chain's first block was recycled: no hit from stale data
+    bm.free(x)
+    bm.free(a)
+    bm.free(c)
+    bm.check_invariants([])
+    assert bm.num_free_blocks == 12
+
+
+def test_preempted_sequence_with_released_blocks_frees_and_recomputes():
+    bm = BlockManager(16, BS, sliding_window=W, enable_prefix_caching=False)
+    s = seq(list(range(1, 31)))
+    compute_all(bm, s)
+    assert s.num_released_blocks == 5
+    bm.free(s)  # what preemption and abort do
+    bm.check_invariants([])
+    assert bm.num_free_blocks == 16 and s.block_table == [] and s.num_released_blocks == 0
+    compute_all(bm, s)  # recomputed from the start
+    bm.check_invariants([s])
+    assert bm.num_held_blocks(s) == blocks_touching(30 - W + 1, 29)
+
+
+def test_invariants_catch_a_released_entry_inside_the_window():
+    bm = BlockManager(16, BS, sliding_window=W)
+    s = seq(list(range(1, 21)))
+    compute_all(bm, s)
+    live = s.block_table[s.num_released_blocks]
+    s.block_table[s.num_released_blocks] = NULL_BLOCK  # a block the window still needs
+    s.num_released_blocks += 1
+    bm.ref_counts[live] -= 1
+    bm.free_queue[live] = None
+    with pytest.raises(AssertionError, match="before the window"):
+        bm.check_invariants([s])
+
+
+def test_bad_window_is_named():
+    with pytest.raises(ValueError, match="sliding_window must be a positive number"):
+        BlockManager(4, BS, sliding_window=0)
