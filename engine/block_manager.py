@@ -234,6 +234,18 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    def forget(self, seq: Sequence) -> list[int]:
+        """The blocks only ``seq`` holds, taken out of the prefix cache: their contents are not to be read again
+        (a request that produced non-finite values). The caller scrubs them before ``free`` returns them."""
+        blocks = [b for b in seq.block_table if b != NULL_BLOCK and self.ref_counts[b] == 1]
+        for block in blocks:
+            old = self.block_hash[block]
+            if old is not None:
+                self.block_hash[block] = None
+                if self.cached.get(old) == block:
+                    del self.cached[old]
+        return blocks
+
     def reset_prefix_cache(self) -> None:
         for h, block in list(self.cached.items()):
             if self.ref_counts[block] == 0:

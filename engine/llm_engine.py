@@ -494,6 +494,7 @@ class LLMEngine:
                 "no token could be sampled"
             )
             log.error("request %s: %s", seqs[r].request_id, req.error)
+            self.runner.zero_blocks(self.block_manager.forget(seqs[r]))  # its K/V may hold the NaNs too
             failed.append(self._finish(req, "error"))
         return failed, [seqs[r] for r in keep], logits[keep]
 

@@ -26,9 +26,13 @@ class ModelRunner:
             self.device, self.dtype, shape.head_dim, shape.num_heads, shape.num_kv_heads
         )
         self.model: DecoderModel = load_model(model_dir, shape, self.device, self.dtype, max_model_len, self.backend)
-        self.num_blocks = self._num_blocks(args)
-        # [num_blocks, block_size, kv_heads, head_dim] per layer; zeroed so never-written slots are finite.
-        cache_shape = (self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim)
+        self.num_blocks = self._num_blocks(args)  # what the block manager hands out: 0 .. num_blocks - 1
+        # One more block, never handed out and never written: the zeros that block-table entries a sliding window
+        # released point at (`_kernel_table`). Reusing a real block there would put another request's K/V (a
+        # failed request's NaNs included) under masked positions, where 0 x NaN still poisons a sum.
+        self.null_block = self.num_blocks
+        # [num_blocks + 1, block_size, kv_heads, head_dim] per layer; zeroed so never-written slots are finite.
+        cache_shape = (self.num_blocks + 1, self.block_size, shape.num_kv_heads, shape.head_dim)
         self.kv_caches = [
             tuple(torch.zeros(cache_shape, device=self.device, dtype=self.dtype) for _ in ("k", "v"))
             for _ in range(shape.num_layers)
@@ -39,6 +43,17 @@ class ModelRunner:
         # after each run: per sampled sequence, its logits rows (1 + its drafts: the last known position, then
         # one per draft position), consecutive in the returned logits
         self.sample_counts: list[int] = []
+
+    def zero_blocks(self, blocks: list[int]) -> None:
+        """Overwrite these blocks' K/V with zeros in every layer. Attention masks stale slots (a partly filled
+        last block, positions outside a window) but on the torch and Triton paths still multiplies them by a
+        zero weight, and 0 x NaN is NaN: a failed request's non-finite K/V must not reach the next owner."""
+        if not blocks:
+            return
+        idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        for k, v in self.kv_caches:
+            k.index_fill_(0, idx, 0.0)
+            v.index_fill_(0, idx, 0.0)
 
     def _num_blocks(self, args: EngineArgs) -> int:
         per_block = self.shape.kv_bytes_per_token(self.dtype) * self.block_size
@@ -75,7 +90,7 @@ class ModelRunner:
             positions.extend(range(start, start + n))
             q_lens.append(n)
             ctx_lens.append(start)
-            tables.append(_kernel_table(seq.block_table))
+            tables.append(_kernel_table(seq.block_table, self.null_block))
             drafts = len(seq.spec_token_ids)
             if start + n == seq.num_tokens + drafts:  # this chunk completes the known tokens: sample the next
                 sample_rows.extend(range(len(ids) - 1 - drafts, len(ids)))
@@ -96,11 +111,11 @@ class ModelRunner:
         return sample_seq_idx, self.model.logits(hidden[rows])
 
 
-def _kernel_table(table: list[int]) -> list[int]:
+def _kernel_table(table: list[int], null_block: int) -> list[int]:
     """The block table the attention kernels get: entries a sliding window released (NULL_BLOCK, always a
-    leading run) point at block 0 instead, a valid block whose (finite) contents no query weighs: the C kernels
-    start reading at the window, the Triton kernel's first tile and the torch paths mask those positions. New
-    tokens never land there (slots are computed for positions past the window only)."""
+    leading run) point at the runner's zero block, whose contents no query weighs: the C kernels start reading
+    at the window, the Triton kernel's first tile and the torch paths mask those positions. New tokens never
+    land there (slots are computed for positions past the window only)."""
     if not table or table[0] != NULL_BLOCK:
         return table
-    return [0 if b == NULL_BLOCK else b for b in table]
+    return [null_block if b == NULL_BLOCK else b for b in table]

@@ -168,3 +168,28 @@ def test_speculative_drafts_with_released_blocks_match_hf(mistral):
     assert probe.max_released >= (27 + 20 - W) // BS - 1
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
     eng.close()
+
+
+def test_released_entries_read_a_reserved_zero_block_not_stale_data(mistral, monkeypatch):
+    """Every block the allocator hands out starts as NaN (what a failed request's step can leave in freed
+    blocks); the torch paths gather the released entries' stand-in and only mask it, where 0 x NaN would still
+    poison the sum. The stand-in is the runner's own zero block, outside the allocator's range: the tokens stay
+    Hugging Face's and that block stays zero."""
+    model_dir, oracle = mistral
+    monkeypatch.setattr("loraplex.engine.model_runner.select_backend", lambda *a: torch_backend())
+    eng = engine(model_dir, enable_prefix_caching=False)
+    runner = eng.runner
+    assert runner.null_block == eng.block_manager.num_blocks
+    for k, v in runner.kv_caches:
+        k[: runner.null_block].fill_(float("nan"))
+        v[: runner.null_block].fill_(float("nan"))
+    probe = HeldBlocks(eng)
+    ps = random_prompts([30, 23, 37], seed=5)
+    arrivals = {i: [(p, SamplingParams(max_tokens=18, **GREEDY), f"r{i}")] for i, p in enumerate(ps)}
+    done = run_to_completion(eng, arrivals)
+    assert probe.max_released > 0
+    for i, p in enumerate(ps):
+        assert done[f"r{i}"].token_ids == oracle.greedy_ignore_eos(p, 18), f"request {i}"
+    for k, v in runner.kv_caches:
+        assert not k[runner.null_block].any() and not v[runner.null_block].any()
+    eng.close()
