@@ -204,6 +204,7 @@ class EndpointCreate(Struct, kw_only=True, forbid_unknown_fields=True):
     canary: Canary | None = None
     defaults: EndpointDefaults = msgspec.field(default_factory=EndpointDefaults)
     overridable: list[Overridable] = msgspec.field(default_factory=list)
+    pinned: bool = False  # keep its adapter versions in every replica's host tier (counted against a limit)
 
 
 class EndpointUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -213,6 +214,7 @@ class EndpointUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
     canary: Canary | msgspec.UnsetType | None = msgspec.UNSET
     defaults: EndpointDefaults | msgspec.UnsetType = msgspec.UNSET
     overridable: list[Overridable] | msgspec.UnsetType = msgspec.UNSET
+    pinned: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class EndpointOut(Struct, kw_only=True):
@@ -224,6 +226,7 @@ class EndpointOut(Struct, kw_only=True):
     canary: Canary | None
     defaults: EndpointDefaults
     overridable: list[str]
+    pinned: bool
     created_at: datetime
     updated_at: datetime
 

@@ -27,6 +27,7 @@ def endpoint_out(r: EndpointRecord) -> EndpointOut:
         canary=r.canary,
         defaults=r.defaults,
         overridable=sorted(r.overridable),
+        pinned=r.pinned,
         created_at=datetime.fromisoformat(r.created_at),
         updated_at=datetime.fromisoformat(r.updated_at),
     )

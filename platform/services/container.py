@@ -15,6 +15,7 @@ from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.endpoints import EndpointService
 from loraplex.platform.services.engine_adapters import EngineAdapters
 from loraplex.platform.services.models import ModelResolver
+from loraplex.platform.services.pins import Pinner
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.tenant_limits import TenantLimits
@@ -37,6 +38,7 @@ class Services:
     endpoints: EndpointService
     models: ModelResolver  # what a request's `model` names (the one place that decides)
     warmer: Warmer
+    pinner: Pinner
     engine: AsyncEngine
     engine_adapters: EngineAdapters
     metrics: Metrics
@@ -48,6 +50,7 @@ class Services:
 
     async def close(self) -> None:
         await self.warmer.close()
+        await self.pinner.close()
         await self.tenant_limits.close()
         await self.cache.close()
         if self.redis is not None:

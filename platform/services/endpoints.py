@@ -23,6 +23,7 @@ from loraplex.platform.errors import ApiError, bad_request, not_found
 from loraplex.platform.schemas import Canary, EndpointCreate, EndpointDefaults, EndpointUpdate
 from loraplex.platform.services.adapters import AdapterService, parse_ref
 from loraplex.platform.services.cache import RegistryCache
+from loraplex.platform.services.pins import check_pin_limit, lock_pins
 from loraplex.platform.services.tenants import Principal, check_name
 
 # Compiles an endpoint's response_format at publish (a refusal raises the 400 there); see app.py.
@@ -44,6 +45,7 @@ class EndpointRecord:
     config: dict[str, Any]  # {"defaults": EndpointDefaults as JSON, "overridable": [...]}
     created_at: str
     updated_at: str
+    pinned: bool = False
 
     @classmethod
     def from_row(cls, row: Endpoint) -> EndpointRecord:
@@ -59,6 +61,7 @@ class EndpointRecord:
             dict(row.config),
             as_utc(row.created_at).isoformat(),
             as_utc(row.updated_at).isoformat(),
+            bool(row.pinned),
         )
 
     @property
@@ -89,11 +92,22 @@ def _config(defaults: EndpointDefaults, overridable: list[str]) -> dict[str, Any
 
 
 class EndpointService:
-    def __init__(self, db: Database, cache: RegistryCache, adapters: AdapterService, compile_defaults: Compile) -> None:
+    def __init__(
+        self,
+        db: Database,
+        cache: RegistryCache,
+        adapters: AdapterService,
+        compile_defaults: Compile,
+        *,
+        max_pinned_adapters: int = 0,
+        on_pins_changed: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.db = db
         self.cache = cache
         self.adapters = adapters
         self.compile_defaults = compile_defaults
+        self.max_pinned_adapters = max_pinned_adapters
+        self.on_pins_changed = on_pins_changed  # Pinner.announce: every replica re-reads the pinned set
 
     async def create(self, principal: Principal, body: EndpointCreate) -> EndpointRecord:
         name = check_name(body.name, "endpoint name")
@@ -123,8 +137,11 @@ class EndpointService:
                 config=_config(body.defaults, list(body.overridable)),
                 created_at=now,
                 updated_at=now,
+                pinned=body.pinned,
             )
             session.add(row)
+            if body.pinned:
+                await self._check_pins(session)
             try:
                 await session.commit()
             except IntegrityError:
@@ -132,7 +149,18 @@ class EndpointService:
         await self.cache.invalidate(endpoint_cache_key(principal.tenant_id, name))
         record = EndpointRecord.from_row(row)
         await self._publish(record)
+        if record.pinned:
+            await self._pins_changed()
         return record
+
+    async def _check_pins(self, session: AsyncSession) -> None:
+        """Under the pin lock, the pinned set with this change must fit `max_pinned_adapters` (else 409)."""
+        await lock_pins(session)
+        await check_pin_limit(session, self.max_pinned_adapters)
+
+    async def _pins_changed(self) -> None:
+        if self.on_pins_changed is not None:
+            await self.on_pins_changed()
 
     async def _publish(self, record: EndpointRecord) -> None:
         """Warm the adapter versions the endpoint serves on every replica (AdapterService.on_publish)."""
@@ -154,6 +182,8 @@ class EndpointService:
                 defaults = old.defaults if body.defaults is msgspec.UNSET else body.defaults
                 overridable = list(old.overridable if body.overridable is msgspec.UNSET else body.overridable)
                 row.config = _config(defaults, overridable)
+            if body.pinned is not msgspec.UNSET:
+                row.pinned = body.pinned
 
         return await self._change(principal, name, change, adapter=body.adapter, canary=body.canary)
 
@@ -190,6 +220,7 @@ class EndpointService:
         async with self.db.session() as session:
             await _lock_tenant(session, tenant_id)
             row = await self._row(session, tenant_id, name)
+            was_pinned = row.pinned
             change(row)
             if adapter is not msgspec.UNSET:
                 before = row.adapter_name
@@ -202,12 +233,16 @@ class EndpointService:
             if adapter is not msgspec.UNSET or canary is not msgspec.UNSET:
                 current = Canary(version=row.canary_version, weight=row.canary_weight) if row.canary_version else None
                 await self._check_canary(session, tenant_id, row.adapter_name, row.adapter_version, current)
+            if row.pinned:  # pinning, or a pinned endpoint's versions changing (the new ones are pinned)
+                await self._check_pins(session)
             row.revision += 1
             row.updated_at = utcnow()
             await session.commit()
         await self.cache.invalidate(endpoint_cache_key(principal.tenant_id, name))
         record = EndpointRecord.from_row(row)
         await self._publish(record)
+        if was_pinned or record.pinned:
+            await self._pins_changed()
         return record
 
     async def delete(self, principal: Principal, name: str) -> EndpointRecord:
@@ -218,7 +253,10 @@ class EndpointService:
             await session.delete(row)
             await session.commit()
         await self.cache.invalidate(endpoint_cache_key(principal.tenant_id, name))
-        return EndpointRecord.from_row(row)
+        record = EndpointRecord.from_row(row)
+        if record.pinned:
+            await self._pins_changed()
+        return record
 
     async def list(self, principal: Principal) -> list[EndpointRecord]:
         async with self.db.session() as session:
