@@ -48,6 +48,7 @@ class Settings:
     # max_cpu_loras - 1 (checked at startup), so a request for any other adapter still finds a host slot.
     # None: min(2, max_cpu_loras - 1)
     max_pinned_adapters: int | None = None
+    shadow_max_concurrent: int = 4  # endpoint calls copied to shadow versions at once; more are dropped (counted)
     default_adapter_versions_kept: int = 5  # versions kept per adapter name, unless a tenant sets its own
     default_rate_limit_per_minute: int = 0  # 0: unlimited unless a tenant sets its own
     # One request: its sequences (prompts * n) and requested tokens (prompt + max_tokens over its sequences)
@@ -102,6 +103,8 @@ class Settings:
                 raise ValueError(f"{name} must be >= 0 (0: unlimited), got {getattr(self, name)}")
         if self.max_pinned_adapters is not None and self.max_pinned_adapters < 0:
             raise ValueError(f"max_pinned_adapters must be >= 0 (0: no pinning), got {self.max_pinned_adapters}")
+        if self.shadow_max_concurrent < 1:
+            raise ValueError(f"shadow_max_concurrent must be >= 1, got {self.shadow_max_concurrent}")
         if not self.tenant_lease_ttl_s > 0:
             raise ValueError(f"tenant_lease_ttl_s must be > 0, got {self.tenant_lease_ttl_s}")
         for name in ("max_json_depth", "max_concurrent_uploads", "max_concurrent_uploads_per_tenant"):
@@ -250,6 +253,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="adapter versions pinned endpoints keep in the host tier, all tenants together; at most the "
         "engine's max_cpu_loras - 1 (default: 2, or max_cpu_loras - 1 if fewer)",
+    )
+    srv.add_argument(
+        "--shadow-max-concurrent",
+        type=int,
+        help="endpoint calls copied to shadow versions at once; more are dropped and counted (default 4)",
     )
     srv.add_argument(
         "--default-adapter-versions-kept",

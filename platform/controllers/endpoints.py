@@ -25,6 +25,7 @@ def endpoint_out(r: EndpointRecord) -> EndpointOut:
         revision=r.revision,
         adapter=r.adapter,
         canary=r.canary,
+        shadow=r.shadow,
         defaults=r.defaults,
         overridable=sorted(r.overridable),
         pinned=r.pinned,

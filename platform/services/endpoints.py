@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from loraplex.platform.db.models import Adapter, Endpoint, Tenant, as_utc, utcnow
 from loraplex.platform.db.session import Database
 from loraplex.platform.errors import ApiError, bad_request, not_found
-from loraplex.platform.schemas import Canary, EndpointCreate, EndpointDefaults, EndpointUpdate
+from loraplex.platform.schemas import Canary, EndpointCreate, EndpointDefaults, EndpointUpdate, Shadow
 from loraplex.platform.services.adapters import AdapterService, parse_ref
 from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.pins import check_pin_limit, lock_pins
@@ -42,7 +42,7 @@ class EndpointRecord:
     adapter_version: int | None
     canary_version: int | None
     canary_weight: float | None
-    config: dict[str, Any]  # {"defaults": EndpointDefaults as JSON, "overridable": [...]}
+    config: dict[str, Any]  # {"defaults": EndpointDefaults as JSON, "overridable": [...], "shadow": {...}}
     created_at: str
     updated_at: str
     pinned: bool = False
@@ -82,13 +82,21 @@ class EndpointRecord:
             return None
         return Canary(version=self.canary_version, weight=self.canary_weight)
 
+    @property
+    def shadow(self) -> Shadow | None:
+        found = self.config.get("shadow")
+        return msgspec.convert(found, Shadow) if found else None
+
 
 def endpoint_cache_key(tenant_id: str, name: str) -> str:
     return f"endpoint:{tenant_id}:{name}"
 
 
-def _config(defaults: EndpointDefaults, overridable: list[str]) -> dict[str, Any]:
-    return {"defaults": msgspec.to_builtins(defaults), "overridable": sorted(set(overridable))}
+def _config(defaults: EndpointDefaults, overridable: list[str], shadow: Shadow | None) -> dict[str, Any]:
+    config = {"defaults": msgspec.to_builtins(defaults), "overridable": sorted(set(overridable))}
+    if shadow is not None:
+        config["shadow"] = msgspec.to_builtins(shadow)
+    return config
 
 
 class EndpointService:
@@ -124,6 +132,7 @@ class EndpointService:
                 raise ApiError(409, f"{name!r} is the name of one of your adapters", param="name", code="conflict")
             adapter_name, version = await self._adapter_version(session, principal, body.adapter)
             await self._check_canary(session, tenant_id, adapter_name, version, body.canary)
+            await self._check_shadow(session, tenant_id, adapter_name, version, body.shadow)
             now = utcnow()
             row = Endpoint(
                 id=uuid.uuid4(),
@@ -134,7 +143,7 @@ class EndpointService:
                 adapter_version=version,
                 canary_version=body.canary.version if body.canary else None,
                 canary_weight=body.canary.weight if body.canary else None,
-                config=_config(body.defaults, list(body.overridable)),
+                config=_config(body.defaults, list(body.overridable), body.shadow),
                 created_at=now,
                 updated_at=now,
                 pinned=body.pinned,
@@ -166,13 +175,14 @@ class EndpointService:
         """Warm the adapter versions the endpoint serves on every replica (AdapterService.on_publish)."""
         if self.adapters.on_publish is None or record.adapter_name is None:
             return
-        versions = [record.adapter_version, record.canary_version]
+        shadow = record.shadow
+        versions = [record.adapter_version, record.canary_version, shadow.version if shadow else None]
         found = [await self.adapters.resolve(record.tenant_id, f"{record.adapter_name}@{v}") for v in versions if v]
         await self.adapters.on_publish([r for r in found if r is not None])
 
     async def update(self, principal: Principal, name: str, body: EndpointUpdate) -> EndpointRecord:
-        """Change some fields (a new revision). Setting `adapter` to another adapter drops the canary (unless the
-        same call sets one); the canary must be another live version of the endpoint's adapter."""
+        """Change some fields (a new revision). Setting `adapter` to another adapter drops the canary and the shadow
+        (unless the same call sets them); each must be another live version of the endpoint's adapter."""
         if body.defaults is not msgspec.UNSET:
             await self.compile_defaults(body.defaults)
 
@@ -181,11 +191,11 @@ class EndpointService:
                 old = EndpointRecord.from_row(row)
                 defaults = old.defaults if body.defaults is msgspec.UNSET else body.defaults
                 overridable = list(old.overridable if body.overridable is msgspec.UNSET else body.overridable)
-                row.config = _config(defaults, overridable)
+                row.config = _config(defaults, overridable, old.shadow)
             if body.pinned is not msgspec.UNSET:
                 row.pinned = body.pinned
 
-        return await self._change(principal, name, change, adapter=body.adapter, canary=body.canary)
+        return await self._change(principal, name, change, adapter=body.adapter, canary=body.canary, shadow=body.shadow)
 
     async def promote(self, principal: Principal, name: str) -> EndpointRecord:
         """The canary version becomes the one every caller gets."""
@@ -215,6 +225,7 @@ class EndpointService:
         *,
         adapter: str | msgspec.UnsetType | None = msgspec.UNSET,
         canary: Canary | msgspec.UnsetType | None = msgspec.UNSET,
+        shadow: Shadow | msgspec.UnsetType | None = msgspec.UNSET,
     ) -> EndpointRecord:
         tenant_id = uuid.UUID(principal.tenant_id)
         async with self.db.session() as session:
@@ -227,12 +238,20 @@ class EndpointService:
                 row.adapter_name, row.adapter_version = await self._adapter_version(session, principal, adapter)
                 if row.adapter_name != before and canary is msgspec.UNSET:  # a canary is a version of the same adapter
                     row.canary_version, row.canary_weight = None, None
+                if row.adapter_name != before and shadow is msgspec.UNSET:  # so is a shadow
+                    shadow = None
             if canary is not msgspec.UNSET:
                 row.canary_version = canary.version if canary else None
                 row.canary_weight = canary.weight if canary else None
             if adapter is not msgspec.UNSET or canary is not msgspec.UNSET:
                 current = Canary(version=row.canary_version, weight=row.canary_weight) if row.canary_version else None
                 await self._check_canary(session, tenant_id, row.adapter_name, row.adapter_version, current)
+            if shadow is not msgspec.UNSET:
+                old = EndpointRecord.from_row(row)
+                row.config = _config(old.defaults, list(old.overridable), shadow)
+            if adapter is not msgspec.UNSET or shadow is not msgspec.UNSET:
+                current_shadow = EndpointRecord.from_row(row).shadow
+                await self._check_shadow(session, tenant_id, row.adapter_name, row.adapter_version, current_shadow)
             if row.pinned:  # pinning, or a pinned endpoint's versions changing (the new ones are pinned)
                 await self._check_pins(session)
             row.revision += 1
@@ -331,6 +350,36 @@ class EndpointService:
                 404,
                 f"adapter {adapter_name}@{canary.version} not found",
                 param="canary.version",
+                code="adapter_not_found",
+            )
+
+    async def _check_shadow(
+        self,
+        session: AsyncSession,
+        tenant_id: uuid.UUID,
+        adapter_name: str | None,
+        version: int | None,
+        shadow: Shadow | None,
+    ) -> None:
+        """A shadow is another live version of the endpoint's adapter (deleting it later is allowed: its copies
+        then fail, counted in /metrics, and the callers never notice)."""
+        if shadow is None:
+            return
+        if adapter_name is None:
+            raise bad_request("a shadow needs an adapter: it is another version of the endpoint's adapter", "shadow")
+        if shadow.version == version:
+            raise bad_request(f"the shadow is the endpoint's own version {adapter_name}@{version}", "shadow.version")
+        live = select(Adapter.id).where(
+            Adapter.tenant_id == tenant_id,
+            Adapter.name == adapter_name,
+            Adapter.version == shadow.version,
+            Adapter.deleted_at.is_(None),
+        )
+        if await session.scalar(live) is None:
+            raise ApiError(
+                404,
+                f"adapter {adapter_name}@{shadow.version} not found",
+                param="shadow.version",
                 code="adapter_not_found",
             )
 
