@@ -159,6 +159,10 @@ class EngineCollector(Collector):
                 s["kv_blocks_used"] / max(1, s["kv_blocks_total"]),
             ),
             "loraplex_lora_host_adapters": ("Adapters held in host memory", s.get("cpu_adapters", 0)),
+            "loraplex_lora_pinned_adapters": (
+                "Adapters a pinned endpoint keeps in host memory (never evicted)",
+                len(s.get("pinned_adapters", ())),
+            ),
             "loraplex_prefix_cache_hit_rate": (
                 "Prompt tokens served from the prefix cache / prompt tokens",
                 s["prefix_cache_hit_rate"],
