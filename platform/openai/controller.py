@@ -143,7 +143,10 @@ async def _generate(
             services.metrics.endpoint_requests.labels(*version, "error").inc()
         raise
     if target.endpoint is not None and background_priority is None and services.shadow.drawn(target.endpoint.shadow):
-        await _submit_shadow(data, principal, services, share, target.endpoint)
+        try:  # one cached lookup of the shadow version here; everything else runs in the copy's own task
+            await _submit_shadow(data, principal, services, share, target.endpoint)
+        except Exception as exc:  # a shadow never fails its caller
+            log.warning("shadow copy of a call to endpoint %s not started: %s", target.endpoint.name, exc)
     try:
         chat = isinstance(data, ChatCompletionRequest)
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
