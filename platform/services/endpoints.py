@@ -150,7 +150,7 @@ class EndpointService:
             )
             session.add(row)
             if body.pinned:
-                await self._check_pins(session)
+                await self._check_pins(session, row)
             try:
                 await session.commit()
             except IntegrityError:
@@ -162,8 +162,11 @@ class EndpointService:
             await self._pins_changed()
         return record
 
-    async def _check_pins(self, session: AsyncSession) -> None:
-        """Under the pin lock, the pinned set with this change must fit `max_pinned_adapters` (else 409)."""
+    async def _check_pins(self, session: AsyncSession, row: Endpoint) -> None:
+        """A pinned endpoint serves an adapter, and under the pin lock the pinned set with this change must fit
+        `max_pinned_adapters` (else 409)."""
+        if row.adapter_name is None:
+            raise bad_request("the endpoint serves the base model: it has no adapter to pin", "pinned")
         await lock_pins(session)
         await check_pin_limit(session, self.max_pinned_adapters)
 
@@ -253,7 +256,7 @@ class EndpointService:
                 current_shadow = EndpointRecord.from_row(row).shadow
                 await self._check_shadow(session, tenant_id, row.adapter_name, row.adapter_version, current_shadow)
             if row.pinned:  # pinning, or a pinned endpoint's versions changing (the new ones are pinned)
-                await self._check_pins(session)
+                await self._check_pins(session, row)
             row.revision += 1
             row.updated_at = utcnow()
             await session.commit()

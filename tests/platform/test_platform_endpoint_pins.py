@@ -92,6 +92,8 @@ def test_pinned_endpoint_stays_in_the_host_tier(small_engine, adapter_factory, t
         r = httpx.patch(f"{url}/v1/endpoints/second", json={"pinned": True}, headers=auth(key))
         assert error_of(r)["code"] == "pinned_adapters_limit"
         assert httpx.get(f"{url}/v1/endpoints/second", headers=auth(key)).json()["pinned"] is False
+        r = httpx.post(f"{url}/v1/endpoints", json={"name": "plain", "pinned": True}, headers=auth(key))
+        assert (r.status_code, error_of(r)["param"]) == (400, "pinned"), r.text  # the base model: nothing to pin
         r = httpx.post(
             f"{url}/v1/endpoints", json={"name": "twin", "adapter": "bot@1", "pinned": True}, headers=auth(key)
         )
