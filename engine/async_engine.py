@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +25,7 @@ from loraplex.adapters import BaseModelSpec
 from loraplex.engine.config import EngineArgs
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.lora.ref import AdapterRef
-from loraplex.engine.messages import Abort, AddAdapter, AddRequest, EngineMessage, RemoveAdapter
+from loraplex.engine.messages import Abort, AddAdapter, AddRequest, EngineMessage, PinAdapters, RemoveAdapter
 from loraplex.engine.outputs import RequestOutput
 from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.share import DEFAULT_SHARE, Share
@@ -162,6 +162,11 @@ class AsyncEngine:
         """Drop the adapter's cached copies (on the engine thread); requests naming it later reload it."""
         self._send(RemoveAdapter(adapter.content_hash if isinstance(adapter, AdapterRef) else adapter))
 
+    def pin_adapters(self, content_hashes: Iterable[str]) -> None:
+        """Replace the set of adapters the host tier never evicts (see LoRAManager.set_pinned); adapters
+        installed after this message (``add_adapter``) take a host slot even when the tier is full."""
+        self._send(PinAdapters(tuple(content_hashes)))
+
     def stats(self) -> dict[str, Any]:
         return dict(self._stats)
 
@@ -228,6 +233,8 @@ class AsyncEngine:
                 self.engine.install_adapter(message.adapter)
             case RemoveAdapter():
                 self.engine.remove_adapter(message.content_hash)
+            case PinAdapters():
+                self.engine.lora_manager.set_pinned(message.content_hashes)
 
     def _drain_messages(self) -> None:
         while True:

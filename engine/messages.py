@@ -49,4 +49,11 @@ class RemoveAdapter:
     content_hash: str
 
 
-EngineMessage = AddRequest | Abort | AddAdapter | RemoveAdapter
+@dataclass(frozen=True)
+class PinAdapters:
+    """Replace the set of adapters the host tier never evicts (content hashes)."""
+
+    content_hashes: tuple[str, ...]
+
+
+EngineMessage = AddRequest | Abort | AddAdapter | RemoveAdapter | PinAdapters

@@ -42,6 +42,7 @@ from loraplex.platform.services.container import Services
 from loraplex.platform.services.endpoints import EndpointService
 from loraplex.platform.services.engine_adapters import EngineAdapters
 from loraplex.platform.services.models import ModelResolver
+from loraplex.platform.services.pins import Pinner
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
 from loraplex.platform.services.s3_blobstore import S3BlobStore
@@ -90,6 +91,14 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
 
             engine = await asyncio.to_thread(AsyncEngine, settings.build_engine_args())
             await warm_up(engine, settings.warmup_s)  # before the server listens: /ready says yes only after
+        max_pinned = settings.max_pinned_adapters
+        if max_pinned is None:
+            max_pinned = min(2, engine.args.max_cpu_loras - 1)
+        elif max_pinned > engine.args.max_cpu_loras - 1:
+            raise ValueError(
+                f"max_pinned_adapters ({max_pinned}) must be at most the engine's max_cpu_loras - 1 "
+                f"({engine.args.max_cpu_loras - 1}): requests for unpinned adapters need a host slot"
+            )
         # a deleted or replaced adapter's weights leave the engine's host and device caches (on every replica)
         cache.on_invalidate(RETIRED_CONTENT, engine.remove_adapter)
         tenants = TenantService(db, cache, settings.admin_key)
@@ -110,12 +119,16 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
         )
         warmer = Warmer(engine, store, cache, enabled=settings.warm_adapters)
         adapters.on_publish = warmer.publish
+        pinner = Pinner(engine, store, db, cache)
         endpoints = EndpointService(
             db,
             cache,
             adapters,
             functools.partial(compile_defaults, engine, max_json_depth=settings.max_json_depth),
+            max_pinned_adapters=max_pinned,
+            on_pins_changed=pinner.announce,
         )
+        await pinner.refresh()  # pins made while this replica was down
         engine_adapters = EngineAdapters(store)
         services = Services(
             settings=settings,
@@ -128,6 +141,7 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             adapters=adapters,
             endpoints=endpoints,
             warmer=warmer,
+            pinner=pinner,
             models=ModelResolver(engine.model_name, adapters, endpoints),
             engine=engine,
             engine_adapters=engine_adapters,

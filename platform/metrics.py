@@ -13,7 +13,9 @@ from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-EndpointLabels = tuple[str, ...]  # (tenant, endpoint, version), or (endpoint id, content hash) without tenant labels
+# (tenant, endpoint, version, role), or (endpoint id, content hash, role) without tenant labels; role: "primary"
+# (the version that answered the caller) or "shadow" (a copy of the call whose answer nobody sees)
+EndpointLabels = tuple[str, ...]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (
@@ -79,8 +81,9 @@ class Metrics:
             registry=r,
         )
         # Per endpoint version (the adapter version that answered an endpoint call), so a canary can be judged.
-        # Without tenant labels the endpoint is its id and the version its adapter's content hash.
-        version_labels = ["tenant", "endpoint", "version"] if tenant_labels else ["endpoint", "version"]
+        # Without tenant labels the endpoint is its id and the version its adapter's content hash. `role`: primary
+        # (answered the caller) or shadow (a copy of the call to the endpoint's shadow version, answer discarded).
+        version_labels = ["tenant", "endpoint", "version", "role"] if tenant_labels else ["endpoint", "version", "role"]
         self.endpoint_requests = Counter(
             "loraplex_endpoint_requests",
             "Endpoint calls by the version that answered and outcome (a finish reason, abort, or error: refused "
@@ -117,10 +120,10 @@ class Metrics:
         self.requests.labels(*labels).inc()
 
     def endpoint_labels(
-        self, tenant: str, endpoint: str, endpoint_id: str, version: str, content: str
+        self, tenant: str, endpoint: str, endpoint_id: str, version: str, content: str, role: str = "primary"
     ) -> EndpointLabels:
         """The label values of one endpoint version (`version`: `name@N` or base; `content`: its content hash)."""
-        return (tenant, endpoint, version) if self.tenant_labels else (endpoint_id, content)
+        return (tenant, endpoint, version, role) if self.tenant_labels else (endpoint_id, content, role)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -156,6 +159,10 @@ class EngineCollector(Collector):
                 s["kv_blocks_used"] / max(1, s["kv_blocks_total"]),
             ),
             "loraplex_lora_host_adapters": ("Adapters held in host memory", s.get("cpu_adapters", 0)),
+            "loraplex_lora_pinned_adapters": (
+                "Adapters a pinned endpoint keeps in host memory (never evicted)",
+                len(s.get("pinned_adapters", ())),
+            ),
             "loraplex_prefix_cache_hit_rate": (
                 "Prompt tokens served from the prefix cache / prompt tokens",
                 s["prefix_cache_hit_rate"],

@@ -197,13 +197,23 @@ class Canary(Struct, kw_only=True, forbid_unknown_fields=True):
     weight: Fraction
 
 
+class Shadow(Struct, kw_only=True, forbid_unknown_fields=True):
+    """Another version of the endpoint's adapter that gets a copy of `fraction` of the calls, to be compared in
+    /metrics (role="shadow"); its answers are never returned and never delay or fail the caller's."""
+
+    version: Positive32
+    fraction: Annotated[float, Meta(gt=0.0, le=1.0)]
+
+
 class EndpointCreate(Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
     # `name@N`, or `name` (its current version now, pinned); null: the base model
     adapter: str | None = None
     canary: Canary | None = None
+    shadow: Shadow | None = None
     defaults: EndpointDefaults = msgspec.field(default_factory=EndpointDefaults)
     overridable: list[Overridable] = msgspec.field(default_factory=list)
+    pinned: bool = False  # keep its adapter versions in every replica's host tier (counted against a limit)
 
 
 class EndpointUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -211,8 +221,10 @@ class EndpointUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
 
     adapter: str | msgspec.UnsetType | None = msgspec.UNSET
     canary: Canary | msgspec.UnsetType | None = msgspec.UNSET
+    shadow: Shadow | msgspec.UnsetType | None = msgspec.UNSET
     defaults: EndpointDefaults | msgspec.UnsetType = msgspec.UNSET
     overridable: list[Overridable] | msgspec.UnsetType = msgspec.UNSET
+    pinned: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class EndpointOut(Struct, kw_only=True):
@@ -222,8 +234,10 @@ class EndpointOut(Struct, kw_only=True):
     revision: int  # grows with every change; responses carry it in x-loraplex-endpoint
     adapter: str | None  # `name@N`, or null for the base model
     canary: Canary | None
+    shadow: Shadow | None
     defaults: EndpointDefaults
     overridable: list[str]
+    pinned: bool
     created_at: datetime
     updated_at: datetime
 

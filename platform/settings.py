@@ -44,6 +44,11 @@ class Settings:
     default_max_adapters: int = 100
     default_max_adapter_bytes: int = 8 * GiB
     warm_adapters: bool = True  # publishing a version or an endpoint loads it into host memory on every replica
+    # Adapter versions pinned endpoints may keep in the host tier, all tenants together; at most the engine's
+    # max_cpu_loras - 1 (checked at startup), so a request for any other adapter still finds a host slot.
+    # None: min(2, max_cpu_loras - 1)
+    max_pinned_adapters: int | None = None
+    shadow_max_concurrent: int = 4  # endpoint calls copied to shadow versions at once; more are dropped (counted)
     default_adapter_versions_kept: int = 5  # versions kept per adapter name, unless a tenant sets its own
     default_rate_limit_per_minute: int = 0  # 0: unlimited unless a tenant sets its own
     # One request: its sequences (prompts * n) and requested tokens (prompt + max_tokens over its sequences)
@@ -96,6 +101,10 @@ class Settings:
         for name in ("default_max_concurrent_sequences", "default_tokens_per_minute", "default_max_queued_requests"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: unlimited), got {getattr(self, name)}")
+        if self.max_pinned_adapters is not None and self.max_pinned_adapters < 0:
+            raise ValueError(f"max_pinned_adapters must be >= 0 (0: no pinning), got {self.max_pinned_adapters}")
+        if self.shadow_max_concurrent < 1:
+            raise ValueError(f"shadow_max_concurrent must be >= 1, got {self.shadow_max_concurrent}")
         if not self.tenant_lease_ttl_s > 0:
             raise ValueError(f"tenant_lease_ttl_s must be > 0, got {self.tenant_lease_ttl_s}")
         for name in ("max_json_depth", "max_concurrent_uploads", "max_concurrent_uploads_per_tenant"):
@@ -238,6 +247,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="load a published adapter version or endpoint into host memory on every replica (default on)",
+    )
+    srv.add_argument(
+        "--max-pinned-adapters",
+        type=int,
+        help="adapter versions pinned endpoints keep in the host tier, all tenants together; at most the "
+        "engine's max_cpu_loras - 1 (default: 2, or max_cpu_loras - 1 if fewer)",
+    )
+    srv.add_argument(
+        "--shadow-max-concurrent",
+        type=int,
+        help="endpoint calls copied to shadow versions at once; more are dropped and counted (default 4)",
     )
     srv.add_argument(
         "--default-adapter-versions-kept",

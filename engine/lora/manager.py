@@ -7,7 +7,10 @@ Life of an adapter, by content hash:
    is the load's read, so this costs little more than checking it. Otherwise, a request names it
    (``register``: hash -> path), and while requests for it wait, ``plan_loads`` (once per step, in waiting
    order) gives it room in the host LRU and a loader thread reads, checks and stacks it.
-   Host entries that waiting requests still need are never evicted, so loads cannot thrash.
+   Host entries that waiting requests still need are never evicted, so loads cannot thrash. Pinned adapters
+   (``set_pinned``: a pinned endpoint serves them) are never evicted either, and ``install`` makes room for one
+   by evicting the least recently used unpinned entry; at most ``max_cpu_loras - 1`` are pinned, so a load
+   always finds a host slot.
 2. Once loaded (``is_ready``) the scheduler may admit its requests; ``prepare`` (after scheduling) copies
    it into a device slot, evicting the least recently used slot that no running sequence uses.
 3. A failed load is kept until the engine takes it (``take_failures``) and fails the requests waiting
@@ -86,6 +89,7 @@ class LoRAManager:
         self._host: OrderedDict[str, HostAdapter] = OrderedDict()  # LRU order, oldest first
         self._loading: set[str] = set()
         self._failed: dict[str, str] = {}
+        self._pinned: frozenset[str] = frozenset()  # never evicted from the host LRU
         self._pool = ThreadPoolExecutor(
             max_workers=loader_workers, thread_name_prefix="loraplex-lora-loader", initializer=single_threaded_torch
         )
@@ -113,9 +117,29 @@ class LoRAManager:
         with self._lock:
             if content_hash in self._host:
                 self._host.move_to_end(content_hash)
-            elif content_hash not in self._loading and self._host_has_room():
+                return
+            if content_hash in self._pinned and not self._host_has_room():
+                victim = next((v for v in self._host if v not in self._pinned), None)
+                if victim is not None:
+                    del self._host[victim]
+                    self.num_host_evictions += 1
+            if content_hash not in self._loading and self._host_has_room():
                 self._store(adapter.host)
                 self._failed.pop(content_hash, None)
+
+    def set_pinned(self, content_hashes: Iterable[str]) -> list[str]:
+        """Keep these adapters in the host tier from now on (replacing the previous set); adapters no longer in
+        the set become ordinary LRU entries. Returns the hashes pinned: at most ``max_cpu_loras - 1`` (the
+        first ones given), so a load always finds a host slot; the rest are refused (logged), never widened.
+
+        A pinned adapter that is not loaded yet is loaded by ``install`` (the caller reads it)."""
+        wanted = list(dict.fromkeys(content_hashes))
+        limit = self.max_cpu_loras - 1
+        if len(wanted) > limit:
+            log.warning("%d adapters asked to be pinned, max_cpu_loras - 1 = %d: pinning the first", len(wanted), limit)
+        with self._lock:
+            self._pinned = frozenset(wanted[:limit])
+        return wanted[:limit]
 
     def add(self, path: str | Path, name: str | None = None) -> AdapterRef:
         """``read`` then ``install``, on the calling thread."""
@@ -168,7 +192,7 @@ class LoRAManager:
                 if h not in self._paths:
                     continue  # never registered: cannot happen through the engine
                 if not self._host_has_room():
-                    victim = next((v for v in self._host if v not in pinned), None)
+                    victim = next((v for v in self._host if v not in pinned and v not in self._pinned), None)
                     if victim is None:
                         break  # host memory is full of adapters that waiting requests need
                     del self._host[victim]
@@ -291,7 +315,7 @@ class LoRAManager:
     def stats(self, running: Iterable[Sequence] = (), waiting: Iterable[Sequence] = ()) -> dict:
         """Counters and adapter lists (content hashes) for metrics and vLLM's lora_requests_info."""
         with self._lock:
-            host = list(self._host)
+            host, pinned = list(self._host), self._pinned
         return {
             "running_adapters": sorted({s.adapter_hash for s in running if s.adapter_hash}),
             "waiting_adapters": list(dict.fromkeys(s.adapter_hash for s in waiting if s.adapter_hash)),
@@ -305,6 +329,7 @@ class LoRAManager:
             "resident_adapters": self.resident(),
             "cpu_adapters": len(host),
             "host_adapters": host,
+            "pinned_adapters": sorted(pinned),
         }
 
     def check_invariants(self, running: Iterable[Sequence]) -> None:

@@ -25,8 +25,10 @@ def endpoint_out(r: EndpointRecord) -> EndpointOut:
         revision=r.revision,
         adapter=r.adapter,
         canary=r.canary,
+        shadow=r.shadow,
         defaults=r.defaults,
         overridable=sorted(r.overridable),
+        pinned=r.pinned,
         created_at=datetime.fromisoformat(r.created_at),
         updated_at=datetime.fromisoformat(r.updated_at),
     )

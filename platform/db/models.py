@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     Uuid,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -134,6 +136,8 @@ class Endpoint(Base):
     canary_version: Mapped[int | None] = mapped_column(Integer)
     canary_weight: Mapped[float | None] = mapped_column(Float)
     config: Mapped[dict[str, object]] = mapped_column(JSON)  # defaults and overridable fields (EndpointConfig)
+    # Its adapter versions never leave any replica's host tier while it exists (revision 0005)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 import anyio
+import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.di import NamedDependency, Provide
@@ -141,6 +142,11 @@ async def _generate(
         if version is not None:
             services.metrics.endpoint_requests.labels(*version, "error").inc()
         raise
+    if target.endpoint is not None and background_priority is None and services.shadow.drawn(target.endpoint.shadow):
+        try:  # one cached lookup of the shadow version here; everything else runs in the copy's own task
+            await _submit_shadow(data, principal, services, share, target.endpoint)
+        except Exception as exc:  # a shadow never fails its caller
+            log.warning("shadow copy of a call to endpoint %s not started: %s", target.endpoint.name, exc)
     try:
         chat = isinstance(data, ChatCompletionRequest)
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
@@ -161,6 +167,40 @@ async def _generate(
     return Response(responses.body(rid, created, data, results, services.token_texts, echo), headers=headers)
 
 
+async def _submit_shadow(
+    data: Request_, principal: Principal, services: Services, share: Share, endpoint: EndpointRecord
+) -> None:
+    """Copy a started endpoint call (as served: defaults applied) to the endpoint's shadow version, in the
+    background priority class, outside the tenant's admission (a copy never takes a caller's room). Its
+    outcomes, tokens and latency count under role="shadow"; its answer is dropped."""
+    shadow = endpoint.shadow
+    assert shadow is not None and endpoint.adapter_name is not None
+    ref = f"{endpoint.adapter_name}@{shadow.version}"
+    record = await services.adapters.resolve(endpoint.tenant_id, ref)
+    target = Target(record)
+    content = record.sha256 if record is not None else "missing"
+    labels = services.metrics.endpoint_labels(
+        principal.tenant_name, endpoint.name, endpoint.id, ref, content, role="shadow"
+    )
+    copy = msgspec.structs.replace(data, stream=False, stream_options=None)
+    background = dataclasses.replace(share, priority=max(share.priority, services.settings.batch_priority))
+
+    async def run() -> None:
+        if record is None:  # deleted since the endpoint named it
+            services.metrics.endpoint_requests.labels(*labels, "error").inc()
+            raise ApiError(404, f"shadow version {ref} no longer exists", code="adapter_not_found")
+        try:
+            gen, *_ = await _start(
+                copy, principal, services, background, time.perf_counter(), target, labels, admit=False
+            )
+        except Exception:
+            services.metrics.endpoint_requests.labels(*labels, "error").inc()
+            raise
+        await gen.collect()  # outcomes, tokens and latency are counted by the generation
+
+    services.shadow.submit(run, labels)
+
+
 def _version_labels(services: Services, principal: Principal, target: Target) -> EndpointLabels | None:
     if target.endpoint is None:
         return None
@@ -178,9 +218,12 @@ async def _start(
     arrival: float,
     target: Target,
     version: EndpointLabels | None,
+    *,
+    admit: bool = True,
 ) -> tuple[Generation, Request_, dict[str, str], list[str] | None]:
     """From the resolved model to started engine requests: the endpoint's defaults, the translation, the
-    tenant's admission. Returns the generation, the request as served, its endpoint headers and echo texts."""
+    tenant's admission (`admit`; shadow copies skip it). Returns the generation, the request as served, its
+    endpoint headers and echo texts."""
     if target.endpoint is not None:
         data = apply_defaults(data, target.endpoint)
     adapter = None
@@ -199,12 +242,16 @@ async def _start(
     inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data, spec, engine.base_spec.vocab_size)
     echo = translate.echo_texts(engine.tokenizer, data) if isinstance(data, CompletionRequest) else None
     tokens = limits.check_tokens(data, inputs, services.settings)
-    lease = await services.tenant_limits.admit(
-        principal.tenant_id,
-        principal.tenant_name,
-        tenant_quota(principal, services.settings),
-        len(inputs),
-        tokens,
+    lease = (
+        await services.tenant_limits.admit(
+            principal.tenant_id,
+            principal.tenant_name,
+            tenant_quota(principal, services.settings),
+            len(inputs),
+            tokens,
+        )
+        if admit
+        else None
     )
     try:
         gen = await Generation.start(
@@ -217,12 +264,13 @@ async def _start(
             arrival=arrival,
             structured_param=structured["field"] if structured else None,
             share=share,
-            on_close=lease.release,  # every way a generation ends goes through Generation.close
+            on_close=lease.release if lease else None,  # every way a generation ends goes through Generation.close
             endpoint=version,
         )
     except BaseException:
-        with anyio.CancelScope(shield=True):
-            await lease.release()
+        if lease is not None:
+            with anyio.CancelScope(shield=True):
+                await lease.release()
         raise
     if version is not None and gen.choices[0].first.narrowing is not None:
         schema = "narrowed" if gen.choices[0].first.narrowing else "exact"

@@ -15,8 +15,10 @@ from loraplex.platform.services.cache import RegistryCache
 from loraplex.platform.services.endpoints import EndpointService
 from loraplex.platform.services.engine_adapters import EngineAdapters
 from loraplex.platform.services.models import ModelResolver
+from loraplex.platform.services.pins import Pinner
 from loraplex.platform.services.rate_limit import RateLimiter
 from loraplex.platform.services.redis_link import RedisLink
+from loraplex.platform.services.shadow import ShadowTraffic
 from loraplex.platform.services.tenant_limits import TenantLimits
 from loraplex.platform.services.tenants import TenantService
 from loraplex.platform.services.upload_slots import UploadSlots
@@ -37,6 +39,7 @@ class Services:
     endpoints: EndpointService
     models: ModelResolver  # what a request's `model` names (the one place that decides)
     warmer: Warmer
+    pinner: Pinner
     engine: AsyncEngine
     engine_adapters: EngineAdapters
     metrics: Metrics
@@ -45,9 +48,16 @@ class Services:
     tenant_limits: TenantLimits = field(default_factory=TenantLimits)
     upload_slots: UploadSlots = field(default_factory=lambda: UploadSlots(4, 2))
     batch: Any = None  # platform.batch.api.BatchApi, started by the app's lifespan
+    shadow: ShadowTraffic = None  # type: ignore[assignment]  # built in __post_init__ unless given
+
+    def __post_init__(self) -> None:
+        if self.shadow is None:
+            self.shadow = ShadowTraffic(self.metrics, self.settings.shadow_max_concurrent)
 
     async def close(self) -> None:
+        await self.shadow.close()
         await self.warmer.close()
+        await self.pinner.close()
         await self.tenant_limits.close()
         await self.cache.close()
         if self.redis is not None:

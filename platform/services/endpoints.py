@@ -20,9 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from loraplex.platform.db.models import Adapter, Endpoint, Tenant, as_utc, utcnow
 from loraplex.platform.db.session import Database
 from loraplex.platform.errors import ApiError, bad_request, not_found
-from loraplex.platform.schemas import Canary, EndpointCreate, EndpointDefaults, EndpointUpdate
+from loraplex.platform.schemas import Canary, EndpointCreate, EndpointDefaults, EndpointUpdate, Shadow
 from loraplex.platform.services.adapters import AdapterService, parse_ref
 from loraplex.platform.services.cache import RegistryCache
+from loraplex.platform.services.pins import check_pin_limit, lock_pins
 from loraplex.platform.services.tenants import Principal, check_name
 
 # Compiles an endpoint's response_format at publish (a refusal raises the 400 there); see app.py.
@@ -41,9 +42,10 @@ class EndpointRecord:
     adapter_version: int | None
     canary_version: int | None
     canary_weight: float | None
-    config: dict[str, Any]  # {"defaults": EndpointDefaults as JSON, "overridable": [...]}
+    config: dict[str, Any]  # {"defaults": EndpointDefaults as JSON, "overridable": [...], "shadow": {...}}
     created_at: str
     updated_at: str
+    pinned: bool = False
 
     @classmethod
     def from_row(cls, row: Endpoint) -> EndpointRecord:
@@ -59,6 +61,7 @@ class EndpointRecord:
             dict(row.config),
             as_utc(row.created_at).isoformat(),
             as_utc(row.updated_at).isoformat(),
+            bool(row.pinned),
         )
 
     @property
@@ -79,21 +82,40 @@ class EndpointRecord:
             return None
         return Canary(version=self.canary_version, weight=self.canary_weight)
 
+    @property
+    def shadow(self) -> Shadow | None:
+        found = self.config.get("shadow")
+        return msgspec.convert(found, Shadow) if found else None
+
 
 def endpoint_cache_key(tenant_id: str, name: str) -> str:
     return f"endpoint:{tenant_id}:{name}"
 
 
-def _config(defaults: EndpointDefaults, overridable: list[str]) -> dict[str, Any]:
-    return {"defaults": msgspec.to_builtins(defaults), "overridable": sorted(set(overridable))}
+def _config(defaults: EndpointDefaults, overridable: list[str], shadow: Shadow | None) -> dict[str, Any]:
+    config = {"defaults": msgspec.to_builtins(defaults), "overridable": sorted(set(overridable))}
+    if shadow is not None:
+        config["shadow"] = msgspec.to_builtins(shadow)
+    return config
 
 
 class EndpointService:
-    def __init__(self, db: Database, cache: RegistryCache, adapters: AdapterService, compile_defaults: Compile) -> None:
+    def __init__(
+        self,
+        db: Database,
+        cache: RegistryCache,
+        adapters: AdapterService,
+        compile_defaults: Compile,
+        *,
+        max_pinned_adapters: int = 0,
+        on_pins_changed: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.db = db
         self.cache = cache
         self.adapters = adapters
         self.compile_defaults = compile_defaults
+        self.max_pinned_adapters = max_pinned_adapters
+        self.on_pins_changed = on_pins_changed  # Pinner.announce: every replica re-reads the pinned set
 
     async def create(self, principal: Principal, body: EndpointCreate) -> EndpointRecord:
         name = check_name(body.name, "endpoint name")
@@ -110,6 +132,7 @@ class EndpointService:
                 raise ApiError(409, f"{name!r} is the name of one of your adapters", param="name", code="conflict")
             adapter_name, version = await self._adapter_version(session, principal, body.adapter)
             await self._check_canary(session, tenant_id, adapter_name, version, body.canary)
+            await self._check_shadow(session, tenant_id, adapter_name, version, body.shadow)
             now = utcnow()
             row = Endpoint(
                 id=uuid.uuid4(),
@@ -120,11 +143,14 @@ class EndpointService:
                 adapter_version=version,
                 canary_version=body.canary.version if body.canary else None,
                 canary_weight=body.canary.weight if body.canary else None,
-                config=_config(body.defaults, list(body.overridable)),
+                config=_config(body.defaults, list(body.overridable), body.shadow),
                 created_at=now,
                 updated_at=now,
+                pinned=body.pinned,
             )
             session.add(row)
+            if body.pinned:
+                await self._check_pins(session, row)
             try:
                 await session.commit()
             except IntegrityError:
@@ -132,19 +158,34 @@ class EndpointService:
         await self.cache.invalidate(endpoint_cache_key(principal.tenant_id, name))
         record = EndpointRecord.from_row(row)
         await self._publish(record)
+        if record.pinned:
+            await self._pins_changed()
         return record
+
+    async def _check_pins(self, session: AsyncSession, row: Endpoint) -> None:
+        """A pinned endpoint serves an adapter, and under the pin lock the pinned set with this change must fit
+        `max_pinned_adapters` (else 409)."""
+        if row.adapter_name is None:
+            raise bad_request("the endpoint serves the base model: it has no adapter to pin", "pinned")
+        await lock_pins(session)
+        await check_pin_limit(session, self.max_pinned_adapters)
+
+    async def _pins_changed(self) -> None:
+        if self.on_pins_changed is not None:
+            await self.on_pins_changed()
 
     async def _publish(self, record: EndpointRecord) -> None:
         """Warm the adapter versions the endpoint serves on every replica (AdapterService.on_publish)."""
         if self.adapters.on_publish is None or record.adapter_name is None:
             return
-        versions = [record.adapter_version, record.canary_version]
+        shadow = record.shadow
+        versions = [record.adapter_version, record.canary_version, shadow.version if shadow else None]
         found = [await self.adapters.resolve(record.tenant_id, f"{record.adapter_name}@{v}") for v in versions if v]
         await self.adapters.on_publish([r for r in found if r is not None])
 
     async def update(self, principal: Principal, name: str, body: EndpointUpdate) -> EndpointRecord:
-        """Change some fields (a new revision). Setting `adapter` to another adapter drops the canary (unless the
-        same call sets one); the canary must be another live version of the endpoint's adapter."""
+        """Change some fields (a new revision). Setting `adapter` to another adapter drops the canary and the shadow
+        (unless the same call sets them); each must be another live version of the endpoint's adapter."""
         if body.defaults is not msgspec.UNSET:
             await self.compile_defaults(body.defaults)
 
@@ -153,9 +194,11 @@ class EndpointService:
                 old = EndpointRecord.from_row(row)
                 defaults = old.defaults if body.defaults is msgspec.UNSET else body.defaults
                 overridable = list(old.overridable if body.overridable is msgspec.UNSET else body.overridable)
-                row.config = _config(defaults, overridable)
+                row.config = _config(defaults, overridable, old.shadow)
+            if body.pinned is not msgspec.UNSET:
+                row.pinned = body.pinned
 
-        return await self._change(principal, name, change, adapter=body.adapter, canary=body.canary)
+        return await self._change(principal, name, change, adapter=body.adapter, canary=body.canary, shadow=body.shadow)
 
     async def promote(self, principal: Principal, name: str) -> EndpointRecord:
         """The canary version becomes the one every caller gets."""
@@ -185,29 +228,43 @@ class EndpointService:
         *,
         adapter: str | msgspec.UnsetType | None = msgspec.UNSET,
         canary: Canary | msgspec.UnsetType | None = msgspec.UNSET,
+        shadow: Shadow | msgspec.UnsetType | None = msgspec.UNSET,
     ) -> EndpointRecord:
         tenant_id = uuid.UUID(principal.tenant_id)
         async with self.db.session() as session:
             await _lock_tenant(session, tenant_id)
             row = await self._row(session, tenant_id, name)
+            was_pinned = row.pinned
             change(row)
             if adapter is not msgspec.UNSET:
                 before = row.adapter_name
                 row.adapter_name, row.adapter_version = await self._adapter_version(session, principal, adapter)
                 if row.adapter_name != before and canary is msgspec.UNSET:  # a canary is a version of the same adapter
                     row.canary_version, row.canary_weight = None, None
+                if row.adapter_name != before and shadow is msgspec.UNSET:  # so is a shadow
+                    shadow = None
             if canary is not msgspec.UNSET:
                 row.canary_version = canary.version if canary else None
                 row.canary_weight = canary.weight if canary else None
             if adapter is not msgspec.UNSET or canary is not msgspec.UNSET:
                 current = Canary(version=row.canary_version, weight=row.canary_weight) if row.canary_version else None
                 await self._check_canary(session, tenant_id, row.adapter_name, row.adapter_version, current)
+            if shadow is not msgspec.UNSET:
+                old = EndpointRecord.from_row(row)
+                row.config = _config(old.defaults, list(old.overridable), shadow)
+            if adapter is not msgspec.UNSET or shadow is not msgspec.UNSET:
+                current_shadow = EndpointRecord.from_row(row).shadow
+                await self._check_shadow(session, tenant_id, row.adapter_name, row.adapter_version, current_shadow)
+            if row.pinned:  # pinning, or a pinned endpoint's versions changing (the new ones are pinned)
+                await self._check_pins(session, row)
             row.revision += 1
             row.updated_at = utcnow()
             await session.commit()
         await self.cache.invalidate(endpoint_cache_key(principal.tenant_id, name))
         record = EndpointRecord.from_row(row)
         await self._publish(record)
+        if was_pinned or record.pinned:
+            await self._pins_changed()
         return record
 
     async def delete(self, principal: Principal, name: str) -> EndpointRecord:
@@ -218,7 +275,10 @@ class EndpointService:
             await session.delete(row)
             await session.commit()
         await self.cache.invalidate(endpoint_cache_key(principal.tenant_id, name))
-        return EndpointRecord.from_row(row)
+        record = EndpointRecord.from_row(row)
+        if record.pinned:
+            await self._pins_changed()
+        return record
 
     async def list(self, principal: Principal) -> list[EndpointRecord]:
         async with self.db.session() as session:
@@ -293,6 +353,36 @@ class EndpointService:
                 404,
                 f"adapter {adapter_name}@{canary.version} not found",
                 param="canary.version",
+                code="adapter_not_found",
+            )
+
+    async def _check_shadow(
+        self,
+        session: AsyncSession,
+        tenant_id: uuid.UUID,
+        adapter_name: str | None,
+        version: int | None,
+        shadow: Shadow | None,
+    ) -> None:
+        """A shadow is another live version of the endpoint's adapter (deleting it later is allowed: its copies
+        then fail, counted in /metrics, and the callers never notice)."""
+        if shadow is None:
+            return
+        if adapter_name is None:
+            raise bad_request("a shadow needs an adapter: it is another version of the endpoint's adapter", "shadow")
+        if shadow.version == version:
+            raise bad_request(f"the shadow is the endpoint's own version {adapter_name}@{version}", "shadow.version")
+        live = select(Adapter.id).where(
+            Adapter.tenant_id == tenant_id,
+            Adapter.name == adapter_name,
+            Adapter.version == shadow.version,
+            Adapter.deleted_at.is_(None),
+        )
+        if await session.scalar(live) is None:
+            raise ApiError(
+                404,
+                f"adapter {adapter_name}@{shadow.version} not found",
+                param="shadow.version",
                 code="adapter_not_found",
             )
 

@@ -50,15 +50,14 @@ def _eventually(condition, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def _host_adapters(url: str) -> float:
+def _gauge(url: str, name: str) -> float:
     text = httpx.get(f"{url}/metrics").text
-    [value] = [
-        s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name == "loraplex_lora_host_adapters"
-    ]
+    [value] = [s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
     return value
+
+
+def _host_adapters(url: str) -> float:
+    return _gauge(url, "loraplex_lora_host_adapters")
 
 
 @pytest.fixture
@@ -190,3 +189,28 @@ def test_canary_across_replicas_with_object_storage(cluster, adapter_factory) ->
         ),
         "replica two forgets the deleted endpoint",
     )
+
+
+def test_pins_reach_every_replica_and_a_restarted_one(cluster, adapter_factory) -> None:
+    """Pinning through replica one pins on replica two (Redis), a restarted replica pins at startup (SQL), and
+    unpinning through replica two unpins on replica one."""
+    _s3, procs, start = cluster
+    one, two = procs
+    key = create_tenant(one.url, f"pins-{uuid.uuid4().hex[:6]}")
+    assert upload(one.url, key, "bot", archive=zip_folder(adapter_factory("rep-pin", seed=113))).status_code == 201
+    body = {"name": "pinned", "adapter": "bot@1", "pinned": True}
+    assert httpx.post(f"{one.url}/v1/endpoints", json=body, headers=auth(key)).status_code == 201
+    for p in (one, two):
+        _eventually(lambda p=p: _gauge(p.url, "loraplex_lora_pinned_adapters") == 1, f"{p.url} pins bot@1")
+    assert _host_adapters(two.url) >= 1
+
+    two.proc.kill()
+    two.proc.wait()
+    two = procs[1] = start(1)
+    _eventually(lambda: _gauge(two.url, "loraplex_lora_pinned_adapters") == 1, "the restarted replica pins bot@1")
+    _eventually(lambda: _host_adapters(two.url) >= 1, "the restarted replica loads the pinned version")
+
+    r = httpx.patch(f"{two.url}/v1/endpoints/pinned", json={"pinned": False}, headers=auth(key))
+    assert r.status_code == 200 and r.json()["pinned"] is False
+    for p in (one, two):
+        _eventually(lambda p=p: _gauge(p.url, "loraplex_lora_pinned_adapters") == 0, f"{p.url} unpins bot@1")

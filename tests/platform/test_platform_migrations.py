@@ -176,7 +176,69 @@ def test_upgrade_from_0003_with_data_to_versions(tiny_engine, tmp_path: Path) ->
 
     asyncio.run(at_0003())
     _serve_and_check(settings, tiny_engine)
-    assert asyncio.run(current_revision(url)) == _head() == "0004"
+    assert asyncio.run(current_revision(url)) == _head() == "0005"
+
+
+# The endpoints table as revision 0004 created it.
+endpoints_0004 = sa.table(
+    "endpoints",
+    sa.column("id", sa.Uuid()),
+    sa.column("tenant_id", sa.Uuid()),
+    sa.column("name", sa.String()),
+    sa.column("revision", sa.Integer()),
+    sa.column("adapter_name", sa.String()),
+    sa.column("adapter_version", sa.Integer()),
+    sa.column("canary_version", sa.Integer()),
+    sa.column("canary_weight", sa.Float()),
+    sa.column("config", sa.JSON()),
+    sa.column("created_at", sa.DateTime(True)),
+    sa.column("updated_at", sa.DateTime(True)),
+)
+
+
+def test_upgrade_from_0004_keeps_endpoints_unpinned(tiny_engine, tmp_path: Path) -> None:
+    """0005 adds `endpoints.pinned`: an endpoint written at 0004 keeps every field and is not pinned."""
+    settings = settings_for("sqlite", tmp_path / "data")
+    settings.data_dir.mkdir(parents=True)
+    url = settings.resolved_database_url
+
+    async def at_0004() -> None:
+        tenant = await populate_oldest(url, None)
+        await upgrade(url, None, "0004")
+        engine = create_engine(url, None)
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(
+                    endpoints_0004.insert().values(
+                        id=uuid.uuid4(),
+                        tenant_id=tenant,
+                        name="extract",
+                        revision=3,
+                        adapter_name="extractor",
+                        adapter_version=2,
+                        config={"defaults": {"temperature": 0.0}, "overridable": []},
+                        created_at=NOW,
+                        updated_at=NOW,
+                    )
+                )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(at_0004())
+    _serve_and_check(settings, tiny_engine)
+    server = ServerThread(create_app(settings, engine=tiny_engine)).start()
+    try:
+        r = httpx.get(f"{server.url}/v1/endpoints/extract", headers=auth(TENANT_KEY))
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert (got["revision"], got["adapter"], got["pinned"], got["defaults"]["temperature"]) == (
+            3,
+            "extractor@2",
+            False,
+            0.0,
+        )
+    finally:
+        server.stop()
 
 
 def _head() -> str:
