@@ -86,8 +86,9 @@ class DecoderModel:
         """Per-head RMSNorm of the q and k heads of ``qkv``, in place (Qwen3, Gemma 3)."""
         s, norm = self.shape, self.backend.add_rms_norm
         q_size, kv_size, d = s.q_size, s.kv_size, s.head_dim
-        q = qkv[:, :q_size].reshape(-1, d)  # a contiguous copy: one row per head
-        k = qkv[:, q_size : q_size + kv_size].reshape(-1, d)
+        # one contiguous row per head (with a single head the reshape alone would be a strided view)
+        q = qkv[:, :q_size].reshape(-1, d).contiguous()
+        k = qkv[:, q_size : q_size + kv_size].reshape(-1, d).contiguous()
         qkv[:, :q_size] = norm(q, None, layer.q_norm, s.rms_norm_eps).view(-1, q_size)
         qkv[:, q_size : q_size + kv_size] = norm(k, None, layer.k_norm, s.rms_norm_eps).view(-1, kv_size)
 

