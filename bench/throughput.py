@@ -1,10 +1,18 @@
 """Workload A, base model: loraplex's LLM.generate against Hugging Face batched `generate`, in one run.
 
-    .venv/bin/python bench/throughput.py [--hf-batch 64] [--skip-hf]
+    .venv/bin/python bench/throughput.py [--hf-batch 64] [--skip-hf] [--model DIR_OR_GGUF]
 
-Prints output and total (prompt + output) tokens/s of each, their ratio, and the fraction of the
-machine's float32 ceiling: the matmul rate measured first (the faster of torch.mm and oneDNN's packed
-linear), divided by 2 x parameters FLOPs per token.
+Prints output and total (prompt + output) tokens/s of each, their ratio, and two fractions of the machine's
+float32 matmul rate (measured first: the faster of torch.mm and oneDNN's packed linear):
+
+* "of ceiling": total tokens/s over that rate / (2 x parameters) per token (the figure quoted for SmolLM2);
+* "matmul share": the FLOPs the tokens needed over the rate: 2 x the linear layers' parameters per computed
+  token, plus 2 x vocab x hidden (the LM head) per generated token; embeddings are a lookup. This is the one
+  to compare across models: a model whose parameters are mostly embedding (Gemma 3 270M: 170 M of 268 M)
+  does far less work per prompt token than 2 x parameters says.
+
+`--model` takes any directory (or GGUF file) `loraplex serve --model` takes; a tokenizer without a chat
+template gets a plain "role: content" one, so Workload A's chats still become prompts.
 """
 
 from __future__ import annotations
@@ -16,6 +24,30 @@ import torch
 
 from bench.common import count_params, load_workload, machine_load, matmul_rates, print_table, run_vllm_peer
 from loraplex.engine import LLM, SamplingParams
+
+PLAIN_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def linear_and_head_params(model_dir) -> tuple[int, int]:
+    """(parameters of everything but the embeddings, vocab x hidden of the LM head)."""
+    from safetensors import safe_open
+
+    total, embed, head = 0, 0, 0
+    for f in model_dir.glob("*.safetensors"):
+        with safe_open(str(f), framework="pt") as sf:
+            for k in sf.keys():  # noqa: SIM118 - a safe_open handle is not iterable
+                n = 1
+                for d in sf.get_slice(k).get_shape():
+                    n *= d
+                total += n
+                if k.endswith("embed_tokens.weight"):
+                    embed = n
+                elif k.endswith("lm_head.weight"):
+                    head = n
+    return total - embed - head, head or embed
 
 
 def run_loraplex(reqs, max_tokens: int, engine_args: dict) -> tuple[float, int, int, LLM]:
@@ -72,6 +104,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument("--model", default=None, help="a model directory or GGUF file (default: the bundled SmolLM2)")
     ap.add_argument(
         "--vllm-python",
         default=None,
@@ -89,13 +122,21 @@ def main() -> None:
     )
     from transformers import AutoTokenizer
 
-    from loraplex.engine.model_files import prepare_default_model
+    from loraplex.engine.model_files import resolve_model_dir
 
-    model_dir = prepare_default_model()
+    model_dir = resolve_model_dir(args.model)
+    engine_args["model"] = str(model_dir)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
+    if tok.chat_template is None:
+        tok.chat_template = PLAIN_CHAT_TEMPLATE
     reqs = wl.build_requests(tok)
     params = count_params(model_dir)
     ceiling = gflops * 1e9 / (2 * params)
+    linear, head = linear_and_head_params(model_dir)
+
+    def matmul_share(n_in: int, n_out: int, seconds: float) -> float:
+        return 2 * (linear * (n_in + n_out) + head * n_out) / seconds / (gflops * 1e9)
+
     print(
         f"Workload A: {len(reqs)} requests, fingerprint {wl.fingerprint(reqs)}, "
         f"{sum(len(r['prompt_token_ids']) for r in reqs)} prompt tokens, {wl.MAX_TOKENS} output tokens each"
@@ -103,11 +144,21 @@ def main() -> None:
     measured = ", ".join(f"{name} {r:.0f}" for name, r in rates.items())
     print(
         f"float32 matmul rate {gflops:.0f} GFLOP/s ({measured}) x {torch.get_num_threads()} threads; "
-        f"{params / 1e6:.1f} M parameters -> ceiling {ceiling:.0f} tokens/s; {machine_load()}"
+        f"{model_dir.name}: {params / 1e6:.1f} M parameters ({linear / 1e6:.1f} M outside the embeddings) -> "
+        f"ceiling {ceiling:.0f} tokens/s; {machine_load()}"
     )
 
     dt, n_in, n_out, llm = run_loraplex(reqs, wl.MAX_TOKENS, engine_args)
-    rows = [["loraplex LLM.generate", n_out / dt, (n_in + n_out) / dt, (n_in + n_out) / dt / ceiling, f"{dt:.1f}"]]
+    rows = [
+        [
+            "loraplex LLM.generate",
+            n_out / dt,
+            (n_in + n_out) / dt,
+            (n_in + n_out) / dt / ceiling,
+            matmul_share(n_in, n_out, dt),
+            f"{dt:.1f}",
+        ]
+    ]
     st = llm.engine.stats()
     print(f"loraplex: prefix-cache hit rate {st['prefix_cache_hit_rate']:.1%}, preemptions {st['num_preemptions']}")
     if not args.skip_hf:
@@ -119,6 +170,7 @@ def main() -> None:
                 hout / hdt,
                 (hin + hout) / hdt,
                 (hin + hout) / hdt / ceiling,
+                matmul_share(hin, hout, hdt),
                 f"{hdt:.1f}",
             ]
         )
@@ -132,15 +184,18 @@ def main() -> None:
                     peer["output_tokens"] / pdt,
                     (peer["prompt_tokens"] + peer["output_tokens"]) / pdt,
                     (peer["prompt_tokens"] + peer["output_tokens"]) / pdt / ceiling,
+                    matmul_share(peer["prompt_tokens"], peer["output_tokens"], pdt),
                     f"{pdt:.1f}",
                 ]
             )
-    print_table(["engine", "output tok/s", "total tok/s", "of ceiling", "seconds"], rows)
+    print_table(["engine", "output tok/s", "total tok/s", "of ceiling", "matmul share", "seconds"], rows)
     for peer_row in rows[1:]:
         print(
             f"ratio loraplex / {peer_row[0]}: output {rows[0][1] / peer_row[1]:.2f}x, "
             f"total {rows[0][2] / peer_row[2]:.2f}x"
         )
+    if args.model is not None:
+        return
     print(
         "reference (../shared/bench/README.md, same machine kind, idle): vLLM-CPU 0.32 base 75.3 output / "
         f"283 total tok/s -> ratio output {rows[0][1] / 75.3:.2f}x, total {rows[0][2] / 283:.2f}x"
