@@ -269,9 +269,10 @@ class LLMEngine:
         return self.lora_manager.add(path, name)
 
     def remove_adapter(self, adapter: AdapterRef | str) -> bool:
-        """Drop an adapter's cached copies; requests that still name it reload it from its path."""
+        """Drop an adapter's cached copies: at once, or when the last request that names it ends (a request that
+        started on a deleted version finishes on it); requests added later reload it from its path."""
         content_hash = adapter.content_hash if isinstance(adapter, AdapterRef) else adapter
-        return self.lora_manager.remove(content_hash, self.scheduler.running)
+        return self.lora_manager.remove(content_hash, self.scheduler.running, self.scheduler.waiting)
 
     def _fail_adapter_requests(self) -> list[RequestOutput]:
         """Finish the waiting requests whose adapter failed to load; nothing else is touched."""
@@ -561,6 +562,8 @@ class LLMEngine:
         seq.finish_reason = reason
         self.scheduler.remove(seq)
         del self.requests[seq.request_id]
+        if seq.adapter_hash is not None and self.lora_manager.is_retiring(seq.adapter_hash):
+            self.lora_manager.drop_if_unused(seq.adapter_hash, self.scheduler.running, self.scheduler.waiting)
         return self._output(req, reason)
 
     # ------------------------------------------------------------------ introspection

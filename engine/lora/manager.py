@@ -90,6 +90,7 @@ class LoRAManager:
         self._loading: set[str] = set()
         self._failed: dict[str, str] = {}
         self._pinned: frozenset[str] = frozenset()  # never evicted from the host LRU
+        self._retiring: set[str] = set()  # removed while requests still name them: dropped once none does
         self._pool = ThreadPoolExecutor(
             max_workers=loader_workers, thread_name_prefix="loraplex-lora-loader", initializer=single_threaded_torch
         )
@@ -151,19 +152,51 @@ class LoRAManager:
         """Remember where to load ``ref`` from (the latest path wins)."""
         self._paths[ref.content_hash] = ref.path
 
-    def remove(self, content_hash: str, running: Iterable[Sequence] = ()) -> bool:
-        """Drop an adapter's cached copies (host, and its device slot unless a running sequence uses it).
+    def remove(self, content_hash: str, running: Iterable[Sequence] = (), waiting: Iterable[Sequence] = ()) -> bool:
+        """Drop an adapter's cached copies (host and device), now or, while requests still name it, once the
+        last of them ends (its version was deleted: its files may be gone, so the copies are what they run on).
 
-        Requests that still name it load it again from their ref's path.
-        """
-        in_use = {s.adapter_hash for s in running}
+        Requests added later that name it load it again from their ref's path. Returns whether a copy was or
+        will be dropped."""
+        referenced = {s.adapter_hash for s in running} | {s.adapter_hash for s in waiting}
+        if content_hash in referenced:
+            with self._lock:
+                held = content_hash in self._host or content_hash in self._loading or content_hash in self.slot_table
+                if held:
+                    self._retiring.add(content_hash)
+            if held:
+                self.slot_table.demote(content_hash)  # evicted first once its sequences finish
+                return True
+        return self._drop(content_hash, {s.adapter_hash for s in running})
+
+    def _drop(self, content_hash: str, in_use: set[str | None]) -> bool:
         with self._lock:
+            self._retiring.discard(content_hash)
             dropped = self._host.pop(content_hash, None) is not None
         if content_hash in self.slot_table and content_hash not in in_use:
             dropped = self.slot_table.release(content_hash) or dropped
         else:
-            self.slot_table.demote(content_hash)  # evicted first once its sequences finish
+            self.slot_table.demote(content_hash)
         return dropped
+
+    def is_retiring(self, content_hash: str) -> bool:
+        return content_hash in self._retiring
+
+    def drop_if_unused(self, content_hash: str, running: Iterable[Sequence], waiting: Iterable[Sequence]) -> None:
+        """A retiring adapter's request ended: drop its copies if no other request names it."""
+        if any(s.adapter_hash == content_hash for seqs in (running, waiting) for s in seqs):
+            return
+        with self._lock:
+            loading = content_hash in self._loading
+        if not loading:
+            self._drop(content_hash, set())
+
+    def _drop_retired(self, referenced: set[str]) -> None:
+        """Drop the retiring adapters no request names any more (once per step, from plan_loads)."""
+        with self._lock:
+            done = [h for h in self._retiring if h not in referenced and h not in self._loading]
+        for h in done:
+            self._drop(h, set())
 
     # ------------------------------------------------------------------ loading (host LRU)
     def is_ready(self, content_hash: str) -> bool:
@@ -180,6 +213,7 @@ class LoRAManager:
         them are pinned; room for a new load comes from free host slots or from evicting the least
         recently used unpinned entry. ``keep``: adapters of running sequences (their paths are kept).
         """
+        self._drop_retired(set(wanted) | keep)
         start: list[str] = []
         with self._lock:
             pinned: set[str] = set()

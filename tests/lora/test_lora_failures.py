@@ -119,3 +119,35 @@ def test_add_adapter_refuses_with_a_clear_error(tiny_llama_dir, tmp_path):
         eng.add_adapter(str(tmp_path / "nowhere"))
     with pytest.raises(RequestError, match="AdapterRef"):
         eng.add_request(PROMPTS[0], greedy(), adapter=str(big))  # paths go through add_adapter first
+
+
+def test_requests_that_name_a_removed_adapter_finish_on_it(tiny_llama_dir, tiny_adapters, tmp_path):
+    """A version deleted while its requests run or wait (max_loras busy): its files go, yet every request that
+    named it finishes on it with peft's tokens (the engine keeps the copies until the last one ends); then the
+    copies are dropped, and a request added afterwards cannot load it."""
+    dirs, oracle = tiny_adapters
+    eng = make_engine(tiny_llama_dir, max_loras=1)
+    copy = tmp_path / "a30"
+    shutil.copytree(dirs["a30"], copy)
+    busy, doomed = eng.add_adapter(str(dirs["a31"])), eng.add_adapter(str(copy))
+    eng.add_request(PROMPTS[0], greedy(12), "busy", adapter=busy)
+    eng.add_request(PROMPTS[1], greedy(4), "running", adapter=doomed)
+    eng.add_request(PROMPTS[2], greedy(4), "waiting", adapter=doomed)
+    eng.step()
+    assert eng.stats()["running_adapters"] == [busy.content_hash]  # one slot: doomed's requests wait
+    assert eng.remove_adapter(doomed)
+    shutil.rmtree(copy)  # the platform deletes the version's files right after
+    done = {}
+    while eng.has_unfinished():
+        done.update({o.request_id: o for o in eng.step() if o.finished})
+    for rid, prompt, n in (("running", PROMPTS[1], 4), ("waiting", PROMPTS[2], 4)):
+        assert done[rid].error is None, done[rid].error
+        assert done[rid].token_ids == oracle.greedy("a30", prompt, n, None), rid
+    stats = eng.stats()  # the last request that named it took its copies with it
+    assert doomed.content_hash not in stats["host_adapters"] + stats["resident_adapters"]
+    eng.add_request(PROMPTS[0], greedy(2), "late", adapter=doomed)
+    late = None
+    while eng.has_unfinished():
+        late = next((o for o in eng.step() if o.finished), late)
+    assert late is not None and late.finish_reason == "error" and "cannot load" in late.error
+    assert_no_leaks(eng)
