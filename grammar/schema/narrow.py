@@ -6,11 +6,16 @@ Runs on the internal form (``dialect``). Exact rewrites (same language):
 * ``not S`` -> the complement of S (``negate``), ``if/then/else`` -> ``(if and then) or (not-if and else)``,
   ``dependentRequired``/``dependentSchemas`` -> "the key is absent, or the rest holds",
   ``propertyNames`` with a finite set of names or a pattern -> declared names / ``patternProperties``,
-  ``oneOf`` whose branches are not evidently exclusive -> ``anyOf`` of each branch minus the others,
+  ``oneOf`` -> ``anyOf`` of its branches where they are proven apart (``exclusive``: by type, constants, a
+  required property's values; each branch held to the types where it is apart, when two or more branches
+  accept the other types whole), else of each branch minus the others,
   ``unevaluatedProperties``/``unevaluatedItems`` -> one shape per choice of branches (``unevaluated``);
 
 and narrowings (a subset, said so):
 
+* a ``oneOf`` whose complements would exceed MAX_COMPLEMENT characters -> its branches held to the types
+  where they are proven apart (a value of another type that matches one branch is not generated);
+* a number bound at +-2**63 (Java's Long limits), which llguidance cannot build -> +-SAFE_BOUND;
 * a complement that cannot be written whole (``not {pattern: ...}``) keeps only the part that can;
 * ``uniqueItems`` -> at most one item, or for a few enumerated values, distinct values in their listed order;
 * ``contains`` -> the first items match; ``minProperties``/``maxProperties`` on declared properties ->
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +45,7 @@ from loraplex.grammar.schema import formats
 from loraplex.grammar.schema.check import pointer, resolve_pointer
 from loraplex.grammar.schema.dialect import SUB_LISTS, SUB_MAPS, SUB_ONE
 from loraplex.grammar.schema.ecma_pattern import pattern_to_content_regex
+from loraplex.grammar.schema.exclusive import Exclusivity
 from loraplex.grammar.schema.negate import Negation, Negator
 from loraplex.grammar.schema.normalize import json_key, kind_of
 from loraplex.grammar.schema.strict import FRAGMENT
@@ -53,6 +60,8 @@ NARROWED_FORMATS = {
     "iri": ("uri", "ASCII URIs only"),
     "iri-reference": ("uri-reference", "ASCII URI references only"),
 }
+SAFE_BOUND = 2**63 - 1024  # the widest number bound llguidance builds (2**63 - 1 rounds to 2**63 as a double)
+MAX_COMPLEMENT = 20_000  # characters of complements a oneOf may add before it is narrowed instead
 SAFE_REGEX = "^[A-Za-z0-9 _,:;=@#%&'\"<>!~`-]*$"  # strings of these characters are valid regexes, literally
 
 
@@ -79,6 +88,17 @@ def narrow(schema: Any, drop_pattern_properties: bool = False) -> tuple[Any, lis
     return root, n.rules
 
 
+def _pair(node: Any, written: Any, out: dict[int, tuple[Any, Any]]) -> None:
+    """Map every dict of ``node`` to its counterpart in ``written`` (a deep copy made before any rewrite)."""
+    if isinstance(node, dict) and isinstance(written, dict):
+        out[id(node)] = (node, written)
+        for key, value in node.items():
+            _pair(value, written.get(key), out)
+    elif isinstance(node, list) and isinstance(written, list):
+        for value, other in zip(node, written):
+            _pair(value, other, out)
+
+
 def _fragment(**keywords: Any) -> dict:
     """A condition on an object's keys, added by a rewrite (strict.FRAGMENT: it does not reopen the object)."""
     return {**keywords, FRAGMENT: True}
@@ -100,6 +120,9 @@ class _Narrower:
         self.drop_pattern_properties = drop_pattern_properties
         # complements are taken of the schema as written: a narrowed subschema's complement would be wider
         self.negator = Negator(copy.deepcopy(root))
+        self.exclusivity = Exclusivity(self.negator.root)
+        self._originals: dict[int, tuple[Any, Any]] = {}  # id of a node -> (the node, the node as written)
+        _pair(root, self.negator.root, self._originals)
         self.rules: list[Narrowing] = []
         self._seen: set[int] = set()
 
@@ -149,14 +172,8 @@ class _Narrower:
             node.pop("else", None)
         self._dependencies(node, path)
         if "oneOf" in node:
-            if self._evidently_exclusive(node["oneOf"]):  # exactly one can match: oneOf is anyOf
-                branches = node.pop("oneOf")
-                if "anyOf" in node:
-                    _conjoin(node, {"anyOf": branches})
-                else:
-                    node["anyOf"] = branches
-            else:
-                self._exclusive_one_of(node, path)
+            self._one_of(node, path)
+        self._huge_bounds(node, path)
         if "propertyNames" in node:
             self._property_names(node, path)
         if "minProperties" in node or "maxProperties" in node:
@@ -220,39 +237,65 @@ class _Narrower:
             depth += 1
         return sub
 
-    def _evidently_exclusive(self, branches: list[Any]) -> bool:
-        """Pairwise exclusive by their types, their constants, or a required discriminating property (judged
-        on the schema as written: two narrowed branches may be apart where the written ones overlap)."""
-        subs = [self._target(b, root=self.negator.root) for b in branches]
-        return all(self._apart(a, b) for a, b in itertools.combinations(subs, 2))
+    def _written(self, sub: Any) -> Any:
+        """A sub-schema as written (before any rewrite): proofs about the rewritten one would not hold for
+        the original, which is what a document must satisfy. Nodes a rewrite created are their own."""
+        entry = self._originals.get(id(sub))
+        return entry[1] if entry is not None and entry[0] is sub else sub
 
-    def _apart(self, a: Any, b: Any) -> bool:
-        if a is False or b is False:
-            return True
-        if not isinstance(a, dict) or not isinstance(b, dict):
-            return False
-        ta, tb = _type_set(a.get("type")), _type_set(b.get("type"))
-        if ta is not None and tb is not None and not (ta & tb):
-            return True
-        va, vb = _value_set(a), _value_set(b)
-        if va is not None and vb is not None and not (va & vb):
-            return True
-        for name in set(a.get("required", [])) & set(b.get("required", [])):
-            pa = self._target((a.get("properties") or {}).get(name), root=self.negator.root)
-            pb = self._target((b.get("properties") or {}).get(name), root=self.negator.root)
-            if isinstance(pa, dict) and isinstance(pb, dict) and self._apart(pa, pb):
-                return True
-        return False
+    def _one_of(self, node: dict, path: list[Any]) -> None:
+        """``oneOf`` as ``anyOf`` of branches that cannot match together. Branches apart from each other
+        (by type, constants, or a required property with different values; ``exclusive``) are used as they
+        are, each held to the types where it is apart. Where that would lose values, the exact route
+        (each branch minus the others' complements) is taken while it stays small; past MAX_COMPLEMENT
+        characters, the branches held to their apart types are generated instead, a narrowing said so."""
+        branches = node["oneOf"]
+        split = self.exclusivity.split([self._written(b) for b in branches])
+        kept = [i for i, kinds in enumerate(split.kinds) if kinds]
+        if not split.exact or not kept:
+            negs = [self.negate(b) for b in branches]
+            if not kept or sum(len(json.dumps(n.schema)) for n in negs) <= MAX_COMPLEMENT:
+                self._exclusive_one_of(node, path, negs)
+                return
+            left_out = [i for i in range(len(branches)) if i not in kept or split.restricted(i)]
+            self.note(
+                "oneOf",
+                path,
+                "the others' complements would be too large: only branches (or their types) apart from every "
+                f"other are generated (not all of branch(es) {', '.join(map(str, left_out))})",
+            )
+        del node["oneOf"]
+        alternatives = [
+            {"allOf": [branches[i], {"type": sorted(split.kinds[i])}]} if split.restricted(i) else branches[i]
+            for i in kept
+        ]
+        if "anyOf" in node:
+            _conjoin(node, {"anyOf": alternatives})
+        else:
+            node["anyOf"] = alternatives
 
-    def _exclusive_one_of(self, node: dict, path: list[Any]) -> None:
+    def _exclusive_one_of(self, node: dict, path: list[Any], negs: list[Negation]) -> None:
         branches = node.pop("oneOf")
-        negs = [self.negate(b) for b in branches]
         alternatives = [
             {"allOf": [b] + [n.schema for j, n in enumerate(negs) if j != i]} for i, b in enumerate(branches)
         ]
         if not all(n.exact for n in negs):
             self.note("oneOf", path, "each branch is generated only where the others' complements can be written")
         _conjoin(node, {"anyOf": alternatives})
+
+    # ---- numbers -------------------------------------------------------------------------------------
+    def _huge_bounds(self, node: dict, path: list[Any]) -> None:
+        """llguidance cannot build a number range whose bound is +-2**63 as a double (Java's Long.MIN_VALUE
+        as an int64 minimum is common): such a lower (upper) bound is raised (lowered) to +-SAFE_BOUND."""
+        for key, sign in (("minimum", -1), ("exclusiveMinimum", -1), ("maximum", 1), ("exclusiveMaximum", 1)):
+            value = node.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or sign * float(value) < 2.0**63:
+                continue
+            del node[key]
+            bound = "minimum" if sign < 0 else "maximum"
+            tighter = max if sign < 0 else min
+            node[bound] = tighter(node.get(bound, sign * SAFE_BOUND), sign * SAFE_BOUND)
+            self.note(key, path, f"{value} is out of reach: {bound} {node[bound]} is generated instead")
 
     # ---- objects -------------------------------------------------------------------------------------
     def _property_names(self, node: dict, path: list[Any]) -> None:
@@ -486,14 +529,6 @@ def _type_set(t: Any) -> set[str] | None:
         return None
     names = {t} if isinstance(t, str) else set(t)
     return names | ({"number"} if "integer" in names else set()) | ({"integer"} if "number" in names else set())
-
-
-def _value_set(schema: dict) -> set[Any] | None:
-    if "const" in schema:
-        return {json_key(schema["const"])}
-    if "enum" in schema:
-        return {json_key(v) for v in schema["enum"]}
-    return None
 
 
 def _finite_values(schema: Any) -> list[Any] | None:

@@ -1,0 +1,273 @@
+"""Which branches of a ``oneOf`` can never match together, so that ``oneOf`` may be generated as ``anyOf``.
+
+Writing "this branch and none of the others" with complements is exact but can grow a schema by orders of
+magnitude (twenty object shapes told apart by a ``type`` property became ~345k characters of grammar). Most
+real ``oneOf`` branches are apart by construction: different JSON types, different constants, or a required
+property whose values differ. This module proves that, per JSON type: ``split`` says, for each branch, the
+types of value for which no other branch can match too. A branch generated only with those types yields
+only documents that match exactly one branch (sound). The proofs are conservative: "not shown apart" never
+means "overlapping", so a missed proof only narrows or leaves the complement route in place.
+
+Everything here reads the schema as written (before narrowing), with ``$ref`` resolved against that root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from loraplex.grammar.schema.check import resolve_pointer
+from loraplex.grammar.schema.normalize import json_key, kind_of
+
+KINDS = frozenset({"null", "boolean", "object", "array", "number", "string"})
+MAX_DEPTH = 12  # deeper (or cyclic) structures are not examined: "not shown apart"
+
+# keywords that only constrain values of one type (every other value satisfies them)
+_FOR_TYPE = {
+    **dict.fromkeys(
+        (
+            "properties",
+            "required",
+            "additionalProperties",
+            "patternProperties",
+            "propertyNames",
+            "minProperties",
+            "maxProperties",
+            "dependentRequired",
+            "dependentSchemas",
+            "unevaluatedProperties",
+        ),
+        "object",
+    ),
+    **dict.fromkeys(
+        (
+            "items",
+            "prefixItems",
+            "contains",
+            "minContains",
+            "maxContains",
+            "minItems",
+            "maxItems",
+            "uniqueItems",
+            "unevaluatedItems",
+        ),
+        "array",
+    ),
+    **dict.fromkeys(("minLength", "maxLength", "pattern", "format"), "string"),
+    **dict.fromkeys(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"), "number"),
+}
+_ANNOTATIONS = frozenset(
+    {"title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "$comment"}
+    | {"$defs", "definitions"}
+)
+
+
+@dataclass(frozen=True)
+class OneOfSplit:
+    kinds: list[frozenset[str]]  # per branch: the JSON types for which it is apart from every other branch
+    domains: list[frozenset[str]]  # per branch: the JSON types it may accept at all (an over-approximation)
+    exact: bool  # the branches, each kept to its kinds, generate every value the oneOf accepts
+
+    def restricted(self, i: int) -> bool:
+        """Whether branch i must be held to its kinds (it may accept other types)."""
+        return self.kinds[i] != self.domains[i]
+
+
+def _types(value: Any) -> frozenset[str]:
+    names = {value} if isinstance(value, str) else set(value)
+    return frozenset("number" if n == "integer" else n for n in names) & KINDS
+
+
+class Exclusivity:
+    """Disjointness proofs over one root (the schema as written)."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self._disjoint: dict[tuple[int, int, frozenset[str]], bool] = {}
+        self._domain: dict[int, frozenset[str]] = {}
+        self._keep: list[Any] = []  # the schemas memoized by id stay alive (ids are never reused)
+
+    # ---- resolution ----------------------------------------------------------------------------------
+    def target(self, schema: Any) -> Any:
+        """A bare ``$ref`` followed to its target (a ``$ref`` with siblings stays: it is a conjunction)."""
+        for _ in range(MAX_DEPTH):
+            if not (isinstance(schema, dict) and set(schema) == {"$ref"}):
+                break
+            schema, _ = resolve_pointer(self.root, schema["$ref"])
+        return schema
+
+    def _members(self, schema: dict) -> list[Any]:
+        """Schemas that every value matching ``schema`` also matches (allOf members, a sibling $ref's target)."""
+        out = list(schema.get("allOf", []))
+        if "$ref" in schema:
+            out.append(resolve_pointer(self.root, schema["$ref"])[0])
+        return out
+
+    # ---- what types a schema may accept ----------------------------------------------------------------
+    def domain(self, schema: Any, depth: int = 0) -> frozenset[str]:
+        schema = self.target(schema)
+        if schema is True or not isinstance(schema, dict) or depth > MAX_DEPTH:
+            return frozenset() if schema is False else KINDS
+        key = id(schema)
+        if key in self._domain:
+            return self._domain[key]
+        self._domain[key] = KINDS  # a cycle back here assumes nothing
+        self._keep.append(schema)
+        out = KINDS
+        if "type" in schema:
+            out &= _types(schema["type"])
+        if "const" in schema:
+            out &= {kind_of(schema["const"])}
+        if "enum" in schema:
+            out &= {kind_of(v) for v in schema["enum"]}
+        for member in self._members(schema):
+            out &= self.domain(member, depth + 1)
+        if "not" in schema:  # types the negated schema accepts whole are rejected here
+            out = frozenset(kind for kind in out if not self.vacuous(schema["not"], kind, depth + 1))
+        for key_word in ("anyOf", "oneOf"):
+            if key_word in schema:
+                union: frozenset[str] = frozenset()
+                for branch in schema[key_word]:
+                    union |= self.domain(branch, depth + 1)
+                out &= union
+        self._domain[key] = out
+        return out
+
+    # ---- no value of the given types matches both ------------------------------------------------------
+    def disjoint(self, a: Any, b: Any, within: frozenset[str] = KINDS, depth: int = 0) -> bool:
+        a, b = self.target(a), self.target(b)
+        if a is False or b is False:
+            return True
+        if depth > MAX_DEPTH:
+            return False
+        within = within & self.domain(a) & self.domain(b)
+        if not within:
+            return True
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            return False  # True (or a non-schema) against a schema that admits these types
+        if len(within) > 1:  # apart on every type they share: each type has its own proofs
+            return all(self.disjoint(a, b, frozenset({kind}), depth + 1) for kind in sorted(within))
+        key = (id(a), id(b), within)
+        if key not in self._disjoint:
+            self._disjoint[key] = False  # a cycle back here proves nothing
+            self._keep += [a, b]
+            self._disjoint[key] = self._prove(a, b, within, depth + 1) or self._prove(b, a, within, depth + 1)
+        return self._disjoint[key]
+
+    def _prove(self, a: dict, b: dict, within: frozenset[str], depth: int) -> bool:
+        va, vb = _values(a), _values(b)
+        if va is not None and vb is not None and not (va & vb):
+            return True
+        if any(self.disjoint(m, b, within, depth) for m in self._members(a)):
+            return True  # a is inside m, and m is apart from b
+        for key in ("anyOf", "oneOf"):
+            if key in a and all(self.disjoint(branch, b, within, depth) for branch in a[key]):
+                return True  # a is inside the union of its branches
+        if within == {"object"}:
+            return self._discriminated(a, b, depth)
+        return False
+
+    def _conjuncts(self, schema: dict, depth: int) -> list[dict]:
+        """``schema`` and every schema it is the conjunction of (allOf members, $ref targets, recursively)."""
+        out: dict[int, dict] = {}
+        todo = [(schema, 0)]
+        while todo:
+            node, level = todo.pop()
+            node = self.target(node)
+            if not isinstance(node, dict) or id(node) in out or depth + level > MAX_DEPTH:
+                continue
+            out[id(node)] = node
+            todo += [(m, level + 1) for m in self._members(node)]
+        return list(out.values())
+
+    def _discriminated(self, a: dict, b: dict, depth: int) -> bool:
+        """Objects only: a requires a property (in any of its conjuncts) that b forbids or holds to values
+        that a's never take."""
+        ours_all, theirs_all = self._conjuncts(a, depth), self._conjuncts(b, depth)
+        required = {n for c in ours_all for n in c.get("required", []) if isinstance(n, str)}
+        for name in sorted(required):
+            theirs = [t for c in theirs_all if (t := _property_schema(c, name)) is not None]
+            if any(t is False for t in theirs) or any(name in _forbidden(c) for c in theirs_all):
+                return True
+            ours = [o for c in ours_all if (o := _property_schema(c, name)) is not None]
+            if any(self.disjoint(o, t, KINDS, depth) for o in ours for t in theirs):
+                return True
+        return False
+
+    # ---- every value of a type matches ---------------------------------------------------------------
+    def vacuous(self, schema: Any, kind: str, depth: int = 0) -> bool:
+        """Whether every value of JSON type ``kind`` matches ``schema`` (judged conservatively)."""
+        schema = self.target(schema)
+        if schema is True:
+            return True
+        if not isinstance(schema, dict) or depth > MAX_DEPTH:
+            return False
+        for key, value in schema.items():
+            if key in _ANNOTATIONS:
+                continue
+            if key == "type":
+                names = {value} if isinstance(value, str) else set(value)
+                if kind not in _types(value) or (kind == "number" and "number" not in names):
+                    return False  # "integer" alone rejects 1.5
+            elif key == "allOf":
+                if not all(self.vacuous(m, kind, depth + 1) for m in value):
+                    return False
+            elif key == "anyOf":
+                if not any(self.vacuous(m, kind, depth + 1) for m in value):
+                    return False
+            elif key == "$ref":
+                if not self.vacuous(resolve_pointer(self.root, value)[0], kind, depth + 1):
+                    return False
+            elif _FOR_TYPE.get(key, kind) == kind:
+                return False  # a keyword that constrains this type (or one we do not judge)
+        return True
+
+    # ---- oneOf ------------------------------------------------------------------------------------------
+    def split(self, branches: list[Any]) -> OneOfSplit:
+        """Per branch, the types for which no other branch can match as well; and whether keeping each
+        branch to those types loses nothing: a type left out of some branch must be one that two branches
+        accept whole (then no value of it matches exactly one branch)."""
+        domains = [self.domain(b) for b in branches]
+        kinds = []
+        for i, branch in enumerate(branches):
+            ok = {
+                kind
+                for kind in domains[i]
+                if all(self.disjoint(branch, other, frozenset({kind})) for j, other in enumerate(branches) if j != i)
+            }
+            kinds.append(frozenset(ok))
+        lost = set().union(*(domains[i] - kinds[i] for i in range(len(branches)))) if branches else set()
+        exact = all(sum(self.vacuous(b, kind) for b in branches) >= 2 for kind in lost)
+        return OneOfSplit(kinds, domains, exact)
+
+
+def _values(schema: dict) -> set[Any] | None:
+    if "const" in schema:
+        return {json_key(schema["const"])}
+    if "enum" in schema:
+        return {json_key(v) for v in schema["enum"]}
+    return None
+
+
+def _property_schema(schema: dict, name: str) -> Any:
+    """The schema a property's value is held to by this object schema alone (None: cannot tell)."""
+    properties = schema.get("properties")
+    if isinstance(properties, dict) and name in properties:
+        return properties[name]
+    if "patternProperties" in schema:
+        return None
+    return schema.get("additionalProperties", True)
+
+
+def _forbidden(schema: dict) -> set[str]:
+    """Property names an object matching ``schema`` cannot have, from ``not: {required: [name]}`` or
+    ``not: {anyOf: [{required: [name]}, ...]}`` (closed objects and false properties: ``_property_schema``)."""
+    negated = schema.get("not")
+    if not isinstance(negated, dict):
+        return set()
+    parts = negated.get("anyOf", []) if set(negated) == {"anyOf"} else [negated]
+    out = set()
+    for part in parts:
+        if isinstance(part, dict) and set(part) == {"required"} and len(part["required"]) == 1:
+            out.add(part["required"][0])
+    return out
