@@ -163,8 +163,33 @@ class Exclusivity:
         for key in ("anyOf", "oneOf"):
             if key in a and all(self.disjoint(branch, b, within, depth) for branch in a[key]):
                 return True  # a is inside the union of its branches
-        if within == {"object"}:
+        kind = next(iter(within)) if len(within) == 1 else None
+        if kind is not None and self._ranges_apart(a, b, kind, depth):
+            return True
+        if kind == "object":
             return self._discriminated(a, b, depth)
+        if kind == "array":
+            return self._items_apart(a, b, depth)
+        return False
+
+    def _ranges_apart(self, a: dict, b: dict, kind: str, depth: int) -> bool:
+        """Sizes (lengths, item or property counts) or numeric ranges that do not meet."""
+        keys = _RANGES.get(kind)
+        if keys is None:
+            return False
+        low_a, high_a = _range(self._conjuncts(a, depth), *keys)
+        low_b, high_b = _range(self._conjuncts(b, depth), *keys)
+        return _below(high_a, low_b) or _below(high_b, low_a)
+
+    def _items_apart(self, a: dict, b: dict, depth: int) -> bool:
+        """Arrays: an item both must have (at a position below either's minItems) that they hold apart."""
+        ours, theirs = self._conjuncts(a, depth), self._conjuncts(b, depth)
+        present = max(_range(ours, *_RANGES["array"])[0][0], _range(theirs, *_RANGES["array"])[0][0])
+        for i in range(min(int(max(present, 0)), 16)):
+            mine = [s for c in ours if (s := _item_schema(c, i)) is not None]
+            other = [s for c in theirs if (s := _item_schema(c, i)) is not None]
+            if any(self.disjoint(x, y, KINDS, depth) for x in mine for y in other):
+                return True
         return False
 
     def _conjuncts(self, schema: dict, depth: int) -> list[dict]:
@@ -271,3 +296,42 @@ def _forbidden(schema: dict) -> set[str]:
         if isinstance(part, dict) and set(part) == {"required"} and len(part["required"]) == 1:
             out.add(part["required"][0])
     return out
+
+
+# per type: the keywords of its lower bound (inclusive, exclusive) and upper bound (inclusive, exclusive)
+_RANGES = {
+    "number": ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"),
+    "string": ("minLength", None, "maxLength", None),
+    "array": ("minItems", None, "maxItems", None),
+    "object": ("minProperties", None, "maxProperties", None),
+}
+Bound = tuple[float, bool]  # a value, and whether the bound excludes it
+
+
+def _range(conjuncts: list[dict], low: str, low_ex: str | None, high: str, high_ex: str | None) -> tuple[Bound, Bound]:
+    """The tightest bounds all conjuncts set ((-inf, inclusive) / (inf, inclusive) where none)."""
+    lo: Bound = (float("-inf"), False)
+    hi: Bound = (float("inf"), False)
+    for c in conjuncts:
+        for key, excl in ((low, False), (low_ex, True)):
+            v = c.get(key) if key else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (v, excl) > lo:
+                lo = (v, excl)
+        for key, excl in ((high, False), (high_ex, True)):
+            v = c.get(key) if key else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (v, not excl) < (hi[0], not hi[1]):
+                hi = (v, excl)
+    return lo, hi
+
+
+def _below(high: Bound, low: Bound) -> bool:
+    """Every value under ``high`` is below every value over ``low``."""
+    return high[0] < low[0] or (high[0] == low[0] and (high[1] or low[1]))
+
+
+def _item_schema(schema: dict, i: int) -> Any:
+    """The schema item i is held to by this array schema alone (None: unconstrained)."""
+    prefix = schema.get("prefixItems")
+    if isinstance(prefix, list) and i < len(prefix):
+        return prefix[i]
+    return schema.get("items")

@@ -75,15 +75,19 @@ class Narrowing:
         return f"{self.keyword} at {self.pointer or '/'}: {self.how}"
 
 
-def narrow(schema: Any, drop_pattern_properties: bool = False) -> tuple[Any, list[Narrowing]]:
+def narrow(
+    schema: Any, drop_pattern_properties: bool = False, small_one_of: bool = False
+) -> tuple[Any, list[Narrowing]]:
     """The schema with every keyword in an enforceable form, and the narrowings applied.
 
     ``drop_pattern_properties``: generate no key through ``patternProperties`` (only declared properties),
-    for when llguidance refuses the schema's patterns (overlapping ones)."""
+    for when llguidance refuses the schema's patterns (overlapping ones). ``small_one_of``: no ``oneOf``
+    through complements where its branches' apart types can be generated instead, for when llguidance finds
+    the grammar too large."""
     if not isinstance(schema, dict):
         return schema, []
     root = copy.deepcopy(schema)
-    n = _Narrower(root, drop_pattern_properties)
+    n = _Narrower(root, drop_pattern_properties, small_one_of)
     n.walk(root, [])
     return root, n.rules
 
@@ -115,9 +119,10 @@ def _is_object_only(node: dict) -> bool:
 
 
 class _Narrower:
-    def __init__(self, root: dict, drop_pattern_properties: bool = False) -> None:
+    def __init__(self, root: dict, drop_pattern_properties: bool = False, small_one_of: bool = False) -> None:
         self.root = root
         self.drop_pattern_properties = drop_pattern_properties
+        self.small_one_of = small_one_of
         # complements are taken of the schema as written: a narrowed subschema's complement would be wider
         self.negator = Negator(copy.deepcopy(root))
         self.exclusivity = Exclusivity(self.negator.root)
@@ -245,17 +250,25 @@ class _Narrower:
 
     def _one_of(self, node: dict, path: list[Any]) -> None:
         """``oneOf`` as ``anyOf`` of branches that cannot match together. Branches apart from each other
-        (by type, constants, or a required property with different values; ``exclusive``) are used as they
-        are, each held to the types where it is apart. Where that would lose values, the exact route
-        (each branch minus the others' complements) is taken while it stays small; past MAX_COMPLEMENT
-        characters, the branches held to their apart types are generated instead, a narrowing said so."""
+        (by type, constants, a required property's values, sizes or ranges; ``exclusive``) are used as they
+        are, each held to the types where it is apart, when that loses no value. Otherwise each branch is
+        generated minus the complements of the branches it is not proven apart from (exact where those can
+        be written), while those stay under MAX_COMPLEMENT characters (and llguidance builds them: else
+        ``small_one_of``); past that, only the branches' apart types are generated, a narrowing said so."""
         branches = node["oneOf"]
-        split = self.exclusivity.split([self._written(b) for b in branches])
+        written = [self._written(b) for b in branches]
+        split = self.exclusivity.split(written)
         kept = [i for i, kinds in enumerate(split.kinds) if kinds]
         if not split.exact or not kept:
-            negs = [self.negate(b) for b in branches]
-            if not kept or sum(len(json.dumps(n.schema)) for n in negs) <= MAX_COMPLEMENT:
-                self._exclusive_one_of(node, path, negs)
+            overlaps = [
+                [j for j in range(len(branches)) if j != i and not self.exclusivity.disjoint(written[i], written[j])]
+                for i in range(len(branches))
+            ]
+            used = sorted({j for o in overlaps for j in o})
+            negs = {j: self.negate(branches[j]) for j in used}
+            small = sum(len(json.dumps(n.schema)) for n in negs.values()) <= MAX_COMPLEMENT
+            if not kept or (small and not self.small_one_of):
+                self._complement_one_of(node, path, overlaps, negs)
                 return
             left_out = [i for i in range(len(branches)) if i not in kept or split.restricted(i)]
             self.note(
@@ -274,12 +287,15 @@ class _Narrower:
         else:
             node["anyOf"] = alternatives
 
-    def _exclusive_one_of(self, node: dict, path: list[Any], negs: list[Negation]) -> None:
+    def _complement_one_of(
+        self, node: dict, path: list[Any], overlaps: list[list[int]], negs: dict[int, Negation]
+    ) -> None:
+        """Each branch and the complements of the branches it may overlap (the others it is apart from)."""
         branches = node.pop("oneOf")
         alternatives = [
-            {"allOf": [b] + [n.schema for j, n in enumerate(negs) if j != i]} for i, b in enumerate(branches)
+            {"allOf": [b] + [negs[j].schema for j in overlaps[i]]} if overlaps[i] else b for i, b in enumerate(branches)
         ]
-        if not all(n.exact for n in negs):
+        if not all(negs[j].exact for o in overlaps for j in o):
             self.note("oneOf", path, "each branch is generated only where the others' complements can be written")
         _conjoin(node, {"anyOf": alternatives})
 

@@ -175,3 +175,42 @@ def test_enonic_schemas_compile(compiler, name):
     grammar = compiler.compile(StructuredSpec(json=schema))
     assert not [n for n in grammar.narrowing if n.startswith("oneOf")], grammar.narrowing
     _walks_validate(compiler, schema, grammar, name, walks=6)
+
+
+def test_only_overlapping_branches_are_complemented(compiler):
+    """A branch proven apart from every other is used as it is; two that may overlap (both 2-item arrays of
+    a string first) each carry only the other's complement, not every branch's."""
+    single = {"type": "array", "prefixItems": [{"type": "string"}], "minItems": 1, "maxItems": 1}
+    pair = {"type": "array", "prefixItems": [{"type": "string"}, {}], "minItems": 2, "maxItems": 2}
+    typed = {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "minItems": 2, "maxItems": 2}
+    schema = {"type": "object", "properties": {"p": {"oneOf": [single, pair, typed]}}, "required": ["p"]}
+    narrowed, _ = narrow(schema)
+    alternatives = narrowed["properties"]["p"]["allOf"][0]["anyOf"]
+    assert alternatives[0] == single
+    assert [len(a["allOf"]) for a in alternatives[1:]] == [2, 2]  # the branch and one complement
+    grammar = compiler.compile(StructuredSpec(json=schema))
+    _walks_validate(compiler, schema, grammar, "overlap", walks=12)
+
+
+def test_small_one_of_is_the_retry_when_llguidance_finds_the_grammar_too_large():
+    shapes = [{**_shape(name), "type": ["object", "string"], "minLength": i} for i, name in enumerate(NAMES[:4])]
+    schema = {"type": "object", "properties": {"x": {"oneOf": shapes}}, "$defs": ENONIC_LIKE["$defs"]}
+    _, rules = narrow(schema, small_one_of=True)
+    assert [(r.keyword, r.pointer) for r in rules] == [("oneOf", "/properties/x")] and "too large" in rules[0].how
+
+
+def test_bun_lock_compiles(compiler):
+    """Was refused (llguidance: schema too large) when every branch carried every other's complement."""
+    entry = next(json.loads(line) for line in (CORPUS / "index.jsonl").read_text().splitlines() if '"bun-lock"' in line)
+    schema = json.loads((CORPUS / entry["file"]).read_text())
+    grammar = compiler.compile(StructuredSpec(json=schema))
+    assert grammar.narrowing == (
+        "oneOf at /definitions/BunLockFilePackageArray: each branch is generated only where the others' "
+        "complements can be written",
+    )
+    check = jsonschema.Draft7Validator(schema, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER)
+    rng = random.Random("bun-lock")
+    for _ in range(6):
+        walk = random_walk(grammar, compiler.vocab, rng, max(200, grammar.min_tokens + 100))
+        assert walk.error is None and walk.closed, walk
+        assert not list(check.iter_errors(json.loads(walk.text))), walk.text
