@@ -134,7 +134,11 @@ class Exclusivity:
         return out
 
     # ---- no value of the given types matches both ------------------------------------------------------
-    def disjoint(self, a: Any, b: Any, within: frozenset[str] = KINDS, depth: int = 0) -> bool:
+    def disjoint(
+        self, a: Any, b: Any, within: frozenset[str] = KINDS, depth: int = 0, present: frozenset[str] = frozenset()
+    ) -> bool:
+        """No value of the types ``within`` matches both (``present``: property names every object considered
+        has, required by a schema the two are part of)."""
         a, b = self.target(a), self.target(b)
         if a is False or b is False:
             return True
@@ -146,28 +150,37 @@ class Exclusivity:
         if not isinstance(a, dict) or not isinstance(b, dict):
             return False  # True (or a non-schema) against a schema that admits these types
         if len(within) > 1:  # apart on every type they share: each type has its own proofs
-            return all(self.disjoint(a, b, frozenset({kind}), depth + 1) for kind in sorted(within))
-        key = (id(a), id(b), within)
+            return all(self.disjoint(a, b, frozenset({kind}), depth + 1, present) for kind in sorted(within))
+        if within != {"object"}:
+            present = frozenset()
+        key = (id(a), id(b), within, present)
         if key not in self._disjoint:
             self._disjoint[key] = False  # a cycle back here proves nothing
             self._keep += [a, b]
-            self._disjoint[key] = self._prove(a, b, within, depth + 1) or self._prove(b, a, within, depth + 1)
+            if within == {"object"}:  # a value in both has every key either requires
+                present = present | _required(self._conjuncts(a, depth)) | _required(self._conjuncts(b, depth))
+            proof = self._prove(a, b, within, depth + 1, present) or self._prove(b, a, within, depth + 1, present)
+            self._disjoint[key] = proof
         return self._disjoint[key]
 
-    def _prove(self, a: dict, b: dict, within: frozenset[str], depth: int) -> bool:
+    def _prove(self, a: dict, b: dict, within: frozenset[str], depth: int, present: frozenset[str]) -> bool:
         va, vb = _values(a), _values(b)
         if va is not None and vb is not None and not (va & vb):
             return True
-        if any(self.disjoint(m, b, within, depth) for m in self._members(a)):
+        if "not" in a:  # b inside what a negates
+            negated = self.target(a["not"])
+            if negated is b or (vb is not None and isinstance(negated, dict) and vb <= (_values(negated) or set())):
+                return True
+        if any(self.disjoint(m, b, within, depth, present) for m in self._members(a)):
             return True  # a is inside m, and m is apart from b
         for key in ("anyOf", "oneOf"):
-            if key in a and all(self.disjoint(branch, b, within, depth) for branch in a[key]):
+            if key in a and all(self.disjoint(branch, b, within, depth, present) for branch in a[key]):
                 return True  # a is inside the union of its branches
         kind = next(iter(within)) if len(within) == 1 else None
         if kind is not None and self._ranges_apart(a, b, kind, depth):
             return True
         if kind == "object":
-            return self._discriminated(a, b, depth)
+            return self._discriminated(a, b, depth, present)
         if kind == "array":
             return self._items_apart(a, b, depth)
         return False
@@ -205,12 +218,11 @@ class Exclusivity:
             todo += [(m, level + 1) for m in self._members(node)]
         return list(out.values())
 
-    def _discriminated(self, a: dict, b: dict, depth: int) -> bool:
-        """Objects only: a requires a property (in any of its conjuncts) that b forbids or holds to values
-        that a's never take."""
+    def _discriminated(self, a: dict, b: dict, depth: int, present: frozenset[str]) -> bool:
+        """Objects only: a property every object here has (required by either, or by the schema around
+        them) that b forbids, or that a and b hold to values that never meet."""
         ours_all, theirs_all = self._conjuncts(a, depth), self._conjuncts(b, depth)
-        required = {n for c in ours_all for n in c.get("required", []) if isinstance(n, str)}
-        for name in sorted(required):
+        for name in sorted(present):
             theirs = [t for c in theirs_all if (t := _property_schema(c, name)) is not None]
             if any(t is False for t in theirs) or any(name in _forbidden(c) for c in theirs_all):
                 return True
@@ -248,6 +260,14 @@ class Exclusivity:
         return True
 
     # ---- oneOf ------------------------------------------------------------------------------------------
+    def in_context(self, branches: list[Any], context: dict | None) -> list[Any]:
+        """The branches as the values they judge: those that also match the schema the oneOf sits in."""
+        if not context:
+            return branches
+        out = [{"allOf": [b, context]} for b in branches]
+        self._keep.append(out)
+        return out
+
     def split(self, branches: list[Any]) -> OneOfSplit:
         """Per branch, the types for which no other branch can match as well; and whether keeping each
         branch to those types loses nothing: a type left out of some branch must be one that two branches
@@ -264,6 +284,10 @@ class Exclusivity:
         lost = set().union(*(domains[i] - kinds[i] for i in range(len(branches)))) if branches else set()
         exact = all(sum(self.vacuous(b, kind) for b in branches) >= 2 for kind in lost)
         return OneOfSplit(kinds, domains, exact)
+
+
+def _required(conjuncts: list[dict]) -> frozenset[str]:
+    return frozenset(n for c in conjuncts for n in c.get("required", []) if isinstance(n, str))
 
 
 def _values(schema: dict) -> set[Any] | None:

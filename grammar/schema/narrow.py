@@ -127,6 +127,8 @@ class _Narrower:
         self.negator = Negator(copy.deepcopy(root))
         self.exclusivity = Exclusivity(self.negator.root)
         self._originals: dict[int, tuple[Any, Any]] = {}  # id of a node -> (the node, the node as written)
+        # id of an inline oneOf branch -> (the branch, schemas as written that every value it judges matches)
+        self._contexts: dict[int, tuple[Any, list[dict]]] = {}
         _pair(root, self.negator.root, self._originals)
         self.rules: list[Narrowing] = []
         self._seen: set[int] = set()
@@ -256,7 +258,17 @@ class _Narrower:
         be written), while those stay under MAX_COMPLEMENT characters (and llguidance builds them: else
         ``small_one_of``); past that, only the branches' apart types are generated, a narrowing said so."""
         branches = node["oneOf"]
-        written = [self._written(b) for b in branches]
+        around = self._written(node)  # its other keywords hold for every value the branches judge
+        entry = self._contexts.get(id(node))
+        context = list(entry[1]) if entry is not None and entry[0] is node else []
+        if around is not node:
+            context.append({k: v for k, v in around.items() if k not in ("oneOf", "$defs", "definitions")})
+        for b in branches:  # and for the values of an inline branch's own oneOf
+            if isinstance(b, dict) and "$ref" not in b:
+                self._contexts[id(b)] = (b, context)
+        written = self.exclusivity.in_context(
+            [self._written(b) for b in branches], {"allOf": context} if context else None
+        )
         split = self.exclusivity.split(written)
         kept = [i for i, kinds in enumerate(split.kinds) if kinds]
         if not split.exact or not kept:

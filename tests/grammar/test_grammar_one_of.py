@@ -15,6 +15,7 @@ import pytest
 from loraplex.grammar import StructuredSpec
 from loraplex.grammar.fuzz import random_walk
 from loraplex.grammar.schema import narrow as narrow_module
+from loraplex.grammar.schema.dialect import to_internal
 from loraplex.grammar.schema.exclusive import KINDS, Exclusivity
 from loraplex.grammar.schema.narrow import narrow
 from tests.grammar.helpers import REPO
@@ -214,3 +215,27 @@ def test_bun_lock_compiles(compiler):
         walk = random_walk(grammar, compiler.vocab, rng, max(200, grammar.min_tokens + 100))
         assert walk.error is None and walk.closed, walk
         assert not list(check.iter_errors(json.loads(walk.text))), walk.text
+
+
+def test_branches_told_apart_by_a_property_the_surrounding_schema_requires(compiler):
+    """SchemaStore's `function`: binding shapes differ in "type", which only the schema around the oneOf
+    (and around the oneOf that holds it) requires. Inside, the shapes are apart: exact, no complements.
+    (The `not` branch beside them is apart from them too, but matches strings the nested oneOf rejects.)"""
+    shapes = [{"properties": {"type": {"enum": [t]}, "x": {"type": "integer"}}} for t in ("a", "b", "c")]
+    other = {"properties": {"type": {"not": {"enum": ["a", "b", "c"]}}}}
+    base = {"type": "object", "properties": {"type": {"type": "string"}}, "required": ["type"]}
+    schema = {"oneOf": [{"oneOf": shapes}, other], "allOf": [base]}
+    narrowed, rules = narrow(schema)
+    assert rules == [] and "not" not in json.dumps(narrowed["anyOf"][0])  # the inner oneOf: no complement
+    grammar = compiler.compile(StructuredSpec(json=schema))
+    texts = _walks_validate(compiler, schema, grammar, "context", walks=12)
+    assert len({json.loads(t)["type"] for t in texts}) > 1
+
+
+def test_function_compiles():
+    """Was a compile timeout: ~575k characters of complements."""
+    entry = next(json.loads(line) for line in (CORPUS / "index.jsonl").read_text().splitlines() if '"function"' in line)
+    schema = json.loads((CORPUS / entry["file"]).read_text())
+    narrowed, rules = narrow(to_internal(schema)[0])
+    assert [(r.keyword, r.pointer) for r in rules] == [("oneOf", "/properties/bindings/items")]
+    assert len(json.dumps(narrowed)) < 60_000

@@ -17,9 +17,7 @@ from tests.grammar.helpers import REPO
 
 CORPUS = REPO.parent / "shared" / "schemas" / "schemastore-dev"
 SAMPLE, WALKS, BUDGET = 30, 12, 160
-REFUSED = {  # schema -> the start of its refusal message, so a schema that starts or stops compiling is noticed
-    "function": "compile timed out",
-}
+REFUSED: dict[str, str] = {}  # schema -> the start of its refusal message (a schema that starts or stops compiling)
 
 
 def test_format_checkers_are_installed():
