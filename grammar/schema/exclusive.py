@@ -167,10 +167,8 @@ class Exclusivity:
         va, vb = _values(a), _values(b)
         if va is not None and vb is not None and not (va & vb):
             return True
-        if "not" in a:  # b inside what a negates
-            negated = self.target(a["not"])
-            if negated is b or (vb is not None and isinstance(negated, dict) and vb <= (_values(negated) or set())):
-                return True
+        if "not" in a and self._inside(b, self.target(a["not"]), within, depth):
+            return True  # b inside what a negates
         if any(self.disjoint(m, b, within, depth, present) for m in self._members(a)):
             return True  # a is inside m, and m is apart from b
         for key in ("anyOf", "oneOf"):
@@ -203,6 +201,30 @@ class Exclusivity:
             other = [s for c in theirs if (s := _item_schema(c, i)) is not None]
             if any(self.disjoint(x, y, KINDS, depth) for x in mine for y in other):
                 return True
+        return False
+
+    def _inside(self, b: Any, negated: Any, within: frozenset[str], depth: int) -> bool:
+        """Every value of b (of the types ``within``) matches ``negated``: b is ``negated`` itself, or b's
+        constants satisfy a type/enum, or (objects) each of ``negated``'s properties holds b's values."""
+        if negated is b or negated is True or b is False:
+            return True
+        if not isinstance(negated, dict) or not isinstance(b, dict) or depth > MAX_DEPTH:
+            return False
+        keys = set(negated) - _ANNOTATIONS
+        conjuncts = self._conjuncts(b, depth)
+        if keys <= {"type", "enum", "const"}:
+            values = next((v for c in conjuncts if (v := _raw_values(c)) is not None), None)
+            return values is not None and all(_satisfies(v, negated) for v in values)
+        if (
+            keys <= {"type", "properties"}
+            and within == {"object"}
+            and _types(negated.get("type", "object")) == {"object"}
+        ):
+            for name, sub in (negated.get("properties") or {}).items():
+                held = [t for c in conjuncts if (t := _property_schema(c, name)) is not None]
+                if not any(self._inside(t, self.target(sub), KINDS, depth + 1) for t in held):
+                    return False
+            return True
         return False
 
     def _conjuncts(self, schema: dict, depth: int) -> list[dict]:
@@ -288,6 +310,27 @@ class Exclusivity:
 
 def _required(conjuncts: list[dict]) -> frozenset[str]:
     return frozenset(n for c in conjuncts for n in c.get("required", []) if isinstance(n, str))
+
+
+def _raw_values(schema: dict) -> list[Any] | None:
+    if "const" in schema:
+        return [schema["const"]]
+    if "enum" in schema:
+        return list(schema["enum"])
+    return None
+
+
+def _satisfies(value: Any, schema: dict) -> bool:
+    """A constant against a schema of only type / enum / const."""
+    if "type" in schema:
+        names = {schema["type"]} if isinstance(schema["type"], str) else set(schema["type"])
+        kind = kind_of(value)
+        integral = kind == "number" and (isinstance(value, int) or float(value).is_integer())
+        if kind not in names and not (kind == "number" and "integer" in names and integral):
+            return False
+    if "const" in schema and json_key(schema["const"]) != json_key(value):
+        return False
+    return "enum" not in schema or json_key(value) in {json_key(v) for v in schema["enum"]}
 
 
 def _values(schema: dict) -> set[Any] | None:

@@ -239,3 +239,28 @@ def test_function_compiles():
     narrowed, rules = narrow(to_internal(schema)[0])
     assert [(r.keyword, r.pointer) for r in rules] == [("oneOf", "/properties/bindings/items")]
     assert len(json.dumps(narrowed)) < 60_000
+
+
+def test_a_catch_all_branch_that_negates_the_known_kinds_is_apart(compiler):
+    """SchemaStore's `aspire-8.0`: known resource kinds by a "type" constant, and a catch-all branch "not one
+    of the known types". Was a compile timeout (every branch carried every other's complement)."""
+    value = {"type": "integer"}
+    known = [
+        {"type": "object", "properties": {"type": {"const": k}, "v": value}, "additionalProperties": False}
+        for k in ("a.v0", "b.v0")
+    ]
+    rest = {
+        "type": "object",
+        "required": ["type"],
+        "not": {"properties": {"type": {"type": "string", "enum": ["a.v0", "b.v0"]}}},
+    }
+    schema = {"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}}
+    schema["oneOf"] = [*known, rest]
+    ex = Exclusivity(schema)
+    assert ex.disjoint(rest, known[0])
+    unknown = {"type": "object", "properties": {"type": {"const": "c.v0"}}}
+    assert not ex.disjoint(rest, unknown)  # {"type": "c.v0"} matches both
+    narrowed, rules = narrow(schema)
+    assert rules == [] and narrowed["anyOf"][:2] == known  # no complements added to the known kinds
+    grammar = compiler.compile(StructuredSpec(json=schema))
+    _walks_validate(compiler, schema, grammar, "catch-all", walks=12)
