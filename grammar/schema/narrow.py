@@ -6,11 +6,16 @@ Runs on the internal form (``dialect``). Exact rewrites (same language):
 * ``not S`` -> the complement of S (``negate``), ``if/then/else`` -> ``(if and then) or (not-if and else)``,
   ``dependentRequired``/``dependentSchemas`` -> "the key is absent, or the rest holds",
   ``propertyNames`` with a finite set of names or a pattern -> declared names / ``patternProperties``,
-  ``oneOf`` whose branches are not evidently exclusive -> ``anyOf`` of each branch minus the others,
+  ``oneOf`` -> ``anyOf`` of its branches where they are proven apart (``exclusive``: by type, constants, a
+  required property's values; each branch held to the types where it is apart, when two or more branches
+  accept the other types whole), else of each branch minus the others,
   ``unevaluatedProperties``/``unevaluatedItems`` -> one shape per choice of branches (``unevaluated``);
 
 and narrowings (a subset, said so):
 
+* a ``oneOf`` whose complements would exceed MAX_COMPLEMENT characters -> its branches held to the types
+  where they are proven apart (a value of another type that matches one branch is not generated);
+* a number bound at +-2**63 (Java's Long limits), which llguidance cannot build -> +-SAFE_BOUND;
 * a complement that cannot be written whole (``not {pattern: ...}``) keeps only the part that can;
 * ``uniqueItems`` -> at most one item, or for a few enumerated values, distinct values in their listed order;
 * ``contains`` -> the first items match; ``minProperties``/``maxProperties`` on declared properties ->
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +45,7 @@ from loraplex.grammar.schema import formats
 from loraplex.grammar.schema.check import pointer, resolve_pointer
 from loraplex.grammar.schema.dialect import SUB_LISTS, SUB_MAPS, SUB_ONE
 from loraplex.grammar.schema.ecma_pattern import pattern_to_content_regex
+from loraplex.grammar.schema.exclusive import Exclusivity
 from loraplex.grammar.schema.negate import Negation, Negator
 from loraplex.grammar.schema.normalize import json_key, kind_of
 from loraplex.grammar.schema.strict import FRAGMENT
@@ -53,6 +60,8 @@ NARROWED_FORMATS = {
     "iri": ("uri", "ASCII URIs only"),
     "iri-reference": ("uri-reference", "ASCII URI references only"),
 }
+SAFE_BOUND = 2**63 - 1024  # the widest number bound llguidance builds (2**63 - 1 rounds to 2**63 as a double)
+MAX_COMPLEMENT = 20_000  # characters of complements a oneOf may add before it is narrowed instead
 SAFE_REGEX = "^[A-Za-z0-9 _,:;=@#%&'\"<>!~`-]*$"  # strings of these characters are valid regexes, literally
 
 
@@ -66,17 +75,32 @@ class Narrowing:
         return f"{self.keyword} at {self.pointer or '/'}: {self.how}"
 
 
-def narrow(schema: Any, drop_pattern_properties: bool = False) -> tuple[Any, list[Narrowing]]:
+def narrow(
+    schema: Any, drop_pattern_properties: bool = False, small_one_of: bool = False
+) -> tuple[Any, list[Narrowing]]:
     """The schema with every keyword in an enforceable form, and the narrowings applied.
 
     ``drop_pattern_properties``: generate no key through ``patternProperties`` (only declared properties),
-    for when llguidance refuses the schema's patterns (overlapping ones)."""
+    for when llguidance refuses the schema's patterns (overlapping ones). ``small_one_of``: no ``oneOf``
+    through complements where its branches' apart types can be generated instead, for when llguidance finds
+    the grammar too large."""
     if not isinstance(schema, dict):
         return schema, []
     root = copy.deepcopy(schema)
-    n = _Narrower(root, drop_pattern_properties)
+    n = _Narrower(root, drop_pattern_properties, small_one_of)
     n.walk(root, [])
     return root, n.rules
+
+
+def _pair(node: Any, written: Any, out: dict[int, tuple[Any, Any]]) -> None:
+    """Map every dict of ``node`` to its counterpart in ``written`` (a deep copy made before any rewrite)."""
+    if isinstance(node, dict) and isinstance(written, dict):
+        out[id(node)] = (node, written)
+        for key, value in node.items():
+            _pair(value, written.get(key), out)
+    elif isinstance(node, list) and isinstance(written, list):
+        for value, other in zip(node, written):
+            _pair(value, other, out)
 
 
 def _fragment(**keywords: Any) -> dict:
@@ -95,11 +119,17 @@ def _is_object_only(node: dict) -> bool:
 
 
 class _Narrower:
-    def __init__(self, root: dict, drop_pattern_properties: bool = False) -> None:
+    def __init__(self, root: dict, drop_pattern_properties: bool = False, small_one_of: bool = False) -> None:
         self.root = root
         self.drop_pattern_properties = drop_pattern_properties
+        self.small_one_of = small_one_of
         # complements are taken of the schema as written: a narrowed subschema's complement would be wider
         self.negator = Negator(copy.deepcopy(root))
+        self.exclusivity = Exclusivity(self.negator.root)
+        self._originals: dict[int, tuple[Any, Any]] = {}  # id of a node -> (the node, the node as written)
+        # id of an inline oneOf branch -> (the branch, schemas as written that every value it judges matches)
+        self._contexts: dict[int, tuple[Any, list[dict]]] = {}
+        _pair(root, self.negator.root, self._originals)
         self.rules: list[Narrowing] = []
         self._seen: set[int] = set()
 
@@ -149,14 +179,8 @@ class _Narrower:
             node.pop("else", None)
         self._dependencies(node, path)
         if "oneOf" in node:
-            if self._evidently_exclusive(node["oneOf"]):  # exactly one can match: oneOf is anyOf
-                branches = node.pop("oneOf")
-                if "anyOf" in node:
-                    _conjoin(node, {"anyOf": branches})
-                else:
-                    node["anyOf"] = branches
-            else:
-                self._exclusive_one_of(node, path)
+            self._one_of(node, path)
+        self._huge_bounds(node, path)
         if "propertyNames" in node:
             self._property_names(node, path)
         if "minProperties" in node or "maxProperties" in node:
@@ -220,39 +244,86 @@ class _Narrower:
             depth += 1
         return sub
 
-    def _evidently_exclusive(self, branches: list[Any]) -> bool:
-        """Pairwise exclusive by their types, their constants, or a required discriminating property (judged
-        on the schema as written: two narrowed branches may be apart where the written ones overlap)."""
-        subs = [self._target(b, root=self.negator.root) for b in branches]
-        return all(self._apart(a, b) for a, b in itertools.combinations(subs, 2))
+    def _written(self, sub: Any) -> Any:
+        """A sub-schema as written (before any rewrite): proofs about the rewritten one would not hold for
+        the original, which is what a document must satisfy. Nodes a rewrite created are their own."""
+        entry = self._originals.get(id(sub))
+        return entry[1] if entry is not None and entry[0] is sub else sub
 
-    def _apart(self, a: Any, b: Any) -> bool:
-        if a is False or b is False:
-            return True
-        if not isinstance(a, dict) or not isinstance(b, dict):
-            return False
-        ta, tb = _type_set(a.get("type")), _type_set(b.get("type"))
-        if ta is not None and tb is not None and not (ta & tb):
-            return True
-        va, vb = _value_set(a), _value_set(b)
-        if va is not None and vb is not None and not (va & vb):
-            return True
-        for name in set(a.get("required", [])) & set(b.get("required", [])):
-            pa = self._target((a.get("properties") or {}).get(name), root=self.negator.root)
-            pb = self._target((b.get("properties") or {}).get(name), root=self.negator.root)
-            if isinstance(pa, dict) and isinstance(pb, dict) and self._apart(pa, pb):
-                return True
-        return False
-
-    def _exclusive_one_of(self, node: dict, path: list[Any]) -> None:
-        branches = node.pop("oneOf")
-        negs = [self.negate(b) for b in branches]
+    def _one_of(self, node: dict, path: list[Any]) -> None:
+        """``oneOf`` as ``anyOf`` of branches that cannot match together. Branches apart from each other
+        (by type, constants, a required property's values, sizes or ranges; ``exclusive``) are used as they
+        are, each held to the types where it is apart, when that loses no value. Otherwise each branch is
+        generated minus the complements of the branches it is not proven apart from (exact where those can
+        be written), while those stay under MAX_COMPLEMENT characters (and llguidance builds them: else
+        ``small_one_of``); past that, only the branches' apart types are generated, a narrowing said so."""
+        branches = node["oneOf"]
+        around = self._written(node)  # its other keywords hold for every value the branches judge
+        entry = self._contexts.get(id(node))
+        context = list(entry[1]) if entry is not None and entry[0] is node else []
+        if around is not node:
+            context.append({k: v for k, v in around.items() if k not in ("oneOf", "$defs", "definitions")})
+        for b in branches:  # and for the values of an inline branch's own oneOf
+            if isinstance(b, dict) and "$ref" not in b:
+                self._contexts[id(b)] = (b, context)
+        written = self.exclusivity.in_context(
+            [self._written(b) for b in branches], {"allOf": context} if context else None
+        )
+        split = self.exclusivity.split(written)
+        kept = [i for i, kinds in enumerate(split.kinds) if kinds]
+        if not split.exact or not kept:
+            overlaps = [
+                [j for j in range(len(branches)) if j != i and not self.exclusivity.disjoint(written[i], written[j])]
+                for i in range(len(branches))
+            ]
+            used = sorted({j for o in overlaps for j in o})
+            negs = {j: self.negate(branches[j]) for j in used}
+            small = sum(len(json.dumps(n.schema)) for n in negs.values()) <= MAX_COMPLEMENT
+            if not kept or (small and not self.small_one_of):
+                self._complement_one_of(node, path, overlaps, negs)
+                return
+            left_out = [i for i in range(len(branches)) if i not in kept or split.restricted(i)]
+            self.note(
+                "oneOf",
+                path,
+                "the others' complements would be too large: only branches (or their types) apart from every "
+                f"other are generated (not all of branch(es) {', '.join(map(str, left_out))})",
+            )
+        del node["oneOf"]
         alternatives = [
-            {"allOf": [b] + [n.schema for j, n in enumerate(negs) if j != i]} for i, b in enumerate(branches)
+            {"allOf": [branches[i], {"type": sorted(split.kinds[i])}]} if split.restricted(i) else branches[i]
+            for i in kept
         ]
-        if not all(n.exact for n in negs):
+        if "anyOf" in node:
+            _conjoin(node, {"anyOf": alternatives})
+        else:
+            node["anyOf"] = alternatives
+
+    def _complement_one_of(
+        self, node: dict, path: list[Any], overlaps: list[list[int]], negs: dict[int, Negation]
+    ) -> None:
+        """Each branch and the complements of the branches it may overlap (the others it is apart from)."""
+        branches = node.pop("oneOf")
+        alternatives = [
+            {"allOf": [b] + [negs[j].schema for j in overlaps[i]]} if overlaps[i] else b for i, b in enumerate(branches)
+        ]
+        if not all(negs[j].exact for o in overlaps for j in o):
             self.note("oneOf", path, "each branch is generated only where the others' complements can be written")
         _conjoin(node, {"anyOf": alternatives})
+
+    # ---- numbers -------------------------------------------------------------------------------------
+    def _huge_bounds(self, node: dict, path: list[Any]) -> None:
+        """llguidance cannot build a number range whose bound is +-2**63 as a double (Java's Long.MIN_VALUE
+        as an int64 minimum is common): such a lower (upper) bound is raised (lowered) to +-SAFE_BOUND."""
+        for key, sign in (("minimum", -1), ("exclusiveMinimum", -1), ("maximum", 1), ("exclusiveMaximum", 1)):
+            value = node.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or sign * float(value) < 2.0**63:
+                continue
+            del node[key]
+            bound = "minimum" if sign < 0 else "maximum"
+            tighter = max if sign < 0 else min
+            node[bound] = tighter(node.get(bound, sign * SAFE_BOUND), sign * SAFE_BOUND)
+            self.note(key, path, f"{value} is out of reach: {bound} {node[bound]} is generated instead")
 
     # ---- objects -------------------------------------------------------------------------------------
     def _property_names(self, node: dict, path: list[Any]) -> None:
@@ -486,14 +557,6 @@ def _type_set(t: Any) -> set[str] | None:
         return None
     names = {t} if isinstance(t, str) else set(t)
     return names | ({"number"} if "integer" in names else set()) | ({"integer"} if "number" in names else set())
-
-
-def _value_set(schema: dict) -> set[Any] | None:
-    if "const" in schema:
-        return {json_key(schema["const"])}
-    if "enum" in schema:
-        return {json_key(v) for v in schema["enum"]}
-    return None
 
 
 def _finite_values(schema: Any) -> list[Any] | None:

@@ -65,18 +65,27 @@ class WorkerContext:
         self.search = CompletionSearch(info)
 
 
-def translate(spec: StructuredSpec, options: CompileOptions, drop_pattern_properties: bool = False) -> Translation:
+def translate(
+    spec: StructuredSpec, options: CompileOptions, drop_pattern_properties: bool = False, small_one_of: bool = False
+) -> Translation:
     kind = spec.kind
     if kind in ("json", "json_object"):
         schema: Any = {"type": "object"} if kind == "json_object" else spec.schema()
-        schema, narrowing, rx, why = _schema_parts(schema, spec, options, drop_pattern_properties)
+        schema, narrowing, rx, why = _schema_parts(schema, spec, options, drop_pattern_properties, small_one_of)
         return Translation(rx, why, llg_text.json_schema_grammar(schema), "schema cannot be enforced", narrowing)
     if kind == "tagged_json":
         tagged = spec.tagged_json
-        schema, narrowing, _rx, _why = _schema_parts(spec.schema(), spec, options, drop_pattern_properties)
+        flags = (drop_pattern_properties, small_one_of)
+        schema, narrowing, _rx, _why = _schema_parts(spec.schema(), spec, options, *flags)
         text = None
         if "text" in tagged:  # type: ignore[operator]
-            text, text_narrowing, _rx, _why = _schema_parts(tagged["text"], spec, options, drop_pattern_properties)  # type: ignore[index]
+            text, text_narrowing, _rx, _why = _schema_parts(
+                tagged["text"],  # type: ignore[index]
+                spec,
+                options,
+                drop_pattern_properties,
+                small_one_of,
+            )  # type: ignore[index]
             narrowing += [f"{n} (of the answer)" for n in text_narrowing]
         llg = llg_text.tagged_json_grammar(schema, tagged["open"], tagged["close"], tagged["parallel"], text)  # type: ignore[index]
         why = "free text beside tagged JSON needs a complement (text without the tag), which only llguidance holds"
@@ -94,7 +103,7 @@ def translate(spec: StructuredSpec, options: CompileOptions, drop_pattern_proper
 
 
 def _schema_parts(
-    schema: Any, spec: StructuredSpec, options: CompileOptions, drop_pattern_properties: bool
+    schema: Any, spec: StructuredSpec, options: CompileOptions, drop_pattern_properties: bool, small_one_of: bool
 ) -> tuple[Any, list[str], str | None, str]:
     """A schema checked, narrowed and closed: (schema, narrowing, exact regex or None, why not a regex)."""
     schema, _draft = to_internal(schema)  # validated under its own draft, in one internal form
@@ -102,7 +111,7 @@ def _schema_parts(
         raise GrammarError("the schema is false: no value is valid", code="unsatisfiable_schema")
     if schema is True:
         schema = {}
-    schema, rules = narrow(schema, drop_pattern_properties)
+    schema, rules = narrow(schema, drop_pattern_properties, small_one_of)
     if rules and not spec.allow_narrowing:
         raise GrammarError(
             "the schema can only be enforced narrowed, and the request asked to refuse rather than narrow: "
@@ -191,17 +200,28 @@ def _count_states_bounded(regex: str, ctx: WorkerContext) -> int | None:
 
 def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> dict[str, Any]:
     """The artifact for one spec: {"kind": "dfa", "data": ...} or {"kind": "llg", ...}, with its narrowing."""
+    flags = {"drop_pattern_properties": False, "small_one_of": False}
     tr = translate(spec, ctx.options)
     try:
-        try:
-            artifact = _build(ctx, tr)
-        except GrammarError as e:
-            if "patternProperty" not in str(e) and "required property" not in str(e):
-                raise
-            # llguidance needs patternProperties whose patterns cannot both match a key, and finds a required
-            # property only a pattern admits unsatisfiable: generate declared keys only (required ones declared)
-            tr = translate(spec, ctx.options, drop_pattern_properties=True)
-            artifact = _build(ctx, tr)
+        while True:
+            try:
+                artifact = _build(ctx, tr)
+                break
+            except GrammarError as e:
+                text = str(e)
+                if ("schema too large" in text or "more than 64 alternatives" in text) and not flags["small_one_of"]:
+                    # a oneOf written with complements is the usual cause: its branches are then generated only
+                    # where they are proven apart (a narrowing, reported)
+                    flags["small_one_of"] = True
+                elif ("patternProperty" in text or "required property" in text) and not flags[
+                    "drop_pattern_properties"
+                ]:
+                    # llguidance needs patternProperties whose patterns cannot both match a key, and finds a
+                    # required property only a pattern admits unsatisfiable: generate declared keys only
+                    flags["drop_pattern_properties"] = True
+                else:
+                    raise
+                tr = translate(spec, ctx.options, **flags)
     except GrammarError as e:
         raise _with_narrowing(e, tr.narrowing) from None
     artifact["narrowing"] = tr.narrowing
