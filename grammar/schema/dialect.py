@@ -14,8 +14,10 @@ against its own metaschema, then rewritten with the same meaning:
 * a keyword no draft defines is an annotation and is dropped, and so are annotations and formats whose
   names no draft defines (the specification makes unknown formats annotations).
 
-A keyword that a later draft defines but the schema's draft does not (``const`` in a draft-04 schema) is
-kept: enforcing it only narrows what the draft allows, and it is what the author wrote. References that
+A keyword that only a later draft defines (``const`` or ``if`` in a draft-04 schema) is an annotation under
+the schema's own draft, and is dropped like one. Enforcing it would narrow where it stands positively but
+widen under negation: a draft-04 ``oneOf`` of two ``{"const": ...}`` branches accepts nothing (both branches
+match anything), and generating either constant would produce documents the draft rejects. References that
 leave the document are refused: nothing is fetched.
 """
 
@@ -104,6 +106,22 @@ ASSERTIONS = frozenset(
         "unevaluatedProperties",
     }
 )
+# The draft that first defines each assertion or applicator newer than draft-04 (in its 2020-12 spelling).
+INTRODUCED_IN = {
+    "const": "draft-06",
+    "contains": "draft-06",
+    "propertyNames": "draft-06",
+    "if": "draft-07",
+    "then": "draft-07",
+    "else": "draft-07",
+    "dependentRequired": "2019-09",
+    "dependentSchemas": "2019-09",
+    "maxContains": "2019-09",
+    "minContains": "2019-09",
+    "unevaluatedItems": "2019-09",
+    "unevaluatedProperties": "2019-09",
+    "prefixItems": "2020-12",
+}
 DEFINITIONS = ("$defs", "definitions")  # kept: references point into them
 COUNTS = (
     "minLength",
@@ -358,7 +376,11 @@ class _Rewriter:
                 name, initial = urldefrag(value)[1], self.index.resolve(value, base, where)
                 dynamic = self.index.dynamic_names.get(initial) == name and name in self.index.dynamic
                 out["$ref"] = self.index.dynamic[name] if dynamic else initial
-            elif key in ASSERTIONS or key in DEFINITIONS or key in ("additionalItems", "dependencies"):
+            elif (
+                key in DEFINITIONS
+                or key in ("additionalItems", "dependencies")
+                or (key in ASSERTIONS and not _before(self.draft, INTRODUCED_IN.get(key, "draft-04")))
+            ):
                 out[key] = value
             elif self._holds_target(path + [key]):  # an unknown keyword that references point into
                 out[key] = self._kept(value, path + [key], new_path + [key], base)

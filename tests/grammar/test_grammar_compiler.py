@@ -95,7 +95,8 @@ def test_stats_report_compiles_hits_and_seconds(compiler):
     assert s["errors"] - before["errors"] == 1 and s["timeouts"] == before["timeouts"]
     assert s["outlines"] + s["llguidance"] - before["outlines"] - before["llguidance"] == 1
     assert s["compile_seconds"] > before["compile_seconds"]
-    assert s["cache_entries"] == before["cache_entries"] + 2
+    # both went in (the oldest entries make room once the cache is full: other tests share this compiler)
+    assert s["cache_entries"] == min(before["cache_entries"] + 2, compiler.cache_size)
 
 
 def test_refusals_are_cached(compiler):
