@@ -216,6 +216,7 @@ class Scheduler:
 
         # 3. the deferred chunks, from what is left (no preemption for them: they run next step otherwise)
         for seq in deferred:
+            seq.spec_token_ids = []  # no drafts behind a deferred chunk
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if n <= 0 or seq not in self.running or not self.bm.allocate(seq, n):
                 continue
