@@ -563,7 +563,8 @@ class LLMEngine:
         self.scheduler.remove(seq)
         del self.requests[seq.request_id]
         if seq.adapter_hash is not None and self.lora_manager.is_retiring(seq.adapter_hash):
-            self.lora_manager.drop_if_unused(seq.adapter_hash, self.scheduler.running, self.scheduler.waiting)
+            named = {s.adapter_hash for seqs in (self.scheduler.running, self.scheduler.waiting) for s in seqs}
+            self.lora_manager.drop_retired(named)
         return self._output(req, reason)
 
     # ------------------------------------------------------------------ introspection

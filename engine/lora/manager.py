@@ -182,17 +182,9 @@ class LoRAManager:
     def is_retiring(self, content_hash: str) -> bool:
         return content_hash in self._retiring
 
-    def drop_if_unused(self, content_hash: str, running: Iterable[Sequence], waiting: Iterable[Sequence]) -> None:
-        """A retiring adapter's request ended: drop its copies if no other request names it."""
-        if any(s.adapter_hash == content_hash for seqs in (running, waiting) for s in seqs):
-            return
-        with self._lock:
-            loading = content_hash in self._loading
-        if not loading:
-            self._drop(content_hash, set())
-
-    def _drop_retired(self, referenced: set[str]) -> None:
-        """Drop the retiring adapters no request names any more (once per step, from plan_loads)."""
+    def drop_retired(self, referenced: set[str | None]) -> None:
+        """Drop the retiring adapters no request names any more (``referenced``: the adapters requests name).
+        Called once per step (plan_loads) and when a retiring adapter's request ends (the engine may go idle)."""
         with self._lock:
             done = [h for h in self._retiring if h not in referenced and h not in self._loading]
         for h in done:
@@ -213,7 +205,7 @@ class LoRAManager:
         them are pinned; room for a new load comes from free host slots or from evicting the least
         recently used unpinned entry. ``keep``: adapters of running sequences (their paths are kept).
         """
-        self._drop_retired(set(wanted) | keep)
+        self.drop_retired(set(wanted) | keep)
         start: list[str] = []
         with self._lock:
             pinned: set[str] = set()
