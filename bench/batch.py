@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import load_workload, machine_load, print_table
+from bench.common import load_workload, machine_load, print_table, tag_user_messages
 from bench.serve import ADMIN_KEY, free_port, start_server
 
 POLL_S = 0.25  # how often the client asks for the batch's status (a real client asks every few seconds)
@@ -76,7 +76,7 @@ def main() -> None:
         """The job's JSONL and its prompts, each user message led by `tag`: every job prefills its documents
         afresh (only the chat template's system prompt is shared, as in production), so a later job does
         not run on the prefix cache an earlier one filled."""
-        msgs = [[{**r["messages"][0], "content": f"[{tag}] {r['messages'][0]['content']}"}] for r in reqs]
+        msgs = [tag_user_messages(r["messages"], tag) for r in reqs]
         body = {"model": DEFAULT_MODEL_NAME, "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
         lines = b"".join(
             json.dumps(

@@ -58,19 +58,26 @@ def matmul_rates(n: int = 2048, repeats: int = 5) -> dict[str, float]:
     return rates
 
 
-def count_params(model_dir: Path) -> int:
+def param_counts(model_dir: Path) -> dict[str, int]:
+    """Parameters per tensor name in the directory's safetensors files (shapes read from the headers)."""
     from safetensors import safe_open
 
-    total = 0
+    counts = {}
     for f in model_dir.glob("*.safetensors"):
         with safe_open(str(f), framework="pt") as sf:
             for k in sf.keys():  # noqa: SIM118 - a safe_open handle is not iterable
-                total += (
-                    sf.get_slice(k).get_shape().numel()
-                    if hasattr(sf.get_slice(k).get_shape(), "numel")
-                    else _prod(sf.get_slice(k).get_shape())
-                )
-    return total
+                counts[k] = _prod(sf.get_slice(k).get_shape())
+    return counts
+
+
+def count_params(model_dir: Path) -> int:
+    return sum(param_counts(model_dir).values())
+
+
+def tag_user_messages(messages: list[dict], tag: str) -> list[dict]:
+    """The messages with each user message led by `tag`: the same request on a document the prefix cache has
+    not seen (only the chat template's system prompt stays shared, as with new traffic)."""
+    return [{**m, "content": f"[{tag}] {m['content']}"} if m["role"] == "user" else m for m in messages]
 
 
 def _prod(shape) -> int:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import load_workload, machine_load, print_table
+from bench.common import load_workload, machine_load, print_table, tag_user_messages
 from bench.lora import ensure_adapters
 
 ADMIN_KEY = "lpx-admin.bench-serve-admin-key"
@@ -329,13 +329,8 @@ def summarise(name: str, results: list[Result], seconds: float) -> list:
 
 
 def tagged(schedule, tag: str):
-    """The schedule with each user message led by `tag`: the same load on documents the prefix cache has not
-    seen (only the chat template's system prompt is shared, as it would be with new traffic)."""
-    out = []
-    for offset, req, kind, a in schedule:
-        messages = [{**m, "content": f"[{tag}] {m['content']}"} if m["role"] == "user" else m for m in req["messages"]]
-        out.append((offset, {**req, "messages": messages}, kind, a))
-    return out
+    """The schedule on new documents: each request's user messages led by `tag` (bench.common)."""
+    return [(o, {**r, "messages": tag_user_messages(r["messages"], tag)}, k, a) for o, r, k, a in schedule]
 
 
 def cold_start(args: argparse.Namespace, schedule, adapter_dirs: list[Path], schema: dict) -> None:

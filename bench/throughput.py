@@ -22,7 +22,15 @@ import time
 
 import torch
 
-from bench.common import count_params, load_workload, machine_load, matmul_rates, print_table, run_vllm_peer
+from bench.common import (
+    count_params,
+    load_workload,
+    machine_load,
+    matmul_rates,
+    param_counts,
+    print_table,
+    run_vllm_peer,
+)
 from loraplex.engine import LLM, SamplingParams
 
 PLAIN_CHAT_TEMPLATE = (
@@ -33,21 +41,10 @@ PLAIN_CHAT_TEMPLATE = (
 
 def linear_and_head_params(model_dir) -> tuple[int, int]:
     """(parameters of everything but the embeddings, vocab x hidden of the LM head)."""
-    from safetensors import safe_open
-
-    total, embed, head = 0, 0, 0
-    for f in model_dir.glob("*.safetensors"):
-        with safe_open(str(f), framework="pt") as sf:
-            for k in sf.keys():  # noqa: SIM118 - a safe_open handle is not iterable
-                n = 1
-                for d in sf.get_slice(k).get_shape():
-                    n *= d
-                total += n
-                if k.endswith("embed_tokens.weight"):
-                    embed = n
-                elif k.endswith("lm_head.weight"):
-                    head = n
-    return total - embed - head, head or embed
+    counts = param_counts(model_dir)
+    embed = sum(n for k, n in counts.items() if k.endswith("embed_tokens.weight"))
+    head = sum(n for k, n in counts.items() if k.endswith("lm_head.weight"))
+    return sum(counts.values()) - embed - head, head or embed
 
 
 def run_loraplex(reqs, max_tokens: int, engine_args: dict) -> tuple[float, int, int, LLM]:
