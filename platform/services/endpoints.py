@@ -342,19 +342,8 @@ class EndpointService:
             raise ApiError(
                 404, f"adapter {adapter_name}@{version} not found", param="adapter", code="adapter_not_found"
             )
-        if canary is None:
-            return
-        if adapter_name is None:
-            raise bad_request("a canary needs an adapter: it is another version of the endpoint's adapter", "canary")
-        if canary.version == version:
-            raise bad_request(f"the canary is the endpoint's own version {adapter_name}@{version}", "canary.version")
-        if await session.scalar(live.where(Adapter.version == canary.version)) is None:
-            raise ApiError(
-                404,
-                f"adapter {adapter_name}@{canary.version} not found",
-                param="canary.version",
-                code="adapter_not_found",
-            )
+        if canary is not None:
+            await _check_other_version(session, tenant_id, adapter_name, version, canary.version, "canary")
 
     async def _check_shadow(
         self,
@@ -366,25 +355,33 @@ class EndpointService:
     ) -> None:
         """A shadow is another live version of the endpoint's adapter (deleting it later is allowed: its copies
         then fail, counted in /metrics, and the callers never notice)."""
-        if shadow is None:
-            return
-        if adapter_name is None:
-            raise bad_request("a shadow needs an adapter: it is another version of the endpoint's adapter", "shadow")
-        if shadow.version == version:
-            raise bad_request(f"the shadow is the endpoint's own version {adapter_name}@{version}", "shadow.version")
-        live = select(Adapter.id).where(
-            Adapter.tenant_id == tenant_id,
-            Adapter.name == adapter_name,
-            Adapter.version == shadow.version,
-            Adapter.deleted_at.is_(None),
+        if shadow is not None:
+            await _check_other_version(session, tenant_id, adapter_name, version, shadow.version, "shadow")
+
+
+async def _check_other_version(
+    session: AsyncSession,
+    tenant_id: uuid.UUID,
+    adapter_name: str | None,
+    version: int | None,
+    other: int,
+    role: str,
+) -> None:
+    """A canary's or shadow's version (`role`) is another live version of the endpoint's adapter."""
+    if adapter_name is None:
+        raise bad_request(f"a {role} needs an adapter: it is another version of the endpoint's adapter", role)
+    if other == version:
+        raise bad_request(f"the {role} is the endpoint's own version {adapter_name}@{version}", f"{role}.version")
+    live = select(Adapter.id).where(
+        Adapter.tenant_id == tenant_id,
+        Adapter.name == adapter_name,
+        Adapter.version == other,
+        Adapter.deleted_at.is_(None),
+    )
+    if await session.scalar(live) is None:
+        raise ApiError(
+            404, f"adapter {adapter_name}@{other} not found", param=f"{role}.version", code="adapter_not_found"
         )
-        if await session.scalar(live) is None:
-            raise ApiError(
-                404,
-                f"adapter {adapter_name}@{shadow.version} not found",
-                param="shadow.version",
-                code="adapter_not_found",
-            )
 
 
 async def _lock_tenant(session: AsyncSession, tenant_id: uuid.UUID) -> None:
