@@ -13,6 +13,7 @@ from loraplex.engine.families import ACTIVATIONS, FAMILIES, Family, family_of
 from loraplex.engine.speculative import SpeculativeConfig
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+DEFAULT_CPU_MULTI_TENANT_STEP_S = 0.12  # see EngineArgs.multi_tenant_step_ms
 SCHEDULING_POLICIES = ("fcfs", "fair", "priority")
 
 
@@ -25,6 +26,11 @@ class EngineArgs:
     # Which waiting request runs next: "fcfs" (arrival order), "fair" (weighted fair share of tokens between
     # tenants, Virtual Token Counter; priority classes first) or "priority" (lowest priority value, then arrival)
     scheduling_policy: str = "fair"
+    # While requests of two or more tenants are in the engine (fair policy), a step's token budget is cut so the
+    # step is predicted (recent seconds per token) to take about this long: another tenant's first token waits
+    # for the step in flight. None: 120 ms on CPU (where a step's time grows with its tokens), no cut on CUDA;
+    # 0: no cut. A step that serves a tenant far below its share alone keeps the whole budget.
+    multi_tenant_step_ms: float | None = None
     block_size: int = 16
     enable_prefix_caching: bool = True
     # Multi-LoRA
@@ -72,6 +78,8 @@ class EngineArgs:
             raise ValueError(
                 f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}"
             )
+        if self.multi_tenant_step_ms is not None and not 0.0 <= self.multi_tenant_step_ms < float("inf"):
+            raise ValueError(f"multi_tenant_step_ms must be >= 0 (0: no cut), got {self.multi_tenant_step_ms}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         self.resolved_speculative_config()  # refuses a bad one by name
@@ -97,6 +105,11 @@ class EngineArgs:
         if device.type == "cpu":
             return torch.float32  # no native bf16 on these CPUs: float32 is the fast type
         return torch.bfloat16 if checkpoint_dtype == torch.float32 else checkpoint_dtype
+
+    def resolved_multi_tenant_step_s(self, device: torch.device) -> float | None:
+        if self.multi_tenant_step_ms is None:
+            return DEFAULT_CPU_MULTI_TENANT_STEP_S if device.type == "cpu" else None
+        return self.multi_tenant_step_ms / 1e3 or None
 
     def resolved_lora_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         if not self.lora_dtype or self.lora_dtype == "auto":

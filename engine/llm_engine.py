@@ -125,6 +125,8 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self.last_step = StepStats()
+        self._multi_tenant_step_s = args.resolved_multi_tenant_step_s(self.runner.device)
+        self._seconds_per_token: float | None = None
         self.num_preemptions = 0
         self.scheduler.on_preempt = self._count_preemption
         self._probe: EngineProbe | None = None
@@ -329,7 +331,18 @@ class LLMEngine:
         sample_idx, logits = self.runner.run(batch, lora=lora)
         outputs = self._process(batch, sample_idx, logits)
         self.last_step = StepStats(batch.total_tokens, len(batch), time.perf_counter() - t0)
+        self._update_token_cap(self.last_step)
         return failed + outputs
+
+    def _update_token_cap(self, step: StepStats) -> None:
+        """The token budget of a step shared by several tenants (EngineArgs.multi_tenant_step_ms), from a running
+        average of seconds per token over steps large enough for their fixed costs not to dominate."""
+        if self._multi_tenant_step_s is None or step.num_tokens < 32:
+            return
+        per_token = step.seconds / step.num_tokens
+        avg = self._seconds_per_token
+        self._seconds_per_token = per_token if avg is None else 0.8 * avg + 0.2 * per_token
+        self.scheduler.multi_tenant_token_cap = max(1, int(self._multi_tenant_step_s / self._seconds_per_token))
 
     def _process(self, batch: ScheduledBatch, sample_idx: list[int], logits: torch.Tensor) -> list[RequestOutput]:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):

@@ -57,6 +57,9 @@ class RequestQueue(Protocol):
 
     can_overtake: bool  # whether a waiting request can ever be ahead of a running one (not under fcfs)
 
+    def num_live_tenants(self) -> int:
+        """Tenants with requests in the engine (waiting or running); 1 where the policy does not tell them apart."""
+
     def ahead_of(self, waiting: Sequence, running: Sequence, preempt: bool = False) -> bool:
         """Whether ``waiting`` goes before ``running``'s remaining work (its prefill chunks); with ``preempt``,
         whether it is far enough ahead to take ``running``'s seat when the batch is full."""
@@ -75,6 +78,9 @@ class _ListQueue:
 
     def finished(self, seq: Sequence) -> None:
         pass
+
+    def num_live_tenants(self) -> int:
+        return 1
 
     def candidates(self) -> Iterator[Sequence]:
         return iter(list(self._q))
@@ -182,6 +188,9 @@ class FairQueue:
                 self.counters.clear()  # the engine was idle: nobody is owed or owes anything
                 self.counters[tenant] = 0.0
         self._live[tenant] += 1
+
+    def num_live_tenants(self) -> int:
+        return len(self._live)
 
     def finished(self, seq: Sequence) -> None:
         tenant = seq.share.tenant

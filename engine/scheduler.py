@@ -19,7 +19,15 @@ set another's time to first token:
 * when the batch is full (``max_num_seqs`` or KV blocks) and the first admissible waiting request is ahead of
   the last running sequence, that sequence gives up its seat: it is preempted as under memory pressure (at
   most one per step; under fair only when the newcomer's tenant stays below the other even after paying
-  for its prompt, so that two tenants near parity do not trade seats).
+  for its prompt, so that two tenants near parity do not trade seats);
+* while two or more tenants are live (fair), the step's token budget is cut so a step takes about
+  ``multi_tenant_step_ms`` (the engine sets ``multi_tenant_token_cap`` from recent step times): on a CPU a step's
+  time grows with its tokens, and another tenant's newcomer waits for the step in flight;
+* a tenant that far ahead (the same test) gets a step to itself: the running work of the tenants it is ahead
+  of, decodes included, sits out the step in which its prefill runs (and their newcomers are not admitted in
+  it), so its first token waits for the step in flight and its own prefill, not for a full batch of the flood's
+  decodes. No sequence sits out two steps in a row, and none at all when the newcomer cannot be admitted
+  after all. On a CPU a step's time grows with its rows, so this is what bounds such a tenant's TTFT.
 """
 
 from __future__ import annotations
@@ -79,6 +87,10 @@ class Scheduler:
         # -> draft tokens to verify after them (engine.speculative); they share the step's token budget
         self.proposer: Callable[[Sequence, int], list[int]] | None = None
         self._arrivals = itertools.count(1)
+        self._held_last: set[int] = set()  # ids of the sequences held last step: never twice in a row
+        # the step's token budget while two or more tenants are live (LLMEngine sets it from the step times and
+        # EngineArgs.multi_tenant_step_ms); None: no cut
+        self.multi_tenant_token_cap: int | None = None
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -142,12 +154,24 @@ class Scheduler:
         self.running = self.waiting.running_order(self.running)
         head = self._make_room(batch)
         deferred: list[Sequence] = []  # chunks of sequences behind `head`: after the admissions
+        held: list[Sequence] = []  # all work of sequences far behind `head`: not this step, unless `head` waits
+        holds = head is not None and any(
+            id(seq) not in self._held_last and self.waiting.ahead_of(head, seq, preempt=True) for seq in self.running
+        )
+        if not holds and self.multi_tenant_token_cap is not None and self.waiting.num_live_tenants() > 1:
+            # every running sequence keeps at least one token (none is starved by the cut) and a block's worth
+            # of prompt chunk is left for the others
+            budget = min(budget, max(self.multi_tenant_token_cap, len(self.running) + self.bm.block_size))
         memory_preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if n <= 0:
+                i += 1
+                continue
+            if holds and id(seq) not in self._held_last and self.waiting.ahead_of(head, seq, preempt=True):
+                held.append(seq)
                 i += 1
                 continue
             if n > 1 and head is not None and self.waiting.ahead_of(head, seq):
@@ -164,8 +188,9 @@ class Scheduler:
                 victim = self.running[-1]
                 self._preempt(victim, batch)
                 memory_preempted = True
-                if victim in deferred:
-                    deferred.remove(victim)
+                for skipped in (deferred, held):
+                    if victim in skipped:
+                        skipped.remove(victim)
                 if victim is seq:
                     break
             else:
@@ -191,6 +216,8 @@ class Scheduler:
             for seq in self.waiting.candidates():
                 if budget <= 0 or len(self.running) >= self.max_num_seqs:
                     break
+                if held and self.waiting.ahead_of(head, seq, preempt=True):
+                    continue  # the held tenants' newcomers wait with their running work
                 if not all(policy.can_admit(seq) for policy in self.admission):
                     continue  # e.g. grammar still compiling: wait without blocking others
                 if computing and self.bm.first_uncached_block(seq) in computing:
@@ -214,7 +241,12 @@ class Scheduler:
         for seq in admitted:  # the queue is not changed while its candidates are visited
             self.waiting.remove(seq)
 
-        # 3. the deferred chunks, from what is left (no preemption for them: they run next step otherwise)
+        # 3. the deferred chunks, from what is left (no preemption for them: they run next step otherwise); the
+        # held sequences too when `head` was not admitted after all (blocks, a shared block computing): a step
+        # is never given up for nothing
+        if head is not None and not any(seq is head for seq in admitted):
+            deferred, held = held + deferred, []
+        self._held_last = {id(seq) for seq in held}
         for seq in deferred:
             seq.spec_token_ids = []  # no drafts behind a deferred chunk
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)

@@ -259,7 +259,7 @@ def test_fair_gives_a_full_batch_seat_to_a_tenant_far_below_its_share():
         steps += 1
         assert bool(batch.preempted) == (gap > gap_needed), (gap, batch.preempted)
     assert batch.preempted == [a_new]  # the newest sequence of the tenant over its share gives up its seat
-    assert b in batch.seqs and a_old in batch.seqs and steps < 10
+    assert batch.seqs == [b] and steps < 10  # and B's prefill has the step to itself (a_old sits it out)
     while b.request_id not in sim.finished:
         assert not sim.step().preempted  # B keeps its seat: no trade back
     assert a_new.request_id not in sim.finished  # A's sequence comes back later, recomputed
@@ -288,3 +288,91 @@ def test_a_newcomers_prefill_goes_before_the_flood_tenants_prompt_chunks(policy)
         assert batch.seqs == [b, a] and batch.num_new_tokens == [8, 8]
     else:  # fcfs: A's chunk fills the step, B waits
         assert batch.seqs == [a] and batch.num_new_tokens == [16]
+
+
+def _far_below(sim: Sim, prompt_len: int = 8, a_weight: float = 1.0) -> Sequence:
+    """A's three long requests run while B's first one keeps B live; A's decodes (three per step against B's
+    one) carry A far past B; then B's second request arrives."""
+    for _ in range(3):
+        sim.add("A", max_tokens=200, weight=a_weight)
+    sim.add("B", max_tokens=200)
+    sim.run(40)
+    gap = sim.sched.waiting.counters["A"] - sim.sched.waiting.counters["B"]
+    late = sim.add("B", prompt_len=prompt_len)
+    assert gap > PROMPT_COST * late.num_prompt_tokens  # far below: the precondition of the rule under test
+    return late
+
+
+def test_fair_gives_a_tenant_far_below_its_share_a_step_of_its_own():
+    sim = Sim("fair", max_num_seqs=8)
+    late = _far_below(sim)
+    a_running = [s for s in sim.sched.running if s.share.tenant == "A"]
+    a_waiting = sim.add("A")  # the flood tenant's newcomer waits too
+    batch = sim.step()
+    assert late in batch.seqs and batch.num_new_tokens[batch.seqs.index(late)] == late.num_prompt_tokens
+    assert admitted_tenants(batch) == ["B", "B"]  # B's running decode and B's prefill, none of A's
+    assert a_waiting not in sim.sched.running
+    following = sim.step()  # A's sequences are never held two steps in a row
+    assert all(s in following.seqs for s in a_running)
+
+
+def test_a_held_step_is_not_given_up_when_the_newcomer_cannot_be_admitted():
+    # 4-token blocks: the four running requests hold 48 of 60; B's 200-token prompt needs 50, more than the 12
+    # free and the 12 of the one seat the newcomer may take
+    sim = Sim("fair", max_num_seqs=8, blocks=60, budget=256)
+    late = _far_below(sim, prompt_len=200, a_weight=0.1)
+    batch = sim.step()
+    assert late not in batch.seqs and len(batch.preempted) == 1
+    assert sorted(admitted_tenants(batch)) == ["A", "A", "B"]  # everyone still running decodes
+
+
+def test_fcfs_and_parity_never_hold_running_work():
+    for policy in ("fcfs", "fair"):
+        sim = Sim(policy, max_num_seqs=8)
+        for _ in range(3):
+            sim.add("A", max_tokens=200)
+        sim.run(3)
+        b = sim.add("B")  # fair: B starts level with A (no credit banked), so nothing is held
+        batch = sim.step()
+        assert admitted_tenants(batch).count("A") == 3
+        assert b in batch.seqs  # seats and budget to spare: admitted beside A's decodes
+
+
+def test_the_token_cap_applies_only_while_two_tenants_are_live():
+    sim = Sim("fair", max_num_seqs=8, budget=64)
+    sim.sched.multi_tenant_token_cap = 12
+    a = sim.add("A", prompt_len=40, max_tokens=30)
+    assert sim.step().num_new_tokens == [40]  # one tenant: the whole budget
+    b = sim.add("B", prompt_len=40, max_tokens=30)
+    batch = sim.step()
+    # A's decode and B's first prompt chunk share the cut budget
+    assert batch.seqs == [a, b] and batch.num_new_tokens == [1, 11]
+    while b.num_computed_tokens < b.num_prompt_tokens:
+        assert sim.step().total_tokens <= 12
+    while a.request_id not in sim.finished:
+        sim.step()
+    assert sim.step().total_tokens == 1 and sim.add("B", prompt_len=40)  # B's decode; then a newcomer of B's
+    assert sim.step().num_new_tokens == [1, 40]  # one live tenant again: the whole budget
+    # fcfs never cuts (no tenant is ever ahead of running work)
+    fcfs = Sim("fcfs", max_num_seqs=8, budget=64)
+    fcfs.sched.multi_tenant_token_cap = 12
+    fcfs.add("A", prompt_len=40)
+    fcfs.add("B", prompt_len=20)
+    assert fcfs.step().total_tokens == 60
+
+
+def test_the_token_cap_never_leaves_a_running_sequence_without_a_token():
+    sim = Sim("fair", max_num_seqs=8, budget=64)
+    sim.sched.multi_tenant_token_cap = 1
+    running = [sim.add(t, prompt_len=4, max_tokens=50) for t in "AABBCC"]
+    sim.run(10)
+    batch = sim.step()
+    assert all(s in batch.seqs for s in running)  # six decodes although the cap is one token
+
+
+def test_a_step_held_for_a_tenant_far_below_keeps_the_whole_budget():
+    sim = Sim("fair", max_num_seqs=8, budget=64)
+    late = _far_below(sim, prompt_len=40)
+    sim.sched.multi_tenant_token_cap = 8
+    batch = sim.step()
+    assert batch.seqs[-1] is late and batch.num_new_tokens[-1] == 40  # its whole prompt in one step
