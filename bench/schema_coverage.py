@@ -1,7 +1,7 @@
 """Real-world JSON Schemas: coverage, soundness and recall of loraplex's structured output, and of llguidance
 (default and lenient) and xgrammar on the same corpus and tokenizer.
 
-    .venv/bin/python -m bench.schema_coverage [--corpus DIR] [--walks 50] [--limit N] [--peers]
+    .venv/bin/python -m bench.schema_coverage [--corpus DIR] [--walks 50] [--limit N] [--sample N] [--peers]
 
 For every schema of the corpus (default ../shared/schemas/schemastore-dev: SchemaStore schemas with their
 own example documents):
@@ -12,6 +12,9 @@ own example documents):
   invalid walks is the soundness figure, and it must be zero;
 * recall: the valid example documents, keys put into the order we generate, fed token by token;
 * compile times and mask times.
+
+--corpus also reads MaskBench's folder of JSONSchemaBench schemas with test documents (guidance-ai/jsonschemabench,
+maskbench/data; not in this repository): acceptance is then also shown per category.
 
 With --peers, llguidance (default: refuses what it does not support; lenient: ignores it) and xgrammar
 (needs `pip install --no-deps xgrammar apache-tvm-ffi`) compile the same schemas, and each peer's soundness
@@ -40,13 +43,25 @@ from loraplex.grammar.fuzz import random_walk
 DEFAULT_CORPUS = REPO.parent / "shared" / "schemas" / "schemastore-dev"
 
 
-def load_corpus(root: Path, limit: int | None) -> list[dict[str, Any]]:
+def load_corpus(root: Path, limit: int | None, sample: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
+    """Our dev-set layout (index.jsonl naming schema and instance files), or MaskBench's (JSONSchemaBench's
+    schemas with test documents: one `<category>---<name>.json` per schema, {"schema": .., "tests": [{"data":
+    .., "valid": ..}]}). ``sample``: that many schemas drawn at random (seeded), for a long corpus."""
     cases = []
-    for line in (root / "index.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        schema = json.loads((root / entry["file"]).read_text())
-        instances = [(json.loads((root / i["file"]).read_text()), i["valid"]) for i in entry.get("instances", [])]
-        cases.append({"id": entry["id"], "schema": schema, "instances": instances})
+    if (root / "index.jsonl").exists():
+        for line in (root / "index.jsonl").read_text().splitlines():
+            entry = json.loads(line)
+            schema = json.loads((root / entry["file"]).read_text())
+            instances = [(json.loads((root / i["file"]).read_text()), i["valid"]) for i in entry.get("instances", [])]
+            cases.append({"id": entry["id"], "category": root.name, "schema": schema, "instances": instances})
+    else:
+        for path in sorted(root.glob("*.json")):
+            entry = json.loads(path.read_text())
+            instances = [(t["data"], bool(t["valid"])) for t in entry.get("tests") or [] if "data" in t]
+            category = path.stem.split("---")[0] if "---" in path.stem else re.sub(r"_?\d+$", "", path.stem)
+            cases.append({"id": path.stem, "category": category, "schema": entry["schema"], "instances": instances})
+    if sample is not None and sample < len(cases):
+        cases = sorted(random.Random(seed).sample(cases, sample), key=lambda c: c["id"])
     return cases[:limit] if limit else cases
 
 
@@ -100,7 +115,9 @@ def accepts(grammar: Any, token_ids: list[int]) -> bool:
     return all(m.accept_token(t) for t in token_ids) and m.is_accepting()
 
 
-def run_ours(cases: list[dict], tokenizer: Any, walks: int, budget: int, seed: int) -> dict[str, Any]:
+def run_ours(
+    cases: list[dict], tokenizer: Any, walks: int, budget: int, seed: int, progress: int = 0
+) -> dict[str, Any]:
     compiler = GrammarCompiler(
         tokenizer,
         eos_token_ids=[tokenizer.eos_token_id],
@@ -119,10 +136,13 @@ def run_ours(cases: list[dict], tokenizer: Any, walks: int, budget: int, seed: i
         "mask_us": [],
         "recall": [0, 0],
         "bad": [],
+        "by_category": Counter(),  # accepted schemas per category
     }
     try:
         compiler.compile(StructuredSpec(regex="warm-up"))
-        for case in cases:
+        for done, case in enumerate(cases):
+            if progress and done and done % progress == 0:
+                print(f"  ... {done}/{len(cases)} schemas, {out['invalid']} invalid walks so far", flush=True)
             t = time.perf_counter()
             try:
                 g = compiler.compile(StructuredSpec(json=case["schema"]))
@@ -133,6 +153,7 @@ def run_ours(cases: list[dict], tokenizer: Any, walks: int, budget: int, seed: i
             finally:
                 out["compile_ms"].append((time.perf_counter() - t) * 1e3)
             out["status"]["narrowed" if g.narrowing else "exact"] += 1
+            out["by_category"][case["category"]] += 1
             check = validator(case["schema"])
             for _ in range(walks):  # a request below the grammar's min_tokens is refused: none walks below it
                 walk = random_walk(g, compiler.vocab, rng, max(budget, g.min_tokens))
@@ -182,10 +203,13 @@ def run_llguidance(cases: list[dict], tokenizer: Any, lenient: bool) -> dict[str
             out["refused"] += 1
             continue
         out["compiled"] += 1
+        order = key_order(case["schema"])  # declaration order, the order the engines generate keys in
         for doc, valid in case["instances"]:
-            text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-            m = LLMatcher(ll_tok, grammar, log_level=0)
-            ok = m.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and m.is_accepting()
+            ok = False
+            for form in (doc, reorder(doc, order)):  # either key order (for invalid documents: the worst case)
+                text = json.dumps(form, ensure_ascii=False, separators=(",", ":"))
+                m = LLMatcher(ll_tok, grammar, log_level=0)
+                ok = ok or (m.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and m.is_accepting())
             out["valid_accepted" if valid else "invalid_accepted"] += bool(ok)
             out["valid" if valid else "invalid"] += 1
     return dict(out)
@@ -206,11 +230,15 @@ def run_xgrammar(cases: list[dict], tokenizer: Any) -> dict[str, int] | None:
             out["refused"] += 1
             continue
         out["compiled"] += 1
+        order = key_order(case["schema"])  # declaration order, the order the engines generate keys in
         for doc, valid in case["instances"]:
-            text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-            m = xgr.GrammarMatcher(compiled)
-            ok = all(m.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
-            ok = ok and m.accept_token(tokenizer.eos_token_id)
+            # xgrammar's JSON (any_whitespace=False) has json.dumps' default separators, ", " and ": "
+            ok = False
+            for form in (doc, reorder(doc, order)):  # either key order (for invalid documents: the worst case)
+                text = json.dumps(form, ensure_ascii=False)
+                m = xgr.GrammarMatcher(compiled)
+                tokens = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+                ok = ok or all(m.accept_token(t) for t in tokens)
             out["valid_accepted" if valid else "invalid_accepted"] += bool(ok)
             out["valid" if valid else "invalid"] += 1
     return dict(out)
@@ -227,6 +255,8 @@ def main() -> None:
     ap.add_argument("--walks", type=int, default=50, help="random walks per accepted schema")
     ap.add_argument("--budget", type=int, default=256, help="max tokens per walk")
     ap.add_argument("--limit", type=int, default=None, help="only the first N schemas")
+    ap.add_argument("--sample", type=int, default=None, help="N schemas drawn at random (seeded by --seed)")
+    ap.add_argument("--progress", type=int, default=0, help="print a line every N schemas (0: never)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peers", action="store_true", help="also llguidance (default, lenient) and xgrammar")
     ap.add_argument("--show-invalid", type=int, default=5, help="print up to N invalid walks")
@@ -236,9 +266,9 @@ def main() -> None:
     from loraplex.engine.model_files import prepare_default_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(prepare_default_model()))
-    cases = load_corpus(args.corpus, args.limit)
+    cases = load_corpus(args.corpus, args.limit, args.sample, args.seed)
     t = time.perf_counter()
-    ours = run_ours(cases, tokenizer, args.walks, args.budget, args.seed)
+    ours = run_ours(cases, tokenizer, args.walks, args.budget, args.seed, args.progress)
     n = len(cases)
     accepted = ours["status"]["exact"] + ours["status"]["narrowed"]
     print(f"{args.corpus.name}: {n} schemas; loraplex in {time.perf_counter() - t:.0f} s")
@@ -248,6 +278,12 @@ def main() -> None:
     )
     if ours["refused"]:
         print("refused by reason: " + ", ".join(f"{k} {v}" for k, v in ours["refused"].most_common()))
+    categories = Counter(c["category"] for c in cases)
+    if len(categories) > 1:
+        print(
+            "accepted by category: "
+            + ", ".join(f"{name} {ours['by_category'][name]}/{n}" for name, n in sorted(categories.items()))
+        )
     print(
         f"soundness: {ours['invalid']} invalid of {ours['walks']} random walks ({args.walks} per schema, budget "
         f"{args.budget} tokens); {ours['unclosed']} walks did not close within the budget"
