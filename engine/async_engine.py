@@ -41,12 +41,17 @@ log = logging.getLogger(__name__)
 class _Stream:
     """One request's mailbox. The engine thread leaves outputs in `pending` (joined into one while the consumer
     has not taken them: a consumer that falls behind gets fewer, larger outputs instead of a growing backlog)
-    and wakes the event loop once per step for all the streams that got something."""
+    and wakes the event loop once per step for all the streams that got something. A stream that is not
+    ``every_step`` (a non-streaming response) is woken for its first output, its last and an error only: the
+    steps between are joined into the last output without costing the event loop anything."""
 
     loop: asyncio.AbstractEventLoop
+    every_step: bool = True
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     pending: RequestOutput | None = None
     error: BaseException | None = None
+    signalled: bool = False  # a wake-up is on its way or not yet taken (guarded by _mailbox_lock)
+    first_sent: bool = False
 
     def take(self) -> RequestOutput | BaseException | None:
         """(event loop) What arrived since the last take: outputs first, then an error."""
@@ -56,7 +61,18 @@ class _Stream:
                 item, self.error = self.error, None
             else:
                 self.pending = None
+            self.signalled = self.pending is not None or self.error is not None
             return item
+
+    def wants_wake(self, item: RequestOutput | BaseException) -> bool:
+        """(engine thread, under _mailbox_lock) Whether leaving ``item`` should wake the consumer."""
+        if self.signalled:
+            return False  # a wake-up is pending: the consumer takes everything there when it runs
+        if self.every_step or isinstance(item, BaseException) or item.finished or not self.first_sent:
+            self.first_sent = True
+            self.signalled = True
+            return True
+        return False
 
 
 _mailbox_lock = threading.Lock()  # guards every _Stream's pending/error (held for a few assignments only)
@@ -107,16 +123,19 @@ class AsyncEngine:
         adapter: AdapterRef | None = None,
         cache_salt: str | None = None,
         share: Share = DEFAULT_SHARE,
+        every_step: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs; validation, grammar and budget errors raise before anything is
         generated (the engine thread keeps stepping while a grammar compiles). ``share``: the tenant the
-        request is served for, its weight and priority class (see ``engine.share``)."""
+        request is served for, its weight and priority class (see ``engine.share``). ``every_step=False`` (a
+        caller that only needs the first output and the whole result, e.g. a non-streaming response): the
+        outputs between the first and the last come joined into the last one."""
         if self._stopped:
             raise RuntimeError("the engine is shut down")
         prompt_token_ids = list(prompt_token_ids)
         grammar = await asyncio.wrap_future(self.engine.precheck(prompt_token_ids, params))
         request_id = request_id or f"req-{uuid.uuid4().hex[:12]}"
-        stream = _Stream(asyncio.get_running_loop())
+        stream = _Stream(asyncio.get_running_loop(), every_step)
         self._streams[request_id] = stream
         self._send(AddRequest(request_id, prompt_token_ids, params, adapter, cache_salt, grammar, share))
         finished = False
@@ -124,8 +143,9 @@ class AsyncEngine:
             while True:
                 item = stream.take()
                 if item is None:
-                    # The engine thread wakes this loop only after it filled an empty mailbox, so a wake cannot
-                    # fall between this take and the wait (callbacks run only while this task awaits).
+                    # The engine thread wakes this loop only for a mailbox nobody was signalled for since the last
+                    # take, so a wake cannot fall between this take and the wait (callbacks run only while this
+                    # task awaits).
                     stream.ready.clear()
                     await stream.ready.wait()
                     continue
@@ -189,22 +209,21 @@ class AsyncEngine:
         self._deliver_all([(request_id, item)])
 
     def _deliver_all(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
-        """Leave each item in its request's mailbox; one wake-up per event loop for all the mailboxes that were
-        empty (one cross-thread call per step, not one per request)."""
+        """Leave each item in its request's mailbox; one wake-up per event loop for all the mailboxes that want one
+        (``_Stream.wants_wake``: one cross-thread call per step, not one per request)."""
         woken: dict[asyncio.AbstractEventLoop, list[_Stream]] = {}
         with _mailbox_lock:
             for request_id, item in items:
                 stream = self._streams.get(request_id)
                 if stream is None:
                     continue
-                was_empty = stream.pending is None and stream.error is None
                 if isinstance(item, BaseException):
                     stream.error = item
                 elif stream.pending is None:
                     stream.pending = item
                 else:
                     stream.pending = stream.pending.then(item)
-                if was_empty:
+                if stream.wants_wake(item):
                     woken.setdefault(stream.loop, []).append(stream)
         for loop, streams in woken.items():
             with contextlib.suppress(RuntimeError):  # the client's event loop is gone

@@ -266,6 +266,7 @@ async def _start(
             share=share,
             on_close=lease.release if lease else None,  # every way a generation ends goes through Generation.close
             endpoint=version,
+            streaming=bool(data.stream) and admit,  # shadow copies (admit=False) are only collected
         )
     except BaseException:
         if lease is not None:

@@ -76,7 +76,10 @@ class Generation:
         share: Share = DEFAULT_SHARE,
         on_close: Callable[[int], Awaitable[None]] | None = None,
         endpoint: EndpointLabels | None = None,
+        streaming: bool = True,
     ) -> Generation:
+        """``streaming=False`` (a response sent whole): each choice's outputs after the first arrive joined into
+        its last (the event loop is not woken every step for them)."""
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = [
             engine.generate(
@@ -86,6 +89,7 @@ class Generation:
                 adapter=adapter,
                 cache_salt=salt,
                 share=share,
+                every_step=streaming,
             )
             for c in inputs
         ]

@@ -74,3 +74,21 @@ async def test_requests_on_two_event_loops_are_each_woken(tiny_llama_dir) -> Non
         assert other == here == oracle.greedy_ignore_eos(PROMPT, 8)
     finally:
         engine.shutdown()
+
+
+async def test_a_whole_response_consumer_is_woken_for_the_first_and_last_output_only(tiny_llama_dir) -> None:
+    engine = AsyncEngine(model=str(tiny_llama_dir), num_kv_blocks=64, block_size=8)
+    oracle = HFOracle(tiny_llama_dir)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=1)
+    try:
+        # a consumer that keeps up (it never blocks) still gets two outputs: the steps between are joined
+        whole = [o async for o in engine.generate(PROMPT, params, every_step=False)]
+        streamed = [o async for o in engine.generate(PROMPT, params)]
+        assert len(whole) == 2 and len(streamed) > 2
+        tokens = [t for o in whole for t in o.new_token_ids]
+        assert tokens == whole[-1].token_ids == oracle.greedy_ignore_eos(PROMPT, 24)
+        assert whole[0].new_token_ids == tokens[:1] and whole[-1].finished
+        assert "".join(o.new_text for o in whole) == whole[-1].text == streamed[-1].text
+        assert [lp.token_id for o in whole for lp in o.new_logprobs] == tokens
+    finally:
+        engine.shutdown()
