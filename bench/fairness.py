@@ -24,7 +24,7 @@ as the platform's per-tenant ``max_concurrent_sequences`` limit does, which boun
 Usage: python -m bench.fairness [--policies fair,fcfs] [--flood 300] [--b-requests 20] [--spacing 1.0]
                                 [--max-tokens 32] [--weights 2,1] [--share-clients 128] [--settle 5]
                                 [--window 30] [--max-num-seqs 128] [--max-num-batched-tokens 2048]
-                                [--a-concurrency 0]
+                                [--multi-tenant-step-ms MS] [--a-concurrency 0]
 """
 
 from __future__ import annotations
@@ -134,6 +134,7 @@ async def run_policy(policy: str, prompts: list[list[int]], args: argparse.Names
         scheduling_policy=policy,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        multi_tenant_step_ms=args.multi_tenant_step_ms,
     )
     try:
         client = Client(engine, prompts, args.max_tokens)
@@ -158,6 +159,9 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=30.0)
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="the step's token budget")
+    ap.add_argument(
+        "--multi-tenant-step-ms", type=float, default=None, help="the engine's step target with 2+ tenants (0: off)"
+    )
     ap.add_argument("--a-concurrency", type=int, default=0, help="A's requests in the engine at once (0: all)")
     args = ap.parse_args()
 
@@ -173,7 +177,9 @@ def main() -> None:
         f"\nflood {args.flood} x {args.max_tokens} tokens (tenant A, at most {args.a_concurrency or 'all'}"
         " in the engine); "
         f"B: {args.b_requests} requests every "
-        f"{args.spacing}s; max_num_seqs {args.max_num_seqs}; step budget {args.max_num_batched_tokens} tokens; "
+        f"{args.spacing}s; max_num_seqs {args.max_num_seqs}; step budget {args.max_num_batched_tokens} tokens "
+        f"(multi-tenant step target: {'default' if args.multi_tenant_step_ms is None else args.multi_tenant_step_ms} "
+        "ms); "
         f"weights A:B = {args.weights[0]:g}:{args.weights[1]:g}"
     )
     print(
