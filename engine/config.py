@@ -11,6 +11,7 @@ import torch
 from loraplex.adapters import BaseModelSpec
 from loraplex.engine.families import ACTIVATIONS, FAMILIES, Family, family_of
 from loraplex.engine.speculative import SpeculativeConfig
+from loraplex.kernels.cpu_features import require_native_bf16
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 SCHEDULING_POLICIES = ("fcfs", "fair", "priority")
@@ -93,9 +94,11 @@ class EngineArgs:
             dt = getattr(torch, self.dtype, None)
             if not isinstance(dt, torch.dtype):
                 raise ValueError(f"unknown dtype {self.dtype!r}")
+            if dt == torch.bfloat16 and device.type == "cpu":
+                require_native_bf16()  # emulated bfloat16 is slower than float32: refused, naming the feature
             return dt
         if device.type == "cpu":
-            return torch.float32  # no native bf16 on these CPUs: float32 is the fast type
+            return torch.float32  # the default even with native bf16: bf16 decode GEMVs are not faster (bench/README)
         return torch.bfloat16 if checkpoint_dtype == torch.float32 else checkpoint_dtype
 
     def resolved_lora_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
