@@ -1,7 +1,8 @@
 /* bfloat16 <-> float32 for the C kernels: bfloat16 is the top half of a float32, so widening is a 16-bit
- * shift (exact) and narrowing rounds to nearest-even, as torch's .to(torch.bfloat16) does (NaN stays NaN).
- * With AVX512-BF16 the narrowing is one instruction (vcvtneps2bf16); elsewhere the same rounding in
- * integer arithmetic. The kernels keep every sum in float32 and round once, when they store.
+ * shift (exact) and narrowing rounds to nearest-even in integer arithmetic, bit for bit as torch's
+ * .to(torch.bfloat16) does (NaN stays NaN, subnormals round as normals do). AVX512-BF16's vcvtneps2bf16 is not
+ * used: it flushes subnormal inputs to zero, where torch keeps them. The kernels keep every sum in float32
+ * and round once, when they store.
  *
  * Each kernel source that takes both element types includes its body once per type with ET (the stored
  * element), ELOAD8(p) (eight elements as a float v8), ESTORE8(p, v) and E_SUFFIX (f32 or bf16) defined;
@@ -35,17 +36,12 @@ static inline v8 load8_bf16(const uint16_t *p)
 
 static inline void store8_bf16(uint16_t *p, v8 v)
 {
-#if defined(__AVX512BF16__) && defined(__AVX512VL__)
-    const __m128bh h = _mm256_cvtneps_pbh((__m256)v);
-    memcpy(p, &h, 16);
-#else
     const v8u32 bits = (v8u32)v;
     v8u32 r = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
     const v8u32 nan = (v8u32)(v != v);  /* all ones on NaN lanes: those keep a quiet NaN of their sign */
     r = (r & ~nan) | (((bits >> 16) | 0x40u) & nan);
     const v8u16 h = __builtin_convertvector(r, v8u16);
     memcpy(p, &h, sizeof h);
-#endif
 }
 
 static inline float bf16_to_float(const uint16_t *p)
