@@ -9,6 +9,7 @@ printed beside them.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -59,14 +60,22 @@ def main() -> None:
         for n in ROWS:
             x32 = torch.randn(n, in_f, generator=g)
             x16 = x32.to(torch.bfloat16)
-            t32 = median_us(lambda: lin32(x32))
-            t16 = median_us(lambda: lin16(x16))
-            f32 = median_us(lambda: F.linear(x32, w32))
-            f16 = median_us(lambda: F.linear(x16, w16))
+            t32 = median_us(functools.partial(lin32, x32))
+            t16 = median_us(functools.partial(lin16, x16))
+            f32 = median_us(functools.partial(F.linear, x32, w32))
+            f16 = median_us(functools.partial(F.linear, x16, w16))
             rows_out.append([f"{name} {out_f}x{in_f}", n, t32, t16, t16 / t32, f32, f16, f16 / f32])
     print_table(
-        ["projection", "rows", "Linear f32 us", "Linear bf16 us", "bf16/f32", "F.linear f32 us", "F.linear bf16 us",
-         "bf16/f32"],
+        [
+            "projection",
+            "rows",
+            "Linear f32 us",
+            "Linear bf16 us",
+            "bf16/f32",
+            "F.linear f32 us",
+            "F.linear bf16 us",
+            "bf16/f32",
+        ],
         rows_out,
     )
 

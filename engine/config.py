@@ -98,7 +98,7 @@ class EngineArgs:
                 require_native_bf16()  # emulated bfloat16 is slower than float32: refused, naming the feature
             return dt
         if device.type == "cpu":
-            return torch.float32  # the default even with native bf16: bf16 decode GEMVs are not faster (bench/README)
+            return torch.float32  # even with native bf16: bf16 changes results (README, "Weights' dtype on the CPU")
         return torch.bfloat16 if checkpoint_dtype == torch.float32 else checkpoint_dtype
 
     def resolved_lora_dtype(self, model_dtype: torch.dtype) -> torch.dtype:

@@ -29,7 +29,10 @@ __all__ = [
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
-_VARIANTS = {torch.float32: "loraplex_paged_decode_attention_f32", torch.bfloat16: "loraplex_paged_decode_attention_bf16"}
+_VARIANTS = {
+    torch.float32: "loraplex_paged_decode_attention_f32",
+    torch.bfloat16: "loraplex_paged_decode_attention_bf16",
+}
 C_DTYPES = tuple(_VARIANTS)  # the element types the C attention kernels take
 _SIGNATURES = dict.fromkeys(
     _VARIANTS.values(), (ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, _i64, _f32, ctypes.c_int])

@@ -22,7 +22,14 @@ from .cpu_build import load
 from .lora import _check_expand, _check_mapping, _check_shrink, lora_expand_ref, lora_shrink_ref
 from .lora_mapping import LoRABatchMapping
 
-__all__ = ["ACTIVATION_DTYPES", "WEIGHT_DTYPES", "CLoRAStep", "cpu_lora_kernel_available", "lora_apply_c", "lora_apply_ref"]
+__all__ = [
+    "ACTIVATION_DTYPES",
+    "WEIGHT_DTYPES",
+    "CLoRAStep",
+    "cpu_lora_kernel_available",
+    "lora_apply_c",
+    "lora_apply_ref",
+]
 
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
@@ -99,7 +106,9 @@ def lora_apply_c(
     activations of one dtype, float32, bfloat16 or float16 CPU weights)."""
     _check(x, y, lora_a, lora_bt, mapping, slice_offsets, slot_ranks)
     if any(t.device.type != "cpu" or t.dtype not in ACTIVATION_DTYPES for t in (x, y)) or x.dtype != y.dtype:
-        raise ValueError(f"the C LoRA kernel takes float32 or bfloat16 CPU activations, got x {x.dtype} and y {y.dtype}")
+        raise ValueError(
+            f"the C LoRA kernel takes float32 or bfloat16 CPU activations, got x {x.dtype} and y {y.dtype}"
+        )
     if mapping.num_active_tokens == 0:
         return y
     step = CLoRAStep(

@@ -103,7 +103,9 @@ def add_rms_norm_c(
     """The C kernel; raises when it cannot serve these tensors."""
     _check_norm(residual, delta, weight)
     if not _c_ready(*_norm_tensors(residual, delta, weight)):
-        raise ValueError("the C add_rms_norm kernel takes float32 or bfloat16 CPU tensors of one dtype (and a C compiler)")
+        raise ValueError(
+            "the C add_rms_norm kernel takes float32 or bfloat16 CPU tensors of one dtype (and a C compiler)"
+        )
     if not residual.is_contiguous():
         raise ValueError("the C add_rms_norm kernel updates residual in place: it must be contiguous")
     delta = None if delta is None else delta.contiguous()

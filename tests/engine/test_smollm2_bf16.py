@@ -113,8 +113,10 @@ def test_bf16_engine_within_stated_tolerance_of_hf(oracles):
         assert float(gap.max()) <= BF16_NEAR_TIE, f"q{i}: a token {float(gap.max()):.2f} below float32's argmax"
         exact += int((gap == 0).sum())
         total += len(tokens)
-    print(f"worst |engine - fp32| {worst_32:.3f}, worst |bf16 HF - fp32| {worst_hf16_32:.3f}; "
-          f"{exact}/{total} tokens are float32's argmax")
+    print(
+        f"worst |engine - fp32| {worst_32:.3f}, worst |bf16 HF - fp32| {worst_hf16_32:.3f}; "
+        f"{exact}/{total} tokens are float32's argmax"
+    )
     assert worst_32 <= 1.5 * worst_hf16_32, (worst_32, worst_hf16_32)
     assert exact >= 0.9 * total
     eng.close()

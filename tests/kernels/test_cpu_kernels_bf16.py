@@ -17,7 +17,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.kernels.cpu_decode_attention import paged_decode_attention, paged_decode_attention_c, paged_decode_attention_ref
+from loraplex.kernels.cpu_decode_attention import (
+    paged_decode_attention,
+    paged_decode_attention_c,
+    paged_decode_attention_ref,
+)
 from loraplex.kernels.cpu_lora import CLoRAStep, lora_apply_c, lora_apply_ref
 from loraplex.kernels.cpu_prefill_attention import paged_prefill_attention_c, paged_prefill_attention_ref
 from loraplex.kernels.elementwise import (
@@ -132,7 +136,9 @@ def test_prefill_attention_bf16(heads, kv_heads, head_dim, block_size, q_lens, c
     q, k, v, tables, seq_lens, starts = _prefill_case(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens)
     scale = head_dim**-0.5
     out = paged_prefill_attention_c(q, k, v, tables, seq_lens, starts, scale, window, softcap)
-    exact = paged_prefill_attention_ref(q.float(), k.float(), v.float(), tables, seq_lens, starts, scale, window, softcap)
+    exact = paged_prefill_attention_ref(
+        q.float(), k.float(), v.float(), tables, seq_lens, starts, scale, window, softcap
+    )
     assert_rounded_once(out, exact)
     ref16 = paged_prefill_attention_ref(q, k, v, tables, seq_lens, starts, scale, window, softcap)
     assert_no_worse_than(out, ref16, exact, atol=2e-2)
@@ -147,7 +153,7 @@ def test_attention_refuses_mixed_dtypes():
     q, k, v, tables, seq_lens, starts = _prefill_case(9, 3, 64, 16, [5, 9], [0, 3])
     with pytest.raises(ValueError, match="float32 or bfloat16 CPU tensors of one dtype"):
         paged_prefill_attention_c(q.float(), k, v, tables, seq_lens, starts, 0.125)
-    with pytest.raises(ValueError, match="out must be a contiguous torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"out must be a contiguous torch\.bfloat16"):
         paged_prefill_attention_c(q, k, v, tables, seq_lens, starts, 0.125, out=torch.zeros(q.shape))
 
 
@@ -283,7 +289,7 @@ def test_lora_step_checks_the_activation_dtype():
     a, bt, offsets, ranks = _lora_weights([8], 8, [4, 4], seed=1)
     mapping = LoRABatchMapping.build([0, 1], 2)
     step = CLoRAStep({"g": (a.to(BF16)[None], bt.to(BF16)[None], offsets)}, mapping, ranks, activation_dtype=BF16)
-    with pytest.raises(ValueError, match="takes torch.bfloat16 CPU tensors"):
+    with pytest.raises(ValueError, match=r"takes torch\.bfloat16 CPU tensors"):
         step.apply("g", 0, torch.randn(2, 8), torch.randn(2, 8))
     with pytest.raises(ValueError, match="float32 or bfloat16 activations"):
         CLoRAStep({"g": (a[None], bt[None], offsets)}, mapping, ranks, activation_dtype=torch.float16)
