@@ -4,11 +4,13 @@ Times ``engine.linear.Linear`` (oneDNN's packed linear where it works, else F.li
 on SmolLM2-135M's projection shapes, for 1 row (a lone decode: a GEMV), 8 and 64 rows (decode batches) and
 512 rows (a prefill chunk), in both dtypes, and prints the bfloat16 / float32 time ratio (below 1: bfloat16
 is faster). Medians of repeated runs, so a busy shared machine disturbs them less; the machine's load is
-printed beside them.
+printed beside them. On a saturated machine two OpenMP threads wait for each other at every barrier (every
+call then takes a scheduler quantum, ~16 ms): ``--threads 1`` measures the kernels instead.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import statistics
 import time
@@ -46,6 +48,11 @@ def median_us(fn: Callable[[], object], budget_s: float = 0.3) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's; 1 on a busy machine)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(
         f"native bf16: {native_bf16_feature() or 'none'}; oneDNN packed linear float32 "
         f"{onednn_linear_available(torch.float32)}, bfloat16 {onednn_linear_available(torch.bfloat16)}; "
