@@ -95,7 +95,7 @@ class EngineArgs:
             if not isinstance(dt, torch.dtype):
                 raise ValueError(f"unknown dtype {self.dtype!r}")
             if dt == torch.bfloat16 and device.type == "cpu":
-                require_native_bf16()  # emulated bfloat16 is slower than float32: refused, naming the feature
+                require_native_bf16()  # no emulated bfloat16: refused, naming the missing CPU feature
             return dt
         if device.type == "cpu":
             return torch.float32  # even with native bf16: bf16 changes results (README, "Weights' dtype on the CPU")

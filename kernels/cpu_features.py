@@ -3,9 +3,10 @@ is a serving dtype on the CPU.
 
 bfloat16 pays on the CPU only where the matrix units take it natively: ``avx512_bf16`` (bf16 dot products
 in the AVX-512 units) or ``amx_bf16`` (Intel AMX tiles) on x86, ``bf16`` (the BFDOT/BFMMLA instructions) on
-Arm. Elsewhere oneDNN and torch emulate it through float32 and it is slower than float32 itself, so the
-engine refuses it there (``require_native_bf16``) instead of serving it slowly. torch has no public helper
-for this (``torch.backends.mkldnn`` reports bf16 support on any AVX-512 core, emulated or not).
+Arm. Elsewhere oneDNN and torch emulate it through float32 conversions (not measured here: the project's
+machines have it), so the engine refuses it there (``require_native_bf16``) rather than serve an emulation.
+torch has no public helper for this (``torch.backends.mkldnn`` reports bf16 support on any AVX-512 core,
+emulated or not).
 """
 
 from __future__ import annotations
@@ -49,6 +50,6 @@ def require_native_bf16(flags: frozenset[str] | None = None) -> str:
         raise ValueError(
             "dtype bfloat16 on the CPU needs native bfloat16 arithmetic (CPU feature avx512_bf16 or amx_bf16 "
             "on x86, bf16 on Arm), which this CPU lacks (not in /proc/cpuinfo's flags): without it bfloat16 is "
-            "emulated and slower than float32; serve with dtype float32 (the CPU default)"
+            "only emulated; serve with dtype float32 (the CPU default)"
         )
     return found
