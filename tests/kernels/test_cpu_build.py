@@ -82,7 +82,7 @@ def test_bfloat16_engines_on_native_bf16_hosts_choose_the_c_kernels(tiny_llama_d
     from loraplex.engine import LLMEngine
 
     monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
-    engine = LLMEngine(model=str(tiny_llama_dir), num_kv_blocks=16, block_size=8, dtype="bfloat16")
+    engine = LLMEngine(model=str(tiny_llama_dir), device="cpu", num_kv_blocks=16, block_size=8, dtype="bfloat16")
     assert engine.runner.backend.name == "cpu-c"
     assert engine.runner.dtype == torch.bfloat16
     assert all(t.dtype == torch.bfloat16 for kv in engine.runner.kv_caches for t in kv)
@@ -95,7 +95,7 @@ def test_bfloat16_on_a_cpu_without_native_bf16_is_refused_by_name(tiny_llama_dir
 
     monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "fma"}))
     with pytest.raises(ValueError, match="avx512_bf16 or amx_bf16"):
-        LLMEngine(model=str(tiny_llama_dir), num_kv_blocks=16, block_size=8, dtype="bfloat16")
+        LLMEngine(model=str(tiny_llama_dir), device="cpu", num_kv_blocks=16, block_size=8, dtype="bfloat16")
     args = EngineArgs(model=str(tiny_llama_dir))
     assert args.resolved_dtype(torch.device("cpu"), torch.bfloat16) == torch.float32  # the default stays float32
     # on CUDA the CPU's features do not matter

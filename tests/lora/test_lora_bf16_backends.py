@@ -27,6 +27,7 @@ def _run(tiny_llama_dir, dirs, dtype: str) -> dict[str, torch.Tensor]:
     """Last-position logits of every request, the adapters' and the base model's."""
     eng = LLMEngine(
         model=str(tiny_llama_dir),
+        device="cpu",  # the CPU's kernels, on a GPU test run too
         dtype=dtype,
         max_loras=3,
         max_cpu_loras=3,
