@@ -1,6 +1,6 @@
 """Where a step's time goes on Workload A: matmuls, attention (KV store + kernels), other ops, Python.
 
-    .venv/bin/python -m bench.profile_step
+    .venv/bin/python -m bench.profile_step [--dtype bfloat16]
 
 Profiles one prefill step (a full token budget of prompt chunks) and one decode step (64 sequences at
 ~200 tokens of context) with torch.profiler and groups the operators. The C kernels are not torch
@@ -9,6 +9,7 @@ operators: each call is wrapped in a ``record_function`` range named after it fo
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import time
@@ -16,7 +17,7 @@ import time
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
-from bench.common import load_workload, print_table
+from bench.common import load_workload, machine_load, print_table
 from loraplex.engine import LLM, SamplingParams
 from loraplex.kernels import attention_plan
 
@@ -79,7 +80,10 @@ def profile_step(engine) -> dict[str, float]:
 
 
 def main() -> None:
-    llm = LLM(max_num_batched_tokens=2048, max_num_seqs=128)
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dtype", default=None, help="the engine's dtype (default: the engine's; float32 on the CPU)")
+    args = ap.parse_args()
+    llm = LLM(max_num_batched_tokens=2048, max_num_seqs=128, **({"dtype": args.dtype} if args.dtype else {}))
     _label_c_kernels(llm)
     eng = llm.engine
     reqs = load_workload().build_requests(llm.tokenizer)
@@ -96,7 +100,10 @@ def main() -> None:
     for key in (*GROUPS, "other ops", "python + framework"):
         rows.append([key, prefill[key], prefill[key] / prefill["wall"], decode[key], decode[key] / decode["wall"]])
     rows.append(["wall", prefill["wall"], 1.0, decode["wall"], 1.0])
-    print(f"prefill step: {prefill['tokens']} tokens; decode step: {decode['tokens']} sequences")
+    print(
+        f"{eng.runner.dtype} on {eng.runner.backend.name} kernels; prefill step: {prefill['tokens']} tokens; "
+        f"decode step: {decode['tokens']} sequences; {machine_load()}"
+    )
     print_table(["where", "prefill ms", "share", "decode ms", "share"], rows)
 
 

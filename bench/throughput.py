@@ -1,6 +1,6 @@
 """Workload A, base model: loraplex's LLM.generate against Hugging Face batched `generate`, in one run.
 
-    .venv/bin/python bench/throughput.py [--hf-batch 64] [--skip-hf] [--model DIR_OR_GGUF]
+    .venv/bin/python bench/throughput.py [--hf-batch 64] [--skip-hf] [--model DIR_OR_GGUF] [--dtype bfloat16]
 
 Prints output and total (prompt + output) tokens/s of each, their ratio, and two fractions of the machine's
 float32 matmul rate (measured first: the faster of torch.mm and oneDNN's packed linear):
@@ -10,6 +10,10 @@ float32 matmul rate (measured first: the faster of torch.mm and oneDNN's packed 
   token, plus 2 x vocab x hidden (the LM head) per generated token; embeddings are a lookup. This is the one
   to compare across models: a model whose parameters are mostly embedding (Gemma 3 270M: 170 M of 268 M)
   does far less work per prompt token than 2 x parameters says.
+
+`--dtype` sets the engine's dtype (default: the engine's own, float32 on the CPU; bfloat16 on the CPU needs
+native bf16, see kernels/cpu_features.py); the ceiling stays the float32 one, so the fractions of two runs
+compare directly. Hugging Face runs in float32 either way.
 
 `--model` takes any directory (or GGUF file) `loraplex serve --model` takes; a tokenizer without a chat
 template gets a plain "role: content" one, so Workload A's chats still become prompts.
@@ -102,6 +106,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--no-prefix-caching", action="store_true")
     ap.add_argument("--model", default=None, help="a model directory or GGUF file (default: the bundled SmolLM2)")
+    ap.add_argument("--dtype", default=None, help="the engine's dtype (default: the engine's; float32 on the CPU)")
     ap.add_argument(
         "--vllm-python",
         default=None,
@@ -117,6 +122,8 @@ def main() -> None:
         max_num_seqs=args.max_num_seqs,
         enable_prefix_caching=not args.no_prefix_caching,
     )
+    if args.dtype is not None:
+        engine_args["dtype"] = args.dtype
     from transformers import AutoTokenizer
 
     from loraplex.engine.model_files import resolve_model_dir
@@ -157,6 +164,7 @@ def main() -> None:
         ]
     ]
     st = llm.engine.stats()
+    print(f"loraplex: {llm.engine.runner.dtype} on {llm.engine.runner.backend.name} kernels")
     print(f"loraplex: prefix-cache hit rate {st['prefix_cache_hit_rate']:.1%}, preemptions {st['num_preemptions']}")
     if not args.skip_hf:
         del llm

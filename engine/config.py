@@ -11,6 +11,7 @@ import torch
 from loraplex.adapters import BaseModelSpec
 from loraplex.engine.families import ACTIVATIONS, FAMILIES, Family, family_of
 from loraplex.engine.speculative import SpeculativeConfig
+from loraplex.kernels.cpu_features import require_native_bf16
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 DEFAULT_CPU_MULTI_TENANT_STEP_S = 0.12  # see EngineArgs.multi_tenant_step_ms
@@ -101,9 +102,11 @@ class EngineArgs:
             dt = getattr(torch, self.dtype, None)
             if not isinstance(dt, torch.dtype):
                 raise ValueError(f"unknown dtype {self.dtype!r}")
+            if dt == torch.bfloat16 and device.type == "cpu":
+                require_native_bf16()  # no emulated bfloat16: refused, naming the missing CPU feature
             return dt
         if device.type == "cpu":
-            return torch.float32  # no native bf16 on these CPUs: float32 is the fast type
+            return torch.float32  # even with native bf16: bf16 changes results (README, "Weights' dtype on the CPU")
         return torch.bfloat16 if checkpoint_dtype == torch.float32 else checkpoint_dtype
 
     def resolved_multi_tenant_step_s(self, device: torch.device) -> float | None:

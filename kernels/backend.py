@@ -2,9 +2,11 @@
 
 * ``triton``: CUDA tensors. Paged attention and the LoRA shrink/expand are Triton kernels; the elementwise
   steps run as torch ops.
-* ``cpu-c``: float32 CPU tensors with the C kernels built (``csrc/``): decode and prefill attention read the
-  paged cache in place, the multi-LoRA delta, residual add + RMSNorm, rotary and the SiLU-gated product.
-* ``torch``: anything else on the CPU (other dtypes, no C compiler, ``LORAPLEX_CPU_KERNELS=0``): vectorised
+* ``cpu-c``: float32 or bfloat16 CPU tensors with the C kernels built (``csrc/``): decode and prefill
+  attention read the paged cache in place, the multi-LoRA delta, residual add + RMSNorm, rotary and the
+  SiLU-gated product. (A bfloat16 engine on the CPU exists only on hosts with native bfloat16:
+  ``kernels.cpu_features``, checked by ``EngineArgs.resolved_dtype``.)
+* ``torch``: anything else on the CPU (float16, no C compiler, ``LORAPLEX_CPU_KERNELS=0``): vectorised
   torch paths, which are also the references the kernels are tested against.
 
 The model, the attention plan and the per-step LoRA context call the functions of the one ``ComputeBackend``
@@ -21,7 +23,7 @@ from typing import Literal
 import torch
 
 from .cpu_build import KernelBuildError
-from .cpu_decode_attention import cpu_decode_kernel_available
+from .cpu_decode_attention import C_DTYPES, cpu_decode_kernel_available
 from .cpu_lora import cpu_lora_kernel_available
 from .cpu_prefill_attention import MAX_GROUP, cpu_prefill_kernel_available
 from .elementwise import (
@@ -86,7 +88,7 @@ def select_backend(
     """The backend for a model of this shape on ``device`` in ``dtype``."""
     if device.type == "cuda":
         return triton_backend()
-    if device.type != "cpu" or dtype != torch.float32:
+    if device.type != "cpu" or dtype not in C_DTYPES:
         return torch_backend()
     if head_dim % 8 != 0 or num_heads // num_kv_heads > MAX_GROUP:
         log.warning(

@@ -3,8 +3,10 @@
 ``paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)`` handles a batch of
 single-token decodes (``q``: ``[num_seqs, num_heads, head_dim]``, one row per sequence; the cache layout
 and ``seq_lens`` as in :mod:`kernels.attention`, this step's K/V already stored). The C path
-(``csrc/paged_decode_attention.c``) serves float32 CPU tensors; the reference — the general torch paged
-attention with one query per sequence — serves everything else and is what the tests compare it with.
+(``csrc/paged_decode_attention.c``) serves float32 and bfloat16 CPU tensors (q and the caches of one dtype;
+bfloat16 is widened on load, summed in float32 and the output rounded once); the reference — the general
+torch paged attention with one query per sequence — serves everything else and is what the tests compare
+it with.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .attention import paged_attention_ref
 from .cpu_build import load
 
 __all__ = [
+    "C_DTYPES",
     "cpu_decode_kernel_available",
     "paged_decode_attention",
     "paged_decode_attention_c",
@@ -26,9 +29,14 @@ __all__ = [
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
-_SIGNATURES = {
-    "loraplex_paged_decode_attention_f32": (ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, _i64, _f32, ctypes.c_int])
+_VARIANTS = {
+    torch.float32: "loraplex_paged_decode_attention_f32",
+    torch.bfloat16: "loraplex_paged_decode_attention_bf16",
 }
+C_DTYPES = tuple(_VARIANTS)  # the element types the C attention kernels take
+_SIGNATURES = dict.fromkeys(
+    _VARIANTS.values(), (ctypes.c_int, [_ptr] * 6 + [_i64] * 6 + [_f32, _i64, _f32, ctypes.c_int])
+)
 
 
 def _library() -> ctypes.CDLL | None:
@@ -101,7 +109,8 @@ def paged_decode_attention_c(
     softcap: float | None = None,
     check_tables: bool = True,
 ) -> torch.Tensor:
-    """The C kernel; raises when it cannot serve these tensors (not float32 CPU, or not built).
+    """The C kernel; raises when it cannot serve these tensors (not float32 or bfloat16 CPU tensors of one
+    dtype, or not built).
     ``window`` and ``softcap`` as in :func:`kernels.attention.paged_attention_ref`.
 
     ``check_tables=False`` skips the bounds check of the table entries, for a caller that already checked
@@ -110,13 +119,16 @@ def paged_decode_attention_c(
     lib = _library()
     if lib is None:
         raise RuntimeError("the C decode-attention kernel is not available on this machine")
-    if q.device.type != "cpu" or not all(t.dtype == torch.float32 for t in (q, k_cache, v_cache)):
-        raise ValueError("the C decode-attention kernel takes float32 CPU tensors")
+    if q.device.type != "cpu" or q.dtype not in C_DTYPES or not q.dtype == k_cache.dtype == v_cache.dtype:
+        raise ValueError(
+            f"the C decode-attention kernel takes float32 or bfloat16 CPU tensors of one dtype, got q "
+            f"{q.dtype} on {q.device.type}, caches {k_cache.dtype} and {v_cache.dtype}"
+        )
     if q.shape[2] % 8 != 0:
         raise ValueError(f"the C decode-attention kernel needs head_dim to be a multiple of 8, got {q.shape[2]}")
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     num_seqs, num_heads = q.shape[0], q.shape[1]
-    out = torch.empty(q.shape, dtype=torch.float32)
+    out = torch.empty(q.shape, dtype=q.dtype)
     if num_seqs == 0:
         return out
     q = q.contiguous()
@@ -127,7 +139,7 @@ def paged_decode_attention_c(
     if check_tables:
         check_block_tables(tables, lens, num_blocks, block_size)
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
-    rc = lib.loraplex_paged_decode_attention_f32(
+    rc = getattr(lib, _VARIANTS[q.dtype])(
         q.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
@@ -176,10 +188,11 @@ def paged_decode_attention(
     window: int | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """The C kernel for float32 CPU tensors when it is built, the torch reference otherwise."""
+    """The C kernel for float32 or bfloat16 CPU tensors when it is built, the torch reference otherwise."""
     if (
         q.device.type == "cpu"
-        and q.dtype == k_cache.dtype == torch.float32
+        and q.dtype == k_cache.dtype == v_cache.dtype
+        and q.dtype in C_DTYPES
         and q.shape[-1] % 8 == 0
         and cpu_decode_kernel_available()
     ):

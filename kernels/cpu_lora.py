@@ -3,9 +3,10 @@
 ``lora_apply(x, y, lora_a, lora_bt, mapping, slice_offsets, slot_ranks)`` adds every token's adapter delta
 to ``y`` in place. ``lora_a`` is the kernels' ``[num_slots, num_slices, max_rank, in]`` and ``lora_bt`` B
 transposed, ``[num_slots, max_rank, out_total]`` (the LoRA manager's slot layout); ``slot_ranks[slot]``
-bounds the rank rows read (rows past it are zero). The C path (``csrc/lora_apply.c``) serves float32 CPU
-activations with float32, bfloat16 or float16 weights (widened exactly on load; 16-bit weights halve the
-bytes a decode step reads) and reads each active slot's weights once at its own rank; the reference is the per-token
+bounds the rank rows read (rows past it are zero). The C path (``csrc/lora_apply.c``) serves float32 or
+bfloat16 CPU activations with float32, bfloat16 or float16 weights (widened exactly on load; 16-bit weights
+halve the bytes a decode step reads; bfloat16 activations are widened per task and y rounded once, after the
+whole delta) and reads each active slot's weights once at its own rank; the reference is the per-token
 ``lora_shrink_ref`` / ``lora_expand_ref`` pair on the weights widened to the activations' dtype.
 """
 
@@ -21,18 +22,29 @@ from .cpu_build import load
 from .lora import _check_expand, _check_mapping, _check_shrink, lora_expand_ref, lora_shrink_ref
 from .lora_mapping import LoRABatchMapping
 
-__all__ = ["WEIGHT_DTYPES", "CLoRAStep", "cpu_lora_kernel_available", "lora_apply_c", "lora_apply_ref"]
+__all__ = [
+    "ACTIVATION_DTYPES",
+    "WEIGHT_DTYPES",
+    "CLoRAStep",
+    "cpu_lora_kernel_available",
+    "lora_apply_c",
+    "lora_apply_ref",
+]
 
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 _ARGS = [_p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _p, _p, _p, _i64, _p, _p, ctypes.c_int]
 _VARIANTS = {
-    torch.float32: "loraplex_lora_apply_f32",
-    torch.bfloat16: "loraplex_lora_apply_bf16w",
-    torch.float16: "loraplex_lora_apply_f16w",
-}  # by weight dtype; activations are float32 in all
+    (torch.float32, torch.float32): "loraplex_lora_apply_f32",
+    (torch.float32, torch.bfloat16): "loraplex_lora_apply_bf16w",
+    (torch.float32, torch.float16): "loraplex_lora_apply_f16w",
+    (torch.bfloat16, torch.float32): "loraplex_lora_apply_bf16a_f32w",
+    (torch.bfloat16, torch.bfloat16): "loraplex_lora_apply_bf16a_bf16w",
+    (torch.bfloat16, torch.float16): "loraplex_lora_apply_bf16a_f16w",
+}  # by (activation dtype, weight dtype)
 _SIGNATURES = dict.fromkeys(_VARIANTS.values(), (ctypes.c_int, _ARGS))
-WEIGHT_DTYPES = tuple(_VARIANTS)
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _library() -> ctypes.CDLL | None:
@@ -90,15 +102,20 @@ def lora_apply_c(
     slice_offsets: Sequence[int],
     slot_ranks: torch.Tensor,
 ) -> torch.Tensor:
-    """The C kernel, in place on ``y``; raises when it cannot serve these tensors (float32 CPU activations,
-    float32, bfloat16 or float16 CPU weights)."""
+    """The C kernel, in place on ``y``; raises when it cannot serve these tensors (float32 or bfloat16 CPU
+    activations of one dtype, float32, bfloat16 or float16 CPU weights)."""
     _check(x, y, lora_a, lora_bt, mapping, slice_offsets, slot_ranks)
-    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (x, y)):
-        raise ValueError("the C LoRA kernel takes float32 CPU activations")
+    if any(t.device.type != "cpu" or t.dtype not in ACTIVATION_DTYPES for t in (x, y)) or x.dtype != y.dtype:
+        raise ValueError(
+            f"the C LoRA kernel takes float32 or bfloat16 CPU activations, got x {x.dtype} and y {y.dtype}"
+        )
     if mapping.num_active_tokens == 0:
         return y
     step = CLoRAStep(
-        {"lora": (lora_a.contiguous()[None], lora_bt.contiguous()[None], slice_offsets)}, mapping, slot_ranks
+        {"lora": (lora_a.contiguous()[None], lora_bt.contiguous()[None], slice_offsets)},
+        mapping,
+        slot_ranks,
+        activation_dtype=x.dtype,
     )
     step.apply("lora", 0, x, y)
     return y
@@ -110,7 +127,8 @@ class CLoRAStep:
     A step calls the kernel once per layer and projection group, each call short enough that the checks,
     tensor conversions and pointer lookups of ``lora_apply_c`` would be a large part of it. Here the
     weights' shapes are checked once per group and the segment arguments converted once per step; each
-    call checks only that ``x`` and ``y`` are the step's contiguous float32 rows.
+    call checks only that ``x`` and ``y`` are the step's contiguous rows of ``activation_dtype`` (float32 or
+    bfloat16).
 
     ``weights[group] = (a, bt, slice_offsets)``: the slot tensors of every layer, ``a`` ``[layers,
     num_slots, num_slices, max_rank, in]`` and ``bt`` ``[layers, num_slots, max_rank, out_total]``
@@ -122,6 +140,7 @@ class CLoRAStep:
         weights: dict[str, tuple[torch.Tensor, torch.Tensor, Sequence[int]]],
         mapping: LoRABatchMapping,
         slot_ranks: torch.Tensor,
+        activation_dtype: torch.dtype = torch.float32,
     ) -> None:
         lib = _library()
         if lib is None:
@@ -132,7 +151,10 @@ class CLoRAStep:
                 "the C LoRA kernel takes float32, bfloat16 or float16 weights of one dtype, got "
                 f"{sorted(map(str, dtypes))}"
             )
-        self._fn = getattr(lib, _VARIANTS[dtypes.pop()])
+        if activation_dtype not in ACTIVATION_DTYPES:
+            raise ValueError(f"the C LoRA kernel takes float32 or bfloat16 activations, not {activation_dtype}")
+        self.activation_dtype = activation_dtype
+        self._fn = getattr(lib, _VARIANTS[activation_dtype, dtypes.pop()])
         self.num_tokens = mapping.num_tokens
         self._ranks = slot_ranks.to(torch.int32).contiguous()
         self._segments = mapping.host_segments  # kept alive: the kernel reads them through pointers
@@ -182,8 +204,9 @@ class CLoRAStep:
                 f"{group}: x {tuple(x.shape)} / y {tuple(y.shape)} are not this step's "
                 f"[{self.num_tokens}, {in_features}] / [{self.num_tokens}, {out_total}] rows"
             )
-        if x.dtype != torch.float32 or y.dtype != torch.float32 or x.device.type != "cpu" or y.device.type != "cpu":
-            raise ValueError("the C LoRA kernel takes float32 CPU tensors")
+        act = self.activation_dtype
+        if x.dtype != act or y.dtype != act or x.device.type != "cpu" or y.device.type != "cpu":
+            raise ValueError(f"this step's C LoRA kernel takes {act} CPU tensors, got x {x.dtype} and y {y.dtype}")
         if not y.is_contiguous():
             raise ValueError("the C LoRA kernel updates y in place and needs it contiguous")
         x = x.contiguous()

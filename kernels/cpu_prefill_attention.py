@@ -1,8 +1,9 @@
 """Paged attention for prefill chunks on the CPU: a C kernel that reads the paged cache in place.
 
 ``paged_prefill_attention_c(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)`` takes
-the arguments of :func:`kernels.attention.paged_attention_ref` and returns the same result (float32 CPU
-tensors, ``head_dim`` a multiple of 8). Chunks that continue a cached context cost no more than fresh
+the arguments of :func:`kernels.attention.paged_attention_ref` and returns the same result (float32 or
+bfloat16 CPU tensors of one dtype, ``head_dim`` a multiple of 8; bfloat16 is widened on load, summed in
+float32 and the output rounded once). Chunks that continue a cached context cost no more than fresh
 ones: the kernel walks each chunk's block table, so nothing is gathered, masked or padded
 (``csrc/paged_prefill_attention.c``).
 
@@ -20,13 +21,18 @@ import torch
 
 from .attention import _check_shapes, paged_attention_ref
 from .cpu_build import load
-from .cpu_decode_attention import _softcap_arg, _window_arg, check_block_tables
+from .cpu_decode_attention import C_DTYPES, _softcap_arg, _window_arg, check_block_tables
 
 __all__ = ["cpu_prefill_kernel_available", "paged_prefill_attention_c", "paged_prefill_attention_ref"]
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
-_SIGNATURES = {
-    "loraplex_paged_prefill_attention_f32": (
+_VARIANTS = {
+    torch.float32: "loraplex_paged_prefill_attention_f32",
+    torch.bfloat16: "loraplex_paged_prefill_attention_bf16",
+}
+_SIGNATURES = dict.fromkeys(
+    _VARIANTS.values(),
+    (
         ctypes.c_int,
         [
             _ptr,
@@ -49,8 +55,8 @@ _SIGNATURES = {
             ctypes.c_float,
             ctypes.c_int,
         ],
-    )
-}
+    ),
+)
 
 MAX_GROUP = 64  # the kernel's largest GQA group
 
@@ -97,13 +103,17 @@ def paged_prefill_attention_c(
     skip_decodes: bool = False,
     check_tables: bool = True,
 ) -> torch.Tensor:
-    """The C kernel; raises when it cannot serve these tensors (not float32 CPU, or not built)."""
+    """The C kernel; raises when it cannot serve these tensors (not float32 or bfloat16 CPU tensors of one
+    dtype, or not built)."""
     _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     lib = _library()
     if lib is None:
         raise RuntimeError("the C prefill-attention kernel is not available on this machine")
-    if q.device.type != "cpu" or not all(t.dtype == torch.float32 for t in (q, k_cache, v_cache)):
-        raise ValueError("the C prefill-attention kernel takes float32 CPU tensors")
+    if q.device.type != "cpu" or q.dtype not in C_DTYPES or not q.dtype == k_cache.dtype == v_cache.dtype:
+        raise ValueError(
+            f"the C prefill-attention kernel takes float32 or bfloat16 CPU tensors of one dtype, got q "
+            f"{q.dtype} on {q.device.type}, caches {k_cache.dtype} and {v_cache.dtype}"
+        )
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     num_heads = q.shape[1]
     if head_dim % 8 != 0 or num_heads // kv_heads > MAX_GROUP:
@@ -112,9 +122,9 @@ def paged_prefill_attention_c(
             f"most {MAX_GROUP}; got {head_dim} and {num_heads // kv_heads}"
         )
     if out is None:
-        out = torch.zeros(q.shape, dtype=torch.float32)
-    elif out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float32 tensor of q's shape {tuple(q.shape)}")
+        out = torch.zeros(q.shape, dtype=q.dtype)
+    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {q.dtype} tensor of q's shape {tuple(q.shape)}")
     if q.shape[0] == 0 or seq_lens.shape[0] == 0:
         return out
     if q.stride(2) != 1 or q.stride(1) != head_dim:
@@ -128,7 +138,7 @@ def paged_prefill_attention_c(
             raise ValueError("query_start_loc must start at a row >= 0")
         _check_tables(tables, lens.long(), q_lens, q.shape[0] - int(starts[0]), num_blocks, block_size)
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
-    rc = lib.loraplex_paged_prefill_attention_f32(
+    rc = getattr(lib, _VARIANTS[q.dtype])(
         q.data_ptr(),
         q.stride(0),
         k_cache.data_ptr(),

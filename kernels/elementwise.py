@@ -9,13 +9,15 @@ kernels on the CPU, each beside its torch reference with the same signature.
 * ``silu_mul(gate_up, inter)``: ``silu(gate_up[:, :inter]) * gate_up[:, inter:]``, the MLP's gated product
   from the fused gate_up projection.
 
-The C paths (``csrc/elementwise.c``) serve float32 CPU tensors; the dispatchers fall back to the references
-for anything else (other dtypes, CUDA, no compiler).
+The C paths (``csrc/elementwise.c``) serve float32 and bfloat16 CPU tensors (every tensor of a call one
+dtype; bfloat16 computed in float32 and rounded where transformers' bfloat16 modules round); the
+dispatchers fall back to the references for anything else (other dtypes, mixed dtypes, CUDA, no compiler).
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,11 +40,13 @@ __all__ = [
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
-_SIGNATURES = {
-    "loraplex_add_rms_norm_f32": (None, [_p, _p, _p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int]),
-    "loraplex_rope_f32": (None, [_p, _i64, _i64, _i64, _i64, _p, _p, _p, ctypes.c_int]),
-    "loraplex_silu_mul_f32": (None, [_p, _p, _i64, _i64, ctypes.c_int]),
+_ARGS = {
+    "loraplex_add_rms_norm": [_p, _p, _p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int],
+    "loraplex_rope": [_p, _i64, _i64, _i64, _i64, _p, _p, _p, ctypes.c_int],
+    "loraplex_silu_mul": [_p, _p, _i64, _i64, ctypes.c_int],
 }
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the element types the C kernels take
+_SIGNATURES = {f"{name}_{s}": (None, args) for name, args in _ARGS.items() for s in _SUFFIX.values()}
 
 
 def _library() -> ctypes.CDLL | None:
@@ -54,7 +58,17 @@ def cpu_elementwise_available() -> bool:
 
 
 def _c_ready(*tensors: torch.Tensor) -> bool:
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and cpu_elementwise_available()
+    """All CPU tensors of one dtype the C kernels take, and the kernels built."""
+    dtype = tensors[0].dtype
+    return (
+        dtype in _SUFFIX
+        and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
+        and cpu_elementwise_available()
+    )
+
+
+def _fn(name: str, dtype: torch.dtype) -> Callable[..., None]:
+    return getattr(_library(), f"{name}_{_SUFFIX[dtype]}")
 
 
 # ------------------------------------------------------------------------------------------ add + RMSNorm
@@ -89,13 +103,15 @@ def add_rms_norm_c(
     """The C kernel; raises when it cannot serve these tensors."""
     _check_norm(residual, delta, weight)
     if not _c_ready(*_norm_tensors(residual, delta, weight)):
-        raise ValueError("the C add_rms_norm kernel takes float32 CPU tensors (and a C compiler)")
+        raise ValueError(
+            "the C add_rms_norm kernel takes float32 or bfloat16 CPU tensors of one dtype (and a C compiler)"
+        )
     if not residual.is_contiguous():
         raise ValueError("the C add_rms_norm kernel updates residual in place: it must be contiguous")
     delta = None if delta is None else delta.contiguous()
     weight = weight.contiguous()
     out = torch.empty_like(residual)
-    _library().loraplex_add_rms_norm_f32(
+    _fn("loraplex_add_rms_norm", residual.dtype)(
         residual.data_ptr(),
         None if delta is None else delta.data_ptr(),
         weight.data_ptr(),
@@ -164,13 +180,13 @@ def rope_c(
     checked the same positions already (the model checks once per forward, not in every layer)."""
     _check_rope(qkv, heads, head_dim, cos, sin, positions)
     if not _c_ready(qkv, cos, sin):
-        raise ValueError("the C rope kernel takes float32 CPU tensors (and a C compiler)")
+        raise ValueError("the C rope kernel takes float32 or bfloat16 CPU tensors of one dtype (and a C compiler)")
     if qkv.stride(1) != 1 or not cos.is_contiguous() or not sin.is_contiguous():
         raise ValueError("the C rope kernel needs unit-stride qkv rows and contiguous cos/sin tables")
     if check_positions and positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= cos.shape[0]):
         raise ValueError(f"positions must lie in [0, {cos.shape[0]})")
     pos = positions.to(torch.int64).contiguous()
-    _library().loraplex_rope_f32(
+    _fn("loraplex_rope", qkv.dtype)(
         qkv.data_ptr(),
         qkv.shape[0],
         qkv.stride(0),
@@ -214,10 +230,10 @@ def silu_mul_c(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
     """The C kernel; raises when it cannot serve this tensor."""
     _check_silu_mul(gate_up, inter)
     if not _c_ready(gate_up):
-        raise ValueError("the C silu_mul kernel takes float32 CPU tensors (and a C compiler)")
+        raise ValueError("the C silu_mul kernel takes float32 or bfloat16 CPU tensors (and a C compiler)")
     gate_up = gate_up.contiguous()
     out = gate_up.new_empty((gate_up.shape[0], inter))
-    _library().loraplex_silu_mul_f32(
+    _fn("loraplex_silu_mul", gate_up.dtype)(
         gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter, torch.get_num_threads()
     )
     return out

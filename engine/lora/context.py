@@ -24,7 +24,7 @@ import torch
 
 from loraplex.engine.lora.slot_weights import LayerGroup, SlotWeights
 from loraplex.kernels.backend import ComputeBackend
-from loraplex.kernels.cpu_lora import CLoRAStep
+from loraplex.kernels.cpu_lora import ACTIVATION_DTYPES, CLoRAStep
 from loraplex.kernels.lora_mapping import LoRABatchMapping
 
 DENSE_MIN_TOKENS = 16
@@ -77,8 +77,8 @@ class StepLoRAContext:
         self.cpu_paths = backend.name == "torch"  # dense runs and the slice-by-slice expand
         self.compute_dtype = compute_dtype or weights.a["qkv"].dtype
         use_c = backend.name == "cpu-c"
-        if use_c and self.compute_dtype != torch.float32:
-            raise ValueError(f"the C LoRA kernel takes float32 activations, not {self.compute_dtype}")
+        if use_c and self.compute_dtype not in ACTIVATION_DTYPES:
+            raise ValueError(f"the C LoRA kernel takes float32 or bfloat16 activations, not {self.compute_dtype}")
         dense_ok = self.cpu_paths
         self.runs: list[DenseRun] = []
         token_slots: list[int] = []
@@ -108,6 +108,7 @@ class StepLoRAContext:
                 {g: (weights.a[g], weights.bt[g], weights.slice_offsets[g]) for g in weights.a},
                 self.mapping,
                 torch.tensor(weights.ranks, dtype=torch.int32),
+                activation_dtype=self.compute_dtype,
             )
         elif rows:
             if len(rows) < len(token_slots):

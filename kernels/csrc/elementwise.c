@@ -1,4 +1,5 @@
-/* The per-layer elementwise steps of a Llama block on the CPU, float32, each in one pass over memory:
+/* The per-layer elementwise steps of a Llama block on the CPU, float32 or bfloat16 (every tensor of a call
+ * one type; _f32 / _bf16 suffixes), each in one pass over memory:
  *
  *   loraplex_add_rms_norm_f32  residual += delta (when delta is given), then
  *                              out = weight * (residual * 1/sqrt(mean(residual^2) + eps))
@@ -16,53 +17,10 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "bf16.h"
 #include "vec8.h"
 
 #define PARALLEL_MIN_FLOATS (1 << 16) /* below this a call runs on one thread: a team costs more than it saves */
-
-void loraplex_add_rms_norm_f32(float *residual, const float *delta, const float *weight, float *out, int64_t rows,
-                               int64_t dim, float eps, int num_threads)
-{
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * dim >= PARALLEL_MIN_FLOATS)
-    for (int64_t r = 0; r < rows; ++r) {
-        float *x = residual + r * dim;
-        float *o = out + r * dim;
-        float ss = 0.0f;
-        if (delta != 0) {
-            const float *d = delta + r * dim;
-#pragma omp simd reduction(+ : ss)
-            for (int64_t i = 0; i < dim; ++i) {
-                x[i] += d[i];
-                ss += x[i] * x[i];
-            }
-        } else {
-#pragma omp simd reduction(+ : ss)
-            for (int64_t i = 0; i < dim; ++i) ss += x[i] * x[i];
-        }
-        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-#pragma omp simd
-        for (int64_t i = 0; i < dim; ++i) o[i] = weight[i] * (x[i] * inv);
-    }
-}
-
-void loraplex_rope_f32(float *qkv, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim,
-                       const float *cos_table, const float *sin_table, const int64_t *positions, int num_threads)
-{
-    const int64_t half = head_dim / 2;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * heads * head_dim >= PARALLEL_MIN_FLOATS)
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *c = cos_table + positions[r] * head_dim, *s = sin_table + positions[r] * head_dim;
-        for (int64_t h = 0; h < heads; ++h) {
-            float *x = qkv + r * row_stride + h * head_dim;
-#pragma omp simd
-            for (int64_t i = 0; i < half; ++i) {
-                const float x1 = x[i], x2 = x[i + half];
-                x[i] = x1 * c[i] - x2 * s[i];
-                x[i + half] = x2 * c[i + half] + x1 * s[i + half];
-            }
-        }
-    }
-}
 
 /* silu(g) = g * sigmoid(g), with sigmoid from e^-|g| (never overflows): 1/(1+e) for g >= 0, e/(1+e) below. */
 static inline v8 silu8(v8 g)
@@ -73,14 +31,37 @@ static inline v8 silu8(v8 g)
     return g * (num / (1.0f + e));
 }
 
-void loraplex_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t inter, int num_threads)
+static inline float f32_round(float f) { return f; }
+static inline v8 f32_round8(v8 v) { return v; }
+static inline float bf16_round(float f)
 {
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * inter >= PARALLEL_MIN_FLOATS)
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *g = gate_up + r * 2 * inter, *u = g + inter;
-        float *o = out + r * inter;
-        int64_t i = 0;
-        for (; i + 8 <= inter; i += 8) store8(o + i, silu8(load8(g + i)) * load8(u + i));
-        for (; i < inter; ++i) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-    }
+    uint16_t h;
+    float_to_bf16(&h, f);
+    return bf16_to_float(&h);
 }
+static inline v8 bf16_round8(v8 v)
+{
+    uint16_t h[8];
+    store8_bf16(h, v);
+    return load8_bf16(h);
+}
+
+#define ET float
+#define ELOAD8(p) load8(p)
+#define ESTORE8(p, v) store8(p, v)
+#define EGET(p) (*(p))
+#define EPUT(p, f) (*(p) = (f))
+#define EROUND(f) f32_round(f)
+#define EROUND8(v) f32_round8(v)
+#define E_SUFFIX f32
+#include "elementwise_impl.h"
+
+#define ET uint16_t
+#define ELOAD8(p) load8_bf16(p)
+#define ESTORE8(p, v) store8_bf16(p, v)
+#define EGET(p) bf16_to_float(p)
+#define EPUT(p, f) float_to_bf16(p, f)
+#define EROUND(f) bf16_round(f)
+#define EROUND8(v) bf16_round8(v)
+#define E_SUFFIX bf16
+#include "elementwise_impl.h"

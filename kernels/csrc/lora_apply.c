@@ -1,7 +1,8 @@
 /* Multi-LoRA delta on the CPU: y[t] += B[slot(t)] (A[slot(t)] x[t]) for every token with an adapter; float32
- * activations and arithmetic, weights stored as float32 (loraplex_lora_apply_f32), bfloat16
- * (loraplex_lora_apply_bf16w) or float16 (loraplex_lora_apply_f16w); 16-bit weights are widened exactly on
- * load, so a step reads half the bytes.
+ * arithmetic, weights stored as float32 (loraplex_lora_apply_f32), bfloat16 (loraplex_lora_apply_bf16w) or
+ * float16 (loraplex_lora_apply_f16w); 16-bit weights are widened exactly on load, so a step reads half the
+ * bytes. Activations float32, or bfloat16 (loraplex_lora_apply_bf16a_f32w / _bf16a_bf16w / _bf16a_f16w: a
+ * task widens its tokens' x and y rows into float32 scratch and rounds y once, after the whole delta).
  *
  * Tokens arrive grouped by adapter slot (segments, as kernels/lora_mapping.py builds them); a task takes a
  * tile of up to TILE tokens of one segment and reads its slot's A and B once for them, at the slot's own
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "vec8.h"
 #if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
@@ -54,28 +56,8 @@ static inline float hsumw(vw v)
 #define W_CAT(name, suffix) W_CAT2(name, suffix)
 #define W(name) W_CAT(name, W_SUFFIX)
 
-#define WT float
-#define WLOAD8(p) load8(p)
-#define WLOADW(p) loadw(p)
-#define WGET(p) (*(p))
-#define W_SUFFIX f32
-#include "lora_apply_impl.h" /* #undefs WT, WLOAD8, WLOADW, WGET and W_SUFFIX */
 
-/* bfloat16 is the top half of a float32: widening is a 16-bit shift, exact. On x86 the zero-extension is
- * spelled with intrinsics: GCC 12 turns the generic conversion into two half-width extensions and an
- * insert, which costs a bfloat16 stream (half the bytes) its advantage over a float32 one. */
-typedef uint16_t v8u16 __attribute__((vector_size(16)));
-typedef uint32_t v8u32 __attribute__((vector_size(32)));
-static inline v8 load8_bf16(const uint16_t *p)
-{
-#if defined(__AVX2__)
-    return (v8)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
-#else
-    v8u16 h;
-    memcpy(&h, p, sizeof h);
-    return (v8)(__builtin_convertvector(h, v8u32) << 16);
-#endif
-}
+/* bfloat16 weights: widened exactly on load (bf16.h) */
 static inline vw loadw_bf16(const uint16_t *p)
 {
 #if VW == 16
@@ -84,20 +66,7 @@ static inline vw loadw_bf16(const uint16_t *p)
     return load8_bf16(p);
 #endif
 }
-static inline float bf16_to_float(const uint16_t *p)
-{
-    const uint32_t bits = (uint32_t)*p << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
-#define WT uint16_t
-#define WLOAD8(p) load8_bf16(p)
-#define WLOADW(p) loadw_bf16(p)
-#define WGET(p) bf16_to_float(p)
-#define W_SUFFIX bf16w
-#include "lora_apply_impl.h" /* #undefs WT, WLOAD8, WLOADW, WGET and W_SUFFIX */
 
 /* float16 weights: 11 significant bits against bfloat16's 8, the same bytes. Widening is exact; F16C (x86)
  * does eight or sixteen in one instruction, elsewhere the compiler's _Float16 conversion. */
@@ -130,9 +99,57 @@ static inline vw loadw_f16(const uint16_t *p)
 #endif
 }
 
+/* every (activations, weights) pair: float32 activations with each weight type, then bfloat16 ones */
+#define WT float
+#define WLOAD8(p) load8(p)
+#define WLOADW(p) loadw(p)
+#define WGET(p) (*(p))
+#define XT float
+#define X_IS_BF16 0
+#define W_SUFFIX f32
+#include "lora_apply_impl.h" /* #undefs its parameters */
+
+#define WT uint16_t
+#define WLOAD8(p) load8_bf16(p)
+#define WLOADW(p) loadw_bf16(p)
+#define WGET(p) bf16_to_float(p)
+#define XT float
+#define X_IS_BF16 0
+#define W_SUFFIX bf16w
+#include "lora_apply_impl.h" /* #undefs its parameters */
+
 #define WT uint16_t
 #define WLOAD8(p) load8_f16(p)
 #define WLOADW(p) loadw_f16(p)
 #define WGET(p) f16_to_float(p)
+#define XT float
+#define X_IS_BF16 0
 #define W_SUFFIX f16w
-#include "lora_apply_impl.h" /* #undefs WT, WLOAD8, WLOADW, WGET and W_SUFFIX */
+#include "lora_apply_impl.h" /* #undefs its parameters */
+
+#define WT float
+#define WLOAD8(p) load8(p)
+#define WLOADW(p) loadw(p)
+#define WGET(p) (*(p))
+#define XT uint16_t
+#define X_IS_BF16 1
+#define W_SUFFIX bf16a_f32w
+#include "lora_apply_impl.h" /* #undefs its parameters */
+
+#define WT uint16_t
+#define WLOAD8(p) load8_bf16(p)
+#define WLOADW(p) loadw_bf16(p)
+#define WGET(p) bf16_to_float(p)
+#define XT uint16_t
+#define X_IS_BF16 1
+#define W_SUFFIX bf16a_bf16w
+#include "lora_apply_impl.h" /* #undefs its parameters */
+
+#define WT uint16_t
+#define WLOAD8(p) load8_f16(p)
+#define WLOADW(p) loadw_f16(p)
+#define WGET(p) f16_to_float(p)
+#define XT uint16_t
+#define X_IS_BF16 1
+#define W_SUFFIX bf16a_f16w
+#include "lora_apply_impl.h" /* #undefs its parameters */

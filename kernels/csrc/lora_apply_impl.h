@@ -1,8 +1,9 @@
-/* The multi-LoRA kernel's body for one weight type, included by lora_apply.c once per type (see there).
- * Before including: WT, the stored weight type; WLOAD8(p), eight weights from p as a float v8; WLOADW(p), VW
- * weights as a float vw (the prefill tiles' width); WGET(p), one weight as a float; W(name), name with the
- * type's suffix (all five are #undef'd at the end, ready for the next type). Activations and arithmetic are
- * float32. */
+/* The multi-LoRA kernel's body for one weight type and one activation type, included by lora_apply.c once per
+ * pair (see there). Before including: WT, the stored weight type; WLOAD8(p), eight weights from p as a float
+ * v8; WLOADW(p), VW weights as a float vw (the prefill tiles' width); WGET(p), one weight as a float; W(name),
+ * name with the pair's suffix; XT, the activations' type (float or uint16_t for bfloat16: then a task widens
+ * its tile's x and y rows into float32 scratch and rounds the y rows back once at its end). All are #undef'd
+ * at the end, ready for the next pair. Arithmetic is float32. */
 
 /* How far ahead the decode loops prefetch the weight row they stream: one core keeps only so many misses
  * in flight on its own, and a decode step reads each adapter's rows once, from memory. */
@@ -113,7 +114,7 @@ static inline void W(expand_tile)(float *const *ys, const WT *b, int64_t bstride
 }
 
 int W(loraplex_lora_apply)(
-    const float *x, float *y, const WT *a, const WT *bt, const int64_t *slice_offsets, int64_t num_slices,
+    const XT *x, XT *y, const WT *a, const WT *bt, const int64_t *slice_offsets, int64_t num_slices,
     int64_t in_features, int64_t out_total, int64_t max_rank, const int64_t *seg_slots, const int64_t *seg_starts,
     const int64_t *seg_lens, int64_t num_segs, const int64_t *token_ids, const int32_t *slot_ranks,
     int num_threads)
@@ -133,7 +134,9 @@ int W(loraplex_lora_apply)(
 
 #pragma omp parallel num_threads(num_threads)
     {
-        float *buf = malloc(sizeof(float) * (size_t)(TILE * num_slices * max_rank)); /* [tile][slices][rank] */
+        /* [tile][slices][rank], then for bfloat16 activations the tile's x and y rows widened */
+        const size_t wide = X_IS_BF16 ? (size_t)(TILE * (in_features + out_total)) : 0;
+        float *buf = malloc(sizeof(float) * ((size_t)(TILE * num_slices * max_rank) + wide));
         if (buf == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -150,8 +153,17 @@ int W(loraplex_lora_apply)(
             const float *xs[TILE];
             float *ys[TILE];
             for (int64_t j = 0; j < n; ++j) {
+#if X_IS_BF16
+                float *xw = buf + TILE * num_slices * max_rank + j * in_features;
+                float *yw = buf + TILE * num_slices * max_rank + TILE * in_features + j * out_total;
+                widen_bf16(xw, x + tokens[j] * in_features, in_features);
+                widen_bf16(yw, y + tokens[j] * out_total, out_total);
+                xs[j] = xw;
+                ys[j] = yw;
+#else
                 xs[j] = x + tokens[j] * in_features;
                 ys[j] = y + tokens[j] * out_total;
+#endif
             }
             const int64_t bstride = num_slices * max_rank;  /* buf floats per token */
             /* shrink: each A row once per tile, against the tile's x rows */
@@ -187,22 +199,25 @@ int W(loraplex_lora_apply)(
                             W(axpy)(ys[j] + lo, brow + lo, buf[j * bstride + s * max_rank + r], hi - lo);
                     }
                 }
-                continue;
+            } else {
+                /* expand, full tiles: in registers VW columns at a time, so the tile's y rows are read and
+                 * written once per strip; a slice's last (hi - lo) % VW columns row by row */
+                for (int64_t s = 0; s < num_slices; ++s) {
+                    const int64_t lo = slice_offsets[s], hi = slice_offsets[s + 1];
+                    const WT *bslice = bt + slot * max_rank * out_total + lo;
+                    const float *c = buf + s * max_rank;
+                    float *yl[TILE];
+                    for (int j = 0; j < TILE; ++j) yl[j] = ys[j] + lo;
+                    const int64_t width = (hi - lo) / VW * VW;
+                    W(expand_tile)(yl, bslice, out_total, c, bstride, rank, width);
+                    for (int64_t r = 0; r < rank; ++r)
+                        for (int j = 0; j < TILE; ++j)
+                            W(axpy)(yl[j] + width, bslice + r * out_total + width, c[j * bstride + r], hi - lo - width);
+                }
             }
-            /* expand, full tiles: in registers VW columns at a time, so the tile's y rows are read and
-             * written once per strip; a slice's last (hi - lo) % VW columns row by row */
-            for (int64_t s = 0; s < num_slices; ++s) {
-                const int64_t lo = slice_offsets[s], hi = slice_offsets[s + 1];
-                const WT *bslice = bt + slot * max_rank * out_total + lo;
-                const float *c = buf + s * max_rank;
-                float *yl[TILE];
-                for (int j = 0; j < TILE; ++j) yl[j] = ys[j] + lo;
-                const int64_t width = (hi - lo) / VW * VW;
-                W(expand_tile)(yl, bslice, out_total, c, bstride, rank, width);
-                for (int64_t r = 0; r < rank; ++r)
-                    for (int j = 0; j < TILE; ++j)
-                        W(axpy)(yl[j] + width, bslice + r * out_total + width, c[j * bstride + r], hi - lo - width);
-            }
+#if X_IS_BF16
+            for (int64_t j = 0; j < n; ++j) narrow_bf16(y + tokens[j] * out_total, ys[j], out_total);
+#endif
         }
         free(buf);
     }
@@ -216,3 +231,5 @@ int W(loraplex_lora_apply)(
 #undef WLOADW
 #undef WGET
 #undef W_SUFFIX
+#undef XT
+#undef X_IS_BF16

@@ -1,5 +1,6 @@
 """The C kernels build and load wherever a C compiler is present, a compiler that fails is an error naming the
-kernel (never a quiet fallback), and an engine on float32 CPU tensors runs them."""
+kernel (never a quiet fallback), and an engine on float32 CPU tensors runs them; bfloat16 ones too, on hosts
+with native bfloat16 (detected from /proc/cpuinfo), and nowhere else."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from loraplex.kernels import cpu_build
+from loraplex.kernels import cpu_build, cpu_features
 from loraplex.kernels.backend import cpu_kernels_available, select_backend
 from loraplex.kernels.cpu_build import KernelBuildError
 from loraplex.kernels.cpu_decode_attention import cpu_decode_kernel_available
@@ -69,6 +70,64 @@ def test_engines_on_float32_cpu_tensors_choose_the_c_kernels(tiny_llama_dir):
     assert engine.runner.backend.name == "cpu-c"
     assert engine.lora_manager.backend is engine.runner.backend
     engine.close()
-    bf16 = LLMEngine(model=str(tiny_llama_dir), num_kv_blocks=16, block_size=8, dtype="bfloat16")
-    assert bf16.runner.backend.name == "torch"  # the C kernels take float32 only
-    bf16.close()
+    half = LLMEngine(model=str(tiny_llama_dir), num_kv_blocks=16, block_size=8, dtype="float16")
+    assert half.runner.backend.name == "torch"  # the C kernels take float32 and bfloat16 only
+    half.close()
+
+
+@needs_c_kernels
+def test_bfloat16_engines_on_native_bf16_hosts_choose_the_c_kernels(tiny_llama_dir, monkeypatch):
+    """bfloat16 weights, activations and KV cache go through the C kernels (here on any host: the CPU is told
+    it has avx512_bf16; the kernels' bfloat16 paths need no such instruction to be correct)."""
+    from loraplex.engine import LLMEngine
+
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    engine = LLMEngine(model=str(tiny_llama_dir), device="cpu", num_kv_blocks=16, block_size=8, dtype="bfloat16")
+    assert engine.runner.backend.name == "cpu-c"
+    assert engine.runner.dtype == torch.bfloat16
+    assert all(t.dtype == torch.bfloat16 for kv in engine.runner.kv_caches for t in kv)
+    engine.close()
+
+
+def test_bfloat16_on_a_cpu_without_native_bf16_is_refused_by_name(tiny_llama_dir, monkeypatch):
+    from loraplex.engine import LLMEngine
+    from loraplex.engine.config import EngineArgs
+
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "fma"}))
+    with pytest.raises(ValueError, match="avx512_bf16 or amx_bf16"):
+        LLMEngine(model=str(tiny_llama_dir), device="cpu", num_kv_blocks=16, block_size=8, dtype="bfloat16")
+    args = EngineArgs(model=str(tiny_llama_dir))
+    assert args.resolved_dtype(torch.device("cpu"), torch.bfloat16) == torch.float32  # the default stays float32
+    # on CUDA the CPU's features do not matter
+    assert EngineArgs(model="m", dtype="bfloat16").resolved_dtype(torch.device("cuda"), torch.float32) == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("flags", "found"),
+    [
+        ({"avx2", "avx512f", "avx512_bf16"}, "avx512_bf16"),
+        ({"avx2", "amx_tile", "amx_bf16", "avx512_bf16"}, "amx_bf16"),
+        ({"fp", "asimd", "bf16"}, "bf16"),  # Arm's Features line
+        ({"avx2", "avx512f", "avx512bw"}, None),
+        (set(), None),
+    ],
+)
+def test_native_bf16_detection(flags, found):
+    assert cpu_features.native_bf16_feature(frozenset(flags)) == found
+
+
+def test_cpu_flags_read_proc_cpuinfo(tmp_path, monkeypatch):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx512f avx512_bf16\n\n")
+    monkeypatch.setattr(cpu_features, "CPUINFO", info)
+    cpu_features.cpu_flags.cache_clear()
+    try:
+        assert cpu_features.cpu_flags() == frozenset({"fpu", "sse2", "avx512f", "avx512_bf16"})
+        assert cpu_features.native_bf16_feature() == "avx512_bf16"
+        monkeypatch.setattr(cpu_features, "CPUINFO", tmp_path / "missing")
+        cpu_features.cpu_flags.cache_clear()
+        assert cpu_features.cpu_flags() == frozenset()
+        with pytest.raises(ValueError, match="lacks"):
+            cpu_features.require_native_bf16()
+    finally:
+        cpu_features.cpu_flags.cache_clear()
