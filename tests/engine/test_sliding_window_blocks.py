@@ -136,13 +136,13 @@ def test_preemption_and_abort_with_released_blocks(mistral):
 @pytest.mark.parametrize(
     ("model_type", "overrides"),
     [
-        ("gemma2", {}),  # alternating sliding / global layers: the global ones read every block
-        ("gemma3_text", {}),
         ("mistral", {"sliding_window": None}),
         ("mistral", {"sliding_window": 4096}),  # no shorter than max_model_len: no layer slides in practice
     ],
 )
 def test_models_with_a_global_layer_keep_every_block(model_type, overrides, tmp_path, smol_dir):
+    """Without a window shorter than max_model_len every layer is global: one group, every block kept. (Models
+    that mix sliding and global layers: tests/engine/test_hybrid_kv_groups.py.)"""
     d = make_family_model(tmp_path / model_type, smol_dir, model_type, **overrides)
     eng = LLMEngine(model=str(d), block_size=BS, num_kv_blocks=32, max_model_len=128)
     assert eng.block_manager.sliding_window is None
