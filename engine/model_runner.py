@@ -115,9 +115,7 @@ class ModelRunner:
                 sample_seq_idx.append(i)
                 sample_counts.append(1 + drafts)
         dev = self.device
-        metas = [
-            AttentionMetadata.build(q_lens, ctx_lens, t, self.block_size, dev, self.backend.name) for t in tables
-        ]
+        metas = [AttentionMetadata.build(q_lens, ctx_lens, t, self.block_size, dev, self.backend.name) for t in tables]
         meta = metas[0] if groups == 1 else [metas[g] for g in self.kv_groups.layer_group]
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)

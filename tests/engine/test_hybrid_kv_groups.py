@@ -165,7 +165,7 @@ def test_preemption_recomputes_and_abort_frees_every_group(hybrid):
 def test_speculative_drafts_release_per_group_and_match_hf(hybrid):
     """n-gram drafts past the window: rejected drafts' tail blocks go back in every group while the sliding
     groups' released heads stay released; the tokens are still Hugging Face's."""
-    model_type, model_dir, oracle = hybrid
+    _, model_dir, oracle = hybrid
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     eng = engine(model_dir, max_num_batched_tokens=32, speculative_config={**spec, "disable_by_batch_size": 64})
     probe = GroupProbe(eng)
@@ -183,7 +183,7 @@ def test_sliding_layers_read_their_own_tables(hybrid, monkeypatch):
     group's (checked on the slot mapping of the step's new tokens)."""
     import loraplex.engine.llama as llama
 
-    model_type, model_dir, oracle = hybrid
+    _, model_dir, oracle = hybrid
     eng = engine(model_dir)
     groups = eng.runner.kv_groups
     seen: dict[int, set[tuple[int, ...]]] = {}

@@ -54,7 +54,7 @@ def test_alternating_and_single_kind_layouts():
 
 @pytest.mark.parametrize("bad", [(), (0, None), (None, True), (None, 2.5)])
 def test_bad_layer_windows_are_named(bad):
-    with pytest.raises(ValueError, match="at least one attention layer|positive number of tokens"):
+    with pytest.raises(ValueError, match=r"at least one attention layer|positive number of tokens"):
         KVGroups.from_windows(bad)
 
 
