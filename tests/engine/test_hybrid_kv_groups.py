@@ -203,3 +203,20 @@ def test_sliding_layers_read_their_own_tables(hybrid, monkeypatch):
     slots = [seen[g] for g in range(groups.num_groups)]
     assert all(a.isdisjoint(b) for i, a in enumerate(slots) for b in slots[i + 1 :])  # distinct blocks per group
     eng.close()
+
+
+def test_triton_kernel_reads_each_groups_tables(hybrid, monkeypatch):
+    """The Triton paged-attention kernel (interpreted on the CPU, compiled on a GPU) through the engine: a
+    chunked prompt and a decode past the window, the sliding groups' released entries included."""
+    from loraplex.kernels.backend import triton_backend
+
+    _, model_dir, oracle = hybrid
+    monkeypatch.setattr("loraplex.engine.model_runner.select_backend", lambda *a: triton_backend())
+    eng = engine(model_dir)
+    assert eng.runner.backend.name == "triton"
+    probe = GroupProbe(eng)
+    p = random_prompts([21], seed=4)[0]
+    done = run_to_completion(eng, {0: [(p, SamplingParams(max_tokens=10, **GREEDY), "t")]})
+    assert done["t"].token_ids == oracle.greedy_ignore_eos(p, 10)
+    assert probe.max_released >= (21 + 10 - window(eng)) // BS - 1 > 0
+    eng.close()

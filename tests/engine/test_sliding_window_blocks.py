@@ -113,7 +113,10 @@ def test_preemption_and_abort_with_released_blocks(mistral):
     """A cache too small for four sequences' windows preempts; recomputed sequences still give Hugging Face's
     tokens. An aborted sequence's remaining blocks return to the pool."""
     model_dir, oracle = mistral
-    eng = engine(model_dir, num_kv_blocks=10, max_num_batched_tokens=16)  # max_model_len 40
+    eng = engine(model_dir, num_kv_blocks=10, max_num_batched_tokens=16)
+    # a lone sequence never holds more than ceil((11 + 16 - 2) / 4) + 1 = 8 blocks: its length is not capped by
+    # the cache's 40 tokens, only by the model's positions
+    assert eng.max_model_len == 1024
     HeldBlocks(eng)
     ps = random_prompts([22, 19, 23, 20], seed=5)
     arrivals = {0: [(p, SamplingParams(max_tokens=16, **GREEDY), f"r{i}") for i, p in enumerate(ps)]}
