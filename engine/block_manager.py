@@ -167,17 +167,24 @@ class BlockManager:
     def _hit_blocks(self, hashes: list[bytes]) -> int:
         """How many leading blocks of this chain a sequence may take from the cache: the most n for which every
         global group has blocks 0 .. n - 1 cached and every sliding group the blocks the query at position
-        n * block_size reads (the earlier ones it attaches released)."""
-        n = len(hashes)
+        n * block_size reads (the earlier ones it attaches released). One pass: per sliding group, n is good when
+        its last uncached block before n lies before the window of position n * block_size."""
+        limit = len(hashes)
         for g, w in enumerate(self.group_windows):
             if w is None:
-                n = next((i for i, h in enumerate(hashes[:n]) if (g, h) not in self.cached), n)
+                limit = next((i for i, h in enumerate(hashes[:limit]) if (g, h) not in self.cached), limit)
         sliding = [g for g, w in enumerate(self.group_windows) if w is not None]
-        while n > 0 and not all(
-            (g, h) in self.cached for g in sliding for h in hashes[self._dead_blocks(g, n * self.block_size) : n]
-        ):
-            n -= 1
-        return n
+        if not sliding:
+            return limit
+        last_miss = dict.fromkeys(sliding, -1)
+        best = 0
+        for n in range(1, limit + 1):
+            for g in sliding:
+                if (g, hashes[n - 1]) not in self.cached:
+                    last_miss[g] = n - 1
+            if all(last_miss[g] < self._dead_blocks(g, n * self.block_size) for g in sliding):
+                best = n
+        return best
 
     def _cacheable_prefix_hashes(self, seq: Sequence) -> list[bytes]:
         """Hashes of a sequence's leading full blocks up to the last one a cache hit may cover (all but the

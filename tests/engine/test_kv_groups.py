@@ -208,3 +208,28 @@ def test_invariants_catch_a_released_global_entry():
     bm._unref(live)
     with pytest.raises(AssertionError, match="group 0, but only 0 lie before the window"):
         bm.check_invariants([s])
+
+
+@pytest.mark.parametrize("windows", [(None, W), (W,), (None, 5, 9), (None,)])
+def test_prefix_hit_length_matches_its_definition(windows):
+    """On random caches: the hit is the most n with blocks 0 .. n - 1 cached in each global group and, in each
+    sliding group, the blocks from (n * BS - W + 1) // BS to n - 1 (counted here directly, for every n)."""
+    import random
+
+    rng = random.Random(len(windows))
+    bm = BlockManager(4096, BS, group_windows=windows)
+    for trial in range(200):
+        hashes = [bytes([trial % 256, i]) for i in range(rng.randint(0, 24))]
+        bm.cached = {
+            (g, h): 0 for g in range(len(windows)) for h in hashes if rng.random() < (0.95 if trial % 2 else 0.7)
+        }
+
+        def good(n: int) -> bool:
+            for g, w in enumerate(windows):
+                first = 0 if w is None else max(0, n * BS - w + 1) // BS
+                if any((g, hashes[i]) not in bm.cached for i in range(first, n)):
+                    return False
+            return True
+
+        expect = max(n for n in range(len(hashes) + 1) if good(n))
+        assert bm._hit_blocks(hashes) == expect, (trial, windows)
