@@ -220,3 +220,20 @@ def test_triton_kernel_reads_each_groups_tables(hybrid, monkeypatch):
     assert done["t"].token_ids == oracle.greedy_ignore_eos(p, 10)
     assert probe.max_released >= (21 + 10 - window(eng)) // BS - 1 > 0
     eng.close()
+
+
+def test_cache_budget_is_shared_by_the_groups(hybrid):
+    """A block id holds one group's layers, so a byte budget buys num_layers / layers_per_group times as many
+    ids as one table for all layers would; a budget below one id per group is refused by name."""
+    _, model_dir, _ = hybrid
+    eng = engine(model_dir, num_kv_blocks=None, kv_cache_bytes=3 << 20)
+    runner = eng.runner
+    k, _ = runner.kv_slots[0]
+    per_layer_block = 2 * k[0].numel() * k.element_size()  # K and V of one block of one layer
+    layers = runner.kv_groups.layers_per_group
+    assert len(runner.kv_slots) == layers < runner.shape.num_layers
+    assert runner.num_blocks == (3 << 20) // (per_layer_block * layers)
+    assert len({id(c) for c in runner.kv_caches}) == layers  # the i-th layer of every group shares a tensor
+    eng.close()
+    with pytest.raises(ValueError, match="needs one in each of the model's 3 KV-cache groups"):
+        engine(model_dir, num_kv_blocks=2)

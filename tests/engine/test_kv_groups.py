@@ -224,7 +224,7 @@ def test_prefix_hit_length_matches_its_definition(windows):
             (g, h): 0 for g in range(len(windows)) for h in hashes if rng.random() < (0.95 if trial % 2 else 0.7)
         }
 
-        def good(n: int) -> bool:
+        def good(n: int, hashes: list[bytes] = hashes) -> bool:
             for g, w in enumerate(windows):
                 first = 0 if w is None else max(0, n * BS - w + 1) // BS
                 if any((g, hashes[i]) not in bm.cached for i in range(first, n)):
