@@ -45,7 +45,8 @@ class EngineArgs:
     # KV-cache sizing: on CUDA a fraction of device memory, on CPU a byte budget.
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: int | None = None  # None on CPU: DEFAULT_CPU_KV_CACHE_BYTES (2 GiB)
-    num_kv_blocks: int | None = None  # overrides both when set (tests use tiny caches)
+    # overrides both when set (tests use tiny caches); block ids, each holding one KV-cache group's layers
+    num_kv_blocks: int | None = None
     # Structured output
     grammar_compile_timeout_s: float = 10.0
     grammar_cache_size: int = 256

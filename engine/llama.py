@@ -101,11 +101,14 @@ class DecoderModel:
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | list[AttentionMetadata],
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         lora: LoRAContext | None = None,
     ) -> torch.Tensor:
-        """Hidden states after the final norm, [T, hidden], for a flat batch of T tokens."""
+        """Hidden states after the final norm, [T, hidden], for a flat batch of T tokens. ``meta``: one for
+        every layer, or one per layer (KV-cache groups: each layer reads its group's block tables)."""
+        if isinstance(meta, list) and len(meta) != len(self.layers):
+            raise ValueError(f"{len(meta)} attention metadata for {len(self.layers)} layers")
         s = self.shape
         add_rms_norm, rope_ = self.backend.add_rms_norm, self.backend.rope_
         eps = s.rms_norm_eps
@@ -130,7 +133,8 @@ class DecoderModel:
             k = qkv[:, q_size : q_size + kv_size].view(-1, s.num_kv_heads, s.head_dim)
             v = qkv[:, q_size + kv_size :].view(-1, s.num_kv_heads, s.head_dim)
             k_cache, v_cache = kv_caches[i]
-            a = attention(q, k, v, k_cache, v_cache, meta, self.scale, window=layer.window, softcap=softcap)
+            layer_meta = meta[i] if isinstance(meta, list) else meta
+            a = attention(q, k, v, k_cache, v_cache, layer_meta, self.scale, window=layer.window, softcap=softcap)
             a = a.view(-1, q_size)
             o = layer.o(a)
             if lora is not None:

@@ -84,19 +84,20 @@ class LLMEngine:
                 f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {positions}{why}"
             )
         self.runner = ModelRunner(args, model_dir, self.shape, max_model_len)
-        cache_tokens = self.runner.num_blocks * args.block_size
-        # A lone sequence must always fit, or preemption could never make progress.
-        self.max_model_len = min(max_model_len, cache_tokens)
         self.eos_token_ids = set(self.shape.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        # Blocks slide out of use only when every layer slides (Mistral, Phi-3 with sliding_window): layers of a
-        # mixed model (Gemma 2 / 3) share one block table and the global ones read all of it, so all blocks stay.
-        windows = self.shape.windows_for(max_model_len)
-        self.sliding_window = max(windows) if windows and None not in windows else None
+        # One block table per KV-cache group (engine.kv_groups): a sliding group's blocks that slid out of its
+        # window go back to the pool; a global group keeps all (one group when every layer is of one kind).
         self.block_manager = BlockManager(
-            self.runner.num_blocks, args.block_size, args.enable_prefix_caching, self.sliding_window
+            self.runner.num_blocks,
+            args.block_size,
+            args.enable_prefix_caching,
+            group_windows=self.runner.kv_groups.windows,
         )
+        self.sliding_window = self.block_manager.sliding_window
+        # A lone sequence must always fit, or preemption could never make progress.
+        self.max_model_len = self.block_manager.max_lone_tokens(max_model_len, args.max_num_batched_tokens)
         self.scheduler = Scheduler(
             self.block_manager, args.max_num_seqs, args.max_num_batched_tokens, policy=args.scheduling_policy
         )

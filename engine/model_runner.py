@@ -8,6 +8,7 @@ import torch
 
 from loraplex.engine.block_manager import NULL_BLOCK
 from loraplex.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineArgs, ModelShape
+from loraplex.engine.kv_groups import KVGroups
 from loraplex.engine.llama import DecoderModel, LoRAContext, load_model
 from loraplex.engine.scheduler import ScheduledBatch
 from loraplex.kernels.attention_plan import AttentionMetadata
@@ -26,17 +27,21 @@ class ModelRunner:
             self.device, self.dtype, shape.head_dim, shape.num_heads, shape.num_kv_heads
         )
         self.model: DecoderModel = load_model(model_dir, shape, self.device, self.dtype, max_model_len, self.backend)
+        # which block table and cache tensor each layer uses (one group unless sliding and global layers mix)
+        self.kv_groups = KVGroups.from_windows(shape.windows_for(max_model_len))
         self.num_blocks = self._num_blocks(args)  # what the block manager hands out: 0 .. num_blocks - 1
         # One more block, never handed out and never written: the zeros that block-table entries a sliding window
         # released point at (`_kernel_table`). Reusing a real block there would put another request's K/V (a
         # failed request's NaNs included) under masked positions, where 0 x NaN still poisons a sum.
         self.null_block = self.num_blocks
-        # [num_blocks + 1, block_size, kv_heads, head_dim] per layer; zeroed so never-written slots are finite.
+        # [num_blocks + 1, block_size, kv_heads, head_dim] per layer of a group (engine.kv_groups), zeroed so
+        # never-written slots are finite; the i-th layer of every group shares the i-th pair.
         cache_shape = (self.num_blocks + 1, self.block_size, shape.num_kv_heads, shape.head_dim)
-        self.kv_caches = [
+        self.kv_slots = [
             tuple(torch.zeros(cache_shape, device=self.device, dtype=self.dtype) for _ in ("k", "v"))
-            for _ in range(shape.num_layers)
+            for _ in range(self.kv_groups.layers_per_group)
         ]
+        self.kv_caches = [self.kv_slots[slot] for slot in self.kv_groups.layer_slot]  # per layer
         # after each run: batch index -> (first prompt position predicted, logits [rows, V]) of the sequences
         # asking for prompt logprobs (row j predicts prompt token first + j)
         self.prompt_logits: dict[int, tuple[int, torch.Tensor]] = {}
@@ -51,12 +56,18 @@ class ModelRunner:
         if not blocks:
             return
         idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
-        for k, v in self.kv_caches:
+        for k, v in self.kv_slots:
             k.index_fill_(0, idx, 0.0)
             v.index_fill_(0, idx, 0.0)
 
     def _num_blocks(self, args: EngineArgs) -> int:
-        per_block = self.shape.kv_bytes_per_token(self.dtype) * self.block_size
+        # a block id holds K/V for one group's layers: layers_per_group of num_layers
+        per_block = (
+            self.shape.kv_bytes_per_token(self.dtype)
+            * self.block_size
+            * self.kv_groups.layers_per_group
+            // self.shape.num_layers
+        )
         if args.num_kv_blocks is not None:
             n = args.num_kv_blocks
         elif self.device.type == "cuda":
@@ -67,8 +78,11 @@ class ModelRunner:
         else:
             budget = args.kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES
             n = int(budget // per_block)
-        if n < 1:
-            raise ValueError("the KV cache budget is too small for a single block")
+        if n < self.kv_groups.num_groups:
+            raise ValueError(
+                f"the KV cache budget is too small: {n} blocks, but a sequence needs one in each of the model's "
+                f"{self.kv_groups.num_groups} KV-cache groups"
+            )
         return n
 
     @torch.inference_mode()
@@ -76,7 +90,10 @@ class ModelRunner:
         """Forward the batch; returns (indices into batch.seqs that get a token, their logits [N, V])."""
         ids: list[int] = []
         positions: list[int] = []
-        q_lens, ctx_lens, tables = [], [], []
+        q_lens: list[int] = []
+        ctx_lens: list[int] = []
+        groups = self.kv_groups.num_groups
+        tables: list[list[list[int]]] = [[] for _ in range(groups)]  # per group, per sequence
         sample_rows: list[int] = []
         sample_seq_idx: list[int] = []
         sample_counts: list[int] = []
@@ -90,14 +107,16 @@ class ModelRunner:
             positions.extend(range(start, start + n))
             q_lens.append(n)
             ctx_lens.append(start)
-            tables.append(_kernel_table(seq.block_table, self.null_block))
+            for g in range(groups):
+                tables[g].append(_kernel_table(seq.block_tables[g], self.null_block))
             drafts = len(seq.spec_token_ids)
             if start + n == seq.num_tokens + drafts:  # this chunk completes the known tokens: sample the next
                 sample_rows.extend(range(len(ids) - 1 - drafts, len(ids)))
                 sample_seq_idx.append(i)
                 sample_counts.append(1 + drafts)
         dev = self.device
-        meta = AttentionMetadata.build(q_lens, ctx_lens, tables, self.block_size, dev, self.backend.name)
+        metas = [AttentionMetadata.build(q_lens, ctx_lens, t, self.block_size, dev, self.backend.name) for t in tables]
+        meta = metas[0] if groups == 1 else [metas[g] for g in self.kv_groups.layer_group]
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         hidden = self.model.forward(input_ids, pos, meta, self.kv_caches, lora)

@@ -37,8 +37,10 @@ class Sequence:
     finish_reason: FinishReason | None = None
     # KV state
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
-    block_table: list[int] = field(default_factory=list)  # NULL_BLOCK entries: released, out of the window
-    num_released_blocks: int = 0  # leading block-table entries a sliding window released (engine.block_manager)
+    # one block table per KV-cache group (engine.kv_groups; the block manager adds the others on first use);
+    # NULL_BLOCK entries: released, out of the group's sliding window
+    block_tables: list[list[int]] = field(default_factory=lambda: [[]])
+    released_blocks: list[int] = field(default_factory=lambda: [0])  # per group: leading entries released
     block_hashes: list[bytes] = field(default_factory=list)  # hashes of this sequence's full blocks
     prefix_hashes: list[bytes] = field(default_factory=list)  # block manager's memo: leading blocks' hashes
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at first admission
@@ -56,6 +58,24 @@ class Sequence:
     num_draft_tokens: int = 0  # proposed and verified
     num_accepted_tokens: int = 0  # drafts verification kept
     num_forced_tokens: int = 0  # appended by jump-forward without sampling
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first group's block table (the only one unless the model mixes sliding and global layers)."""
+        return self.block_tables[0]
+
+    @block_table.setter
+    def block_table(self, table: list[int]) -> None:
+        self.block_tables[0] = table
+
+    @property
+    def num_released_blocks(self) -> int:
+        """Leading entries of the first group's table a sliding window released (engine.block_manager)."""
+        return self.released_blocks[0]
+
+    @num_released_blocks.setter
+    def num_released_blocks(self, n: int) -> None:
+        self.released_blocks[0] = n
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -113,7 +113,10 @@ def test_preemption_and_abort_with_released_blocks(mistral):
     """A cache too small for four sequences' windows preempts; recomputed sequences still give Hugging Face's
     tokens. An aborted sequence's remaining blocks return to the pool."""
     model_dir, oracle = mistral
-    eng = engine(model_dir, num_kv_blocks=10, max_num_batched_tokens=16)  # max_model_len 40
+    eng = engine(model_dir, num_kv_blocks=10, max_num_batched_tokens=16)
+    # a lone sequence never holds more than ceil((11 + 16 - 2) / 4) + 1 = 8 blocks: its length is not capped by
+    # the cache's 40 tokens, only by the model's positions
+    assert eng.max_model_len == 1024
     HeldBlocks(eng)
     ps = random_prompts([22, 19, 23, 20], seed=5)
     arrivals = {0: [(p, SamplingParams(max_tokens=16, **GREEDY), f"r{i}") for i, p in enumerate(ps)]}
@@ -136,13 +139,13 @@ def test_preemption_and_abort_with_released_blocks(mistral):
 @pytest.mark.parametrize(
     ("model_type", "overrides"),
     [
-        ("gemma2", {}),  # alternating sliding / global layers: the global ones read every block
-        ("gemma3_text", {}),
         ("mistral", {"sliding_window": None}),
         ("mistral", {"sliding_window": 4096}),  # no shorter than max_model_len: no layer slides in practice
     ],
 )
 def test_models_with_a_global_layer_keep_every_block(model_type, overrides, tmp_path, smol_dir):
+    """Without a window shorter than max_model_len every layer is global: one group, every block kept. (Models
+    that mix sliding and global layers: tests/engine/test_hybrid_kv_groups.py.)"""
     d = make_family_model(tmp_path / model_type, smol_dir, model_type, **overrides)
     eng = LLMEngine(model=str(d), block_size=BS, num_kv_blocks=32, max_model_len=128)
     assert eng.block_manager.sliding_window is None
