@@ -348,12 +348,14 @@ def _top_alternatives(node: Node) -> list[Node]:
     return [node]
 
 
+@lru_cache(maxsize=1024)  # the same patterns recur across a schema's $defs copies
 def pattern_to_rust(pattern: str) -> str:
     """The pattern in Rust regex syntax with ECMA semantics, still a search (for llguidance,
     which applies `pattern` to the decoded string itself)."""
     return _emit(_Parser(pattern).parse(), encoded=False)
 
 
+@lru_cache(maxsize=1024)  # the same patterns recur across a schema's $defs copies
 def pattern_to_content_regex(pattern: str) -> str:
     """Regex (Rust syntax) for the JSON string content of strings that contain a match of `pattern`."""
     tree = _Parser(pattern).parse()
