@@ -316,9 +316,7 @@ def _emit(node: Node, encoded: bool = True) -> str:
         cs: CharSet = node[1]
         if not encoded:
             return cs.rust()
-        raw = f'[{cs.rust()}&&[^"\\\\\\x00-\\x1F]]'
-        escapes = [special_escape_rx(ch) for ch in sorted(SPECIALS) if cs.contains(ch)]
-        return "(?:" + "|".join([raw] + escapes) + ")"
+        return _set_content_rx((tuple(cs.ranges), tuple(cs.classes), tuple(cs.props), cs.negated))
     if kind == "seq":
         return "".join(_emit(n, encoded) for n in node[1])
     if kind == "alt":
@@ -334,6 +332,16 @@ def _emit(node: Node, encoded: bool = True) -> str:
     raise GrammarError(
         "'^' or '$' inside a pattern (not at its start or end) cannot be enforced", code="unsupported_schema"
     )
+
+
+@lru_cache(maxsize=4096)  # generated patterns repeat the same classes hundreds of times
+def _set_content_rx(key: tuple) -> str:
+    """A character class over JSON string content: its raw characters, and the escapes of its specials."""
+    ranges, classes, props, negated = key
+    cs = CharSet(list(ranges), list(classes), list(props), negated)
+    raw = f'[{cs.rust()}&&[^"\\\\\\x00-\\x1F]]'
+    escapes = [special_escape_rx(ch) for ch in sorted(SPECIALS) if cs.contains(ch)]
+    return "(?:" + "|".join([raw] + escapes) + ")"
 
 
 def _top_alternatives(node: Node) -> list[Node]:
