@@ -88,6 +88,7 @@ class Exclusivity:
         self._keep: list[Any] = []  # the schemas memoized by id stay alive (ids are never reused)
         self._targets: dict[int, Any] = {}
         self._conjunct_lists: dict[tuple[int, int], list[dict]] = {}
+        self._ranges: dict[tuple[int, int, str], tuple[Bound, Bound]] = {}
 
     # ---- resolution ----------------------------------------------------------------------------------
     def target(self, schema: Any) -> Any:
@@ -161,7 +162,7 @@ class Exclusivity:
             return all(self.disjoint(a, b, frozenset({kind}), depth + 1, present) for kind in sorted(within))
         if within != {"object"}:
             present = frozenset()
-        key = (id(a), id(b), within, present)
+        key = (min(id(a), id(b)), max(id(a), id(b)), within, present)  # symmetric: proved either way round
         if key not in self._disjoint:
             self._disjoint[key] = False  # a cycle back here proves nothing
             self._keep += [a, b]
@@ -196,9 +197,15 @@ class Exclusivity:
         keys = _RANGES.get(kind)
         if keys is None:
             return False
-        low_a, high_a = _range(self._conjuncts(a, depth), *keys)
-        low_b, high_b = _range(self._conjuncts(b, depth), *keys)
+        low_a, high_a = self._range(a, depth, kind)
+        low_b, high_b = self._range(b, depth, kind)
         return _below(high_a, low_b) or _below(high_b, low_a)
+
+    def _range(self, schema: dict, depth: int, kind: str) -> tuple[Bound, Bound]:
+        key = (id(schema), depth, kind)  # the schema is kept alive by _conjuncts' memo
+        if key not in self._ranges:
+            self._ranges[key] = _range(self._conjuncts(schema, depth), *_RANGES[kind])
+        return self._ranges[key]
 
     def _items_apart(self, a: dict, b: dict, depth: int) -> bool:
         """Arrays: an item both must have (at a position below either's minItems) that they hold apart."""
