@@ -19,6 +19,7 @@ import numpy as np
 from loraplex.grammar.vocab import VocabInfo
 
 MAX_TOKEN_BYTES = 48
+GREEDY_LOOP_EXITS = 64  # the first greedy walk gives up after this many searches for a way out of a loop
 # Greedy completion prefers bytes that close what is open, then short values.
 REPEAT = 8
 CLOSING_ORDER = (
@@ -68,11 +69,17 @@ class CompletionSearch:
         return len(path) <= budget or len(self.tokenize(matcher, path)) <= budget
 
     def _completion_bytes(self, matcher: Any) -> bytes | None:
-        """The byte string `plan` tokenizes: the greedy walk, else the bounded search."""
-        path = self._greedy(matcher)
-        return path if path is not None else self._shortest(matcher, self.max_bytes)
+        """The byte string `plan` tokenizes: the greedy walk, else the bounded search, else the greedy walk
+        without its bound on loop exits (a walk that keeps looking for ways out of loops is usually failing:
+        lefthook's took 4 s to fail where the search then found `{}` in 5 ms)."""
+        path = self._greedy(matcher, GREEDY_LOOP_EXITS)
+        if path is None:
+            path = self._shortest(matcher, self.max_bytes)
+        if path is None:
+            path = self._greedy(matcher, None)
+        return path
 
-    def _greedy(self, matcher: Any) -> bytes | None:
+    def _greedy(self, matcher: Any, loop_exits: int | None) -> bytes | None:
         """Close as soon as possible: forced bytes, else the first allowed byte in CLOSING_ORDER.
 
         Back in a state whose mask was seen before means the walk is looping (digits of a number,
@@ -80,6 +87,7 @@ class CompletionSearch:
         wins, else the first that changes the mask, so loops are left after one turn instead of spelling
         out CLOSING_ORDER. A byte
         chosen REPEAT times in a run of states with the same mask is passed over as a last resort.
+        Past `loop_exits` such searches for a way out (None: no bound), the walk gives up.
         """
         node = matcher.deep_copy()
         path = b""
@@ -102,7 +110,13 @@ class CompletionSearch:
                 trapped = False
             last = sig
             candidates = [c for c in self._order if c in allowed]
-            b = self._leave_loop(node, candidates, seen, sig) if sig in seen and not trapped else None
+            b = None
+            if sig in seen and not trapped:
+                if loop_exits is not None:
+                    if loop_exits <= 0:
+                        return None
+                    loop_exits -= 1
+                b = self._leave_loop(node, candidates, seen, sig)
             trapped = b is None and sig in seen  # no way out of this mask yet: not looked for again in this run
             seen.add(sig)
             if b is None:

@@ -32,6 +32,7 @@ import jsonschema
 from jsonschema.validators import validator_for
 
 from loraplex.grammar.schema.check import pointer
+from loraplex.grammar.schema.metaschema import metaschema_validator
 from loraplex.grammar.spec import GrammarError
 
 _POINTER_SAFE = "/~!$&'()*+,;=:@-._"  # a pointer's characters that stay as they are in a URI fragment
@@ -176,7 +177,7 @@ def draft_of(schema: Any) -> tuple[str, type]:
 
 
 def check_against_metaschema(schema: Any, cls: type) -> None:
-    errors = list(cls(cls.META_SCHEMA).iter_errors(schema))
+    errors = list(metaschema_validator(cls).iter_errors(schema))
     if errors:
         err = jsonschema.exceptions.best_match(errors)
         raise GrammarError(f"invalid schema: {err.message} at {pointer(list(err.absolute_path)) or '/'}")

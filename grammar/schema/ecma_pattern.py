@@ -316,9 +316,7 @@ def _emit(node: Node, encoded: bool = True) -> str:
         cs: CharSet = node[1]
         if not encoded:
             return cs.rust()
-        raw = f'[{cs.rust()}&&[^"\\\\\\x00-\\x1F]]'
-        escapes = [special_escape_rx(ch) for ch in sorted(SPECIALS) if cs.contains(ch)]
-        return "(?:" + "|".join([raw] + escapes) + ")"
+        return _set_content_rx((tuple(cs.ranges), tuple(cs.classes), tuple(cs.props), cs.negated))
     if kind == "seq":
         return "".join(_emit(n, encoded) for n in node[1])
     if kind == "alt":
@@ -336,6 +334,16 @@ def _emit(node: Node, encoded: bool = True) -> str:
     )
 
 
+@lru_cache(maxsize=4096)  # generated patterns repeat the same classes hundreds of times
+def _set_content_rx(key: tuple) -> str:
+    """A character class over JSON string content: its raw characters, and the escapes of its specials."""
+    ranges, classes, props, negated = key
+    cs = CharSet(list(ranges), list(classes), list(props), negated)
+    raw = f'[{cs.rust()}&&[^"\\\\\\x00-\\x1F]]'
+    escapes = [special_escape_rx(ch) for ch in sorted(SPECIALS) if cs.contains(ch)]
+    return "(?:" + "|".join([raw] + escapes) + ")"
+
+
 def _top_alternatives(node: Node) -> list[Node]:
     """The pattern's top-level alternatives, looking through a group that is the whole pattern."""
     if node[0] == "alt":
@@ -348,12 +356,14 @@ def _top_alternatives(node: Node) -> list[Node]:
     return [node]
 
 
+@lru_cache(maxsize=1024)  # the same patterns recur across a schema's $defs copies
 def pattern_to_rust(pattern: str) -> str:
     """The pattern in Rust regex syntax with ECMA semantics, still a search (for llguidance,
     which applies `pattern` to the decoded string itself)."""
     return _emit(_Parser(pattern).parse(), encoded=False)
 
 
+@lru_cache(maxsize=1024)  # the same patterns recur across a schema's $defs copies
 def pattern_to_content_regex(pattern: str) -> str:
     """Regex (Rust syntax) for the JSON string content of strings that contain a match of `pattern`."""
     tree = _Parser(pattern).parse()

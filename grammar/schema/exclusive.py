@@ -86,15 +86,24 @@ class Exclusivity:
         self._disjoint: dict[tuple[int, int, frozenset[str]], bool] = {}
         self._domain: dict[int, frozenset[str]] = {}
         self._keep: list[Any] = []  # the schemas memoized by id stay alive (ids are never reused)
+        self._targets: dict[int, Any] = {}
+        self._conjunct_lists: dict[tuple[int, int], list[dict]] = {}
+        self._ranges: dict[tuple[int, int, str], tuple[Bound, Bound]] = {}
 
     # ---- resolution ----------------------------------------------------------------------------------
     def target(self, schema: Any) -> Any:
         """A bare ``$ref`` followed to its target (a ``$ref`` with siblings stays: it is a conjunction)."""
-        for _ in range(MAX_DEPTH):
-            if not (isinstance(schema, dict) and set(schema) == {"$ref"}):
-                break
-            schema, _ = resolve_pointer(self.root, schema["$ref"])
-        return schema
+        if not (isinstance(schema, dict) and len(schema) == 1 and "$ref" in schema):
+            return schema
+        key = id(schema)
+        if key not in self._targets:  # the proofs follow the same references thousands of times
+            self._keep.append(schema)
+            for _ in range(MAX_DEPTH):
+                if not (isinstance(schema, dict) and set(schema) == {"$ref"}):
+                    break
+                schema, _ = resolve_pointer(self.root, schema["$ref"])
+            self._targets[key] = schema
+        return self._targets[key]
 
     def _members(self, schema: dict) -> list[Any]:
         """Schemas that every value matching ``schema`` also matches (allOf members, a sibling $ref's target)."""
@@ -153,7 +162,7 @@ class Exclusivity:
             return all(self.disjoint(a, b, frozenset({kind}), depth + 1, present) for kind in sorted(within))
         if within != {"object"}:
             present = frozenset()
-        key = (id(a), id(b), within, present)
+        key = (min(id(a), id(b)), max(id(a), id(b)), within, present)  # symmetric: proved either way round
         if key not in self._disjoint:
             self._disjoint[key] = False  # a cycle back here proves nothing
             self._keep += [a, b]
@@ -188,9 +197,15 @@ class Exclusivity:
         keys = _RANGES.get(kind)
         if keys is None:
             return False
-        low_a, high_a = _range(self._conjuncts(a, depth), *keys)
-        low_b, high_b = _range(self._conjuncts(b, depth), *keys)
+        low_a, high_a = self._range(a, depth, kind)
+        low_b, high_b = self._range(b, depth, kind)
         return _below(high_a, low_b) or _below(high_b, low_a)
+
+    def _range(self, schema: dict, depth: int, kind: str) -> tuple[Bound, Bound]:
+        key = (id(schema), depth, kind)  # the schema is kept alive by _conjuncts' memo
+        if key not in self._ranges:
+            self._ranges[key] = _range(self._conjuncts(schema, depth), *_RANGES[kind])
+        return self._ranges[key]
 
     def _items_apart(self, a: dict, b: dict, depth: int) -> bool:
         """Arrays: an item both must have (at a position below either's minItems) that they hold apart."""
@@ -229,6 +244,10 @@ class Exclusivity:
 
     def _conjuncts(self, schema: dict, depth: int) -> list[dict]:
         """``schema`` and every schema it is the conjunction of (allOf members, $ref targets, recursively)."""
+        key = (id(schema), depth)
+        if key in self._conjunct_lists:
+            return self._conjunct_lists[key]
+        self._keep.append(schema)
         out: dict[int, dict] = {}
         todo = [(schema, 0)]
         while todo:
@@ -238,7 +257,8 @@ class Exclusivity:
                 continue
             out[id(node)] = node
             todo += [(m, level + 1) for m in self._members(node)]
-        return list(out.values())
+        self._conjunct_lists[key] = list(out.values())
+        return self._conjunct_lists[key]
 
     def _discriminated(self, a: dict, b: dict, depth: int, present: frozenset[str]) -> bool:
         """Objects only: a property every object here has (required by either, or by the schema around

@@ -8,6 +8,7 @@ One spelling per character keeps "a key other than these names" expressible as a
 
 from __future__ import annotations
 
+import functools
 import json
 
 # Characters that must be escaped inside a JSON string: the quote, the backslash and C0 controls.
@@ -37,6 +38,7 @@ def class_escape(ch: str) -> str:
     return ch
 
 
+@functools.lru_cache(maxsize=4096)
 def encode_char(ch: str) -> str:
     """The canonical JSON spelling of one character inside a string."""
     return json.dumps(ch, ensure_ascii=False)[1:-1]
@@ -58,6 +60,7 @@ def alt(parts: list[str]) -> str:
     return uniq[0] if len(uniq) == 1 else "(?:" + "|".join(uniq) + ")"
 
 
+@functools.cache  # only the 34 special characters
 def special_escape_rx(ch: str) -> str:
     """Regex for the canonical escape of one special character."""
     return rx_escape(encode_char(ch))
@@ -65,6 +68,11 @@ def special_escape_rx(ch: str) -> str:
 
 def unit_except(excluded: set[str]) -> str:
     """One string unit (raw character or escape) whose spelling is not in `excluded`."""
+    return _unit_except(frozenset(excluded))
+
+
+@functools.lru_cache(maxsize=4096)  # a key trie asks for the same sets at many nodes
+def _unit_except(excluded: frozenset[str]) -> str:
     raw_excluded = sorted(u for u in excluded if len(u) == 1)
     parts = []
     raw = '[^"\\\\\\x00-\\x1F' + "".join(class_escape(c) for c in raw_excluded) + "]"

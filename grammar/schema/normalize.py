@@ -152,19 +152,16 @@ class Normalizer:
                     expanded += self._conjoin(Term(t.parts, ctx), target, tptr)
             out = expanded
         for i, sub in enumerate(schema.get("allOf", [])):
-            out = [t2 for t in out for t2 in self._conjoin(t, sub, f"{ptr}/allOf/{i}")]
+            out = _bounded([t2 for t in out for t2 in self._conjoin(t, sub, f"{ptr}/allOf/{i}")], ptr)
         if "anyOf" in schema:
-            out = [
-                t2
-                for t in out
-                for i, sub in enumerate(schema["anyOf"])
-                for t2 in self._conjoin(t, sub, f"{ptr}/anyOf/{i}")
-            ]
+            expanded = []
+            for t in out:
+                for i, sub in enumerate(schema["anyOf"]):
+                    expanded = _bounded(expanded + self._conjoin(t, sub, f"{ptr}/anyOf/{i}"), ptr)
+            out = expanded
         if "oneOf" in schema:
             out = self._one_of(out, schema["oneOf"], f"{ptr}/oneOf")
-        if len(out) > MAX_TERMS:
-            raise NotRegular(f"more than {MAX_TERMS} alternatives at {ptr or '/'}")
-        return out
+        return _bounded(out, ptr)
 
     def _one_of(self, terms: list[Term], branches: list[Any], ptr: str) -> list[Term]:
         """oneOf is a union when its branches cannot overlap (given what they are combined with);
@@ -180,7 +177,7 @@ class Normalizer:
                         raise NotRegular(
                             f"oneOf at {ptr}: cannot prove branches {live[x]} and {live[y]} are mutually exclusive"
                         )
-            out += [bt for i in live for bt in per_branch[i]]
+            out = _bounded(out + [bt for i in live for bt in per_branch[i]], ptr)
         return out
 
     # ---- split a conjunction by type ---------------------------------------------------------
@@ -334,6 +331,14 @@ class Normalizer:
                 if all(self.disjoint(x, y, depth - 1) for x in a_nodes for y in b_nodes):
                     return True
         return False
+
+
+def _bounded(terms: list[Term], ptr: str) -> list[Term]:
+    """Terms only multiply as a conjunction is expanded (allOf of anyOfs is a product), so the bound is
+    checked at every step: checking only the finished list let a product grow exponentially first."""
+    if len(terms) > MAX_TERMS:
+        raise NotRegular(f"more than {MAX_TERMS} alternatives at {ptr or '/'}")
+    return terms
 
 
 def _kinds(t: Any) -> set[str]:

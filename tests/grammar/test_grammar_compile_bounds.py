@@ -1,0 +1,160 @@
+"""Compile-time bounds (issue 17's speed targets) that change no language: the inlined metaschemas give
+jsonschema's own verdicts, the regex DNF stops at its term bound instead of expanding a product first, and
+the completion search gives up a looping greedy walk for the bounded search."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+from jsonschema.validators import validator_for
+
+from loraplex.grammar import StructuredSpec
+from loraplex.grammar.backend_llguidance import search as search_module
+from loraplex.grammar.fuzz import random_walk
+from loraplex.grammar.schema.metaschema import metaschema_validator
+from loraplex.grammar.schema.normalize import MAX_TERMS, Ctx, Normalizer, NotRegular
+from tests.grammar.helpers import REPO, load_suite
+
+CORPUS = REPO.parent / "shared" / "schemas" / "schemastore-dev"
+DRAFTS = [
+    jsonschema.Draft202012Validator,
+    jsonschema.Draft201909Validator,
+    jsonschema.Draft7Validator,
+    jsonschema.Draft6Validator,
+    jsonschema.Draft4Validator,
+]
+INVALID = [
+    {"type": 3},
+    {"properties": {"a": {"minLength": -1}}},
+    {"items": [{"type": "x"}]},
+    {"$defs": {"a": {"enum": 5}}},
+    {"allOf": [{"required": [1]}]},
+    {"anyOf": []},
+    {"properties": {"a": {"items": {"not": {"type": 7}}}}},
+    {"dependentSchemas": {"a": {"maxProperties": "2"}}},
+    {"$dynamicAnchor": 3, "prefixItems": [{"const": 1}, {"contains": {"minContains": -2}}]},
+    {"if": {"$anchor": "no spaces allowed"}},
+    {"properties": {"$ref": 5}, "$vocabulary": {"x": 1}},
+    {"definitions": {"a": {"type": 5}}},
+    {"dependencies": {"a": 3}},
+    {"items": [{"type": "q"}], "additionalItems": {"enum": []}},
+    {"properties": {"a": {"exclusiveMinimum": True}}},
+]
+
+
+def _corpus(ids: set[str]) -> list[dict]:
+    out = []
+    for line in (CORPUS / "index.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if entry["id"] in ids:
+            out.append(json.loads((CORPUS / entry["file"]).read_text()))
+    assert len(out) == len(ids)
+    return out
+
+
+def _errors(validator, schema) -> list:
+    return sorted(
+        (e.message, list(e.absolute_path), list(e.schema_path)[-1:], e.validator) for e in validator.iter_errors(schema)
+    )
+
+
+@pytest.mark.parametrize("cls", DRAFTS, ids=lambda c: c.__name__)
+def test_static_metaschema_gives_jsonschemas_verdicts(cls):
+    """Valid and invalid schemas: the same errors (message, instance path, keyword) as jsonschema's own
+    metaschema validator with its references (dynamic ones for 2019-09 and 2020-12)."""
+    schemas = [c["schema"] for c in load_suite()[:300] if isinstance(c.get("schema"), (dict, bool))]
+    schemas += _corpus({"enonic-xp-cms-8.0.0", "gitea-issue-forms"}) + INVALID
+    invalid = 0  # among INVALID (the last ones): some keywords are one draft's only
+    for schema in schemas:
+        if isinstance(schema, dict):
+            schema = {k: v for k, v in schema.items() if k != "$schema"}
+        expected = _errors(cls(cls.META_SCHEMA), schema)
+        assert _errors(metaschema_validator(cls), schema) == expected, schema
+        invalid += bool(expected) and any(schema is s or schema == s for s in INVALID)
+    assert invalid >= 6  # errors are compared, not only their absence
+
+
+def test_dnf_stops_at_its_bound_before_expanding_a_product():
+    """allOf of 24 two-way anyOfs is a product of 2**24 terms: the bound is met after a few factors (before,
+    the whole product was built before checking it, ~the hang SchemaStore's `function` showed)."""
+    factors = [
+        {"anyOf": [{"type": "string", "minLength": i}, {"type": "string", "maxLength": 100 + i}]} for i in range(24)
+    ]
+    norm = Normalizer({"allOf": factors}, max_ref_depth=3)
+    calls = 0
+    conjoin = norm._conjoin
+
+    def counted(*args):
+        nonlocal calls
+        calls += 1
+        return conjoin(*args)
+
+    norm._conjoin = counted  # type: ignore[method-assign]
+    with pytest.raises(NotRegular, match=f"more than {MAX_TERMS} alternatives"):
+        norm.dnf([({"allOf": factors}, "")], Ctx())
+    assert calls < 4 * MAX_TERMS * 8, calls
+
+
+def test_product_schema_compiles_through_llguidance_and_validates(compiler):
+    """The same product as a real request: refused by the regex route at its bound, served exactly by
+    llguidance, and every walk validates."""
+    factors = [{"anyOf": [{"minLength": i}, {"maxLength": 30 - i}]} for i in range(7)]
+    schema = {"type": "object", "properties": {"s": {"type": "string", "allOf": factors}}, "required": ["s"]}
+    grammar = compiler.compile(StructuredSpec(json=schema))
+    assert grammar.backend == "llguidance" and not grammar.narrowing
+    check = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(7)
+    for _ in range(8):
+        walk = random_walk(grammar, compiler.vocab, rng, 80)
+        assert walk.error is None and walk.closed, walk
+        assert check.is_valid(json.loads(walk.text)), walk.text
+
+
+def test_looping_greedy_walk_gives_way_to_the_search(compiler, monkeypatch):
+    """SchemaStore's lefthook: the greedy completion walk loops (before: ~1000 searches for a way out, seconds,
+    then failed) while the bounded search finds `{}`; the first walk now stops after GREEDY_LOOP_EXITS."""
+    schema = _corpus({"lefthook"})[0]
+    exits = 0
+    leave_loop = search_module.CompletionSearch._leave_loop
+
+    def counted(self, *args):
+        nonlocal exits
+        exits += 1
+        return leave_loop(self, *args)
+
+    monkeypatch.setattr(search_module.CompletionSearch, "_leave_loop", counted)
+    from llguidance import LLMatcher
+
+    from loraplex.grammar.workers.job import CompileOptions, WorkerContext, translate
+
+    ctx = WorkerContext(compiler.vocab, CompileOptions())
+    tr = translate(StructuredSpec(json=schema), ctx.options)
+    matcher = LLMatcher(ctx.ll_tokenizer, tr.llg, log_level=0)
+    plan = ctx.search.plan(matcher)
+    assert plan is not None and exits <= search_module.GREEDY_LOOP_EXITS
+    assert b"".join(compiler.vocab.token_bytes[t] for t in plan) == b"{}"
+    check = validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
+    assert check.is_valid({})
+
+
+def test_greedy_walk_without_its_bound_is_the_last_resort(compiler, monkeypatch):
+    """With no loop exit allowed and no search, the unbounded greedy walk still finds a completion."""
+    monkeypatch.setattr(search_module, "GREEDY_LOOP_EXITS", 0)
+    from llguidance import LLMatcher
+
+    from loraplex.grammar.workers.job import CompileOptions, WorkerContext, translate
+
+    ctx = WorkerContext(compiler.vocab, CompileOptions())
+    monkeypatch.setattr(ctx.search, "_shortest", lambda matcher, limit: None)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "e": {"type": "string", "format": "email"}}}
+    schema["required"] = ["n", "e"]
+    tr = translate(StructuredSpec(json=schema), ctx.options)
+    matcher = LLMatcher(ctx.ll_tokenizer, tr.llg, log_level=0)
+    assert ctx.search._greedy(matcher, 0) is None  # the bounded walk meets a loop (the integer's digits)
+    plan = ctx.search.plan(matcher)
+    assert plan is not None
+    text = b"".join(compiler.vocab.token_bytes[t] for t in plan).decode()
+    assert jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).is_valid(json.loads(text))
