@@ -14,7 +14,6 @@ from typing import Any
 
 from loraplex.grammar.schema.ecma_pattern import pattern_to_rust
 from loraplex.grammar.schema.formats import DECODED_FORMATS
-from loraplex.grammar.spec import GrammarError
 
 _JSON_OPTIONS = {"whitespace_flexible": False, "coerce_one_of": False, "lenient": False}
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
@@ -109,15 +108,6 @@ def lark_grammar(text: str) -> str:
     from llguidance import LLMatcher
 
     return LLMatcher.grammar_from_lark(text)
-
-
-def validate(grammar: str, tokenizer: Any, what: str) -> None:
-    """GrammarError naming `what` (e.g. 'grammar syntax error') if llguidance rejects `grammar`."""
-    from llguidance import LLMatcher
-
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-    if is_error:
-        raise GrammarError(f"{what}: {messages[0].strip()}")
 
 
 def regex_error(regex: str) -> str | None:
