@@ -27,10 +27,11 @@ class EngineArgs:
     # Which waiting request runs next: "fcfs" (arrival order), "fair" (weighted fair share of tokens between
     # tenants, Virtual Token Counter; priority classes first) or "priority" (lowest priority value, then arrival)
     scheduling_policy: str = "fair"
-    # While requests of two or more tenants are in the engine (fair policy), a step's token budget is cut so the
-    # step is predicted (recent seconds per token) to take about this long: another tenant's first token waits
-    # for the step in flight. None: 120 ms on CPU (where a step's time grows with its tokens), no cut on CUDA;
-    # 0: no cut. A step that serves a tenant far below its share alone keeps the whole budget.
+    # While two or more tenants have had requests in the engine within the last 30 s (fair policy), a step's
+    # token budget is cut so the step is predicted (recent seconds per token) to take about this long: another
+    # tenant's first token waits for the step in flight. None: 120 ms on CPU (where a step's time grows with its
+    # tokens), no cut on CUDA; 0: no cut. A step that serves a tenant far below its share alone keeps the whole
+    # budget.
     multi_tenant_step_ms: float | None = None
     block_size: int = 16
     enable_prefix_caching: bool = True

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 from loraplex.engine.sequence import Sequence
@@ -57,8 +57,9 @@ class RequestQueue(Protocol):
 
     can_overtake: bool  # whether a waiting request can ever be ahead of a running one (not under fcfs)
 
-    def num_live_tenants(self) -> int:
-        """Tenants with requests in the engine (waiting or running); 1 where the policy does not tell them apart."""
+    def live_tenants(self) -> Iterable[str]:
+        """Tenants with requests in the engine (waiting or running); none where the policy does not tell them
+        apart (fcfs, priority)."""
 
     def ahead_of(self, waiting: Sequence, running: Sequence, preempt: bool = False) -> bool:
         """Whether ``waiting`` goes before ``running``'s remaining work (its prefill chunks); with ``preempt``,
@@ -79,8 +80,8 @@ class _ListQueue:
     def finished(self, seq: Sequence) -> None:
         pass
 
-    def num_live_tenants(self) -> int:
-        return 1
+    def live_tenants(self) -> Iterable[str]:
+        return ()
 
     def candidates(self) -> Iterator[Sequence]:
         return iter(list(self._q))
@@ -189,8 +190,8 @@ class FairQueue:
                 self.counters[tenant] = 0.0
         self._live[tenant] += 1
 
-    def num_live_tenants(self) -> int:
-        return len(self._live)
+    def live_tenants(self) -> Iterable[str]:
+        return self._live.keys()
 
     def finished(self, seq: Sequence) -> None:
         tenant = seq.share.tenant

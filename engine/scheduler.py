@@ -20,9 +20,10 @@ set another's time to first token:
   the last running sequence, that sequence gives up its seat: it is preempted as under memory pressure (at
   most one per step; under fair only when the newcomer's tenant stays below the other even after paying
   for its prompt, so that two tenants near parity do not trade seats);
-* while two or more tenants are live (fair), the step's token budget is cut so a step takes about
-  ``multi_tenant_step_ms`` (the engine sets ``multi_tenant_token_cap`` from recent step times): on a CPU a step's
-  time grows with its tokens, and another tenant's newcomer waits for the step in flight;
+* while two or more tenants have had requests in the engine within ``MULTI_TENANT_MEMORY_S`` (fair), the
+  step's token budget is cut so a step takes about ``multi_tenant_step_ms`` (the engine sets
+  ``multi_tenant_token_cap`` from recent step times): on a CPU a step's time grows with its tokens, and another
+  tenant's newcomer waits for the step in flight;
 * a tenant that far ahead (the same test) gets a step to itself: the running work of the tenants it is ahead
   of, decodes included, sits out the step in which its prefill runs (and their newcomers are not admitted in
   it), so its first token waits for the step in flight and its own prefill, not for a full batch of the flood's
@@ -33,6 +34,7 @@ set another's time to first token:
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -40,6 +42,10 @@ from typing import Protocol
 from loraplex.engine.block_manager import BlockManager
 from loraplex.engine.request_queue import RequestQueue, make_queue
 from loraplex.engine.sequence import Sequence, SequenceStatus
+
+# how long a tenant counts for the multi-tenant cut after its last request left the engine: a tenant between
+# two requests is still there, and its next newcomer should not wait for a full-budget step of another's
+MULTI_TENANT_MEMORY_S = 30.0
 
 
 @dataclass
@@ -91,6 +97,8 @@ class Scheduler:
         # the step's token budget while two or more tenants are live (LLMEngine sets it from the step times and
         # EngineArgs.multi_tenant_step_ms); None: no cut
         self.multi_tenant_token_cap: int | None = None
+        self.clock: Callable[[], float] = time.monotonic
+        self._tenants_seen: dict[str, float] = {}  # tenant -> when it last had requests in the engine
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -133,6 +141,18 @@ class Scheduler:
                 policy.begin_step(self.running)
         return head
 
+    def _shared_recently(self) -> bool:
+        """Two or more tenants have had requests in the engine within the last MULTI_TENANT_MEMORY_S: the next
+        newcomer of another tenant is likely, and it would wait for the step in flight."""
+        now = self.clock()
+        seen = self._tenants_seen
+        for tenant in self.waiting.live_tenants():
+            seen[tenant] = now
+        if len(seen) > 1:
+            for tenant in [t for t, last in seen.items() if now - last > MULTI_TENANT_MEMORY_S]:
+                del seen[tenant]
+        return len(seen) > 1
+
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
         self.bm.free(seq)
@@ -158,7 +178,7 @@ class Scheduler:
         holds = head is not None and any(
             id(seq) not in self._held_last and self.waiting.ahead_of(head, seq, preempt=True) for seq in self.running
         )
-        if not holds and self.multi_tenant_token_cap is not None and self.waiting.num_live_tenants() > 1:
+        if not holds and self.multi_tenant_token_cap is not None and self._shared_recently():
             # every running sequence keeps at least one token (none is starved by the cut) and a block's worth
             # of prompt chunk is left for the others
             budget = min(budget, max(self.multi_tenant_token_cap, len(self.running) + self.bm.block_size))

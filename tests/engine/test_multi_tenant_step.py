@@ -46,7 +46,7 @@ def test_two_live_tenants_get_small_steps_with_unchanged_outputs(tiny_llama_dir)
     sizes = []
     while eng.has_unfinished():
         running = len(eng.scheduler.running)
-        live = eng.scheduler.waiting.num_live_tenants()
+        live = len(list(eng.scheduler.waiting.live_tenants()))
         for out in eng.step():
             if out.finished:
                 outputs[out.request_id] = out.token_ids

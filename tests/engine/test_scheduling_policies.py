@@ -11,7 +11,7 @@ from loraplex.engine.block_manager import BlockManager
 from loraplex.engine.errors import RequestError
 from loraplex.engine.request_queue import OUTPUT_COST, PROMPT_COST, FairQueue
 from loraplex.engine.sampling_params import SamplingParams
-from loraplex.engine.scheduler import ScheduledBatch, Scheduler
+from loraplex.engine.scheduler import MULTI_TENANT_MEMORY_S, ScheduledBatch, Scheduler
 from loraplex.engine.sequence import Sequence
 from loraplex.engine.share import Share
 
@@ -338,9 +338,11 @@ def test_fcfs_and_parity_never_hold_running_work():
         assert b in batch.seqs  # seats and budget to spare: admitted beside A's decodes
 
 
-def test_the_token_cap_applies_only_while_two_tenants_are_live():
+def test_the_token_cap_applies_while_two_tenants_are_live_and_for_a_while_after():
     sim = Sim("fair", max_num_seqs=8, budget=64)
     sim.sched.multi_tenant_token_cap = 12
+    now = [1000.0]
+    sim.sched.clock = lambda: now[0]
     a = sim.add("A", prompt_len=40, max_tokens=30)
     assert sim.step().num_new_tokens == [40]  # one tenant: the whole budget
     b = sim.add("B", prompt_len=40, max_tokens=30)
@@ -352,7 +354,10 @@ def test_the_token_cap_applies_only_while_two_tenants_are_live():
     while a.request_id not in sim.finished:
         sim.step()
     assert sim.step().total_tokens == 1 and sim.add("B", prompt_len=40)  # B's decode; then a newcomer of B's
-    assert sim.step().num_new_tokens == [1, 40]  # one live tenant again: the whole budget
+    now[0] += MULTI_TENANT_MEMORY_S - 1  # A left, but lately: A's next newcomer would still wait for this step
+    assert sim.step().num_new_tokens == [1, 11]
+    now[0] += 2  # nobody but B for longer than the memory: the whole budget
+    assert sim.step().num_new_tokens == [1, 29]
     # fcfs never cuts (no tenant is ever ahead of running work)
     fcfs = Sim("fcfs", max_num_seqs=8, budget=64)
     fcfs.sched.multi_tenant_token_cap = 12
