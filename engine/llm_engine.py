@@ -51,6 +51,9 @@ class _Request:
     error: str | None = None
 
 
+TOKEN_CAP_MIN_STEP_TOKENS = 128  # steps that inform the multi-tenant token cap's seconds per token
+
+
 @dataclass
 class StepStats:
     num_tokens: int = 0
@@ -337,8 +340,9 @@ class LLMEngine:
 
     def _update_token_cap(self, step: StepStats) -> None:
         """The token budget of a step shared by several tenants (EngineArgs.multi_tenant_step_ms), from a running
-        average of seconds per token over steps large enough for their fixed costs not to dominate."""
-        if self._multi_tenant_step_s is None or step.num_tokens < 32:
+        average of seconds per token over steps large enough for their fixed costs not to dominate (decode-only
+        steps of a few dozen rows cost several times more per token, and would cut prompts into slivers)."""
+        if self._multi_tenant_step_s is None or step.num_tokens < TOKEN_CAP_MIN_STEP_TOKENS:
             return
         per_token = step.seconds / step.num_tokens
         avg = self._seconds_per_token

@@ -29,17 +29,17 @@ def test_two_live_tenants_get_small_steps_with_unchanged_outputs(tiny_llama_dir)
     # a step target far below any real step: the cut falls to its floor, running sequences + one block
     eng = LLMEngine(
         model=str(tiny_llama_dir),
-        max_num_batched_tokens=64,
+        max_num_batched_tokens=256,
         num_kv_blocks=200,
         block_size=8,
         multi_tenant_step_ms=1e-6,
         scheduling_policy="fair",
     )
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 40000, (n,), generator=g).tolist() for n in (60, 50, 45)]
+    prompts = [torch.randint(3, 40000, (n,), generator=g).tolist() for n in (200, 50, 45)]
     eng.add_request(prompts[0], SamplingParams(max_tokens=12, **GREEDY), "a0", share=Share("A"))
     eng.step()  # alone: the whole budget
-    assert eng.last_step.num_tokens == 60 and eng.scheduler.multi_tenant_token_cap == 1
+    assert eng.last_step.num_tokens == 200 and eng.scheduler.multi_tenant_token_cap == 1
     eng.add_request(prompts[1], SamplingParams(max_tokens=12, **GREEDY), "b0", share=Share("B"))
     eng.add_request(prompts[2], SamplingParams(max_tokens=12, **GREEDY), "a1", share=Share("A"))
     outputs: dict[str, list[int]] = {}
