@@ -359,7 +359,18 @@ class _Narrower:
         required = list(node.get("required", []))
         optional = [n for n in declared if n not in required and declared[n] is not False]
         if not optional:
-            return  # a map (or every key required): llguidance enforces the counts exactly
+            low = node.get("minProperties", 0)
+            extra = bool(node.get("patternProperties")) or node.get("additionalProperties", True) is not False
+            if low >= 2 and low > len(required) and extra:
+                # llguidance counts keys as written and lets a pattern or additional key appear twice; a JSON
+                # parser keeps one of two equal keys, so the document could have fewer properties than counted
+                raise GrammarError(
+                    f"minProperties at {pointer(path) or '/'}: {low} properties where all but the required ones "
+                    "come from patternProperties or additionalProperties cannot be enforced: the grammar cannot "
+                    "keep such keys distinct (a JSON parser keeps one of two equal keys: the count could fall short)",
+                    code="unsupported_schema",
+                )
+            return  # a map with at most one unnamed key needed (or every key required): counted exactly
         low, high = node.pop("minProperties", 0), node.pop("maxProperties", None)
         if low > len(required):
             need = low - len(required)

@@ -45,6 +45,19 @@ SCHEMA_REFUSALS = [  # schema, what the message says, the error's code
         "unsupported \\$schema dialect",
         "unsupported_schema",
     ),
+    # a map that must hold 3 keys (JSONSchemaBench's Handwritten dep6): the grammar wrote `{"a":..,"b":..,"b":..}`,
+    # three keys as llguidance counts them, two as a JSON parser keeps them
+    (
+        {
+            "type": "object",
+            "patternProperties": {"^[a-e]$": True},
+            "additionalProperties": False,
+            "required": ["a"],
+            "minProperties": 3,
+        },
+        "minProperties at /: 3 properties .* cannot keep such keys distinct",
+        "unsupported_schema",
+    ),
 ]
 
 
@@ -168,3 +181,20 @@ def test_a_required_name_only_a_pattern_admits_stays_generable(compiler):
         doc = json.loads(walk.text)
         assert not list(Draft202012Validator(schema).iter_errors(doc)), doc
         assert isinstance(doc["ab"], int) and doc["ab"] >= 3 and isinstance(doc["zz"], bool)
+
+
+def test_a_map_needing_one_key_still_compiles_and_walks_validate(compiler):
+    """minProperties 1 on a map: a repeated key still leaves one, so the count is enforced as written."""
+    import random
+
+    from jsonschema import Draft202012Validator
+
+    from loraplex.grammar.fuzz import random_walk
+
+    schema = {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1}
+    grammar = compiler.compile(StructuredSpec(json=schema))
+    rng = random.Random(1)
+    for _ in range(8):
+        walk = random_walk(grammar, compiler.vocab, rng, 64)
+        assert walk.closed and walk.error is None, walk
+        assert not list(Draft202012Validator(schema).iter_errors(json.loads(walk.text))), walk.text
