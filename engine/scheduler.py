@@ -94,8 +94,8 @@ class Scheduler:
         self.proposer: Callable[[Sequence, int], list[int]] | None = None
         self._arrivals = itertools.count(1)
         self._held_last: set[int] = set()  # ids of the sequences held last step: never twice in a row
-        # the step's token budget while two or more tenants are live (LLMEngine sets it from the step times and
-        # EngineArgs.multi_tenant_step_ms); None: no cut
+        # the step's token budget while two or more tenants were seen lately (LLMEngine sets it from the step
+        # times and EngineArgs.multi_tenant_step_ms); None: no cut
         self.multi_tenant_token_cap: int | None = None
         self.clock: Callable[[], float] = time.monotonic
         self._tenants_seen: dict[str, float] = {}  # tenant -> when it last had requests in the engine
