@@ -33,6 +33,7 @@ from jsonschema.validators import validator_for
 
 from loraplex.grammar.schema.check import pointer
 from loraplex.grammar.schema.metaschema import metaschema_validator
+from loraplex.grammar.schema.subschemas import SUB_LISTS, SUB_MAPS, SUB_ONE
 from loraplex.grammar.spec import GrammarError
 
 _POINTER_SAFE = "/~!$&'()*+,;=:@-._"  # a pointer's characters that stay as they are in a URI fragment
@@ -46,22 +47,6 @@ DRAFTS = {
     jsonschema.Draft202012Validator: "2020-12",
 }
 _ORDER = ["draft-04", "draft-06", "draft-07", "2019-09", "2020-12"]
-
-# Where a schema holds sub-schemas, in any draft (values such as enum or const are never walked).
-SUB_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-SUB_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-SUB_ONE = (
-    "additionalProperties",
-    "items",
-    "contains",
-    "propertyNames",
-    "if",
-    "then",
-    "else",
-    "not",
-    "unevaluatedItems",
-    "unevaluatedProperties",
-)
 
 # Every keyword some draft defines as an assertion or applicator, in the internal (2020-12) form.
 ASSERTIONS = frozenset(

@@ -21,6 +21,8 @@ import jsonschema
 from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from referencing import Registry, Resource
 
+from loraplex.grammar.schema.subschemas import SUB_LISTS, SUB_MAPS, SUB_ONE
+
 # per dynamic draft: (its metaschemas' common URI prefix, its dynamic-reference keyword and value)
 _DYNAMIC = {
     jsonschema.Draft202012Validator: ("https://json-schema.org/draft/2020-12/", "$dynamicRef", "#meta"),
@@ -28,21 +30,10 @@ _DYNAMIC = {
 }
 _STATIC_BASE = "https://loraplex.invalid/static-metaschema/"
 _ANCHORS = ("$dynamicAnchor", "$recursiveAnchor")
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "dependentSchemas", "definitions", "dependencies")
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_SCHEMA_ONE = (
-    "additionalProperties",
-    "items",
-    "contains",
-    "propertyNames",
-    "if",
-    "then",
-    "else",
-    "not",
-    "unevaluatedItems",
-    "unevaluatedProperties",
-    "additionalItems",
-)
+# the metaschemas are walked in their own drafts' form: draft-04..07 keywords that the internal form drops too
+_SCHEMA_MAPS = (*SUB_MAPS, "dependencies")
+_SCHEMA_LISTS = (*SUB_LISTS, "items")
+_SCHEMA_ONE = (*SUB_ONE, "additionalItems")
 
 
 @functools.cache

@@ -43,12 +43,12 @@ import jsonschema
 
 from loraplex.grammar.schema import formats
 from loraplex.grammar.schema.check import pointer, resolve_pointer
-from loraplex.grammar.schema.dialect import SUB_LISTS, SUB_MAPS, SUB_ONE
 from loraplex.grammar.schema.ecma_pattern import pattern_to_content_regex
 from loraplex.grammar.schema.exclusive import Exclusivity
 from loraplex.grammar.schema.negate import Negation, Negator
 from loraplex.grammar.schema.normalize import json_key, kind_of
 from loraplex.grammar.schema.strict import FRAGMENT
+from loraplex.grammar.schema.subschemas import SUB_LISTS, SUB_MAPS, SUB_ONE
 from loraplex.grammar.schema.unevaluated import UnevaluatedRewriter
 from loraplex.grammar.spec import GrammarError
 
