@@ -37,6 +37,7 @@ from loraplex.kernels.elementwise import (
 )
 from loraplex.kernels.lora_mapping import LoRABatchMapping
 from tests.c_kernels import needs_c_kernels
+from tests.kernels.test_cpu_lora import _weights
 
 pytestmark = needs_c_kernels
 
@@ -245,17 +246,9 @@ def test_elementwise_refuses_mixed_dtypes():
 
 # ------------------------------------------------------------------------------------------ LoRA
 def _lora_weights(widths: list[int], in_features: int, ranks: list[int], seed: int):
-    g = torch.Generator().manual_seed(seed)
-    max_rank = 16
-    a = torch.randn(len(ranks), len(widths), max_rank, in_features, generator=g) * 0.1
-    bt = torch.randn(len(ranks), max_rank, sum(widths), generator=g) * 0.1
-    for slot, r in enumerate(ranks):
-        a[slot, :, r:] = 0
-        bt[slot, r:] = 0
-    offsets = [0]
-    for w in widths:
-        offsets.append(offsets[-1] + w)
-    return a, bt, offsets, torch.tensor(ranks, dtype=torch.int32)
+    """test_cpu_lora's slot weights at rank 16, scaled down by 10 (bf16 activations stay well inside range)."""
+    a, bt, offsets, rank_tensor = _weights(len(ranks), widths, in_features, 16, ranks, seed)
+    return a * 0.1, bt * 0.1, offsets, rank_tensor
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, BF16, torch.float16])
