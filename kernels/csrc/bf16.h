@@ -6,7 +6,8 @@
  *
  * Each kernel source that takes both element types includes its body once per type with ET (the stored
  * element), ELOAD8(p) (eight elements as a float v8), ESTORE8(p, v) and E_SUFFIX (f32 or bf16) defined;
- * E(name) below appends the suffix. The body #undefs its parameters, ready for the next type. */
+ * E(name) below appends the suffix. The body #undefs its parameters, ready for the next type;
+ * each_element_type.h does the two includes for a body that needs nothing more. */
 #ifndef LORAPLEX_BF16_H
 #define LORAPLEX_BF16_H
 

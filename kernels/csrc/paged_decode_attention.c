@@ -46,14 +46,5 @@
 #define MAX_GROUP 64 /* largest GQA group the generic body takes */
 #define PV_STRIP 4   /* value vectors whose accumulators stay in registers across a tile */
 
-#define ET float
-#define ELOAD8(p) load8(p)
-#define ESTORE8(p, v) store8(p, v)
-#define E_SUFFIX f32
-#include "paged_decode_attention_impl.h"
-
-#define ET uint16_t
-#define ELOAD8(p) load8_bf16(p)
-#define ESTORE8(p, v) store8_bf16(p, v)
-#define E_SUFFIX bf16
-#include "paged_decode_attention_impl.h"
+#define ELEMENT_BODY "paged_decode_attention_impl.h"
+#include "each_element_type.h"
