@@ -25,8 +25,8 @@ _COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
 
 
 def _prepare(node: Any) -> Any:
-    """Formats as our regexes, patterns with ECMA semantics, integral counts (2.0) as integers,
-    vendor keys (x-...) dropped."""
+    """Formats as our regexes, patterns (and patternProperties' keys) with ECMA semantics, integral counts
+    (2.0) as integers, vendor keys (x-...) dropped."""
     if not isinstance(node, dict):
         return node
     out = {k: v for k, v in node.items() if not k.startswith("x-")}
@@ -36,6 +36,12 @@ def _prepare(node: Any) -> Any:
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
             out[key] = {name: _prepare(sub) for name, sub in out[key].items()}
+    if isinstance(out.get("patternProperties"), dict):  # the keys are patterns too
+        rewritten: dict[str, Any] = {}
+        for name, sub in out["patternProperties"].items():
+            rust = pattern_to_rust(name)
+            rewritten[rust] = {"allOf": [rewritten[rust], sub]} if rust in rewritten else sub
+        out["patternProperties"] = rewritten
     for key in _SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
             out[key] = [_prepare(sub) for sub in out[key]]

@@ -3,8 +3,9 @@
 The pattern applies to the decoded string and is not anchored (it must match somewhere), while
 our matcher reads JSON text. So each character set becomes "its characters written raw, or the
 canonical escapes of its members that JSON must escape", and the pattern is wrapped in
-"any units" on the sides that are not anchored. Look-arounds, back-references and word
-boundaries cannot be enforced by an automaton and are refused.
+"any units" on the sides that are not anchored. A pattern with look-arounds is first made an
+ordinary regex for the whole string (lookaround.py); back-references and word boundaries cannot
+be enforced by an automaton and are refused.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from loraplex.grammar.schema.json_text import SPECIALS, UNIT, class_escape, rx_escape, special_escape_rx
+from loraplex.grammar.schema.lookaround import has_lookaround, whole_string_node
 from loraplex.grammar.spec import GrammarError
 
 _SYNTAX = set("^$\\.*+?()[]{}|/")
@@ -64,6 +66,15 @@ def _class_has(name: str, ch: str) -> bool:
     return hit if name.islower() else not hit
 
 
+def class_ranges(name: str) -> list[tuple[str, str]]:
+    """\\d, \\w or \\s (lower-case name) as character ranges, with ECMA's meaning."""
+    if name == "d":
+        return [("0", "9")]
+    if name == "w":
+        return [("0", "9"), ("A", "Z"), ("_", "_"), ("a", "z")]
+    return [(c, c) for c in _ECMA_SPACE]
+
+
 def _class_rust(name: str) -> str:
     body = {"d": "0-9", "w": "0-9A-Za-z_", "s": "".join(class_escape(c) for c in _ECMA_SPACE)}[name.lower()]
     return body if name.islower() else f"[^{body}]"
@@ -84,6 +95,7 @@ def _prop_has(name: str, ch: str) -> bool:
 
 
 # AST: ("lit", ch) ("set", CharSet) ("seq", [..]) ("alt", [..]) ("rep", node, lo, hi) ("bol",) ("eol",)
+# ("look", ahead: bool, negated: bool, node)
 Node = tuple
 
 
@@ -138,6 +150,8 @@ class _Parser:
             self.take()
         if atom[0] in ("bol", "eol"):
             raise self.fail("quantified anchor")
+        if atom[0] == "look":
+            raise self.fail("quantified look-around")
         if hi is not None and lo > hi:
             raise self.fail("quantifier range out of order")
         return ("rep", atom, lo, hi)
@@ -187,8 +201,16 @@ class _Parser:
             if end < 0:
                 raise self.fail("unterminated group name")
             self.i = end + 1
+        elif self.src.startswith(("?=", "?!", "?<=", "?<!"), self.i):
+            behind = self.src.startswith("?<", self.i)
+            self.i += 3 if behind else 2
+            negated = self.src[self.i - 1] == "!"
+            return ("look", not behind, negated, self._group_body())
         elif self.peek() == "?":
-            raise self.fail("look-around and inline modifiers cannot be enforced by an automaton")
+            raise self.fail("inline modifiers are not supported")
+        return self._group_body()
+
+    def _group_body(self) -> Node:
         node = self.alternation()
         if self.peek() != ")":
             raise self.fail("missing ')'")
@@ -344,15 +366,15 @@ def _set_content_rx(key: tuple) -> str:
     return "(?:" + "|".join([raw] + escapes) + ")"
 
 
-def _top_alternatives(node: Node) -> list[Node]:
+def top_alternatives(node: Node) -> list[Node]:
     """The pattern's top-level alternatives, looking through a group that is the whole pattern."""
     if node[0] == "alt":
         out: list[Node] = []
         for n in node[1]:
-            out += _top_alternatives(n)
+            out += top_alternatives(n)
         return out
     if node[0] == "seq" and len(node[1]) == 1 and node[1][0][0] in ("alt", "seq"):
-        return _top_alternatives(node[1][0])
+        return top_alternatives(node[1][0])
     return [node]
 
 
@@ -360,15 +382,20 @@ def _top_alternatives(node: Node) -> list[Node]:
 def pattern_to_rust(pattern: str) -> str:
     """The pattern in Rust regex syntax with ECMA semantics, still a search (for llguidance,
     which applies `pattern` to the decoded string itself)."""
-    return _emit(_Parser(pattern).parse(), encoded=False)
+    tree = _Parser(pattern).parse()
+    if has_lookaround(tree):
+        return "^(?:" + _emit(whole_string_node(tree, pattern), encoded=False) + ")$"
+    return _emit(tree, encoded=False)
 
 
 @lru_cache(maxsize=1024)  # the same patterns recur across a schema's $defs copies
 def pattern_to_content_regex(pattern: str) -> str:
     """Regex (Rust syntax) for the JSON string content of strings that contain a match of `pattern`."""
     tree = _Parser(pattern).parse()
+    if has_lookaround(tree):
+        return _emit(whole_string_node(tree, pattern))
     branches = []
-    for alt_node in _top_alternatives(tree):
+    for alt_node in top_alternatives(tree):
         items = list(alt_node[1]) if alt_node[0] == "seq" else [alt_node]
         start = bool(items) and items[0][0] == "bol"
         if start:

@@ -421,13 +421,14 @@ class _Narrower:
             if matching and declared[name] is not False:
                 declared[name] = {"allOf": [declared[name], *matching]}
         node["additionalProperties"] = False
-        why = f"pattern {unenforceable[0]!r} cannot be enforced" if unenforceable else "its patterns overlap"
+        why = _why_unenforceable(unenforceable[0]) if unenforceable else "its patterns overlap"
         self.note("patternProperties", path, f"{why}: only declared properties are generated")
 
     def _pattern_witnesses(self, node: dict, path: list[Any]) -> None:
-        """A pattern that cannot be enforced (look-arounds, \\b, back-references) narrows the string to known
-        values that satisfy it and the node's other string keywords."""
+        """A pattern that cannot be enforced (\\b, back-references, look-arounds whose body repeats without
+        bound) narrows the string to known values that satisfy it and the node's other string keywords."""
         pattern = node.pop("pattern")
+        why = _why_unenforceable(pattern)
         rules = {k: node[k] for k in ("minLength", "maxLength", "format") if k in node}
         cls = jsonschema.Draft202012Validator
         check = cls({**rules, "pattern": pattern}, format_checker=cls.FORMAT_CHECKER)
@@ -443,12 +444,12 @@ class _Narrower:
                 witnesses.append(value)
         if not witnesses:
             raise GrammarError(
-                f"pattern at {pointer(path + ['pattern'])}: {pattern!r} cannot be enforced (look-around, "
-                "word boundary or back-reference) and no known value satisfies it to narrow to",
+                f"pattern at {pointer(path + ['pattern'])} cannot be enforced ({why}) and no known value satisfies "
+                "it to narrow to",
                 code="unsupported_schema",
             )
         node["enum"] = witnesses[:8] if "enum" not in node else [v for v in node["enum"] if v in witnesses]
-        self.note("pattern", path, f"{pattern!r} cannot be enforced: narrowed to the values {node['enum']!r}")
+        self.note("pattern", path, f"{why}: narrowed to the values {node['enum']!r}")
 
     # ---- arrays --------------------------------------------------------------------------------------
     def _unique_items(self, node: dict, path: list[Any]) -> None:
@@ -535,12 +536,17 @@ WITNESS_SEEDS = (
 
 
 def _enforceable(pattern: str) -> bool:
-    """Whether our pattern translation takes ``pattern`` (no look-around, \\b or back-reference)."""
+    """Whether our pattern translation takes ``pattern`` (no \\b, back-reference or unbounded look-around)."""
+    return _why_unenforceable(pattern) is None
+
+
+def _why_unenforceable(pattern: str) -> str | None:
+    """What our pattern translation says it cannot enforce in ``pattern``; None when it takes it."""
     try:
         pattern_to_content_regex(pattern)
-    except GrammarError:
-        return False
-    return True
+    except GrammarError as exc:
+        return str(exc)
+    return None
 
 
 def _search(pattern: str, text: str) -> bool:
