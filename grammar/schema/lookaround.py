@@ -15,10 +15,11 @@ the empty string when ``rest`` holds it (else nothing). A search pattern's whole
 that can start ``rest`` are split at every boundary of the classes that can start either language; for each
 piece ``c`` the result continues with the derivatives ``(d_c rest, d_c K)`` (Brzozowski), pieces with the
 same continuation merged back into one class. It ends when ``K`` has become empty or ``Σ*`` (the test is
-decided) or ``rest`` is empty. That is bounded when the look-around's body has bounded length (a set of
-words, ``.{1,63}$``, a class); a body that repeats without bound (``(?=.*\\d)``) would revisit the same pair
-of derivatives, and is refused by name, except ``(?!.*C)`` for a class ``C`` when everything ``rest`` can
-produce is in ``.`` or ``C``: then it means "no ``C`` at all", and ``C`` is taken out of every class of
+decided) or ``rest`` is empty. That is a finite tree when the look-around's body has bounded length (a set
+of words, ``.{1,63}$``, a class). A body that repeats without bound (``(?=.*\\d)``) revisits pairs of
+derivatives: then the pairs are the states of an automaton, solved into a regex by state elimination
+(Arden's rule), within a bound on states and size. ``(?!.*C)`` for a class ``C``, when everything ``rest``
+can produce is in ``.`` or ``C``, means "no ``C`` at all": ``C`` is simply taken out of every class of
 ``rest``.
 
 **Look-behinds** are look-aheads of the reversed pattern: a pattern with look-behinds only is reversed,
@@ -33,8 +34,9 @@ from __future__ import annotations
 from loraplex.grammar.spec import GrammarError
 
 Node = tuple
-MAX_STEPS = 4000  # derivative pairs explored per pattern
+MAX_STEPS = 1500  # derivative pairs expanded per pattern (each costs a derivative of both operands)
 MAX_NODES = 20000  # size of the resulting AST
+MAX_OPERAND_NODES = 3000  # size of what one look-around is intersected with
 
 _TOP = 0x10FFFF
 _ANY = ((0, 0xD7FF), (0xE000, _TOP))  # every Unicode scalar value (JSON text cannot carry lone surrogates)
@@ -45,6 +47,10 @@ _STAR: Node = ("rep", ("cls", _ANY), 0, None)
 
 class _Fail(Exception):
     pass
+
+
+class _Cycle(Exception):
+    """The derivatives came back to a pair still being expanded: the result needs a loop."""
 
 
 def has_lookaround(node: Node) -> bool:
@@ -243,6 +249,12 @@ class _Solver:
     def __init__(self) -> None:
         self.memo: dict[tuple[Node, Node, bool], Node] = {}
         self.busy: set[tuple[Node, Node, bool]] = set()
+        self.steps = 0  # derivative pairs expanded, over the whole pattern
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise _Fail("its look-arounds need too many states to enforce")
 
     def alternative(self, items: list[Node]) -> Node:
         """Whole strings containing a match of one top-level alternative."""
@@ -294,29 +306,41 @@ class _Solver:
 
     def intersect(self, rest: Node, test: Node, negated: bool) -> Node:
         """`rest` ∩ `test`, or `rest` minus `test` when `negated`."""
+        if _size(rest) + _size(test) > MAX_OPERAND_NODES:
+            raise _Fail("its look-arounds make the expression too large to enforce")
         if negated:
             lifted = _no_class_anywhere(rest, test)
             if lifted is not None:
                 return lifted
         try:
             return self._intersect(rest, test, negated)
+        except _Cycle:
+            self.busy.clear()
+            return self._automaton(rest, test, negated)
         except RecursionError:
-            raise _Fail("a look-around body that repeats without bound cannot be enforced") from None
+            raise _Fail("its look-arounds nest too deeply to enforce") from None
 
-    def _intersect(self, rest: Node, test: Node, negated: bool) -> Node:
+    @staticmethod
+    def _decided(rest: Node, test: Node, negated: bool) -> Node | None:
+        """The result when the test no longer depends on what follows, else None."""
         if rest == _NONE:
             return _NONE
         if test == _NONE:
             return rest if negated else _NONE
         if test == _STAR or (test[0] == "alt" and _STAR in test[1]):
             return _NONE if negated else rest
+        return None
+
+    def _intersect(self, rest: Node, test: Node, negated: bool) -> Node:
+        decided = self._decided(rest, test, negated)
+        if decided is not None:
+            return decided
         key = (rest, test, negated)
         if key in self.memo:
             return self.memo[key]
         if key in self.busy:
-            raise _Fail("a look-around body that repeats without bound cannot be enforced")
-        if len(self.memo) > MAX_STEPS:
-            raise _Fail("its look-arounds need too many states to enforce")
+            raise _Cycle
+        self.step()
         self.busy.add(key)
         groups: dict[Node, list[tuple[int, int]]] = {}
         for piece in _pieces(rest, test):
@@ -329,6 +353,61 @@ class _Solver:
         self.busy.discard(key)
         out = self.memo[key] = _alt(branches)
         return out
+
+    def _automaton(self, rest: Node, test: Node, negated: bool) -> Node:
+        """The intersection when its derivatives loop (the test's body repeats, as in ``(?=.*\\d)``): every
+        pair of derivatives reachable from (rest, test) is a state of an automaton, each state's language
+        an equation ``X = ε? | c1 X1 | c2 X2 ...``; the states are eliminated one by one (Arden's rule turns a
+        self-loop ``X = A X | B`` into ``X = A* B``) until the start state's language is a regex."""
+        start = (rest, test)
+        eqs: dict[tuple[Node, Node], dict[tuple[Node, Node] | None, Node]] = {}
+        order: list[tuple[Node, Node]] = []
+        stack = [start]
+        while stack:
+            key = stack.pop()
+            if key in eqs:
+                continue
+            self.step()
+            r, t = key
+            decided = self._decided(r, t, negated)
+            eq: dict[tuple[Node, Node] | None, Node] = {}
+            if decided is not None:
+                eq[None] = decided
+            else:
+                if _nullable(r) and _nullable(t) != negated:
+                    eq[None] = _EPS
+                groups: dict[tuple[Node, Node], list[tuple[int, int]]] = {}
+                for piece in _pieces(r, t):
+                    c = piece[0][0]
+                    nxt = (_deriv(r, c), _deriv(t, c))
+                    if nxt[0] != _NONE:
+                        groups.setdefault(nxt, []).extend(piece)
+                for nxt, ivs in groups.items():
+                    eq[nxt] = ("cls", _merge(ivs))
+                    stack.append(nxt)
+            eqs[key] = eq
+            order.append(key)
+        for key in reversed(order[1:]):  # the last found first: they sit deepest
+            eq = _arden(eqs.pop(key), key)
+            for other in eqs.values():
+                coef = other.pop(key, None)
+                if coef is None:
+                    continue
+                for target, value in eq.items():
+                    term = _seq([coef, value])
+                    other[target] = _alt([other[target], term]) if target in other else term
+            if sum(_size(v) for e in eqs.values() for v in e.values()) > MAX_NODES:
+                raise _Fail("its look-arounds make the expression too large to enforce")
+        return _arden(eqs[start], start).get(None, _NONE)
+
+
+def _arden(eq: dict, key: tuple) -> dict:  # type: ignore[type-arg]
+    """X = A X | B  ->  X = A* B (the equation of state `key` without its self-loop)."""
+    loop = eq.pop(key, None)
+    if loop is None:
+        return eq
+    star = _rep(loop, 0, None)
+    return {target: _seq([star, value]) for target, value in eq.items()}
 
 
 def _no_class_anywhere(rest: Node, test: Node) -> Node | None:

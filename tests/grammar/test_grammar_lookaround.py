@@ -37,10 +37,14 @@ PATTERNS = [
     r"^a(?!\d{2}$)\d+$",
     r"(?=a|b$)[a-c]+",
     r"^x(?=y(?!z))",
+    # bodies that repeat without bound: solved as an automaton
+    r"^(?=.*[A-Z])(?=.*\d).{4,}$",
+    r"^(?!.*--)[a-z-]+$",
+    r"(?=\w*7)a",
 ]
-# what each refusal says: a body that repeats without bound, and what makes directions mix
+# what each refusal says
 REFUSED = [
-    (r"^(?=.*[A-Z])(?=.*\d).{4,}$", "repeats without bound"),
+    (r"^(?=.*a)(?=.*b)(?=.*c)(?=.*d)(?=.*e)(?=.*f)(?=.*g)(?=.*h).{8,64}$", "too large to enforce"),
     (r"^(?:(?!ab)[a-c])+$", "inside a quantified group"),
     (r"a(?<=a)(?=b)b", "look-aheads and look-behinds"),
     (r"(?=a)*b", "quantified look-around"),
