@@ -363,13 +363,9 @@ class _Narrower:
             extra = bool(node.get("patternProperties")) or node.get("additionalProperties", True) is not False
             if low >= 2 and low > len(required) and extra:
                 # llguidance counts keys as written and lets a pattern or additional key appear twice; a JSON
-                # parser keeps one of two equal keys, so the document could have fewer properties than counted
-                raise GrammarError(
-                    f"minProperties at {pointer(path) or '/'}: {low} properties where all but the required ones "
-                    "come from patternProperties or additionalProperties cannot be enforced: the grammar cannot "
-                    "keep such keys distinct (a JSON parser keeps one of two equal keys: the count could fall short)",
-                    code="unsupported_schema",
-                )
+                # parser keeps one of two equal keys, so the document could have fewer properties than counted:
+                # the missing ones are named instead (distinct by construction) and required
+                self._name_unnamed_keys(node, path, low - len(required))
             return  # a map with at most one unnamed key needed (or every key required): counted exactly
         low, high = node.pop("minProperties", 0), node.pop("maxProperties", None)
         if low > len(required):
@@ -396,6 +392,36 @@ class _Narrower:
             node["additionalProperties"] = False
             if optional[room:] or not closed:
                 self.note("maxProperties", path, f"met by generating at most {high} of the declared properties")
+
+    def _name_unnamed_keys(self, node: dict, path: list[Any], need: int) -> None:
+        """Declare and require `need` more distinct property names that the object admits (through a pattern
+        or additionalProperties, and propertyNames), each with the schema such a key has."""
+        declared = node.setdefault("properties", {})
+        patterns = node.get("patternProperties") or {}
+        extra = node.get("additionalProperties", True)
+        names = node.get("propertyNames")
+        chosen: list[str] = []
+        for name in KEY_SEEDS:
+            if len(chosen) == need:
+                break
+            taken = name in declared or name in node.get("required", [])
+            if taken or (names is not None and not _valid_name(names, name)):
+                continue
+            matching = [sub for pattern, sub in patterns.items() if _search(pattern, name)]
+            schema = {"allOf": matching} if matching else extra
+            if schema is False or (matching and any(sub is False for sub in matching)):
+                continue
+            declared[name] = schema
+            chosen.append(name)
+        if len(chosen) < need:
+            raise GrammarError(
+                f"minProperties at {pointer(path) or '/'}: {need + len(node.get('required', []))} properties where "
+                "all but the required ones come from patternProperties or additionalProperties cannot be enforced: "
+                "the grammar cannot keep such keys distinct, and no known names are admitted to name them",
+                code="unsupported_schema",
+            )
+        node["required"] = list(node.get("required", [])) + chosen
+        self.note("minProperties", path, f"met by requiring the keys {', '.join(chosen)}")
 
     def _pattern_properties(self, node: dict, path: list[Any]) -> None:
         """Keys through patternProperties are generated only where every pattern can be enforced (and, when
@@ -532,6 +558,15 @@ WITNESS_SEEDS = (
     "a/b",
     "aa",
     "",
+)
+
+
+# names tried for keys that only patternProperties or additionalProperties admit (minProperties)
+KEY_SEEDS = (
+    *[w for w in WITNESS_SEEDS if w],
+    *"abcdefghijklmnopqrstuvwxyz",
+    *[f"key{i}" for i in range(1, 17)],
+    *[f"x-{w}" for w in ("a", "b", "c", "d")],
 )
 
 

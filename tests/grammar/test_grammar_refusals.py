@@ -41,21 +41,18 @@ SCHEMA_REFUSALS = [  # schema, what the message says, the error's code
         "unsatisfiable_schema",
     ),
     (
-        {"$schema": "http://json-schema.org/draft-03/schema#", "type": "string"},
-        "unsupported \\$schema dialect",
-        "unsupported_schema",
-    ),
-    # a map that must hold 3 keys (JSONSchemaBench's Handwritten dep6): the grammar wrote `{"a":..,"b":..,"b":..}`,
-    # three keys as llguidance counts them, two as a JSON parser keeps them
-    (
         {
             "type": "object",
-            "patternProperties": {"^[a-e]$": True},
+            "patternProperties": {"^q[0-9]{5}$": True},
             "additionalProperties": False,
-            "required": ["a"],
-            "minProperties": 3,
+            "minProperties": 2,
         },
-        "minProperties at /: 3 properties .* cannot keep such keys distinct",
+        "minProperties at /: 2 properties .* no known names are admitted",
+        "unsupported_schema",
+    ),
+    (
+        {"$schema": "http://json-schema.org/draft-03/schema#", "type": "string"},
+        "unsupported \\$schema dialect",
         "unsupported_schema",
     ),
 ]
@@ -84,6 +81,18 @@ NARROWED = [  # schema -> a narrowing it must report (keyword and pointer first)
         "minProperties at /: met by requiring a",
     ),
     ({"type": "string", "format": "idn-email"}, "format at /: idn-email narrowed to ASCII addresses only"),
+    # a map that must hold 3 keys (JSONSchemaBench's Handwritten dep6): written as the grammar counts, `{"a":..,
+    # "b":..,"b":..}` has three keys, a JSON parser keeps two; the missing keys are named and required instead
+    (
+        {
+            "type": "object",
+            "patternProperties": {"^[a-e]$": True},
+            "additionalProperties": False,
+            "required": ["a"],
+            "minProperties": 3,
+        },
+        "minProperties at /: met by requiring the keys b, c",
+    ),
 ]
 
 
@@ -198,3 +207,28 @@ def test_a_map_needing_one_key_still_compiles_and_walks_validate(compiler):
         walk = random_walk(grammar, compiler.vocab, rng, 64)
         assert walk.closed and walk.error is None, walk
         assert not list(Draft202012Validator(schema).iter_errors(json.loads(walk.text))), walk.text
+
+
+def test_a_map_needing_three_keys_gets_them_named_and_distinct(compiler):
+    """minProperties 3 where only a pattern admits keys: the missing keys are named and required, so every
+    document a JSON parser reads has at least 3 distinct keys."""
+    import random
+
+    from jsonschema import Draft202012Validator
+
+    from loraplex.grammar.fuzz import random_walk
+
+    schema = {
+        "type": "object",
+        "patternProperties": {"^[a-e]$": {"type": "integer"}},
+        "additionalProperties": False,
+        "required": ["a"],
+        "minProperties": 3,
+    }
+    grammar = compiler.compile(StructuredSpec(json=schema))
+    rng = random.Random(3)
+    for _ in range(8):
+        walk = random_walk(grammar, compiler.vocab, rng, 96)
+        assert walk.closed and walk.error is None, walk
+        doc = json.loads(walk.text)
+        assert len(doc) >= 3 and not list(Draft202012Validator(schema).iter_errors(doc)), walk.text
