@@ -23,12 +23,7 @@ ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 
 def _lines_counted(ended: ColumnElement[bool]) -> ColumnElement[int]:
     """How many lines of the selected batch have a stored result meeting `ended` (an index-only count)."""
-    return (
-        select(func.count())
-        .where(BatchLine.batch_id == Batch.id, ended)
-        .correlate(Batch)
-        .scalar_subquery()
-    )
+    return select(func.count()).where(BatchLine.batch_id == Batch.id, ended).correlate(Batch).scalar_subquery()
 
 
 _COMPLETED = _lines_counted((BatchLine.status_code >= 200) & (BatchLine.status_code < 300))
