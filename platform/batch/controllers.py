@@ -175,9 +175,7 @@ class BatchController(Controller):
     async def get_batch(
         self, batch_id: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> BatchObject:
-        api = _api(services)
-        [out] = await api.jobs.objects([await api.jobs.get(principal.tenant_id, batch_id)])
-        return out
+        return await _api(services).jobs.get_object(principal.tenant_id, batch_id)
 
     @post(
         "/{batch_id:str}/cancel",

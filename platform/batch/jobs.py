@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from sqlalchemy import case, func, insert, select, update
+from sqlalchemy import ColumnElement, case, func, insert, select, update
 
 from loraplex.platform.batch import ids
 from loraplex.platform.batch.files import INPUT, FileService
@@ -19,6 +19,15 @@ from loraplex.platform.errors import ApiError, bad_request
 
 WINDOWS = {"24h": timedelta(hours=24)}
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+
+
+def _lines_counted(ended: ColumnElement[bool]) -> ColumnElement[int]:
+    """How many lines of the selected batch have a stored result meeting `ended` (an index-only count)."""
+    return select(func.count()).where(BatchLine.batch_id == Batch.id, ended).correlate(Batch).scalar_subquery()
+
+
+_COMPLETED = _lines_counted((BatchLine.status_code >= 200) & (BatchLine.status_code < 300))
+_FAILED = _lines_counted(BatchLine.status_code >= 300)
 
 
 def batch_not_found(batch_id: str) -> ApiError:
@@ -118,6 +127,18 @@ class BatchService:
         if row is None or row.tenant_id != uuid.UUID(tenant_id):
             raise batch_not_found(batch_id)
         return row
+
+    async def get_object(self, tenant_id: str, batch_id: str) -> BatchObject:
+        """One batch as the API shows it, its request counts read in the same query (what a client polls)."""
+        key = ids.parse(ids.BATCH, batch_id)
+        found = None
+        if key is not None:
+            async with self.db.session() as session:
+                found = (await session.execute(select(Batch, _COMPLETED, _FAILED).where(Batch.id == key))).first()
+        if found is None or found[0].tenant_id != uuid.UUID(tenant_id):
+            raise batch_not_found(batch_id)
+        row, completed, failed = found
+        return batch_object(row, RequestCounts(total=row.total, completed=int(completed), failed=int(failed)))
 
     async def list(self, tenant_id: str, limit: int, after: str | None) -> list[Batch]:
         query = select(Batch).where(Batch.tenant_id == uuid.UUID(tenant_id))
