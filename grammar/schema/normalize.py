@@ -122,6 +122,7 @@ class Normalizer:
     def __init__(self, root: Any, max_ref_depth: int) -> None:
         self.root = root
         self.max_ref_depth = max_ref_depth
+        self.cuts: set[str] = set()  # where recursion was cut at its bound (a narrowing of the regex)
         cls = jsonschema.Draft202012Validator
         self._validator = cls(root if isinstance(root, (dict, bool)) else {}, format_checker=cls.FORMAT_CHECKER)
 
@@ -148,8 +149,12 @@ class Normalizer:
             expanded = []
             for t in out:
                 ctx = t.ctx.bump(tptr, self.max_ref_depth)
-                if ctx is not None:  # past the recursion bound this alternative is cut off
+                if ctx is not None:
                     expanded += self._conjoin(Term(t.parts, ctx), target, tptr)
+                else:  # past the recursion bound this alternative is cut off
+                    self.cuts.add(
+                        f"$ref at {ptr or '/'}: recursion to {tptr or '/'} unrolled {self.max_ref_depth} times"
+                    )
             out = expanded
         for i, sub in enumerate(schema.get("allOf", [])):
             out = _bounded([t2 for t in out for t2 in self._conjoin(t, sub, f"{ptr}/allOf/{i}")], ptr)

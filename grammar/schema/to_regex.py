@@ -60,6 +60,11 @@ class SchemaRegex:
         self._memo: dict[Any, str | None] = {}
         self._any: dict[int, str] = {}
 
+    @property
+    def narrowing(self) -> list[str]:
+        """What the regex leaves out that the schema allows: recursion and free-form nesting cut at their bounds."""
+        return sorted(self.norm.cuts)
+
     def build(self) -> str:
         rx = self.value([(self.root, "")], Ctx())
         if rx is None:
@@ -82,6 +87,10 @@ class SchemaRegex:
         parts, total = [], 0
         for term in self.norm.dnf(subs, ctx):
             if not term.parts:
+                where = subs[-1][1] if subs else ""
+                self.norm.cuts.add(
+                    f"{{}} at {where or '/'}: any JSON value, containers nested at most {self.any_depth} deep"
+                )
                 return self.any_value(self.any_depth)
             for node in self.norm.nodes(term):
                 rx = self._bounded(self.emit(node))

@@ -50,6 +50,8 @@ class Translation:
     llg: str  # llguidance grammar text
     llg_error_label: str
     narrowing: list[str] = field(default_factory=list)  # how a schema was narrowed (empty: exact)
+    # what the regex leaves out (recursion, free-form nesting cut at their bounds); llguidance is exact there
+    regex_narrowing: list[str] = field(default_factory=list)
 
 
 class WorkerContext:
@@ -71,15 +73,16 @@ def translate(
     kind = spec.kind
     if kind in ("json", "json_object"):
         schema: Any = {"type": "object"} if kind == "json_object" else spec.schema()
-        schema, narrowing, rx, why = _schema_parts(schema, spec, options, drop_pattern_properties, small_one_of)
-        return Translation(rx, why, llg_text.json_schema_grammar(schema), "schema cannot be enforced", narrowing)
+        schema, narrowing, rx, why, cuts = _schema_parts(schema, spec, options, drop_pattern_properties, small_one_of)
+        llg = llg_text.json_schema_grammar(schema)
+        return Translation(rx, why, llg, "schema cannot be enforced", narrowing, cuts)
     if kind == "tagged_json":
         tagged = spec.tagged_json
         flags = (drop_pattern_properties, small_one_of)
-        schema, narrowing, _rx, _why = _schema_parts(spec.schema(), spec, options, *flags)
+        schema, narrowing, _rx, _why, _cuts = _schema_parts(spec.schema(), spec, options, *flags)
         text = None
         if "text" in tagged:  # type: ignore[operator]
-            text, text_narrowing, _rx, _why = _schema_parts(
+            text, text_narrowing, _rx, _why, _cuts = _schema_parts(
                 tagged["text"],  # type: ignore[index]
                 spec,
                 options,
@@ -104,8 +107,9 @@ def translate(
 
 def _schema_parts(
     schema: Any, spec: StructuredSpec, options: CompileOptions, drop_pattern_properties: bool, small_one_of: bool
-) -> tuple[Any, list[str], str | None, str]:
-    """A schema checked, narrowed and closed: (schema, narrowing, exact regex or None, why not a regex)."""
+) -> tuple[Any, list[str], str | None, str, list[str]]:
+    """A schema checked, narrowed and closed: (schema, narrowing, regex or None, why not a regex, what the regex
+    leaves out). A regex that leaves something out is not offered when the request refuses narrowing."""
     schema, _draft = to_internal(schema)  # validated under its own draft, in one internal form
     if schema is False:
         raise GrammarError("the schema is false: no value is valid", code="unsatisfiable_schema")
@@ -129,12 +133,14 @@ def _schema_parts(
             any_depth=options.any_depth,
             max_chars=options.upgrade_max_chars,  # a longer regex is never made into an automaton
         )
-        rx, why = regex.build(), ""
+        rx, why, cuts = regex.build(), "", regex.narrowing
     except NotRegular as e:
-        rx, why = None, str(e)
+        rx, why, cuts = None, str(e), []
     except GrammarError as e:
         raise _with_narrowing(e, narrowing) from None
-    return schema, narrowing, rx, why
+    if cuts and not spec.allow_narrowing:
+        rx, why, cuts = None, f"the regex would narrow: {'; '.join(cuts)}", []
+    return schema, narrowing, rx, why, cuts
 
 
 def _with_narrowing(error: GrammarError, narrowing: list[str]) -> GrammarError:
@@ -221,7 +227,7 @@ def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> dict[str, Any]:
                 tr = translate(spec, ctx.options, **flags)
     except GrammarError as e:
         raise _with_narrowing(e, tr.narrowing) from None
-    artifact["narrowing"] = tr.narrowing
+    artifact["narrowing"] = tr.narrowing + (tr.regex_narrowing if artifact["kind"] == "dfa" else [])
     return artifact
 
 
@@ -230,9 +236,18 @@ def _build(ctx: WorkerContext, tr: Translation) -> dict[str, Any]:
     if opts.backend == "outlines":
         if tr.regex is None:
             raise GrammarError(f"cannot be compiled into a token automaton: {tr.why_not_regex}")
+        # (the artifact's narrowing then includes what the regex leaves out)
         return {"kind": "dfa", "data": build_automaton(tr.regex, ctx.outlines)}
     if opts.backend == "llguidance" or tr.regex is None:
         return _llguidance(ctx, tr)
+    if tr.regex_narrowing:  # llguidance holds recursion and free-form values exactly: the regex only if it cannot
+        try:
+            return _llguidance(ctx, tr)
+        except GrammarError:
+            states = _count_states_bounded(tr.regex, ctx) if len(tr.regex) <= opts.probe_max_chars else None
+            if states is None or states > opts.max_states:
+                raise
+            return {"kind": "dfa", "data": build_automaton(tr.regex, ctx.outlines), "states": states}
     states = _count_states_bounded(tr.regex, ctx) if len(tr.regex) <= opts.probe_max_chars else None
     if states is not None and states <= opts.inline_states:
         return {"kind": "dfa", "data": build_automaton(tr.regex, ctx.outlines), "states": states}
@@ -242,7 +257,7 @@ def _build(ctx: WorkerContext, tr: Translation) -> dict[str, Any]:
     if probed and states is None:
         out["recycle"] = True  # the counting thread is still running: start a fresh worker
     elif (states is not None and states <= opts.max_states) or (not probed and len(tr.regex) <= opts.upgrade_max_chars):
-        out["upgrade"] = tr.regex
+        out["upgrade"] = tr.regex  # (exact: a regex that narrows never gets here)
     return out
 
 
