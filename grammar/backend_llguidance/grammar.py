@@ -17,6 +17,7 @@ rests on the per-token check.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,30 @@ MARGIN = 8
 ENGAGE_SLACK = 4
 
 
+@dataclass(frozen=True)
+class VocabRows:
+    """What every LLGuidanceGrammar of one tokenizer shares; built once per compiler (a pass over the
+    vocabulary costs ~15 ms, which every compile paid when each grammar built its own)."""
+
+    words: int
+    eos_ids: frozenset[int]
+    special: frozenset[int]  # ids without bytes that are not EOS: never allowed
+    allowed_row: torch.Tensor  # int32 [words]: every token with bytes
+    eos_row: torch.Tensor  # int32 [words]: the EOS ids
+
+    @classmethod
+    def of(cls, info: VocabInfo) -> VocabRows:
+        eos_ids = frozenset(info.eos_ids)
+        real = np.asarray([t for t, b in enumerate(info.token_bytes) if b is not None], dtype=np.int64)
+        return cls(
+            words=info.words,
+            eos_ids=eos_ids,
+            special=frozenset(t for t, b in enumerate(info.token_bytes) if b is None) - eos_ids,
+            allowed_row=torch.from_numpy(token_row(real, info.words)),
+            eos_row=torch.from_numpy(token_row(np.asarray(sorted(eos_ids)), info.words)),
+        )
+
+
 class LLGuidanceGrammar(CompiledGrammar):
     backend = "llguidance"
 
@@ -40,7 +65,7 @@ class LLGuidanceGrammar(CompiledGrammar):
         self,
         grammar: str,
         ll_tokenizer: Any,
-        info: VocabInfo,
+        rows: VocabRows,
         search: CompletionSearch,
         min_tokens: int,
         plan: list[int],
@@ -57,12 +82,11 @@ class LLGuidanceGrammar(CompiledGrammar):
         self.min_tokens = min_tokens
         self.plan = list(plan)
         self.close_within_budget = close_within_budget
-        self.eos_ids = frozenset(info.eos_ids)
-        self.words = info.words
-        real = np.asarray([t for t, b in enumerate(info.token_bytes) if b is not None], dtype=np.int64)
-        self.allowed_row = torch.from_numpy(token_row(real, self.words))
-        self.eos_row = torch.from_numpy(token_row(np.asarray(sorted(self.eos_ids)), self.words))
-        self.special = frozenset(t for t, b in enumerate(info.token_bytes) if b is None) - self.eos_ids
+        self.eos_ids = rows.eos_ids
+        self.words = rows.words
+        self.allowed_row = rows.allowed_row
+        self.eos_row = rows.eos_row
+        self.special = rows.special
 
     def new_matcher(self) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self, self._template.deep_copy())
