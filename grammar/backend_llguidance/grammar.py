@@ -103,6 +103,10 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._known: tuple[int, int] = (0, grammar.min_tokens)  # (position, distance) of the last plan
         self._buf = torch.zeros(grammar.words, dtype=torch.int32)
         self._check = False  # the last mask was free under a budget: the sampled token needs fits_budget
+        # what fits_budget found after each token it was asked about, since the last mask: (completion bytes, plan
+        # or None); the token then accepted hands its entry to _found, so the next plan is not searched again
+        self._after: dict[int, tuple[bytes, list[int] | None]] = {}
+        self._found: tuple[int, bytes, list[int] | None] | None = None  # (position, bytes, plan or None)
 
     # ---- state -----------------------------------------------------------------------------------
     def accept_token(self, token_id: int) -> bool:
@@ -124,6 +128,9 @@ class LLGuidanceMatcher(GrammarMatcher):
             self._plan, self._plan_pos = plan[1:], self._pos
         else:
             self._plan = None
+            found = self._after.get(token_id)
+            self._found = None if found is None else (self._pos, *found)
+        self._after = {}
         return True
 
     def is_accepting(self) -> bool:
@@ -158,7 +165,11 @@ class LLGuidanceMatcher(GrammarMatcher):
     def _make_plan(self) -> list[int]:
         plan = self._current_plan()
         if plan is None:
-            plan = self._g.search.plan(self._m)
+            found = self._found if self._found is not None and self._found[0] == self._pos else None
+            if found is not None:  # fits_budget searched from this very state (the search is deterministic)
+                plan = found[2] if found[2] is not None else self._g.search.tokenize(self._m, found[1])
+            else:
+                plan = self._g.search.plan(self._m)
             if plan is None:
                 raise GrammarError("no completion found within the search bounds")
             self._plan, self._plan_pos = plan, self._pos
@@ -197,7 +208,12 @@ class LLGuidanceMatcher(GrammarMatcher):
             return False
         if plan and plan[0] == token_id:
             return len(plan) - 1 <= remaining_after
-        return g.search.fits(trial, remaining_after)
+        if trial.is_accepting():
+            return True
+        fits, path, tokens = g.search.check(trial, remaining_after)
+        if path is not None:
+            self._after[token_id] = (path, tokens)
+        return fits
 
     def budget_fallback(self) -> int:
         return self._make_plan()[0]
@@ -206,6 +222,7 @@ class LLGuidanceMatcher(GrammarMatcher):
     def fill_bitmask(self, out: torch.Tensor, remaining_tokens: int | None = None) -> None:
         g = self._g
         self._check = False
+        self._after = {}
         if self._terminated:
             out.copy_(g.eos_row)
             return
