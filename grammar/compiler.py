@@ -78,6 +78,7 @@ class GrammarCompiler:
         }
         self._ll_tokenizer: Any = None
         self._search: Any = None
+        self._rows: Any = None
         self._ll_lock = threading.Lock()  # building the llguidance tokenizer is slow: not under _lock
         self._closed = False
         threading.Thread(target=self._llguidance_parts, name="grammar-llg-init", daemon=True).start()
@@ -200,25 +201,28 @@ class GrammarCompiler:
         else:
             from loraplex.grammar.backend_llguidance.grammar import LLGuidanceGrammar
 
-            ll_tokenizer, search = self._llguidance_parts()
+            ll_tokenizer, search, rows = self._llguidance_parts()
             plan = artifact["plan"]
             grammar = LLGuidanceGrammar(
-                artifact["grammar"], ll_tokenizer, self.vocab, search, len(plan), plan, close_within_budget
+                artifact["grammar"], ll_tokenizer, rows, search, len(plan), plan, close_within_budget
             )
         grammar.narrowing = narrowing
         return grammar
 
-    def _llguidance_parts(self) -> tuple[Any, Any]:
+    def _llguidance_parts(self) -> tuple[Any, Any, Any]:
+        """(LLTokenizer, CompletionSearch, VocabRows): built once, shared by every llguidance grammar."""
         with self._ll_lock:
             if self._ll_tokenizer is None:
                 from llguidance import LLTokenizer
 
+                from loraplex.grammar.backend_llguidance.grammar import VocabRows
                 from loraplex.grammar.backend_llguidance.search import CompletionSearch
 
                 v = self.vocab
                 self._ll_tokenizer = LLTokenizer(v.tokenizer_json, n_vocab=v.vocab_size, eos_token=list(v.eos_ids))
                 self._search = CompletionSearch(v)
-            return self._ll_tokenizer, self._search
+                self._rows = VocabRows.of(v)
+            return self._ll_tokenizer, self._search, self._rows
 
     def _schedule_upgrade(
         self, key: tuple[str, str], regex: str, close_within_budget: bool, narrowing: tuple[str, ...]

@@ -17,6 +17,7 @@ rests on the per-token check.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,30 @@ MARGIN = 8
 ENGAGE_SLACK = 4
 
 
+@dataclass(frozen=True)
+class VocabRows:
+    """What every LLGuidanceGrammar of one tokenizer shares; built once per compiler (a pass over the
+    vocabulary costs ~15 ms, which every compile paid when each grammar built its own)."""
+
+    words: int
+    eos_ids: frozenset[int]
+    special: frozenset[int]  # ids without bytes that are not EOS: never allowed
+    allowed_row: torch.Tensor  # int32 [words]: every token with bytes
+    eos_row: torch.Tensor  # int32 [words]: the EOS ids
+
+    @classmethod
+    def of(cls, info: VocabInfo) -> VocabRows:
+        eos_ids = frozenset(info.eos_ids)
+        real = np.asarray([t for t, b in enumerate(info.token_bytes) if b is not None], dtype=np.int64)
+        return cls(
+            words=info.words,
+            eos_ids=eos_ids,
+            special=frozenset(t for t, b in enumerate(info.token_bytes) if b is None) - eos_ids,
+            allowed_row=torch.from_numpy(token_row(real, info.words)),
+            eos_row=torch.from_numpy(token_row(np.asarray(sorted(eos_ids)), info.words)),
+        )
+
+
 class LLGuidanceGrammar(CompiledGrammar):
     backend = "llguidance"
 
@@ -40,7 +65,7 @@ class LLGuidanceGrammar(CompiledGrammar):
         self,
         grammar: str,
         ll_tokenizer: Any,
-        info: VocabInfo,
+        rows: VocabRows,
         search: CompletionSearch,
         min_tokens: int,
         plan: list[int],
@@ -57,12 +82,11 @@ class LLGuidanceGrammar(CompiledGrammar):
         self.min_tokens = min_tokens
         self.plan = list(plan)
         self.close_within_budget = close_within_budget
-        self.eos_ids = frozenset(info.eos_ids)
-        self.words = info.words
-        real = np.asarray([t for t, b in enumerate(info.token_bytes) if b is not None], dtype=np.int64)
-        self.allowed_row = torch.from_numpy(token_row(real, self.words))
-        self.eos_row = torch.from_numpy(token_row(np.asarray(sorted(self.eos_ids)), self.words))
-        self.special = frozenset(t for t, b in enumerate(info.token_bytes) if b is None) - self.eos_ids
+        self.eos_ids = rows.eos_ids
+        self.words = rows.words
+        self.allowed_row = rows.allowed_row
+        self.eos_row = rows.eos_row
+        self.special = rows.special
 
     def new_matcher(self) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self, self._template.deep_copy())
@@ -79,6 +103,10 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._known: tuple[int, int] = (0, grammar.min_tokens)  # (position, distance) of the last plan
         self._buf = torch.zeros(grammar.words, dtype=torch.int32)
         self._check = False  # the last mask was free under a budget: the sampled token needs fits_budget
+        # what fits_budget found after each token it was asked about, since the last mask: (completion bytes, plan
+        # or None); the token then accepted hands its entry to _found, so the next plan is not searched again
+        self._after: dict[int, tuple[bytes, list[int] | None]] = {}
+        self._found: tuple[int, bytes, list[int] | None] | None = None  # (position, bytes, plan or None)
 
     # ---- state -----------------------------------------------------------------------------------
     def accept_token(self, token_id: int) -> bool:
@@ -100,6 +128,9 @@ class LLGuidanceMatcher(GrammarMatcher):
             self._plan, self._plan_pos = plan[1:], self._pos
         else:
             self._plan = None
+            found = self._after.get(token_id)
+            self._found = None if found is None else (self._pos, *found)
+        self._after = {}
         return True
 
     def is_accepting(self) -> bool:
@@ -134,7 +165,11 @@ class LLGuidanceMatcher(GrammarMatcher):
     def _make_plan(self) -> list[int]:
         plan = self._current_plan()
         if plan is None:
-            plan = self._g.search.plan(self._m)
+            found = self._found if self._found is not None and self._found[0] == self._pos else None
+            if found is not None:  # fits_budget searched from this very state (the search is deterministic)
+                plan = found[2] if found[2] is not None else self._g.search.tokenize(self._m, found[1])
+            else:
+                plan = self._g.search.plan(self._m)
             if plan is None:
                 raise GrammarError("no completion found within the search bounds")
             self._plan, self._plan_pos = plan, self._pos
@@ -173,7 +208,12 @@ class LLGuidanceMatcher(GrammarMatcher):
             return False
         if plan and plan[0] == token_id:
             return len(plan) - 1 <= remaining_after
-        return g.search.fits(trial, remaining_after)
+        if trial.is_accepting():
+            return True
+        fits, path, tokens = g.search.check(trial, remaining_after)
+        if path is not None:
+            self._after[token_id] = (path, tokens)
+        return fits
 
     def budget_fallback(self) -> int:
         return self._make_plan()[0]
@@ -182,6 +222,7 @@ class LLGuidanceMatcher(GrammarMatcher):
     def fill_bitmask(self, out: torch.Tensor, remaining_tokens: int | None = None) -> None:
         g = self._g
         self._check = False
+        self._after = {}
         if self._terminated:
             out.copy_(g.eos_row)
             return

@@ -55,20 +55,28 @@ class CompletionSearch:
         """Tokens from `matcher`'s state to an accepting one, or None if none found in bounds."""
         if matcher.is_accepting():
             return []
-        path = self._completion_bytes(matcher)
+        path = self.completion_bytes(matcher)
         return None if path is None else self.tokenize(matcher, path)
 
     def fits(self, matcher: Any, budget: int) -> bool:
-        """Whether `plan(matcher)` would be at most `budget` tokens (cheaper: it skips tokenizing when
-        the byte string alone is short enough, since no token is shorter than one byte)."""
+        """Whether `plan(matcher)` would be at most `budget` tokens."""
         if matcher.is_accepting():
             return True
-        path = self._completion_bytes(matcher)
-        if path is None:
-            return False
-        return len(path) <= budget or len(self.tokenize(matcher, path)) <= budget
+        return self.check(matcher, budget)[0]
 
-    def _completion_bytes(self, matcher: Any) -> bytes | None:
+    def check(self, matcher: Any, budget: int) -> tuple[bool, bytes | None, list[int] | None]:
+        """(fits, completion bytes, plan) for a matcher that is not accepting: whether `plan(matcher)` would be
+        at most `budget` tokens, with what was found on the way (the plan only where it had to be tokenized:
+        a byte string no longer than the budget fits, since no token is shorter than one byte)."""
+        path = self.completion_bytes(matcher)
+        if path is None:
+            return False, None, None
+        if len(path) <= budget:
+            return True, path, None
+        tokens = self.tokenize(matcher, path)
+        return len(tokens) <= budget, path, tokens
+
+    def completion_bytes(self, matcher: Any) -> bytes | None:
         """The byte string `plan` tokenizes: the greedy walk, else the bounded search, else the greedy walk
         without its bound on loop exits (a walk that keeps looking for ways out of loops is usually failing:
         lefthook's took 4 s to fail where the search then found `{}` in 5 ms)."""

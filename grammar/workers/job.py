@@ -5,7 +5,8 @@ for every automaton state (strings admit most tokens in every state) and its reg
 explodes for nested free-form values, while llguidance compiles any schema quickly but computes each
 mask at run time (bench/README.md has the figures). So a constraint with an exact regex (JSON schemas we
 can translate, regexes, choices) gets a token automaton when the regex is short and its state
-count (found cheaply with a 256-byte probe vocabulary, time-boxed) is small; otherwise, and for
+count (found cheaply with a 256-byte probe vocabulary, time-boxed) is small enough to build within a
+compile's budget; otherwise, and for
 Lark grammars, llguidance serves it, and the automaton may be built later by a background worker
 to replace the cache entry. Both backends are exact: nothing is ever widened to make it compile.
 """
@@ -34,7 +35,11 @@ from loraplex.grammar.vocab import VocabInfo
 class CompileOptions:
     backend: str = "auto"  # auto | outlines | llguidance
     strict_objects: bool = True  # see schema.strict
-    inline_states: int = 160  # automata up to this many states are built inside the request
+    # automata up to this many states are built inside the request: on a 49k-token vocabulary a build costs
+    # ~1-2 ms per state (Index plus tables) where llguidance compiles the same small schema in ~1-5 ms, so a
+    # larger one is served by llguidance first and upgraded in the background
+    inline_states: int = 32
+    fallback_states: int = 160  # ...and up to this many where llguidance refuses the constraint
     max_states: int = 8192  # larger automata are never built (llguidance serves them)
     probe_max_chars: int = 2000  # longer regexes are not counted inside the request (too slow)
     upgrade_max_chars: int = 50_000  # longer regexes are never tried in the background
@@ -251,7 +256,13 @@ def _build(ctx: WorkerContext, tr: Translation) -> dict[str, Any]:
     states = _count_states_bounded(tr.regex, ctx) if len(tr.regex) <= opts.probe_max_chars else None
     if states is not None and states <= opts.inline_states:
         return {"kind": "dfa", "data": build_automaton(tr.regex, ctx.outlines), "states": states}
-    out = _llguidance(ctx, tr)
+    try:
+        out = _llguidance(ctx, tr)
+    except GrammarError:
+        if states is None or states > opts.fallback_states:
+            raise
+        # llguidance cannot serve it (it finds a required pattern-only key unsatisfiable, say), the regex is exact
+        return {"kind": "dfa", "data": build_automaton(tr.regex, ctx.outlines), "states": states}
     out["states"] = states
     probed = len(tr.regex) <= opts.probe_max_chars
     if probed and states is None:

@@ -209,3 +209,18 @@ def test_closed_compiler_refuses(tokenizer):
     c.close()
     with pytest.raises(GrammarError, match="closed"):
         c.compile(StructuredSpec(regex="x"))
+
+
+def test_auto_builds_only_small_automata_inside_the_request(compiler, tokenizer):
+    """A few-state constraint gets its token automaton at once; a ~60-state one is served by llguidance (the
+    automaton would cost ~1-2 ms a state to build), with the same language."""
+    small = compiler.compile(StructuredSpec(choice=["small-yes", "small-no"]))
+    assert small.backend == "outlines"
+    larger = compiler.compile(StructuredSpec(regex="[a-z]{60}"))
+    assert larger.backend == "llguidance"
+    m = larger.new_matcher()
+    assert all(m.accept_token(t) for t in tokenizer.encode("ab" * 30, add_special_tokens=False))
+    assert m.is_accepting()
+    m = larger.new_matcher()
+    assert all(m.accept_token(t) for t in tokenizer.encode("ab" * 29, add_special_tokens=False))
+    assert not m.is_accepting()

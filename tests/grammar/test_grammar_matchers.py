@@ -156,3 +156,32 @@ def test_forced_token_and_valid_prefix(request, tokenizer, backend):
     assert m.valid_prefix([*paris, *_ids(tokenizer, "!")]) == len(paris)
     assert m.valid_prefix(_ids(tokenizer, "Rome")) == 0
     assert feed(m, _ids(tokenizer, "Lyon")) and m.is_accepting()  # the checks above left it at the start
+
+
+def test_llguidance_plan_after_fits_budget_reuses_that_search(llg_compiler, tokenizer, monkeypatch):
+    """The completion fits_budget found after a token is the next plan once that token is accepted: the same
+    plan a fresh search from that state finds (no second search), and it ends complete."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name", "tags"],
+        "additionalProperties": False,
+    }
+    g = llg_compiler.compile(StructuredSpec(json=schema))
+    assert g.backend == "llguidance"
+    prefix = _ids(tokenizer, '{"name":"ab')
+    m = g.new_matcher()
+    assert feed(m, prefix)
+    assert _mask(m, remaining=100) and m.needs_budget_check()
+    token = _ids(tokenizer, "c")[0]
+    assert m.fits_budget(token, 99) and m.accept_token(token)
+    fresh = g.new_matcher()
+    assert feed(fresh, [*prefix, token])
+    expected = g.search.plan(fresh._m)  # the search from the same state, on an independent matcher
+    calls = []
+    search_bytes = g.search.completion_bytes
+    monkeypatch.setattr(g.search, "completion_bytes", lambda matcher: calls.append(1) or search_bytes(matcher))
+    assert m.min_tokens_to_accept() == len(expected) and not calls
+    for t in expected:
+        assert m.fits_budget(t, 99) and m.accept_token(t)
+    assert m.is_accepting()
