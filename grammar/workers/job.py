@@ -250,7 +250,7 @@ def _build(ctx: WorkerContext, tr: Translation) -> dict[str, Any]:
             return _llguidance(ctx, tr)
         except GrammarError:
             states = _count_states_bounded(tr.regex, ctx) if len(tr.regex) <= opts.probe_max_chars else None
-            if states is None or states > opts.max_states:
+            if states is None or states > opts.fallback_states:
                 raise
             return {"kind": "dfa", "data": build_automaton(tr.regex, ctx.outlines), "states": states}
     states = _count_states_bounded(tr.regex, ctx) if len(tr.regex) <= opts.probe_max_chars else None
