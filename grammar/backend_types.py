@@ -38,6 +38,10 @@ class GrammarMatcher(ABC):
         """Accepting and nothing more can follow (or EOS was accepted)."""
 
     @abstractmethod
+    def fork(self) -> GrammarMatcher:
+        """An independent copy at the same position (byte-level jump-forward walks a scratch copy)."""
+
+    @abstractmethod
     def bitmask_words(self) -> int:
         """Length of this constraint's bitmask in int32 words."""
 

@@ -124,6 +124,13 @@ class LLGuidanceMatcher(GrammarMatcher):
                 n += 1
         return n
 
+    def fork(self) -> LLGuidanceMatcher:
+        copy = LLGuidanceMatcher(self._g, self._m.deep_copy())
+        copy._pos, copy._terminated, copy._known = self._pos, self._terminated, self._known
+        copy._plan_pos = self._plan_pos
+        copy._plan = None if self._plan is None else list(self._plan)
+        return copy
+
     def bitmask_words(self) -> int:
         return self._g.words
 
