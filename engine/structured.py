@@ -71,7 +71,7 @@ class StructuredOutputManager:
             from loraplex.grammar.forced_bytes import ByteTable
 
             self._byte_table = ByteTable(self.compiler.vocab)
-        return self._byte_table.walk(seq.grammar, limit)
+        return self._byte_table.forced(seq.grammar, limit)
 
     def stats(self) -> dict:
         """Compile counters for metrics (zeros until the first constrained request starts the compiler)."""

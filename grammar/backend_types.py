@@ -71,6 +71,11 @@ class GrammarMatcher(ABC):
         self.fill_bitmask(words, remaining_tokens)
         return single_token(words)
 
+    def native_forced_bytes(self) -> bytes | None:
+        """The bytes the backend itself says are forced from here (None: it has no such call; the engine then walks
+        the masks, grammar.forced_bytes). Must agree with that walk: tests compare the two."""
+        return None
+
     def valid_prefix(self, token_ids: list[int]) -> int:
         """How many leading tokens of `token_ids` the constraint allows in a row from here; state unchanged."""
         return 0

@@ -7,6 +7,7 @@ vocabularies (SmolLM2, GPT-2, Llama 3) have a token for each of the 256 bytes; w
 before that byte.
 
 One mask fill and one AND over the bitmask words per forced byte; the per-vocabulary tables are built once.
+llguidance computes forced bytes itself (one call, microseconds), which `forced` uses where the backend has it.
 """
 
 from __future__ import annotations
@@ -40,9 +41,25 @@ class ByteTable:
             others[b] = np.packbits(first != b, bitorder="little").view("<u4")
         self.not_starting_with = others
 
-    def walk(self, matcher: GrammarMatcher, limit: int = DEFAULT_LIMIT) -> tuple[bytes, bool]:
+    def forced(self, matcher: GrammarMatcher, limit: int = DEFAULT_LIMIT) -> tuple[bytes, bool]:
         """The bytes forced from the matcher's state (at most ``limit``), and whether the output is then complete
-        with nothing more allowed (the forced text ends it). The matcher itself is not changed."""
+        with nothing more allowed (the forced text ends it): the backend's own answer where it has one (one call
+        instead of a mask per byte), else the mask walk. The matcher itself is not changed."""
+        native = matcher.native_forced_bytes()
+        if native is None:
+            return self.walk(matcher, limit)
+        data = native[:limit]
+        if not data:
+            return data, matcher.is_terminated()
+        scratch = matcher.fork()
+        for n, b in enumerate(data):
+            token = int(self.byte_token[b])
+            if token < 0 or not scratch.accept_token(token):
+                return data[:n], False
+        return data, scratch.is_terminated()
+
+    def walk(self, matcher: GrammarMatcher, limit: int = DEFAULT_LIMIT) -> tuple[bytes, bool]:
+        """The mask walk of ``forced``, for any backend."""
         scratch = matcher.fork()
         buf = torch.zeros(self.words, dtype=torch.int32)
         words = buf.numpy().view(np.uint32)

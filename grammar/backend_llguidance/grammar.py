@@ -124,6 +124,9 @@ class LLGuidanceMatcher(GrammarMatcher):
                 n += 1
         return n
 
+    def native_forced_bytes(self) -> bytes | None:
+        return b"" if self._terminated else bytes(self._m.compute_ff_bytes())
+
     def fork(self) -> LLGuidanceMatcher:
         copy = LLGuidanceMatcher(self._g, self._m.deep_copy())
         copy._pos, copy._terminated, copy._known = self._pos, self._terminated, self._known
