@@ -3,6 +3,7 @@ and the opt-in byte-level jump-forward alone and with n-gram speculation.
 
     .venv/bin/python -m bench.speculative [--quick] [--single N] [--batch N] [--vllm-python PY]
     .venv/bin/python -m bench.speculative --sweep 1,2,4,8,16     # where disable_by_batch_size belongs
+    .venv/bin/python -m bench.speculative --modes "both,both (bytes)"   # plain and the modes named
 
 The workload is built here (seeded): invoices of 300-800 tokens (a header with the fields, then filler
 prose), and a JSON schema of 10 fields whose values all appear in the document; greedy, one chat prompt
@@ -170,6 +171,11 @@ def main() -> None:
     ap.add_argument("--disable-by-batch-size", type=int, default=None, help="default: the engine's")
     ap.add_argument("--vllm-python", default=None, help="a Python with vLLM installed, for the side-by-side")
     ap.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated modes to run (plain always runs, the others are compared with it): {', '.join(MODES)}",
+    )
+    ap.add_argument(
         "--sweep",
         default=None,
         help="batch sizes, e.g. 1,2,4,8,16: n-gram drafts on at every size vs plain, to place disable_by_batch_size",
@@ -180,6 +186,10 @@ def main() -> None:
         return
     if args.quick:
         args.single, args.batch = 2, 8
+    chosen = ["plain"] + [m.strip() for m in args.modes.split(",") if m.strip() and m.strip() != "plain"]
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown:
+        ap.error(f"unknown mode {unknown[0]!r} (modes: {', '.join(MODES)})")
     probe = LLM(max_num_seqs=1)
     prompts = build_workload(probe.tokenizer, max(args.single, args.batch))
     probe.engine.close()
@@ -187,7 +197,8 @@ def main() -> None:
     print(f"extraction workload: {len(prompts)} invoices, prompt tokens {min(lens)}-{max(lens)}; {machine_load()}")
     params = SamplingParams(max_tokens=160, temperature=0.0, structured=StructuredSpec(json=SCHEMA))
     results: dict[str, dict] = {}
-    for name, mode in MODES.items():
+    for name in chosen:
+        mode = MODES[name]
         llm = make_llm(mode, args.k, args.disable_by_batch_size)
         llm.engine.structured.compiler.compile(params.structured)  # compile outside the timings
         llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0))  # warm up
@@ -262,7 +273,7 @@ def main() -> None:
         ],
         rows,
     )
-    for name in ("both", "both (bytes)"):
+    for name in [m for m in ("both", "both (bytes)") if m in results]:
         print(
             f"single-request latency: {name} {base['single'] / results[name]['single']:.2f}x lower than plain; "
             f"batch throughput: {name} {results[name]['batch_tps'] / base['batch_tps']:.2f}x plain"
