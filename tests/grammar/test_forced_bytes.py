@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from loraplex.engine.llm_engine import _utf8_prefix
 from loraplex.grammar import StructuredSpec
 from loraplex.grammar.forced_bytes import ByteTable
 
@@ -77,3 +78,18 @@ def test_fork_is_independent(llg_compiler, dfa_compiler, tokenizer):
         assert all(copy.accept_token(t) for t in abc) and copy.is_accepting()
         assert not matcher.is_accepting() and matcher.valid_prefix(abd) == len(abd)
         assert all(matcher.accept_token(t) for t in abd) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_multibyte_characters(backend, table, dfa_compiler, llg_compiler, tokenizer):
+    compiler = dfa_compiler if backend == "outlines" else llg_compiler
+    matcher = _at(compiler, tokenizer, StructuredSpec(regex=r"Zürich-[0-9]"), "")
+    assert table.forced(matcher) == ("Zürich-".encode(), False)
+    assert table.forced(matcher, limit=2) == (b"Z\xc3", False)  # the limit may cut a character in two
+
+
+def test_utf8_prefix_keeps_whole_characters():
+    assert _utf8_prefix(b"Z\xc3") == "Z"
+    assert _utf8_prefix("Zü".encode()) == "Zü"
+    assert _utf8_prefix("€".encode()[:2]) == ""
+    assert _utf8_prefix(b"") == ""

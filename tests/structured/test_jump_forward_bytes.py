@@ -15,6 +15,7 @@ import pytest
 from loraplex.engine import LLM, EngineArgs, SamplingParams
 from loraplex.engine.probe import EngineProbe
 from loraplex.grammar.spec import StructuredSpec
+from loraplex.platform.settings import engine_arg_specs
 from tests.lora.helpers import load_hf, save_adapter
 from tests.structured.schemas import ORDER, PERSON, SENTIMENT, messages
 from tests.structured.test_fewer_steps import DOC, INVOICE
@@ -83,6 +84,8 @@ def _generate(adapter_dirs, **engine_args):
 
 def test_byte_mode_is_opt_in():
     assert EngineArgs().jump_forward_bytes is False
+    spec = {s.name: s for s in engine_arg_specs()}["jump_forward_bytes"]
+    assert (spec.flag, spec.env, spec.default) == ("--jump-forward-bytes", "LORAPLEX_JUMP_FORWARD_BYTES", False)
 
 
 def test_valid_outputs_in_fewer_steps_in_a_mixed_batch(adapter_dirs):
