@@ -61,6 +61,7 @@ def run_mode(args: argparse.Namespace, job: dict, speculative: dict | None) -> d
             "single_s": sum(single) / max(1, len(single)),
             "batch_tps": sum(len(t) for t in tokens) / seconds,
             "batch_tokens": tokens,
+            "batch_texts": [o.outputs[0].text for o in outs],
             "complete": valid,
         }
     except Exception as exc:

@@ -56,6 +56,11 @@ class EngineArgs:
     # ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": .., "prompt_lookup_max": ..,
     # "disable_by_batch_size": ..}; a JSON string from a flag), and jump-forward over the tokens a grammar forces
     enable_jump_forward: bool = True
+    # Opt-in, NOT lossless: byte-level jump-forward. When the grammar forces a text (every allowed continuation
+    # starts with it, e.g. `"invoice_number":"` after `{`), its canonical tokenization but the last token (which
+    # could merge with what follows) is appended without sampling. Outputs stay valid under the grammar but can
+    # differ from plain decoding (the model may have tokenized the text differently).
+    jump_forward_bytes: bool = False
     speculative_config: dict[str, Any] | str | None = None
     device: str | None = None  # None: cuda if available else cpu
     dtype: str | None = None  # None: the checkpoint's dtype on CUDA (bf16 for fp32), float32 on CPU

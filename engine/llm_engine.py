@@ -51,6 +51,7 @@ class _Request:
     error: str | None = None
 
 
+FORCED_BYTES_LIMIT = 64  # bytes of forced text one byte-level jump-forward takes at most
 TOKEN_CAP_MIN_STEP_TOKENS = 128  # steps that inform the multi-tenant token cap's seconds per token
 
 
@@ -391,6 +392,8 @@ class LLMEngine:
                 self._settle_drafts(seq, max(0, taken[j] - 1), failed)
             if not failed and seq.request_id not in reasons and self.args.enable_jump_forward:
                 self._jump_forward(seq, reasons)
+            if not failed and seq.request_id not in reasons and self.args.jump_forward_bytes:
+                self._jump_forward_bytes(seq, reasons)
         for seq in seqs:
             req = self.requests.get(seq.request_id)
             if req is None:
@@ -473,6 +476,54 @@ class LLMEngine:
             if reason:
                 reasons[seq.request_id] = reason
                 return
+
+    def _jump_forward_bytes(self, seq: Sequence, reasons: dict[str, FinishReason]) -> None:
+        """Opt-in, not lossless (EngineArgs.jump_forward_bytes): append the canonical tokenization of the text the
+        grammar forces next, without its last token (it could merge with what the model writes after it) unless
+        the text ends the output. Each token is one the sampler could have taken: allowed by the mask under the
+        request's budget (and, where the backend asks, fitting the budget). Computed as one chunk next step.
+        A seeded sampled request's generator draws nothing for them: its later draws differ from plain sampling.
+        """
+        m = seq.grammar
+        p = seq.params
+        if m is None or p.logprobs is not None:
+            return  # as _jump_forward: requests asking for logprobs sample every token
+        data, complete = self.structured.forced_bytes(seq, FORCED_BYTES_LIMIT)
+        text = _utf8_prefix(data)
+        if not text:
+            return
+        tokens = self.tokenizer.encode(text, add_special_tokens=False)
+        if not (complete and text.encode("utf-8") == data):
+            tokens = tokens[:-1]
+        tokens = tokens[: m.valid_prefix(tokens)]
+        if not tokens:
+            return
+        req = self.requests[seq.request_id]
+        budget = p.structured.close_within_budget and seq.remaining_tokens is not None
+        row = torch.empty(m.bitmask_words(), dtype=torch.int32) if budget else None
+        for token in tokens:
+            if token in self.eos_token_ids or token in p.stop_token_ids:
+                return
+            if row is not None and not self._fits_budget(seq, row, token):
+                return
+            seq.output_token_ids.append(token)
+            seq.num_forced_tokens += 1
+            self.spec_stats["num_forced_tokens"] += 1
+            reason = self._check_stop(seq, req, token)
+            if reason:
+                reasons[seq.request_id] = reason
+                return
+
+    @staticmethod
+    def _fits_budget(seq: Sequence, row: torch.Tensor, token: int) -> bool:
+        """Whether the sampler could take ``token`` now under the request's budget: its mask bit is set and, where
+        the matcher asks for the check, the output still closes within max_tokens after it."""
+        m = seq.grammar
+        remaining = seq.remaining_tokens
+        m.fill_bitmask(row, remaining)
+        if not (int(row[token // 32]) >> (token % 32)) & 1:
+            return False
+        return not m.needs_budget_check() or m.fits_budget(token, remaining - 1)
 
     def _record_prompt_logprobs(self, seq: Sequence, first: int, logits: torch.Tensor) -> None:
         """Logprobs (raw model distribution), ranks and top ones of prompt tokens first.. from their logits rows;
@@ -607,3 +658,13 @@ class LLMEngine:
         live = [r.seq for r in self.requests.values()]
         self.block_manager.check_invariants(live)
         self.lora_manager.check_invariants(self.scheduler.running)
+
+
+def _utf8_prefix(data: bytes) -> str:
+    """The longest prefix of ``data`` that is whole UTF-8 characters (a forced run may end inside one)."""
+    for cut in range(len(data), max(-1, len(data) - 4), -1):
+        try:
+            return data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""

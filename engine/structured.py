@@ -27,6 +27,7 @@ from loraplex.kernels.bitmask import apply_token_bitmask
 
 if TYPE_CHECKING:
     from loraplex.grammar import CompiledGrammar, GrammarCompiler, StructuredSpec
+    from loraplex.grammar.forced_bytes import ByteTable
 
 
 class StructuredOutputManager:
@@ -45,6 +46,7 @@ class StructuredOutputManager:
         self._compiler_lock = threading.Lock()  # start the pool; precheck may run on another thread
         self._failed: dict[str, str] = {}  # request id -> error message
         self.probe: EngineProbe | None = None  # set through LLMEngine.probe
+        self._byte_table: ByteTable | None = None  # byte-level jump-forward's tables, built on first use
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -61,6 +63,15 @@ class StructuredOutputManager:
                     max_workers=self._workers,
                 )
             return self._compiler
+
+    def forced_bytes(self, seq: Sequence, limit: int) -> tuple[bytes, bool]:
+        """The bytes the sequence's grammar forces next (at most ``limit``), and whether they complete the output
+        (grammar.forced_bytes); the matcher is not changed."""
+        if self._byte_table is None:
+            from loraplex.grammar.forced_bytes import ByteTable
+
+            self._byte_table = ByteTable(self.compiler.vocab)
+        return self._byte_table.forced(seq.grammar, limit)
 
     def stats(self) -> dict:
         """Compile counters for metrics (zeros until the first constrained request starts the compiler)."""

@@ -38,6 +38,10 @@ class GrammarMatcher(ABC):
         """Accepting and nothing more can follow (or EOS was accepted)."""
 
     @abstractmethod
+    def fork(self) -> GrammarMatcher:
+        """An independent copy at the same position (byte-level jump-forward walks a scratch copy)."""
+
+    @abstractmethod
     def bitmask_words(self) -> int:
         """Length of this constraint's bitmask in int32 words."""
 
@@ -66,6 +70,11 @@ class GrammarMatcher(ABC):
         words = torch.zeros(self.bitmask_words(), dtype=torch.int32)
         self.fill_bitmask(words, remaining_tokens)
         return single_token(words)
+
+    def native_forced_bytes(self) -> bytes | None:
+        """The bytes the backend itself says are forced from here (None: it has no such call; the engine then walks
+        the masks, grammar.forced_bytes). Must agree with that walk: tests compare the two."""
+        return None
 
     def valid_prefix(self, token_ids: list[int]) -> int:
         """How many leading tokens of `token_ids` the constraint allows in a row from here; state unchanged."""

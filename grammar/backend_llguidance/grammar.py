@@ -155,6 +155,16 @@ class LLGuidanceMatcher(GrammarMatcher):
                 n += 1
         return n
 
+    def native_forced_bytes(self) -> bytes | None:
+        return b"" if self._terminated else bytes(self._m.compute_ff_bytes())
+
+    def fork(self) -> LLGuidanceMatcher:
+        copy = LLGuidanceMatcher(self._g, self._m.deep_copy())
+        copy._pos, copy._terminated, copy._known = self._pos, self._terminated, self._known
+        copy._plan_pos = self._plan_pos
+        copy._plan = None if self._plan is None else list(self._plan)
+        return copy
+
     def bitmask_words(self) -> int:
         return self._g.words
 

@@ -154,6 +154,11 @@ class AutomatonMatcher(GrammarMatcher):
             state, n = nxt, n + 1
         return n
 
+    def fork(self) -> AutomatonMatcher:
+        copy = AutomatonMatcher(self._g)
+        copy.state, copy._terminated = self.state, self._terminated
+        return copy
+
     def bitmask_words(self) -> int:
         return self._g.rows.shape[1]
 
