@@ -42,6 +42,7 @@ from typing import Protocol
 from loraplex.engine.block_manager import BlockManager
 from loraplex.engine.request_queue import RequestQueue, make_queue
 from loraplex.engine.sequence import Sequence, SequenceStatus
+from loraplex.engine.share import DEFAULT_SHARE
 
 # how long a tenant counts for the multi-tenant cut after its last request left the engine: a tenant between
 # two requests is still there, and its next newcomer should not wait for a full-budget step of another's
@@ -147,7 +148,8 @@ class Scheduler:
         now = self.clock()
         seen = self._tenants_seen
         for tenant in self.waiting.live_tenants():
-            seen[tenant] = now
+            if tenant != DEFAULT_SHARE.tenant:  # internal work (start-up warm-up) is no tenant's: it never cuts steps
+                seen[tenant] = now
         if len(seen) > 1:
             for tenant in [t for t, last in seen.items() if now - last > MULTI_TENANT_MEMORY_S]:
                 del seen[tenant]

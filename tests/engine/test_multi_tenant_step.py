@@ -59,3 +59,29 @@ def test_two_live_tenants_get_small_steps_with_unchanged_outputs(tiny_llama_dir)
     for rid, prompt in zip(("a0", "b0", "a1"), prompts):
         assert outputs[rid] == oracle.greedy(prompt, 12), rid
     eng.check_invariants()
+
+
+def test_internal_work_beside_one_tenant_does_not_cut_steps(tiny_llama_dir):
+    """Requests without a tenant (the server's start-up warm-up) are no tenant: one tenant's work right after
+    them keeps the whole budget (a batch job after start-up was admitted one sequence per step before)."""
+    eng = LLMEngine(
+        model=str(tiny_llama_dir),
+        max_num_batched_tokens=256,
+        num_kv_blocks=200,
+        block_size=8,
+        multi_tenant_step_ms=1e-6,
+        scheduling_policy="fair",
+    )
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 40000, (n,), generator=g).tolist() for n in (200, 60, 60, 60)]
+    eng.add_request(prompts[0], SamplingParams(max_tokens=2, **GREEDY), "warm-up")  # the default share
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.scheduler.multi_tenant_token_cap == 1  # the cut would fall to its floor if it applied
+    for i, prompt in enumerate(prompts[1:]):
+        eng.add_request(prompt, SamplingParams(max_tokens=4, **GREEDY), f"t{i}", share=Share("T"))
+    eng.step()
+    assert eng.last_step.num_tokens == 180  # all three prompts in one step, as with no cut
+    while eng.has_unfinished():
+        eng.step()
+    eng.check_invariants()
