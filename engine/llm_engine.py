@@ -469,13 +469,19 @@ class LLMEngine:
             if seq.generator is not None and not p.greedy:
                 row = torch.empty(self.shape.vocab_size, dtype=torch.float32, device=self.runner.device)
                 row.exponential_(generator=seq.generator)
-            seq.output_token_ids.append(token)
-            seq.num_forced_tokens += 1
-            self.spec_stats["num_forced_tokens"] += 1
-            reason = self._check_stop(seq, req, token)
-            if reason:
-                reasons[seq.request_id] = reason
+            if not self._append_forced(seq, req, token, reasons):
                 return
+
+    def _append_forced(self, seq: Sequence, req: _Request, token: int, reasons: dict[str, FinishReason]) -> bool:
+        """Append a token taken without sampling (jump-forward); False once the sequence finishes on it."""
+        seq.output_token_ids.append(token)
+        seq.num_forced_tokens += 1
+        self.spec_stats["num_forced_tokens"] += 1
+        reason = self._check_stop(seq, req, token)
+        if reason:
+            reasons[seq.request_id] = reason
+            return False
+        return True
 
     def _jump_forward_bytes(self, seq: Sequence, reasons: dict[str, FinishReason]) -> None:
         """Opt-in, not lossless (EngineArgs.jump_forward_bytes): append the canonical tokenization of the text the
@@ -506,12 +512,7 @@ class LLMEngine:
                 return
             if row is not None and not self._fits_budget(seq, row, token):
                 return
-            seq.output_token_ids.append(token)
-            seq.num_forced_tokens += 1
-            self.spec_stats["num_forced_tokens"] += 1
-            reason = self._check_stop(seq, req, token)
-            if reason:
-                reasons[seq.request_id] = reason
+            if not self._append_forced(seq, req, token, reasons):
                 return
 
     @staticmethod

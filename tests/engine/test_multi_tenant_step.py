@@ -25,9 +25,10 @@ def test_defaults_cut_on_cpu_only_and_zero_switches_it_off():
     assert EngineArgs(multi_tenant_step_ms=50).resolved_multi_tenant_step_s(torch.device("cuda")) == 0.05
 
 
-def test_two_live_tenants_get_small_steps_with_unchanged_outputs(tiny_llama_dir):
-    # a step target far below any real step: the cut falls to its floor, running sequences + one block
-    eng = LLMEngine(
+def _floor_capped_engine(tiny_llama_dir) -> LLMEngine:
+    """A step target far below any real step: when the cut applies it falls to its floor, running sequences +
+    one block."""
+    return LLMEngine(
         model=str(tiny_llama_dir),
         max_num_batched_tokens=256,
         num_kv_blocks=200,
@@ -35,6 +36,10 @@ def test_two_live_tenants_get_small_steps_with_unchanged_outputs(tiny_llama_dir)
         multi_tenant_step_ms=1e-6,
         scheduling_policy="fair",
     )
+
+
+def test_two_live_tenants_get_small_steps_with_unchanged_outputs(tiny_llama_dir):
+    eng = _floor_capped_engine(tiny_llama_dir)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 40000, (n,), generator=g).tolist() for n in (200, 50, 45)]
     eng.add_request(prompts[0], SamplingParams(max_tokens=12, **GREEDY), "a0", share=Share("A"))
@@ -64,14 +69,7 @@ def test_two_live_tenants_get_small_steps_with_unchanged_outputs(tiny_llama_dir)
 def test_internal_work_beside_one_tenant_does_not_cut_steps(tiny_llama_dir):
     """Requests without a tenant (the server's start-up warm-up) are no tenant: one tenant's work right after
     them keeps the whole budget (a batch job after start-up was admitted one sequence per step before)."""
-    eng = LLMEngine(
-        model=str(tiny_llama_dir),
-        max_num_batched_tokens=256,
-        num_kv_blocks=200,
-        block_size=8,
-        multi_tenant_step_ms=1e-6,
-        scheduling_policy="fair",
-    )
+    eng = _floor_capped_engine(tiny_llama_dir)
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 40000, (n,), generator=g).tolist() for n in (200, 60, 60, 60)]
     eng.add_request(prompts[0], SamplingParams(max_tokens=2, **GREEDY), "warm-up")  # the default share
