@@ -136,6 +136,15 @@ def make_llm(mode: dict, k: int, batch_limit: int | None) -> LLM:
     return LLM(**args)
 
 
+def compile_settled(llm: LLM, params: SamplingParams) -> None:
+    """Compile the schema outside the timings and wait for its background automaton build: every mode is then
+    measured with the same grammar backend, none beside a build competing for the CPU."""
+    compiler = llm.engine.structured.compiler
+    compiler.compile(params.structured)
+    if not compiler.wait_for_upgrades(300):
+        raise SystemExit("the schema's background automaton build did not finish within 300 s")
+
+
 def sweep(sizes: list[int], k: int) -> None:
     """Batch throughput with n-gram drafts at every batch size (no disable_by_batch_size) against plain decoding:
     where drafting stops paying is where disable_by_batch_size belongs."""
@@ -146,7 +155,7 @@ def sweep(sizes: list[int], k: int) -> None:
     print(f"n-gram drafts (k={k}) on at every batch size vs plain; jump-forward off in both; {machine_load()}")
     llms = {"plain": make_llm(MODES["plain"], k, None), "ngram": make_llm(MODES["ngram"], k, 1 << 30)}
     for llm in llms.values():
-        llm.engine.structured.compiler.compile(params.structured)
+        compile_settled(llm, params)
         llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0))
     rows = []
     for n in sizes:
@@ -200,7 +209,7 @@ def main() -> None:
     for name in chosen:
         mode = MODES[name]
         llm = make_llm(mode, args.k, args.disable_by_batch_size)
-        llm.engine.structured.compiler.compile(params.structured)  # compile outside the timings
+        compile_settled(llm, params)
         llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0))  # warm up
         llm.engine.block_manager.reset_prefix_cache()
         single_s, single_out, single_text = [], [], []

@@ -16,6 +16,7 @@ finished when `matcher.is_terminated()` (EOS accepted, or nothing can follow).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import OrderedDict
@@ -29,6 +30,10 @@ from loraplex.grammar.workers.job import CompileOptions
 from loraplex.grammar.workers.pool import JobFailed, WorkerPool
 
 UPGRADE_TIMEOUT_S = 120.0
+# Background automaton builds run at the lowest CPU priority: on a small machine a build at normal priority took
+# one of the engine's two cores for ~20 s and made every decode step of that time 2-5x slower; niced, it runs
+# while the engine waits (and times out, leaving llguidance serving, on a machine that never does).
+UPGRADE_NICE = 19
 DEFAULT_MEMORY_LIMIT = 4 << 30
 
 
@@ -63,6 +68,8 @@ class GrammarCompiler:
         self._upgrade_pool: WorkerPool | None = None
         self._upgrades = upgrade_in_background and backend == "auto"
         self._lock = threading.Lock()
+        self._upgrades_done = threading.Condition(self._lock)
+        self._upgrades_pending = 0
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self._inflight: dict[tuple[str, str], Future] = {}
         self._stats = {
@@ -128,6 +135,12 @@ class GrammarCompiler:
     def compile(self, spec: StructuredSpec) -> CompiledGrammar:
         """Blocking convenience: submit(spec).result()."""
         return self.submit(spec).result()
+
+    def wait_for_upgrades(self, timeout_s: float | None = None) -> bool:
+        """Block until no background automaton build is pending (benchmarks and warm-up measure the steady
+        state, not a build competing for the CPU); False on timeout."""
+        with self._upgrades_done:
+            return self._upgrades_done.wait_for(lambda: self._upgrades_pending == 0, timeout_s)
 
     def stats(self) -> dict[str, float]:
         """Counters for metrics: compiles, cache_hits, compile_seconds, errors, timeouts, per backend."""
@@ -231,21 +244,22 @@ class GrammarCompiler:
             if self._closed:
                 return
             if self._upgrade_pool is None:
-                self._upgrade_pool = WorkerPool(self._init, 1, "grammar-upgrade")
+                self._upgrade_pool = WorkerPool(self._init, 1, "grammar-upgrade", nice=UPGRADE_NICE)
             pool = self._upgrade_pool
+            self._upgrades_pending += 1
 
         def done(artifact: dict | None, failure: JobFailed | None) -> None:
-            if failure is not None or artifact is None:
-                return  # the llguidance grammar keeps serving
-            try:
-                grammar = self._materialize(artifact, close_within_budget, narrowing)
-            except GrammarError:
-                return
-            upgraded: Future = Future()
-            upgraded.set_result(grammar)
+            grammar = None
+            if failure is None and artifact is not None:  # else the llguidance grammar keeps serving
+                with contextlib.suppress(GrammarError):
+                    grammar = self._materialize(artifact, close_within_budget, narrowing)
             with self._lock:
-                if key in self._cache:
+                if grammar is not None and key in self._cache:
+                    upgraded: Future = Future()
+                    upgraded.set_result(grammar)
                     self._cache[key] = upgraded
                     self._stats["upgrades"] += 1
+                self._upgrades_pending -= 1
+                self._upgrades_done.notify_all()
 
         pool.submit("automaton", regex, UPGRADE_TIMEOUT_S, done)

@@ -46,9 +46,9 @@ class _Job:
 
 
 class _Worker:
-    def __init__(self, init: tuple) -> None:
+    def __init__(self, init: tuple, nice: int) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loraplex.grammar.workers.worker"],
+            [sys.executable, "-m", "loraplex.grammar.workers.worker", str(nice)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
@@ -71,8 +71,11 @@ class _Worker:
 
 
 class WorkerPool:
-    def __init__(self, init: tuple, size: int, name: str) -> None:
+    def __init__(self, init: tuple, size: int, name: str, nice: int = 0) -> None:
+        """``nice``: added to the workers' scheduling niceness (background work that must not take CPU from the
+        engine's step threads while they have work)."""
         self._init = init
+        self._nice = nice
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._closed = False
         self._workers: list[_Worker | None] = [None] * size
@@ -122,7 +125,7 @@ class WorkerPool:
                 if worker is not None:
                     worker.kill()
                 started = time.monotonic()
-                worker = self._workers[slot] = _Worker(self._init)
+                worker = self._workers[slot] = _Worker(self._init, self._nice)
                 deadline += time.monotonic() - started  # starting a process is not compile time
             write_frame(worker.fd_in, (job.id, job.kind, job.payload))
             status, job_id, body, recycle = read_frame(worker.fd_out, deadline)

@@ -1,4 +1,4 @@
-"""A compile worker process: `python -m loraplex.grammar.workers.worker`, driven over stdin/stdout.
+"""A compile worker process: `python -m loraplex.grammar.workers.worker [NICE]`, driven over stdin/stdout.
 
 First frame: (VocabInfo, CompileOptions, memory limit in bytes). Then jobs (job_id, kind,
 payload), each answered by ("ok", job_id, artifact, recycle) or ("err", job_id, message, recycle);
@@ -15,6 +15,8 @@ import sys
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and int(sys.argv[1]):
+        os.nice(int(sys.argv[1]))  # background compiles yield the CPU to the engine
     from loraplex.grammar.workers.ipc import PipeClosed, read_frame, write_frame
 
     fd_in, fd_out = sys.stdin.fileno(), os.dup(sys.stdout.fileno())

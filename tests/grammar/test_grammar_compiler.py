@@ -9,7 +9,6 @@ import contextlib
 import os
 import signal
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from loraplex.grammar import GrammarCompiler, GrammarError, StructuredSpec
+from loraplex.grammar.compiler import UPGRADE_NICE
 from tests.grammar.helpers import EOS, VOCAB
 
 # A regex whose automaton has 2^13 states: too large to index inside a request.
@@ -194,9 +194,14 @@ def test_background_upgrade_replaces_llguidance_with_an_automaton(tokenizer):
     spec = StructuredSpec(json={"type": "string", "pattern": "^\\p{Letter}+$"})  # ~300 states
     with GrammarCompiler(tokenizer, eos_token_ids=[EOS], vocab_size=VOCAB) as c:
         assert c.compile(spec).backend == "llguidance"
-        deadline = time.monotonic() + 60
-        while c.stats()["upgrades"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        assert c.wait_for_upgrades(120)
+        assert c.stats()["upgrades"] == 1
+        # the build ran at the lowest CPU priority: it must not take cores from the engine's step threads
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        (worker,) = c._upgrade_pool._workers
+        assert worker is not None and os.getpriority(os.PRIO_PROCESS, worker.proc.pid) == min(19, base + UPGRADE_NICE)
+        assert c._pool._workers[0] is not None  # the request-path compile worker keeps the server's priority
+        assert os.getpriority(os.PRIO_PROCESS, c._pool._workers[0].proc.pid) == base
         upgraded = c.compile(spec)
         assert upgraded.backend == "outlines"
         m = upgraded.new_matcher()
