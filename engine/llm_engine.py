@@ -17,6 +17,7 @@ from loraplex.adapters import BaseModelSpec
 from loraplex.engine.block_manager import BlockManager
 from loraplex.engine.config import EngineArgs, ModelShape
 from loraplex.engine.detokenizer import IncrementalDetokenizer
+from loraplex.engine.drafts import Drafter, utf8_prefix
 from loraplex.engine.errors import ModelLoadError, RequestError
 from loraplex.engine.logits_processing import process_logits
 from loraplex.engine.lora.admission import LoRAAdmission
@@ -31,7 +32,6 @@ from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.scheduler import ScheduledBatch, Scheduler
 from loraplex.engine.sequence import Sequence, SequenceStatus
 from loraplex.engine.share import DEFAULT_SHARE, Share
-from loraplex.engine.speculative import ngram_propose
 from loraplex.engine.structured import StructuredOutputManager
 
 if TYPE_CHECKING:
@@ -137,6 +137,7 @@ class LLMEngine:
         self._probe: EngineProbe | None = None
         self.spec_config = args.resolved_speculative_config()
         self.spec_stats = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_forced_tokens": 0}
+        self.drafter = Drafter(self.spec_config, self.tokenizer, self.structured) if self.spec_config else None
         if self.spec_config is not None:
             self.scheduler.proposer = self._propose
 
@@ -165,8 +166,8 @@ class LLMEngine:
         self.num_preemptions += 1
 
     def _propose(self, seq: Sequence, budget: int) -> list[int]:
-        """N-gram drafts for a running sequence (engine.speculative), within the step's remaining token budget,
-        max_tokens and max_model_len; none while the batch is large enough to be compute-bound."""
+        """Drafts for a running sequence (engine.drafts), within the step's remaining token budget, max_tokens and
+        max_model_len; none while the batch is large enough to be compute-bound."""
         cfg = self.spec_config
         if cfg is None or len(self.scheduler.running) > cfg.disable_by_batch_size:
             return []
@@ -175,12 +176,7 @@ class LLMEngine:
             k = min(k, seq.remaining_tokens - 1)  # the drafts and the token after them fit max_tokens
         if k <= 0:
             return []
-        drafts = ngram_propose(
-            seq.prompt_token_ids + seq.output_token_ids, cfg.prompt_lookup_min, cfg.prompt_lookup_max, k
-        )
-        if drafts and seq.grammar is not None:
-            drafts = drafts[: seq.grammar.valid_prefix(drafts)]  # cut at the first token the grammar refuses
-        return drafts
+        return self.drafter.propose(seq, self.requests[seq.request_id].detok.text, k)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError for a request that cannot be served; nothing is allocated."""
@@ -390,6 +386,8 @@ class LLMEngine:
             failed = seq.request_id not in self.requests  # non-finite logits: finished, blocks freed
             if seq.spec_token_ids:
                 self._settle_drafts(seq, max(0, taken[j] - 1), failed)
+            if seq.draft_state is not None and not failed:
+                self.drafter.observe(seq)  # type: ignore[union-attr]
             if not failed and seq.request_id not in reasons and self.args.enable_jump_forward:
                 self._jump_forward(seq, reasons)
             if not failed and seq.request_id not in reasons and self.args.jump_forward_bytes:
@@ -495,7 +493,7 @@ class LLMEngine:
         if m is None or p.logprobs is not None:
             return  # as _jump_forward: requests asking for logprobs sample every token
         data, complete = self.structured.forced_bytes(seq, FORCED_BYTES_LIMIT)
-        text = _utf8_prefix(data)
+        text = utf8_prefix(data)
         if not text:
             return
         tokens = self.tokenizer.encode(text, add_special_tokens=False)
@@ -659,13 +657,3 @@ class LLMEngine:
         live = [r.seq for r in self.requests.values()]
         self.block_manager.check_invariants(live)
         self.lora_manager.check_invariants(self.scheduler.running)
-
-
-def _utf8_prefix(data: bytes) -> str:
-    """The longest prefix of ``data`` that is whole UTF-8 characters (a forced run may end inside one)."""
-    for cut in range(len(data), max(-1, len(data) - 4), -1):
-        try:
-            return data[:cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return ""

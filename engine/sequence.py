@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loraplex.engine.outputs import FinishReason
 from loraplex.engine.sampling_params import SamplingParams
@@ -58,6 +58,7 @@ class Sequence:
     num_draft_tokens: int = 0  # proposed and verified
     num_accepted_tokens: int = 0  # drafts verification kept
     num_forced_tokens: int = 0  # appended by jump-forward without sampling
+    draft_state: Any = None  # engine.drafts.DraftState, while drafts are proposed for it
 
     @property
     def block_table(self) -> list[int]:

@@ -22,6 +22,13 @@ with probability p(d), and given that the winner is not d it is distributed as p
 t != d. So every position's token has law p whatever the draft, and the draft only decides how many
 positions one forward pass covers.
 
+**Draft sources** (``engine.drafts``). Besides vLLM's token n-gram, two of our own, both on by default:
+``grammar_drafts`` (a constrained request's draft starts with the text its grammar forces next: token-level
+jump-forward cannot take such text when the grammar allows several tokenizations of it; as a draft it is
+verified like any other, and the model keeps its own tokenization where it differs) and ``text_lookup``
+(prompt lookup over text, not tokens: a value copied from the document is tokenized differently inside a
+JSON string). Drafts never change what is sampled, only how many positions one pass covers.
+
 **Policy.** Drafts cost compute in the verification pass. When more than ``disable_by_batch_size``
 sequences run (vLLM's key), the batch is compute-bound and drafts would slow it: no drafts are proposed.
 """
@@ -37,7 +44,15 @@ import numpy as np
 # Above this many running sequences no drafts are proposed: on CPU a decode step's cost grows with its
 # token count once the batch is this large (bench/speculative.py measures it), so drafts no longer come free.
 DEFAULT_DISABLE_BY_BATCH_SIZE = 4
-_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size")
+_KEYS = (
+    "method",
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "disable_by_batch_size",
+    "grammar_drafts",
+    "text_lookup",
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +62,10 @@ class SpeculativeConfig:
     prompt_lookup_max: int
     disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
     method: str = "ngram"
+    # ours, not vLLM's (engine.drafts): a constrained request's draft starts with the text its grammar forces, and
+    # prompt lookup matches text before tokens
+    grammar_drafts: bool = True
+    text_lookup: bool = True
 
     @classmethod
     def parse(cls, raw: dict[str, Any] | str | None) -> SpeculativeConfig | None:
@@ -83,7 +102,11 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config: {name} must be a positive integer, got {value!r}")
         if lo > hi:
             raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) exceeds prompt_lookup_max ({hi})")
-        return cls(k, lo, hi, batch)
+        flags = {name: raw.get(name, True) for name in ("grammar_drafts", "text_lookup")}
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise ValueError(f"speculative_config: {name} must be true or false, got {value!r}")
+        return cls(k, lo, hi, batch, **flags)
 
 
 def ngram_propose(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:

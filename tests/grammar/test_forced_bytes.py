@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from loraplex.engine.llm_engine import _utf8_prefix
+from loraplex.engine.drafts import utf8_prefix
 from loraplex.grammar import StructuredSpec
 from loraplex.grammar.forced_bytes import ByteTable
 
@@ -88,8 +88,8 @@ def test_multibyte_characters(backend, table, dfa_compiler, llg_compiler, tokeni
     assert table.forced(matcher, limit=2) == (b"Z\xc3", False)  # the limit may cut a character in two
 
 
-def test_utf8_prefix_keeps_whole_characters():
-    assert _utf8_prefix(b"Z\xc3") == "Z"
-    assert _utf8_prefix("Zü".encode()) == "Zü"
-    assert _utf8_prefix("€".encode()[:2]) == ""
-    assert _utf8_prefix(b"") == ""
+def testutf8_prefix_keeps_whole_characters():
+    assert utf8_prefix(b"Z\xc3") == "Z"
+    assert utf8_prefix("Zü".encode()) == "Zü"
+    assert utf8_prefix("€".encode()[:2]) == ""
+    assert utf8_prefix(b"") == ""
