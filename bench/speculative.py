@@ -10,7 +10,10 @@ prose), and a JSON schema of 10 fields whose values all appear in the document; 
 per document. Two measurements per mode:
 
 * single: the first N requests one at a time, mean end-to-end latency (what one user waits);
-* batch: all requests submitted at once, output tokens per second.
+* batch: all requests submitted at once, output tokens per second (median of ``--rounds`` runs).
+
+The modes take turns over ``--rounds`` rounds (singles and a batch each), so a shared host's drift in speed
+reaches them alike; single latencies are averaged over the rounds.
 
 The lossless modes must give the same tokens as plain decoding; the table says so per mode, with the
 share of output tokens jump-forward took without sampling and the share of draft tokens accepted. The byte-level
@@ -21,8 +24,10 @@ output, the column that counts is the share of documents whose parsed JSON value
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
+import statistics
 import time
 
 from bench.common import machine_load, print_table
@@ -177,6 +182,7 @@ def main() -> None:
     ap.add_argument("--single", type=int, default=16, help="requests run one at a time")
     ap.add_argument("--batch", type=int, default=64, help="requests in the batch run")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds in which the modes take turns")
     ap.add_argument("--disable-by-batch-size", type=int, default=None, help="default: the engine's")
     ap.add_argument("--vllm-python", default=None, help="a Python with vLLM installed, for the side-by-side")
     ap.add_argument(
@@ -205,48 +211,58 @@ def main() -> None:
     lens = [len(p) for p in prompts]
     print(f"extraction workload: {len(prompts)} invoices, prompt tokens {min(lens)}-{max(lens)}; {machine_load()}")
     params = SamplingParams(max_tokens=160, temperature=0.0, structured=StructuredSpec(json=SCHEMA))
+    # The modes take turns, round after round (one engine at a time: each holds ~4 GB): drift in a shared host's
+    # speed then reaches every mode alike instead of whichever ran during it.
+    single_s: dict[str, list[float]] = {name: [] for name in chosen}
+    single_out: dict[str, list] = {}
+    batch_s: dict[str, list[float]] = {name: [] for name in chosen}
+    batch_out: dict[str, list] = {}
+    counts: dict[str, dict[str, int]] = {}
+    for _ in range(args.rounds):
+        for name in chosen:
+            llm = make_llm(MODES[name], args.k, args.disable_by_batch_size)
+            compile_settled(llm, params)
+            llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0))  # warm up
+            single_out[name] = []
+            for p in prompts[: args.single]:
+                llm.engine.block_manager.reset_prefix_cache()  # every request computes its prompt
+                t = time.perf_counter()
+                (out,) = llm.generate([p], params)
+                single_s[name].append(time.perf_counter() - t)
+                single_out[name].append(out)
+            llm.engine.block_manager.reset_prefix_cache()
+            before = dict(llm.engine.stats())
+            t = time.perf_counter()
+            outs = llm.generate(prompts[: args.batch], params)
+            batch_s[name].append(time.perf_counter() - t)
+            after = llm.engine.stats()
+            batch_out[name] = outs
+            counts[name] = {
+                k: after[k] - before[k] for k in after if k.startswith("spec_decode_num_") or k == "num_preemptions"
+            }
+            llm.engine.close()
+            del llm
+            gc.collect()
+            print(
+                f"  {name}: single {statistics.mean(single_s[name][-args.single :]):.2f} s/req, "
+                f"batch {batch_s[name][-1]:.1f} s ({counts[name]['num_preemptions']} preemptions)",
+                flush=True,
+            )
     results: dict[str, dict] = {}
     for name in chosen:
-        mode = MODES[name]
-        llm = make_llm(mode, args.k, args.disable_by_batch_size)
-        compile_settled(llm, params)
-        llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0))  # warm up
-        llm.engine.block_manager.reset_prefix_cache()
-        single_s, single_out, single_text = [], [], []
-        for p in prompts[: args.single]:
-            t = time.perf_counter()
-            (out,) = llm.generate([p], params)
-            single_s.append(time.perf_counter() - t)
-            single_out.append(out.token_ids)
-            single_text.append(out.text)
-            llm.engine.block_manager.reset_prefix_cache()  # every request computes its prompt
-        before = dict(llm.engine.stats())
-        t = time.perf_counter()
-        outs = llm.generate(prompts[: args.batch], params)
-        batch_s = time.perf_counter() - t
-        after = llm.engine.stats()
+        outs, c = batch_out[name], counts[name]
         n_out = sum(len(o.token_ids) for o in outs)
-        drafts = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
-        accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
-        forced = after["spec_decode_num_forced_tokens"] - before["spec_decode_num_forced_tokens"]
-        valid = sum(o.finish_reason == "stop" for o in outs)
+        drafts = c["spec_decode_num_draft_tokens"]
         results[name] = dict(
-            single=sum(single_s) / len(single_s),
-            single_tokens=single_out,
-            single_texts=single_text,
-            batch_tps=n_out / batch_s,
+            single=sum(single_s[name]) / len(single_s[name]),
+            single_tokens=[o.token_ids for o in single_out[name]],
+            single_texts=[o.text for o in single_out[name]],
+            batch_tps=n_out / statistics.median(batch_s[name]),
             batch_tokens=[o.token_ids for o in outs],
             batch_texts=[o.text for o in outs],
-            forced=forced / max(1, n_out),
-            accept=accepted / drafts if drafts else float("nan"),
-            valid=valid,
-        )
-        llm.engine.close()
-        r = results[name]
-        print(
-            f"  {name}: single {r['single']:.2f} s/req, batch {r['batch_tps']:.1f} tok/s, "
-            f"forced {100 * r['forced']:.0f}%, accepted {100 * r['accept']:.0f}% of drafts",
-            flush=True,
+            forced=c["spec_decode_num_forced_tokens"] / max(1, n_out),
+            accept=c["spec_decode_num_accepted_tokens"] / drafts if drafts else float("nan"),
+            valid=sum(o.finish_reason == "stop" for o in outs),
         )
     base = results["plain"]
     rows = []
