@@ -290,5 +290,7 @@ class AsyncEngine:
             except Exception as exc:  # one bad step must not take the server down
                 log.exception("engine step failed; failing the requests it held")
                 outputs = self.engine.fail_running(f"internal engine error: {exc}")
-            self._deliver_all([(out.request_id, out) for out in outputs])
+            # the snapshot first: whoever reacts to an output sees counters that include the step that made it
+            # (a request finished in its first step was delivered before the snapshot saw its grammar compile)
             self._stats = self.engine.stats()
+            self._deliver_all([(out.request_id, out) for out in outputs])

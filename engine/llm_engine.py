@@ -32,6 +32,7 @@ from loraplex.engine.sampling_params import SamplingParams
 from loraplex.engine.scheduler import ScheduledBatch, Scheduler
 from loraplex.engine.sequence import Sequence, SequenceStatus
 from loraplex.engine.share import DEFAULT_SHARE, Share
+from loraplex.engine.speculative import DEFAULT_DISABLE_BY_BATCH_SIZE
 from loraplex.engine.structured import StructuredOutputManager
 
 if TYPE_CHECKING:
@@ -138,6 +139,9 @@ class LLMEngine:
         self.spec_config = args.resolved_speculative_config()
         self.spec_stats = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_forced_tokens": 0}
         self.drafter = Drafter(self.spec_config, self.tokenizer, self.structured) if self.spec_config else None
+        self.jump_forward_max_running = args.jump_forward_max_running or (
+            self.spec_config.disable_by_batch_size if self.spec_config else DEFAULT_DISABLE_BY_BATCH_SIZE
+        )
         if self.spec_config is not None:
             self.scheduler.proposer = self._propose
 
@@ -382,15 +386,17 @@ class LLMEngine:
                 if depth < len(drafts) and seq.output_token_ids[-1] == drafts[depth]:
                     nxt.append(j)
             alive, depth = nxt, depth + 1
+        # jump-forward only while the batch is small enough for fewer steps to pay (EngineArgs.jump_forward_max_running)
+        jump = len(self.scheduler.running) <= self.jump_forward_max_running
         for j, seq in enumerate(seqs):
             failed = seq.request_id not in self.requests  # non-finite logits: finished, blocks freed
             if seq.spec_token_ids:
                 self._settle_drafts(seq, max(0, taken[j] - 1), failed)
             if seq.draft_state is not None and not failed:
                 self.drafter.observe(seq)  # type: ignore[union-attr]
-            if not failed and seq.request_id not in reasons and self.args.enable_jump_forward:
+            if not failed and seq.request_id not in reasons and jump and self.args.enable_jump_forward:
                 self._jump_forward(seq, reasons)
-            if not failed and seq.request_id not in reasons and self.args.jump_forward_bytes:
+            if not failed and seq.request_id not in reasons and jump and self.args.jump_forward_bytes:
                 self._jump_forward_bytes(seq, reasons)
         for seq in seqs:
             req = self.requests.get(seq.request_id)

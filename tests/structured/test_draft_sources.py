@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from loraplex.engine import LLM, SamplingParams
+from loraplex.engine.config import EngineArgs
 from loraplex.engine.share import Share
 from loraplex.engine.speculative import SpeculativeConfig
 from loraplex.grammar.spec import StructuredSpec
@@ -135,3 +136,28 @@ def test_config_switches_are_ours_and_checked():
     assert cfg.grammar_drafts and not cfg.text_lookup
     with pytest.raises(ValueError, match="grammar_drafts must be true or false"):
         SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4, "grammar_drafts": "yes"})
+    with pytest.raises(ValueError, match="jump_forward_max_running must be >= 1"):
+        EngineArgs(jump_forward_max_running=0)
+
+
+def test_jump_forward_waits_until_few_requests_run(plain_and_prompts):
+    """A compute-bound batch saves nothing by jumping forward: forced tokens are taken only while at most
+    jump_forward_max_running requests run, and outputs stay plain decoding's either way."""
+    plain, _, prompts = plain_and_prompts
+    llm = _llm(jump_forward_max_running=2)
+    third = llm.chat_prompt(
+        messages("Invoice Number: INV-7\nVendor: Contoso\nCurrency: USD\nPo Number: PO-1\n", SCHEMA)
+    )
+    running_at_jump: list[int] = []
+    jump = llm.engine._jump_forward
+
+    def recording(seq, reasons):
+        running_at_jump.append(len(llm.engine.scheduler.running))
+        jump(seq, reasons)
+
+    llm.engine._jump_forward = recording
+    outs = llm.generate([*prompts, third], PARAMS)
+    llm.engine.close()
+    assert [o.token_ids for o in outs[:2]] == plain
+    assert running_at_jump and max(running_at_jump) <= 2 < 3
+    assert sum(o.num_forced_tokens for o in outs) > 0

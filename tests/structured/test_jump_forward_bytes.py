@@ -90,7 +90,8 @@ def test_byte_mode_is_opt_in():
 
 def test_valid_outputs_in_fewer_steps_in_a_mixed_batch(adapter_dirs):
     _, plain, plain_sampled, _ = _generate(adapter_dirs, enable_jump_forward=False)
-    jobs, fast, fast_sampled, stats = _generate(adapter_dirs, jump_forward_bytes=True)
+    # the whole batch jumps forward (by default only batches of at most 4 running requests do)
+    jobs, fast, fast_sampled, stats = _generate(adapter_dirs, jump_forward_bytes=True, jump_forward_max_running=16)
     for (_, params, adapter, check), p, f, p_steps, f_steps in zip(jobs, plain, fast, plain_sampled, fast_sampled):
         assert p.error is None and f.error is None, (p.error, f.error)
         assert p_steps == len(p.token_ids)  # plain decoding samples every token
