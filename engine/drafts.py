@@ -8,7 +8,7 @@ In order, up to ``num_speculative_tokens``:
    a request wrote for a forced text is kept per tenant and adapter: the whole text's tokens (drafted when the
    same text is forced again, e.g. the same schema's next request), and each tokenizer token the model wrote
    as other tokens (``":"`` -> ``":``, ``"``: applied to every forced text from then on).
-2. **Text lookup** (``text_lookup``): the longest suffix (3-32 characters) of the output text, the grammar draft
+2. **Text lookup** (``text_lookup``): the longest suffix (2-32 characters) of the output text, the grammar draft
    included, that occurs in the prompt, and the text that followed it there, tokenized. Extraction copies
    values from the document, but not its tokens: ``"Litware`` in JSON is ``"``, ``Lit``, ``ware`` where the
    document had `` Lit``, ``ware``, so a token n-gram finds nothing until two tokens of the value are out.
@@ -43,7 +43,8 @@ class DraftState:
     """Per request: its prompt as text (decoded once) and the forced text it is writing, to learn from."""
 
     prompt_text: str
-    forced: tuple[int, bytes, tuple] | None = None  # (output position, forced bytes, learned-table key)
+    # (output position, forced bytes, (tenant, adapter hash), the tokenizer's tokens of the forced text)
+    forced: tuple[int, bytes, tuple, list[int]] | None = None
 
 
 class Drafter:
