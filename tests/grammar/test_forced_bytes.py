@@ -88,7 +88,7 @@ def test_multibyte_characters(backend, table, dfa_compiler, llg_compiler, tokeni
     assert table.forced(matcher, limit=2) == (b"Z\xc3", False)  # the limit may cut a character in two
 
 
-def testutf8_prefix_keeps_whole_characters():
+def test_utf8_prefix_keeps_whole_characters():
     assert utf8_prefix(b"Z\xc3") == "Z"
     assert utf8_prefix("Zü".encode()) == "Zü"
     assert utf8_prefix("€".encode()[:2]) == ""
