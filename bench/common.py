@@ -7,10 +7,15 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from loraplex import env
+
+if TYPE_CHECKING:
+    from loraplex.engine import LLM
+    from loraplex.grammar.spec import StructuredSpec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -165,3 +170,12 @@ def run_vllm_peer(
             err.seek(0)
             print(f"vLLM peer failed (exit {proc.returncode}): {err.read().strip().splitlines()[-3:]}")
         return result
+
+
+def compile_settled(llm: LLM, spec: StructuredSpec) -> None:
+    """Compile ``spec`` outside the timings and wait for its background automaton build: every
+    run is then measured with the same grammar backend, none beside a build competing for the CPU."""
+    compiler = llm.engine.structured.compiler
+    compiler.compile(spec)
+    if not compiler.wait_for_upgrades(300):
+        raise SystemExit("the schema's background automaton build did not finish within 300 s")

@@ -30,7 +30,7 @@ import random
 import statistics
 import time
 
-from bench.common import machine_load, print_table
+from bench.common import compile_settled, machine_load, print_table
 from loraplex.engine import LLM, SamplingParams
 from loraplex.grammar.spec import StructuredSpec
 
@@ -145,15 +145,6 @@ def make_llm(mode: dict, k: int, batch_limit: int | None) -> LLM:
     return LLM(**args)
 
 
-def compile_settled(llm: LLM, params: SamplingParams) -> None:
-    """Compile the schema outside the timings and wait for its background automaton build: every mode is then
-    measured with the same grammar backend, none beside a build competing for the CPU."""
-    compiler = llm.engine.structured.compiler
-    compiler.compile(params.structured)
-    if not compiler.wait_for_upgrades(300):
-        raise SystemExit("the schema's background automaton build did not finish within 300 s")
-
-
 def sweep(sizes: list[int], k: int) -> None:
     """Batch throughput with n-gram drafts at every batch size (no disable_by_batch_size) against plain decoding:
     where drafting stops paying is where disable_by_batch_size belongs."""
@@ -164,7 +155,7 @@ def sweep(sizes: list[int], k: int) -> None:
     print(f"n-gram drafts (k={k}) on at every batch size vs plain; jump-forward off in both; {machine_load()}")
     llms = {"plain": make_llm(MODES["plain"], k, None), "ngram": make_llm(MODES["ngram"], k, 1 << 30)}
     for llm in llms.values():
-        compile_settled(llm, params)
+        compile_settled(llm, params.structured)
         llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0))
     rows = []
     for n in sizes:
@@ -225,7 +216,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name in chosen:
             llm = make_llm(MODES[name], args.k, args.disable_by_batch_size)
-            compile_settled(llm, params)
+            compile_settled(llm, params.structured)
             llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0))  # warm up
             single_out[name] = []
             for p in prompts[: args.single]:

@@ -18,7 +18,7 @@ import argparse
 import json
 import time
 
-from bench.common import load_workload, machine_load, print_table, workload_dir
+from bench.common import compile_settled, load_workload, machine_load, print_table, workload_dir
 from loraplex.engine import LLM, EngineProbe, SamplingParams
 from loraplex.grammar.spec import StructuredSpec
 
@@ -37,8 +37,7 @@ def main() -> None:
     reqs = wl.build_requests(llm.tokenizer)
     prompts = [r["prompt_token_ids"] for r in reqs]
     spec = StructuredSpec(json=wl.SCHEMA)
-    llm.engine.structured.compiler.compile(spec)  # compile once outside the timings (a cache hit afterwards)
-    llm.engine.structured.compiler.wait_for_upgrades(300)  # and its background automaton build, if any
+    compile_settled(llm, spec)  # outside the timings (a cache hit afterwards)
     llm.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0.0))
     print(f"Workload A, {len(prompts)} requests; {machine_load()}")
     rows = []

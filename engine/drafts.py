@@ -31,7 +31,6 @@ from loraplex.engine.speculative import SpeculativeConfig, ngram_propose
 if TYPE_CHECKING:
     from loraplex.engine.structured import StructuredOutputManager
 
-FORCED_TEXT_LIMIT = 64  # bytes of forced text one draft covers at most
 TEXT_LOOKUP_MIN_CHARS = 2
 TEXT_LOOKUP_MAX_CHARS = 32
 TEXT_LOOKUP_CONTINUATION = 96  # characters of the matched continuation tokenized for the draft
@@ -76,8 +75,7 @@ class Drafter:
         return drafts
 
     def _grammar_drafts(self, seq: Sequence, state: DraftState, k: int) -> list[int]:
-        data, _ = self.structured.forced_bytes(seq, FORCED_TEXT_LIMIT)
-        text = utf8_prefix(data)
+        text, _ = self.structured.forced_text(seq)
         if not text:
             return []
         data = text.encode("utf-8")
@@ -145,13 +143,3 @@ class Drafter:
         self._learned.move_to_end(key)
         while len(self._learned) > LEARNED_TOKENIZATIONS:
             self._learned.popitem(last=False)
-
-
-def utf8_prefix(data: bytes) -> str:
-    """The longest prefix of ``data`` that is whole UTF-8 characters (a forced run may end inside one)."""
-    for cut in range(len(data), max(-1, len(data) - 4), -1):
-        try:
-            return data[:cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return ""

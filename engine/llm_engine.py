@@ -17,7 +17,7 @@ from loraplex.adapters import BaseModelSpec
 from loraplex.engine.block_manager import BlockManager
 from loraplex.engine.config import EngineArgs, ModelShape
 from loraplex.engine.detokenizer import IncrementalDetokenizer
-from loraplex.engine.drafts import Drafter, utf8_prefix
+from loraplex.engine.drafts import Drafter
 from loraplex.engine.errors import ModelLoadError, RequestError
 from loraplex.engine.logits_processing import process_logits
 from loraplex.engine.lora.admission import LoRAAdmission
@@ -52,7 +52,6 @@ class _Request:
     error: str | None = None
 
 
-FORCED_BYTES_LIMIT = 64  # bytes of forced text one byte-level jump-forward takes at most
 TOKEN_CAP_MIN_STEP_TOKENS = 128  # steps that inform the multi-tenant token cap's seconds per token
 
 
@@ -498,12 +497,11 @@ class LLMEngine:
         p = seq.params
         if m is None or p.logprobs is not None:
             return  # as _jump_forward: requests asking for logprobs sample every token
-        data, complete = self.structured.forced_bytes(seq, FORCED_BYTES_LIMIT)
-        text = utf8_prefix(data)
+        text, complete = self.structured.forced_text(seq)
         if not text:
             return
         tokens = self.tokenizer.encode(text, add_special_tokens=False)
-        if not (complete and text.encode("utf-8") == data):
+        if not complete:
             tokens = tokens[:-1]
         tokens = tokens[: m.valid_prefix(tokens)]
         if not tokens:

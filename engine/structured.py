@@ -30,6 +30,19 @@ if TYPE_CHECKING:
     from loraplex.grammar.forced_bytes import ByteTable
 
 
+FORCED_TEXT_LIMIT = 64  # bytes of forced text one jump-forward or grammar draft covers at most
+
+
+def utf8_prefix(data: bytes) -> str:
+    """The longest prefix of ``data`` that is whole UTF-8 characters (a forced run may end inside one)."""
+    for cut in range(len(data), max(-1, len(data) - 4), -1):
+        try:
+            return data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""
+
+
 class StructuredOutputManager:
     """Owns the grammar compiler, gates admission on compiled grammars, fills and applies bitmasks."""
 
@@ -63,6 +76,13 @@ class StructuredOutputManager:
                     max_workers=self._workers,
                 )
             return self._compiler
+
+    def forced_text(self, seq: Sequence, limit: int = FORCED_TEXT_LIMIT) -> tuple[str, bool]:
+        """The text the sequence's grammar forces next, cut to whole UTF-8 characters (at most ``limit`` bytes), and
+        whether it completes the output (only when nothing was cut); the matcher is not changed."""
+        data, complete = self.forced_bytes(seq, limit)
+        text = utf8_prefix(data)
+        return text, complete and len(text.encode("utf-8")) == len(data)
 
     def forced_bytes(self, seq: Sequence, limit: int) -> tuple[bytes, bool]:
         """The bytes the sequence's grammar forces next (at most ``limit``), and whether they complete the output

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from loraplex.engine.drafts import utf8_prefix
+from loraplex.engine.structured import utf8_prefix
 from loraplex.grammar import StructuredSpec
 from loraplex.grammar.forced_bytes import ByteTable
 
