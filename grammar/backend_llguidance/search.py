@@ -90,12 +90,17 @@ class CompletionSearch:
     def _greedy(self, matcher: Any, loop_exits: int | None) -> bytes | None:
         """Close as soon as possible: forced bytes, else the first allowed byte in CLOSING_ORDER.
 
-        Back in a state whose mask was seen before means the walk is looping (digits of a number,
-        the local part of an email): then the first byte whose successor accepts or has an unseen mask
+        Back in a state whose mask was seen since the last forced bytes means the walk is looping (digits of
+        a number, the local part of an email): then the first byte whose successor accepts or has an unseen mask
         wins, else the first that changes the mask, so loops are left after one turn instead of spelling
         out CLOSING_ORDER. A byte
         chosen REPEAT times in a run of states with the same mask is passed over as a last resort.
         Past `loop_exits` such searches for a way out (None: no bound), the walk gives up.
+
+        Forced bytes (a key, a separator) are progress, so they start a new record of masks: the second
+        string value of an object has the first one's masks without being a loop, and treating it as one
+        sent the walk through every escape and UTF-8 lead byte of that string (each a new mask) before
+        closing it: elm's plan took 250 ms (210 bytes), now ~20 ms (222).
         """
         node = matcher.deep_copy()
         path = b""
@@ -110,6 +115,7 @@ class CompletionSearch:
                 if not self._consume_bytes(node, forced):
                     return None
                 path += forced
+                seen.clear()
                 continue
             allowed = set(self._next_bytes(node).tolist())
             sig = hash(self._buf.tobytes())  # the mask _next_bytes just computed

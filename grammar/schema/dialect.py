@@ -32,7 +32,7 @@ import jsonschema
 from jsonschema.validators import validator_for
 
 from loraplex.grammar.schema.check import pointer
-from loraplex.grammar.schema.metaschema import metaschema_validator
+from loraplex.grammar.schema.metaschema import fast_metaschema_validator, metaschema_validator
 from loraplex.grammar.schema.subschemas import SUB_LISTS, SUB_MAPS, SUB_ONE
 from loraplex.grammar.spec import GrammarError
 
@@ -162,6 +162,8 @@ def draft_of(schema: Any) -> tuple[str, type]:
 
 
 def check_against_metaschema(schema: Any, cls: type) -> None:
+    if fast_metaschema_validator(cls).is_valid(schema):
+        return
     errors = list(metaschema_validator(cls).iter_errors(schema))
     if errors:
         err = jsonschema.exceptions.best_match(errors)

@@ -37,6 +37,16 @@ _SCHEMA_ONE = (*SUB_ONE, "additionalItems")
 
 
 @functools.cache
+def fast_metaschema_validator(cls: type) -> Any:
+    """jsonschema-rs's validator of the same metaschema, no format assertion: a verdict in ~1/100 of the time
+    (~1 ms for an enonic-xp schema). Only its "valid" is used; an invalid schema is checked again by
+    `metaschema_validator` for jsonschema's error message (best_match), so messages do not change."""
+    import jsonschema_rs
+
+    return jsonschema_rs.validator_for(cls.META_SCHEMA, validate_formats=False)
+
+
+@functools.cache
 def metaschema_validator(cls: type) -> Any:
     """A validator of schemas under `cls`'s draft (no format assertion, like ``cls.check_schema``)."""
     if cls not in _DYNAMIC:  # draft-04/06/07: one document, recursive only through "#"
