@@ -20,7 +20,7 @@ import contextlib
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from loraplex.grammar.backend_types import CompiledGrammar
@@ -87,6 +87,10 @@ class GrammarCompiler:
         self._search: Any = None
         self._rows: Any = None
         self._ll_lock = threading.Lock()  # building the llguidance tokenizer is slow: not under _lock
+        # llguidance matchers built here from the grammar text a worker sent ahead (llguidance releases the GIL
+        # while it builds), while the worker builds its own and plans: per cache key, (text, template future)
+        self._prebuilder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-llg-build")
+        self._prebuilt: dict[tuple[str, str], tuple[str, Future]] = {}
         self._closed = False
         threading.Thread(target=self._llguidance_parts, name="grammar-llg-init", daemon=True).start()
 
@@ -128,7 +132,11 @@ class GrammarCompiler:
             "allow_narrowing": spec.allow_narrowing,
         }
         self._pool.submit(
-            "compile", payload, self.timeout_s, lambda art, err: self._finish(key, spec, fut, started, art, err)
+            "compile",
+            payload,
+            self.timeout_s,
+            lambda art, err: self._finish(key, spec, fut, started, art, err),
+            partial=lambda body: self._prebuild(key, body),
         )
         return fut
 
@@ -153,6 +161,7 @@ class GrammarCompiler:
         self._pool.close()
         if self._upgrade_pool is not None:
             self._upgrade_pool.close()
+        self._prebuilder.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> GrammarCompiler:
         return self
@@ -173,12 +182,14 @@ class GrammarCompiler:
         grammar: CompiledGrammar | None = None
         error: GrammarError | None = None
         cacheable = True
+        with self._lock:
+            prebuilt = self._prebuilt.pop(key, None)
         if failure is not None:
             error, cacheable = GrammarError(str(failure), code=failure.code), not failure.transient
         else:
             try:
                 narrowing = tuple(artifact.get("narrowing", ()))  # type: ignore[union-attr]
-                grammar = self._materialize(artifact, spec.close_within_budget, narrowing)  # type: ignore[arg-type]
+                grammar = self._materialize(artifact, spec.close_within_budget, narrowing, prebuilt)  # type: ignore[arg-type]
             except GrammarError as e:
                 error = e
         with self._lock:
@@ -205,7 +216,31 @@ class GrammarCompiler:
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def _materialize(self, artifact: dict, close_within_budget: bool, narrowing: tuple[str, ...]) -> CompiledGrammar:
+    def _prebuild(self, key: tuple[str, str], body: dict) -> None:
+        """A worker is about to build an llguidance matcher from this text: build the parent's template now."""
+        text = body.get("llguidance")
+        if not isinstance(text, str) or self._closed:
+            return
+
+        def build() -> Any:
+            from llguidance import LLMatcher
+
+            return LLMatcher(self._llguidance_parts()[0], text, log_level=0)
+
+        try:
+            fut = self._prebuilder.submit(build)
+        except RuntimeError:  # shut down meanwhile
+            return
+        with self._lock:
+            self._prebuilt[key] = (text, fut)  # a retried translation replaces the text
+
+    def _materialize(
+        self,
+        artifact: dict,
+        close_within_budget: bool,
+        narrowing: tuple[str, ...],
+        prebuilt: tuple[str, Future] | None = None,
+    ) -> CompiledGrammar:
         grammar: CompiledGrammar
         if artifact["kind"] == "dfa":
             from loraplex.grammar.backend_outlines.grammar import AutomatonGrammar
@@ -216,8 +251,12 @@ class GrammarCompiler:
 
             ll_tokenizer, search, rows = self._llguidance_parts()
             plan = artifact["plan"]
+            template = None
+            if prebuilt is not None and prebuilt[0] == artifact["grammar"]:
+                with contextlib.suppress(Exception):  # else built below, with its own error
+                    template = prebuilt[1].result()
             grammar = LLGuidanceGrammar(
-                artifact["grammar"], ll_tokenizer, rows, search, len(plan), plan, close_within_budget
+                artifact["grammar"], ll_tokenizer, rows, search, len(plan), plan, close_within_budget, template
             )
         grammar.narrowing = narrowing
         return grammar

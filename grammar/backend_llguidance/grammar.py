@@ -70,10 +70,14 @@ class LLGuidanceGrammar(CompiledGrammar):
         min_tokens: int,
         plan: list[int],
         close_within_budget: bool,
+        template: Any = None,
     ) -> None:
+        """``template``: a fresh LLMatcher of ``grammar`` already built (the compiler builds it while the
+        worker plans), else it is built here."""
         from llguidance import LLMatcher
 
-        template = LLMatcher(ll_tokenizer, grammar, log_level=0)
+        if template is None:
+            template = LLMatcher(ll_tokenizer, grammar, log_level=0)
         if template.is_error():
             raise GrammarError(f"llguidance rejected the grammar: {template.get_error()}")
         self._template = template

@@ -89,6 +89,7 @@ class Exclusivity:
         self._targets: dict[int, Any] = {}
         self._conjunct_lists: dict[tuple[int, int], list[dict]] = {}
         self._ranges: dict[tuple[int, int, str], tuple[Bound, Bound]] = {}
+        self._tag_maps: dict[tuple[int, int], dict[str, set[Any]]] = {}  # schemas kept alive by _conjuncts' memo
 
     # ---- resolution ----------------------------------------------------------------------------------
     def target(self, schema: Any) -> Any:
@@ -158,6 +159,8 @@ class Exclusivity:
             return True
         if not isinstance(a, dict) or not isinstance(b, dict):
             return False  # True (or a non-schema) against a schema that admits these types
+        if a is b:
+            return False  # one schema that admits these types (a shared $ref target, say): no proof can follow
         if len(within) > 1:  # apart on every type they share: each type has its own proofs
             return all(self.disjoint(a, b, frozenset({kind}), depth + 1, present) for kind in sorted(within))
         if within != {"object"}:
@@ -166,9 +169,15 @@ class Exclusivity:
         if key not in self._disjoint:
             self._disjoint[key] = False  # a cycle back here proves nothing
             self._keep += [a, b]
+            proof = False
             if within == {"object"}:  # a value in both has every key either requires
                 present = present | _required(self._conjuncts(a, depth)) | _required(self._conjuncts(b, depth))
-            proof = self._prove(a, b, within, depth + 1, present) or self._prove(b, a, within, depth + 1, present)
+                proof = _tags_apart(self._tags(a, depth), self._tags(b, depth), present)
+            proof = (
+                proof
+                or self._prove(a, b, within, depth + 1, present)
+                or self._prove(b, a, within, depth + 1, present)
+            )
             self._disjoint[key] = proof
         return self._disjoint[key]
 
@@ -260,15 +269,35 @@ class Exclusivity:
         self._conjunct_lists[key] = list(out.values())
         return self._conjunct_lists[key]
 
+    def _tags(self, schema: dict, depth: int) -> dict[str, set[Any]]:
+        """Properties that ``schema`` holds to constants (const/enum, in any conjunct): name -> the values an
+        object matching it can have there. Tagged unions are the common oneOf, and this proof of theirs costs a
+        dictionary lookup where the general one (``_discriminated``) walks every shared property."""
+        key = (id(schema), depth)
+        if key not in self._tag_maps:
+            tags: dict[str, set[Any]] = {}
+            for conjunct in self._conjuncts(schema, depth):
+                for name, sub in (conjunct.get("properties") or {}).items():
+                    values = _values(sub_) if isinstance(sub_ := self.target(sub), dict) else None
+                    if values is not None:
+                        tags[name] = tags[name] & values if name in tags else values
+            self._tag_maps[key] = tags
+        return self._tag_maps[key]
+
     def _discriminated(self, a: dict, b: dict, depth: int, present: frozenset[str]) -> bool:
         """Objects only: a property every object here has (required by either, or by the schema around
         them) that b forbids, or that a and b hold to values that never meet."""
         ours_all, theirs_all = self._conjuncts(a, depth), self._conjuncts(b, depth)
+        held = []
         for name in sorted(present):
             theirs = [t for c in theirs_all if (t := _property_schema(c, name)) is not None]
             if any(t is False for t in theirs) or any(name in _forbidden(c) for c in theirs_all):
                 return True
             ours = [o for c in ours_all if (o := _property_schema(c, name)) is not None]
+            tagged = any(isinstance(s, dict) and ("const" in s or "enum" in s) for s in ours + theirs)
+            held.append((not tagged, name, ours, theirs))
+        # a tag property (const or enum) first: it usually decides, where the others recurse into shared shapes
+        for _, _, ours, theirs in sorted(held, key=lambda h: h[:2]):
             if any(self.disjoint(o, t, KINDS, depth) for o in ours for t in theirs):
                 return True
         return False
@@ -326,6 +355,11 @@ class Exclusivity:
         lost = set().union(*(domains[i] - kinds[i] for i in range(len(branches)))) if branches else set()
         exact = all(sum(self.vacuous(b, kind) for b in branches) >= 2 for kind in lost)
         return OneOfSplit(kinds, domains, exact)
+
+
+def _tags_apart(ours: dict[str, set[Any]], theirs: dict[str, set[Any]], present: frozenset[str]) -> bool:
+    """A property every object considered has, held to constants by both that never meet."""
+    return any(name in present and name in theirs and not (values & theirs[name]) for name, values in ours.items())
 
 
 def _required(conjuncts: list[dict]) -> frozenset[str]:

@@ -14,6 +14,7 @@ to replace the cache entry. Both backends are exact: nothing is ever widened to 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,8 @@ class WorkerContext:
         self.outlines = OutlinesVocab(info)
         self.ll_tokenizer = LLTokenizer(info.tokenizer_json, n_vocab=info.vocab_size, eos_token=list(info.eos_ids))
         self.search = CompletionSearch(info)
+        # tells the parent what it can start on before the job ends (set per job by the worker loop)
+        self.notify: Callable[[dict[str, Any]], None] = lambda body: None
 
 
 def translate(
@@ -170,7 +173,9 @@ def _llguidance(ctx: WorkerContext, tr: Translation) -> dict[str, Any]:
     from llguidance import LLMatcher
 
     # building the matcher is the validation (a separate validate_grammar compiled the grammar twice:
-    # same messages, up to 0.3 s more on large schemas)
+    # same messages, up to 0.3 s more on large schemas). The parent needs its own matcher too (they cannot
+    # cross a process boundary): it builds it from this text while this one is built and planned here.
+    ctx.notify({"llguidance": tr.llg})
     matcher = LLMatcher(ctx.ll_tokenizer, tr.llg, log_level=0)
     if matcher.is_error():
         error = f"{tr.llg_error_label}: {matcher.get_error().strip()}"

@@ -42,6 +42,7 @@ class _Job:
     payload: Any
     timeout_s: float  # counted from when a worker starts on the job
     done: Callable[[dict | None, JobFailed | None], None]
+    partial: Callable[[Any], None] | None = None  # called (on the pool thread) with each partial body
     id: int = field(default_factory=count().__next__)
 
 
@@ -86,9 +87,15 @@ class WorkerPool:
             t.start()
 
     def submit(
-        self, kind: str, payload: Any, timeout_s: float, done: Callable[[dict | None, JobFailed | None], None]
+        self,
+        kind: str,
+        payload: Any,
+        timeout_s: float,
+        done: Callable[[dict | None, JobFailed | None], None],
+        partial: Callable[[Any], None] | None = None,
     ) -> None:
-        """Queue a job; `done(artifact, None)` or `done(None, JobFailed)` runs on a pool thread.
+        """Queue a job; `done(artifact, None)` or `done(None, JobFailed)` runs on a pool thread, after
+        `partial(body)` for each partial result the worker sent (it must return quickly).
 
         The time limit counts from when a worker starts the job, so a runaway compile fails only
         its own request, never the ones queued behind it.
@@ -96,7 +103,7 @@ class WorkerPool:
         if self._closed:
             done(None, JobFailed("grammar compiler is closed", transient=True))
             return
-        self._jobs.put(_Job(kind, payload, timeout_s, done))
+        self._jobs.put(_Job(kind, payload, timeout_s, done, partial))
 
     def _serve(self, slot: int) -> None:
         while True:
@@ -128,7 +135,15 @@ class WorkerPool:
                 worker = self._workers[slot] = _Worker(self._init, self._nice)
                 deadline += time.monotonic() - started  # starting a process is not compile time
             write_frame(worker.fd_in, (job.id, job.kind, job.payload))
-            status, job_id, body, recycle = read_frame(worker.fd_out, deadline)
+            while True:
+                status, job_id, body, recycle = read_frame(worker.fd_out, deadline)
+                if status != "partial":
+                    break
+                if job.partial is not None:
+                    try:
+                        job.partial(body)
+                    except Exception:  # an optimisation's failure must not fail the job
+                        log.exception("grammar compile partial-result callback failed")
         except Deadline:
             self._discard(slot)
             raise timeout from None

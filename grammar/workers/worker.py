@@ -1,7 +1,8 @@
 """A compile worker process: `python -m loraplex.grammar.workers.worker [NICE]`, driven over stdin/stdout.
 
 First frame: (VocabInfo, CompileOptions, memory limit in bytes). Then jobs (job_id, kind,
-payload), each answered by ("ok", job_id, artifact, recycle) or ("err", job_id, message, recycle);
+payload), each answered by ("ok", job_id, artifact, recycle) or ("err", job_id, message, recycle),
+after any number of ("partial", job_id, body, False): what the parent may start on before the end;
 recycle=True means this process exits after the reply (a stuck thread, a memory error). The parent kills
 the process when a job passes its deadline; the address-space limit makes a runaway automaton
 fail here instead of exhausting the machine.
@@ -38,6 +39,7 @@ def main() -> None:
         except PipeClosed:
             return
         recycle = False
+        ctx.notify = lambda body, job_id=job_id: write_frame(fd_out, ("partial", job_id, body, False))
         try:
             result = run_job(ctx, kind, payload)
             recycle = bool(result.pop("recycle", False))
@@ -49,6 +51,8 @@ def main() -> None:
                 ("err", job_id, ("compile ran out of memory (worker memory limit)", "compile_failed")),
                 True,
             )
+        except PipeClosed:  # (a partial frame the parent did not take: it is gone)
+            return
         except Exception as e:  # reported to the parent, never fatal to it
             reply = ("err", job_id, (f"internal compile error: {type(e).__name__}: {e}", "compile_failed"))
         try:
