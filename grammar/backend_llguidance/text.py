@@ -14,6 +14,7 @@ from typing import Any
 
 from loraplex.grammar.schema.ecma_pattern import pattern_to_rust
 from loraplex.grammar.schema.formats import DECODED_FORMATS
+from loraplex.grammar.schema.subschemas import SUB_LISTS, SUB_MAPS, SUB_ONE
 
 _JSON_OPTIONS = {"whitespace_flexible": False, "coerce_one_of": False, "lenient": False}
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
@@ -60,12 +61,45 @@ def _prepare(node: Any) -> Any:
     return out
 
 
-def json_schema_grammar(schema: Any) -> str:
-    """llguidance grammar for a checked JSON schema (formats enforced via our regexes)."""
+ROOT_DEFINITION = "__loraplex_root"
+
+
+def json_schema_grammar(schema: Any, root_as_definition: bool = False) -> str:
+    """llguidance grammar for a checked JSON schema (formats enforced via our regexes). ``root_as_definition``:
+    the schema as a definition that a bare root reference names, every reference rewritten to match (the same
+    language; see ``user_pointers`` for llguidance's messages)."""
     from llguidance import LLMatcher
 
     prepared = _prepare(copy.deepcopy(schema))
+    if root_as_definition:
+        prepared = {"$ref": f"#/$defs/{ROOT_DEFINITION}", "$defs": {ROOT_DEFINITION: _under_root(prepared)}}
     return LLMatcher.grammar_from_json_schema(prepared, overrides=_JSON_OPTIONS)
+
+
+def _under_root(node: Any) -> Any:
+    """Every local reference ("#...", all of them after translation) pointed into the root's new place (only
+    in sub-schemas: an enum or const value holding a "$ref" key is data)."""
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    ref = out.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = f"#/$defs/{ROOT_DEFINITION}{ref[1:]}"
+    for key in SUB_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _under_root(sub) for name, sub in out[key].items()}
+    for key in (*SUB_LISTS, "items"):  # (array-form items never reach here, but a list is walked either way)
+        if isinstance(out.get(key), list):
+            out[key] = [_under_root(sub) for sub in out[key]]
+    for key in SUB_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = _under_root(out[key])
+    return out
+
+
+def user_pointers(message: str) -> str:
+    """An llguidance message with the pointers of a ``root_as_definition`` grammar as the user's schema has them."""
+    return message.replace(f"#/$defs/{ROOT_DEFINITION}", "#")
 
 
 def tagged_json_grammar(schema: Any, open_tag: str, close_tag: str, parallel: bool, text: Any = None) -> str:

@@ -174,9 +174,7 @@ class Exclusivity:
                 present = present | _required(self._conjuncts(a, depth)) | _required(self._conjuncts(b, depth))
                 proof = _tags_apart(self._tags(a, depth), self._tags(b, depth), present)
             proof = (
-                proof
-                or self._prove(a, b, within, depth + 1, present)
-                or self._prove(b, a, within, depth + 1, present)
+                proof or self._prove(a, b, within, depth + 1, present) or self._prove(b, a, within, depth + 1, present)
             )
             self._disjoint[key] = proof
         return self._disjoint[key]

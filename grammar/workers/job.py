@@ -76,13 +76,17 @@ class WorkerContext:
 
 
 def translate(
-    spec: StructuredSpec, options: CompileOptions, drop_pattern_properties: bool = False, small_one_of: bool = False
+    spec: StructuredSpec,
+    options: CompileOptions,
+    drop_pattern_properties: bool = False,
+    small_one_of: bool = False,
+    root_as_definition: bool = False,
 ) -> Translation:
     kind = spec.kind
     if kind in ("json", "json_object"):
         schema: Any = {"type": "object"} if kind == "json_object" else spec.schema()
         schema, narrowing, rx, why, cuts = _schema_parts(schema, spec, options, drop_pattern_properties, small_one_of)
-        llg = llg_text.json_schema_grammar(schema)
+        llg = llg_text.json_schema_grammar(schema, root_as_definition)
         return Translation(rx, why, llg, "schema cannot be enforced", narrowing, cuts)
     if kind == "tagged_json":
         tagged = spec.tagged_json
@@ -178,7 +182,7 @@ def _llguidance(ctx: WorkerContext, tr: Translation) -> dict[str, Any]:
     ctx.notify({"llguidance": tr.llg})
     matcher = LLMatcher(ctx.ll_tokenizer, tr.llg, log_level=0)
     if matcher.is_error():
-        error = f"{tr.llg_error_label}: {matcher.get_error().strip()}"
+        error = f"{tr.llg_error_label}: {llg_text.user_pointers(matcher.get_error().strip())}"
         if tr.why_not_regex and tr.llg_error_label.startswith("schema"):
             raise GrammarError(f"schema cannot be enforced: {tr.why_not_regex} ({error})", code="unsupported_schema")
         raise GrammarError(error)
@@ -213,7 +217,7 @@ def _count_states_bounded(regex: str, ctx: WorkerContext) -> int | None:
 
 def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> dict[str, Any]:
     """The artifact for one spec: {"kind": "dfa", "data": ...} or {"kind": "llg", ...}, with its narrowing."""
-    flags = {"drop_pattern_properties": False, "small_one_of": False}
+    flags = {"drop_pattern_properties": False, "small_one_of": False, "root_as_definition": False}
     tr = translate(spec, ctx.options)
     try:
         while True:
@@ -232,6 +236,11 @@ def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> dict[str, Any]:
                     # llguidance needs patternProperties whose patterns cannot both match a key, and finds a
                     # required property only a pattern admits unsatisfiable: generate declared keys only
                     flags["drop_pattern_properties"] = True
+                elif "circular references with sibling keys" in text and not flags["root_as_definition"]:
+                    # llguidance compiles the root outside its table of definitions, so a cycle back to the root
+                    # through an intersected reference (allOf: [{$ref}, ...]) compiles the root twice and finds
+                    # the reference undefined; the same schema as a definition of a bare root reference does not
+                    flags["root_as_definition"] = True
                 else:
                     raise
                 tr = translate(spec, ctx.options, **flags)

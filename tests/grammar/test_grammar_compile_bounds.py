@@ -192,3 +192,46 @@ def test_greedy_walk_closes_each_string_once_its_length_is_met(compiler):
     path = ctx.search.completion_bytes(LLMatcher(ctx.ll_tokenizer, tr.llg, log_level=0))
     assert path is not None and len(path) == len(b'{"a":"xx","b":"xx","c":"xx"}') and b"\\" not in path, path
     assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(path))
+
+
+SECTIONS = {  # sourcemap-v3's shape: the root recurs through a reference that an allOf intersects
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 4},
+        "sections": {
+            "type": "array",
+            "maxItems": 2,
+            "items": {"allOf": [{"$ref": "#/$defs/section"}, {"properties": {"offset": {"type": "integer"}}}]},
+        },
+    },
+    "required": ["name"],
+    "$defs": {
+        "section": {
+            "type": "object",
+            "properties": {"map": {"$ref": "#"}, "tag": {"const": {"$ref": "#/data, not a reference"}}},
+        }
+    },
+}
+
+
+def test_root_recurring_through_an_intersected_reference_compiles_in_llguidance(llg_compiler, tokenizer):
+    """llguidance compiled the root twice and refused ("circular references with sibling keys"); the retry
+    makes the root a definition. Nested documents are accepted (exact), every walk validates, and a const
+    value holding a "$ref" key is left as it is (it is data, not a reference)."""
+    grammar = llg_compiler.compile(StructuredSpec(json=SECTIONS))
+    assert grammar.backend == "llguidance" and not grammar.narrowing
+    check = jsonschema.Draft202012Validator(SECTIONS)
+    tok = llg_compiler.vocab
+    nested = {"name": "a", "sections": [{"map": {"name": "b", "sections": [{"offset": 3}]}, "offset": 1}]}
+    tagged = {"name": "c", "sections": [{"tag": {"$ref": "#/data, not a reference"}}]}
+    for doc in (nested, tagged):
+        assert check.is_valid(doc)
+        text = json.dumps(doc, separators=(",", ":"))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        matcher = grammar.new_matcher()
+        assert all(matcher.accept_token(t) for t in ids) and matcher.is_accepting(), text
+    rng = random.Random(3)
+    for _ in range(20):
+        walk = random_walk(grammar, tok, rng, 120)
+        assert walk.error is None and walk.closed, walk
+        assert check.is_valid(json.loads(walk.text)), walk.text
