@@ -111,6 +111,7 @@ class LLGuidanceMatcher(GrammarMatcher):
         # or None); the token then accepted hands its entry to _found, so the next plan is not searched again
         self._after: dict[int, tuple[bytes, list[int] | None]] = {}
         self._found: tuple[int, bytes, list[int] | None] | None = None  # (position, bytes, plan or None)
+        self._search_failed_at = -1  # a position where a budget check's search ran out (see fits_budget)
 
     # ---- state -----------------------------------------------------------------------------------
     def accept_token(self, token_id: int) -> bool:
@@ -224,9 +225,15 @@ class LLGuidanceMatcher(GrammarMatcher):
             return len(plan) - 1 <= remaining_after
         if trial.is_accepting():
             return True
+        if self._search_failed_at == self._pos:
+            # one bounded search already ran out at this position: the sampler's other candidates are passed
+            # over without another (a step pays for at most one), and the budget fallback follows the plan
+            return False
         fits, path, tokens = g.search.check(trial, remaining_after)
         if path is not None:
             self._after[token_id] = (path, tokens)
+        else:
+            self._search_failed_at = self._pos
         return fits
 
     def budget_fallback(self) -> int:

@@ -235,3 +235,42 @@ def test_root_recurring_through_an_intersected_reference_compiles_in_llguidance(
         walk = random_walk(grammar, tok, rng, 120)
         assert walk.error is None and walk.closed, walk
         assert check.is_valid(json.loads(walk.text)), walk.text
+
+
+def test_budget_checks_are_bounded_where_the_greedy_walk_cannot_finish_a_pattern(llg_compiler, monkeypatch):
+    """BizTalk's path pattern: from inside the string the greedy completion never writes `.dll`, and one budget
+    check computed ~120k masks (16 s in a decode step) before failing. Now a check stops at CHECK_MAX_MASKS and
+    says "does not fit", at most one search per position runs out, and every walk still validates and closes."""
+    schema = {
+        "type": "object",
+        "properties": {"Path": {"type": "string", "pattern": r"\w+[\\](\w+\.)*\w+\.dll"}},
+    }  # (optional, as there: the plan is `{}`)
+    grammar = llg_compiler.compile(StructuredSpec(json=schema))
+    assert grammar.backend == "llguidance"
+    masks, per_check, ran_out = 0, [], 0
+    mask, check = search_module.CompletionSearch._mask, search_module.CompletionSearch.check
+
+    def counted_mask(self, m):
+        nonlocal masks
+        out = mask(self, m)  # (raises, computing nothing, once the allowance is spent)
+        masks += 1
+        return out
+
+    def counted_check(self, matcher, budget):
+        nonlocal masks, ran_out
+        masks = 0
+        out = check(self, matcher, budget)
+        per_check.append(masks)
+        ran_out += out[1] is None
+        return out
+
+    monkeypatch.setattr(search_module.CompletionSearch, "_mask", counted_mask)
+    monkeypatch.setattr(search_module.CompletionSearch, "check", counted_check)
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(5)
+    for _ in range(6):
+        walk = random_walk(grammar, llg_compiler.vocab, rng, 96)
+        assert walk.error is None and walk.closed, walk
+        assert validator.is_valid(json.loads(walk.text)), walk.text
+    assert per_check and max(per_check) <= search_module.CHECK_MAX_MASKS
+    assert ran_out >= 1, per_check  # the bound was reached: the case this test is about happened
