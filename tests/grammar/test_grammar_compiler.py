@@ -229,3 +229,41 @@ def test_auto_builds_only_small_automata_inside_the_request(compiler, tokenizer)
     m = larger.new_matcher()
     assert all(m.accept_token(t) for t in tokenizer.encode("ab" * 29, add_special_tokens=False))
     assert not m.is_accepting()
+
+
+def test_llguidance_template_is_built_once_here_from_the_text_the_worker_sent_ahead(tokenizer, monkeypatch):
+    """The worker sends the grammar text before building its own matcher; the compiler builds its template from
+    it meanwhile, on its own thread, and hands it to the grammar: one LLMatcher built in this process per
+    compile, from the artifact's grammar text (before, the parent built it only after the worker's reply)."""
+    import llguidance
+
+    built: list[str] = []
+    real = llguidance.LLMatcher
+
+    def counting(tokenizer_, grammar, **kw):  # (LLMatcher cannot be subclassed)
+        built.append((threading.current_thread().name.split("_")[0], grammar))
+        return real(tokenizer_, grammar, **kw)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", counting)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}}, "required": ["n"]}
+    with GrammarCompiler(tokenizer, eos_token_ids=[EOS], vocab_size=VOCAB, backend="llguidance") as c:
+        grammar = c.compile(StructuredSpec(json=schema))
+        assert grammar.backend == "llguidance"
+        assert built == [("grammar-llg-build", grammar.grammar)]  # (not the pool thread, after the reply)
+        assert not c._prebuilt  # handed over (or dropped) when the compile finished
+        m = grammar.new_matcher()  # the template serves matchers as one built here would
+        for t in tokenizer.encode('{"n":12}', add_special_tokens=False):
+            assert m.accept_token(t)
+        assert m.is_accepting()
+
+
+def test_a_failing_partial_result_callback_does_not_fail_the_job(tokenizer, monkeypatch):
+    """Partial results only let the parent start early: a callback that raises leaves the compile as it was."""
+    with GrammarCompiler(tokenizer, eos_token_ids=[EOS], vocab_size=VOCAB, backend="llguidance") as c:
+
+        def broken(key, body):
+            raise RuntimeError("prebuild failed")
+
+        monkeypatch.setattr(c, "_prebuild", broken)
+        grammar = c.compile(StructuredSpec(json={"type": "object", "properties": {"b": {"type": "boolean"}}}))
+        assert grammar.backend == "llguidance" and grammar.min_tokens >= 1
