@@ -307,7 +307,6 @@ def main() -> None:
     )
     if not args.peers:
         return
-    bad_hit, bad_total = ours["invalid_examples"]
     rows = [
         [
             "loraplex",

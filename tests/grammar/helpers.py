@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 from loraplex.env import schema_suite
@@ -38,3 +39,25 @@ def allowed_ids(mask) -> list[int]:
 
     bits = (mask.unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1
     return torch.nonzero(bits.flatten()).flatten().tolist()
+
+
+def walks_validate(
+    compiler, schema: dict, grammar, seed: str | int, walks: int = 8, budget: int | None = None
+) -> list[str]:
+    """Random walks through the masks (``budget`` tokens each, default min_tokens + 100, at least 200): every
+    walk must close and its document validate against ``schema`` (2020-12, formats asserted)."""
+    import jsonschema
+
+    from loraplex.grammar.fuzz import random_walk
+
+    check = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(walks):
+        walk = random_walk(grammar, compiler.vocab, rng, budget or max(200, grammar.min_tokens + 100))
+        assert walk.error is None, walk.error
+        assert walk.closed, walk.text
+        errors = [e.message for e in check.iter_errors(json.loads(walk.text))]
+        assert not errors, f"{walk.text!r:.300}: {errors[:2]}"
+        texts.append(walk.text)
+    return texts

@@ -5,7 +5,6 @@ the completion search gives up a looping greedy walk for the bounded search."""
 from __future__ import annotations
 
 import json
-import random
 
 import jsonschema
 import pytest
@@ -13,10 +12,9 @@ from jsonschema.validators import validator_for
 
 from loraplex.grammar import StructuredSpec
 from loraplex.grammar.backend_llguidance import search as search_module
-from loraplex.grammar.fuzz import random_walk
 from loraplex.grammar.schema.metaschema import fast_metaschema_validator, metaschema_validator
 from loraplex.grammar.schema.normalize import MAX_TERMS, Ctx, Normalizer, NotRegular
-from tests.grammar.helpers import REPO, load_suite
+from tests.grammar.helpers import REPO, load_suite, walks_validate
 
 CORPUS = REPO.parent / "shared" / "schemas" / "schemastore-dev"
 DRAFTS = [
@@ -122,12 +120,7 @@ def test_product_schema_compiles_through_llguidance_and_validates(compiler):
     schema = {"type": "object", "properties": {"s": {"type": "string", "allOf": factors}}, "required": ["s"]}
     grammar = compiler.compile(StructuredSpec(json=schema))
     assert grammar.backend == "llguidance" and not grammar.narrowing
-    check = jsonschema.Draft202012Validator(schema)
-    rng = random.Random(7)
-    for _ in range(8):
-        walk = random_walk(grammar, compiler.vocab, rng, 80)
-        assert walk.error is None and walk.closed, walk
-        assert check.is_valid(json.loads(walk.text)), walk.text
+    walks_validate(compiler, schema, grammar, 7, walks=8, budget=80)
 
 
 def test_looping_greedy_walk_gives_way_to_the_search(compiler, monkeypatch):
@@ -221,7 +214,6 @@ def test_root_recurring_through_an_intersected_reference_compiles_in_llguidance(
     grammar = llg_compiler.compile(StructuredSpec(json=SECTIONS))
     assert grammar.backend == "llguidance" and not grammar.narrowing
     check = jsonschema.Draft202012Validator(SECTIONS)
-    tok = llg_compiler.vocab
     nested = {"name": "a", "sections": [{"map": {"name": "b", "sections": [{"offset": 3}]}, "offset": 1}]}
     tagged = {"name": "c", "sections": [{"tag": {"$ref": "#/data, not a reference"}}]}
     for doc in (nested, tagged):
@@ -230,11 +222,7 @@ def test_root_recurring_through_an_intersected_reference_compiles_in_llguidance(
         ids = tokenizer.encode(text, add_special_tokens=False)
         matcher = grammar.new_matcher()
         assert all(matcher.accept_token(t) for t in ids) and matcher.is_accepting(), text
-    rng = random.Random(3)
-    for _ in range(20):
-        walk = random_walk(grammar, tok, rng, 120)
-        assert walk.error is None and walk.closed, walk
-        assert check.is_valid(json.loads(walk.text)), walk.text
+    walks_validate(llg_compiler, SECTIONS, grammar, 3, walks=20, budget=120)
 
 
 def test_budget_checks_are_bounded_where_the_greedy_walk_cannot_finish_a_pattern(llg_compiler, monkeypatch):
@@ -266,11 +254,6 @@ def test_budget_checks_are_bounded_where_the_greedy_walk_cannot_finish_a_pattern
 
     monkeypatch.setattr(search_module.CompletionSearch, "_mask", counted_mask)
     monkeypatch.setattr(search_module.CompletionSearch, "check", counted_check)
-    validator = jsonschema.Draft202012Validator(schema)
-    rng = random.Random(5)
-    for _ in range(6):
-        walk = random_walk(grammar, llg_compiler.vocab, rng, 96)
-        assert walk.error is None and walk.closed, walk
-        assert validator.is_valid(json.loads(walk.text)), walk.text
+    walks_validate(llg_compiler, schema, grammar, 5, walks=6, budget=96)
     assert per_check and max(per_check) <= search_module.CHECK_MAX_MASKS
     assert ran_out >= 1, per_check  # the bound was reached: the case this test is about happened

@@ -18,7 +18,7 @@ from loraplex.grammar.schema import narrow as narrow_module
 from loraplex.grammar.schema.dialect import to_internal
 from loraplex.grammar.schema.exclusive import KINDS, Exclusivity
 from loraplex.grammar.schema.narrow import narrow
-from tests.grammar.helpers import REPO
+from tests.grammar.helpers import REPO, walks_validate
 
 CORPUS = REPO.parent / "shared" / "schemas" / "schemastore-dev"
 NAMES = [f"Kind{i}" for i in range(21)]
@@ -65,21 +65,6 @@ ENONIC_LIKE = {
 }
 
 
-def _walks_validate(compiler, schema: dict, grammar, seed: str, walks: int = 8) -> list[str]:
-    """Random walks through the masks: every closed walk's document must validate against ``schema``."""
-    check = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-    rng = random.Random(seed)
-    texts = []
-    for _ in range(walks):
-        walk = random_walk(grammar, compiler.vocab, rng, max(200, grammar.min_tokens + 100))
-        assert walk.error is None, walk.error
-        assert walk.closed, walk.text
-        errors = [e.message for e in check.iter_errors(json.loads(walk.text))]
-        assert not errors, f"{walk.text!r:.300}: {errors[:2]}"
-        texts.append(walk.text)
-    return texts
-
-
 # ---- the proofs ------------------------------------------------------------------------------------------
 def test_proofs_by_type_constant_and_required_property():
     root = {"$defs": {"a": {"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]}}}
@@ -113,7 +98,7 @@ def test_required_discriminator_generates_objects_only(compiler):
     schema = {"oneOf": [{"required": ["k"], "properties": {"k": {"const": v}}} for v in (1, 2)]}
     grammar = compiler.compile(StructuredSpec(json=schema))
     assert grammar.narrowing == ()
-    texts = _walks_validate(compiler, schema, grammar, "discriminator", walks=12)
+    texts = walks_validate(compiler, schema, grammar, "discriminator", walks=12)
     assert {json.loads(t)["k"] for t in texts} == {1, 2}
 
 
@@ -121,7 +106,7 @@ def test_enonic_shapes_compile_exactly(compiler):
     """Was refused (llguidance: "more than 64 alternatives", ~345k characters of complements)."""
     grammar = compiler.compile(StructuredSpec(json=ENONIC_LIKE))
     assert grammar.narrowing == ()
-    _walks_validate(compiler, ENONIC_LIKE, grammar, "enonic")
+    walks_validate(compiler, ENONIC_LIKE, grammar, "enonic")
 
 
 def test_a_type_field_shared_by_two_shapes_is_not_told_apart():
@@ -153,7 +138,7 @@ def test_too_large_complements_narrow_to_apart_types(compiler, monkeypatch):
     branches = narrowed["properties"]["x"]["anyOf"]
     assert [b["allOf"][1] for b in branches] == [{"type": ["object"]}] * 4
     grammar = compiler.compile(StructuredSpec(json=narrowed))
-    texts = _walks_validate(compiler, schema, grammar, "apart-types")
+    texts = walks_validate(compiler, schema, grammar, "apart-types")
     assert all(isinstance(json.loads(t)["x"], dict) for t in texts)
 
 
@@ -166,7 +151,7 @@ def test_java_long_bounds_are_narrowed(compiler):
     }
     grammar = compiler.compile(StructuredSpec(json=schema))
     assert [n.split(":")[0] for n in grammar.narrowing] == ["minimum at /properties/n", "maximum at /properties/n"]
-    _walks_validate(compiler, schema, grammar, "long")
+    walks_validate(compiler, schema, grammar, "long")
 
 
 @pytest.mark.parametrize("name", ["enonic-xp-macro-8.0.0", "enonic-xp-layout-8.0.0-B5"])
@@ -175,7 +160,7 @@ def test_enonic_schemas_compile(compiler, name):
     schema = json.loads((CORPUS / entry["file"]).read_text())
     grammar = compiler.compile(StructuredSpec(json=schema))
     assert not [n for n in grammar.narrowing if n.startswith("oneOf")], grammar.narrowing
-    _walks_validate(compiler, schema, grammar, name, walks=6)
+    walks_validate(compiler, schema, grammar, name, walks=6)
 
 
 def test_only_overlapping_branches_are_complemented(compiler):
@@ -190,7 +175,7 @@ def test_only_overlapping_branches_are_complemented(compiler):
     assert alternatives[0] == single
     assert [len(a["allOf"]) for a in alternatives[1:]] == [2, 2]  # the branch and one complement
     grammar = compiler.compile(StructuredSpec(json=schema))
-    _walks_validate(compiler, schema, grammar, "overlap", walks=12)
+    walks_validate(compiler, schema, grammar, "overlap", walks=12)
 
 
 def test_small_one_of_is_the_retry_when_llguidance_finds_the_grammar_too_large():
@@ -228,7 +213,7 @@ def test_branches_told_apart_by_a_property_the_surrounding_schema_requires(compi
     narrowed, rules = narrow(schema)
     assert rules == [] and "not" not in json.dumps(narrowed["anyOf"][0])  # the inner oneOf: no complement
     grammar = compiler.compile(StructuredSpec(json=schema))
-    texts = _walks_validate(compiler, schema, grammar, "context", walks=12)
+    texts = walks_validate(compiler, schema, grammar, "context", walks=12)
     assert len({json.loads(t)["type"] for t in texts}) > 1
 
 
@@ -269,7 +254,7 @@ def test_a_catch_all_branch_that_negates_the_known_kinds_is_apart(compiler):
     narrowed, rules = narrow(schema)
     assert rules == [] and narrowed["anyOf"][:2] == known  # no complements added to the known kinds
     grammar = compiler.compile(StructuredSpec(json=schema))
-    _walks_validate(compiler, schema, grammar, "catch-all", walks=12)
+    walks_validate(compiler, schema, grammar, "catch-all", walks=12)
 
 
 def test_keywords_a_later_draft_defines_are_annotations_under_the_schemas_own_draft(compiler):
