@@ -90,6 +90,7 @@ class Exclusivity:
         self._conjunct_lists: dict[tuple[int, int], list[dict]] = {}
         self._ranges: dict[tuple[int, int, str], tuple[Bound, Bound]] = {}
         self._tag_maps: dict[tuple[int, int], dict[str, set[Any]]] = {}  # schemas kept alive by _conjuncts' memo
+        self._value_sets: dict[int, set[Any] | None] = {}
 
     # ---- resolution ----------------------------------------------------------------------------------
     def target(self, schema: Any) -> Any:
@@ -105,6 +106,14 @@ class Exclusivity:
                 schema, _ = resolve_pointer(self.root, schema["$ref"])
             self._targets[key] = schema
         return self._targets[key]
+
+    def _values(self, schema: dict) -> set[Any] | None:
+        """``_values`` once per schema (an enum of hundreds of values is compared with every other branch)."""
+        key = id(schema)
+        if key not in self._value_sets:
+            self._keep.append(schema)
+            self._value_sets[key] = _values(schema)
+        return self._value_sets[key]
 
     def _members(self, schema: dict) -> list[Any]:
         """Schemas that every value matching ``schema`` also matches (allOf members, a sibling $ref's target)."""
@@ -180,7 +189,7 @@ class Exclusivity:
         return self._disjoint[key]
 
     def _prove(self, a: dict, b: dict, within: frozenset[str], depth: int, present: frozenset[str]) -> bool:
-        va, vb = _values(a), _values(b)
+        va, vb = self._values(a), self._values(b)
         if va is not None and vb is not None and not (va & vb):
             return True
         if "not" in a and self._inside(b, self.target(a["not"]), within, depth):
@@ -276,7 +285,7 @@ class Exclusivity:
             tags: dict[str, set[Any]] = {}
             for conjunct in self._conjuncts(schema, depth):
                 for name, sub in (conjunct.get("properties") or {}).items():
-                    values = _values(sub_) if isinstance(sub_ := self.target(sub), dict) else None
+                    values = self._values(sub_) if isinstance(sub_ := self.target(sub), dict) else None
                     if values is not None:
                         tags[name] = tags[name] & values if name in tags else values
             self._tag_maps[key] = tags
@@ -342,16 +351,19 @@ class Exclusivity:
         branch to those types loses nothing: a type left out of some branch must be one that two branches
         accept whole (then no value of it matches exactly one branch)."""
         domains = [self.domain(b) for b in branches]
+        # a type two branches accept whole matches both: no branch holds it alone, and no proof is tried
+        whole = {kind: sum(self.vacuous(b, kind) for b in branches) for kind in set().union(*domains)}
+        shared = frozenset(kind for kind, count in whole.items() if count >= 2)
         kinds = []
         for i, branch in enumerate(branches):
             ok = {
                 kind
-                for kind in domains[i]
+                for kind in domains[i] - shared
                 if all(self.disjoint(branch, other, frozenset({kind})) for j, other in enumerate(branches) if j != i)
             }
             kinds.append(frozenset(ok))
         lost = set().union(*(domains[i] - kinds[i] for i in range(len(branches)))) if branches else set()
-        exact = all(sum(self.vacuous(b, kind) for b in branches) >= 2 for kind in lost)
+        exact = lost <= shared
         return OneOfSplit(kinds, domains, exact)
 
 

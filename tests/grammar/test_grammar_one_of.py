@@ -92,6 +92,25 @@ def test_split_keeps_untyped_shapes_to_objects_exactly():
     assert not split.exact  # "ab" matches both; "a" only the first one, and is lost
 
 
+def test_split_tries_no_proof_for_a_type_two_branches_accept_whole(monkeypatch):
+    """enonic's 21 untyped shapes: strings, numbers, ... match every shape, so no proof is tried for them (it
+    cannot succeed); only objects are proved apart, pair by pair, and the split is what it was."""
+    ex = Exclusivity(ENONIC_LIKE)
+    branches = [{"$ref": f"#/$defs/{name}"} for name in NAMES]
+    proved: list[frozenset[str]] = []
+    disjoint = Exclusivity.disjoint
+
+    def counted(self, a, b, within=KINDS, *args):
+        proved.append(within)
+        return disjoint(self, a, b, within, *args)
+
+    monkeypatch.setattr(Exclusivity, "disjoint", counted)
+    split = ex.split(branches)
+    assert split.kinds == [frozenset({"object"})] * len(NAMES) and split.exact
+    assert frozenset({"object"}) in proved
+    assert not [within for within in proved if within != {"object"}]  # (before: every shape, every other type)
+
+
 # ---- compiled ------------------------------------------------------------------------------------------
 def test_required_discriminator_generates_objects_only(compiler):
     """Before: the anyOf rewrite let any string through (every walk invalid). Now only objects, exactly."""
