@@ -88,28 +88,26 @@ def resolve_pointer(root: Any, ref: str) -> tuple[Any, str]:
             node = node[int(part)]
         else:
             raise GrammarError(f"$ref {ref!r} does not resolve")
-    return node, pointer(parts)
+    return node, frag if "~" not in frag else pointer(parts)  # (without escapes, the fragment is the pointer)
 
 
 def check_schema(schema: Any) -> None:
     """Raise GrammarError unless `schema` uses only keywords a backend enforces exactly."""
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(f"invalid schema: a schema is an object or a boolean, not {type(schema).__name__}")
-    seen: set[str] = set()
+    seen: set[int] = set()  # each sub-schema once, however many paths reach it (pointers only for messages)
     todo: list[tuple[Any, list[Any]]] = [(schema, [])]
     while todo:
         node, path = todo.pop()
-        ptr = pointer(path)
-        if ptr in seen or isinstance(node, bool):
+        if isinstance(node, bool) or id(node) in seen:
             continue
-        seen.add(ptr)
+        seen.add(id(node))
         for key, value in node.items():
-            where = pointer(path + [key])
             if not (key in ENFORCED or key in LLGUIDANCE_ONLY or key in ANNOTATIONS or key.startswith("x-loraplex-")):
-                raise GrammarError(f"unsupported keyword {key!r} at {ptr or '/'}", code="unsupported_schema")
+                raise GrammarError(f"unsupported keyword {key!r} at {pointer(path) or '/'}", code="unsupported_schema")
             if key == "format" and value not in FORMATS:
                 raise GrammarError(
-                    f"unsupported format {value!r} at {where} (supported: {', '.join(FORMATS)})",
+                    f"unsupported format {value!r} at {pointer(path + [key])} (supported: {', '.join(FORMATS)})",
                     code="unsupported_schema",
                 )
             if key == "$ref":
