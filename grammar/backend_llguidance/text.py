@@ -9,7 +9,6 @@ check days per month), and patterns are rewritten with ECMA's meaning of \d, \w,
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from loraplex.grammar.schema.ecma_pattern import pattern_to_rust
@@ -70,7 +69,7 @@ def json_schema_grammar(schema: Any, root_as_definition: bool = False) -> str:
     language; see ``user_pointers`` for llguidance's messages)."""
     from llguidance import LLMatcher
 
-    prepared = _prepare(copy.deepcopy(schema))
+    prepared = _prepare(schema)  # (new dicts all the way down: the schema is left as it is)
     if root_as_definition:
         prepared = {"$ref": f"#/$defs/{ROOT_DEFINITION}", "$defs": {ROOT_DEFINITION: _under_root(prepared)}}
     return LLMatcher.grammar_from_json_schema(prepared, overrides=_JSON_OPTIONS)

@@ -65,6 +65,10 @@ MAX_COMPLEMENT = 20_000  # characters of complements a oneOf may add before it i
 SAFE_REGEX = "^[A-Za-z0-9 _,:;=@#%&'\"<>!~`-]*$"  # strings of these characters are valid regexes, literally
 
 
+# how a oneOf written with the other branches' complements is reported (``small_one_of`` would change it)
+COMPLEMENTED_ONE_OF = "each branch is generated only where the others' complements can be written"
+
+
 @dataclass(frozen=True)
 class Narrowing:
     keyword: str
@@ -76,17 +80,18 @@ class Narrowing:
 
 
 def narrow(
-    schema: Any, drop_pattern_properties: bool = False, small_one_of: bool = False
+    schema: Any, drop_pattern_properties: bool = False, small_one_of: bool = False, in_place: bool = False
 ) -> tuple[Any, list[Narrowing]]:
     """The schema with every keyword in an enforceable form, and the narrowings applied.
 
     ``drop_pattern_properties``: generate no key through ``patternProperties`` (only declared properties),
     for when llguidance refuses the schema's patterns (overlapping ones). ``small_one_of``: no ``oneOf``
     through complements where its branches' apart types can be generated instead, for when llguidance finds
-    the grammar too large."""
+    the grammar too large. ``in_place``: the caller hands the schema over, and it is rewritten without a copy.
+    """
     if not isinstance(schema, dict):
         return schema, []
-    root = copy.deepcopy(schema)
+    root = schema if in_place else copy.deepcopy(schema)
     n = _Narrower(root, drop_pattern_properties, small_one_of)
     n.walk(root, [])
     return root, n.rules
@@ -308,7 +313,7 @@ class _Narrower:
             {"allOf": [b] + [negs[j].schema for j in overlaps[i]]} if overlaps[i] else b for i, b in enumerate(branches)
         ]
         if not all(negs[j].exact for o in overlaps for j in o):
-            self.note("oneOf", path, "each branch is generated only where the others' complements can be written")
+            self.note("oneOf", path, COMPLEMENTED_ONE_OF)
         _conjoin(node, {"anyOf": alternatives})
 
     # ---- numbers -------------------------------------------------------------------------------------

@@ -100,11 +100,12 @@ class _Closer:
             self.walk(sub, False, False)
 
 
-def close_schema(schema: Any) -> Any:
-    """A copy of `schema` with undeclared object keys and extra tuple items forbidden where safe."""
+def close_schema(schema: Any, in_place: bool = False) -> Any:
+    """A copy of `schema` with undeclared object keys and extra tuple items forbidden where safe (``in_place``:
+    the caller hands the schema over, and it is closed without a copy)."""
     if not isinstance(schema, dict):
         return schema
-    root = copy.deepcopy(schema)
+    root = schema if in_place else copy.deepcopy(schema)
     closer = _Closer(root)
     closer.walk(root, False, False)
     done: set[int] = set()

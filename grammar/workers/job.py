@@ -24,7 +24,7 @@ from loraplex.grammar.backend_outlines.automaton import OutlinesVocab, build_aut
 from loraplex.grammar.schema.check import check_schema
 from loraplex.grammar.schema.dialect import to_internal
 from loraplex.grammar.schema.json_text import alt, rx_escape
-from loraplex.grammar.schema.narrow import narrow
+from loraplex.grammar.schema.narrow import COMPLEMENTED_ONE_OF, narrow
 from loraplex.grammar.schema.normalize import NotRegular
 from loraplex.grammar.schema.strict import close_schema
 from loraplex.grammar.schema.to_regex import SchemaRegex
@@ -127,7 +127,8 @@ def _schema_parts(
         raise GrammarError("the schema is false: no value is valid", code="unsatisfiable_schema")
     if schema is True:
         schema = {}
-    schema, rules = narrow(schema, drop_pattern_properties, small_one_of)
+    # (to_internal made the schema this compile's own: the passes below rewrite it without copies)
+    schema, rules = narrow(schema, drop_pattern_properties, small_one_of, in_place=True)
     if rules and not spec.allow_narrowing:
         raise GrammarError(
             "the schema can only be enforced narrowed, and the request asked to refuse rather than narrow: "
@@ -137,7 +138,7 @@ def _schema_parts(
     narrowing = [str(r) for r in rules]
     check_schema(schema)
     if options.strict_objects:
-        schema = close_schema(schema)
+        schema = close_schema(schema, in_place=True)
     try:
         regex = SchemaRegex(
             schema,
@@ -219,20 +220,33 @@ def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> dict[str, Any]:
     """The artifact for one spec: {"kind": "dfa", "data": ...} or {"kind": "llg", ...}, with its narrowing."""
     flags = {"drop_pattern_properties": False, "small_one_of": False, "root_as_definition": False}
     tr = translate(spec, ctx.options)
+    # a retry whose translation is one already refused (its flag changed nothing) fails alike, without a build
+    refused: dict[tuple[str, str | None], GrammarError] = {}
     try:
         while True:
             try:
+                if (tr.llg, tr.regex) in refused:
+                    raise refused[(tr.llg, tr.regex)]
                 artifact = _build(ctx, tr)
                 break
             except GrammarError as e:
+                refused[(tr.llg, tr.regex)] = e
                 text = str(e)
-                if ("schema too large" in text or "more than 64 alternatives" in text) and not flags["small_one_of"]:
+                # (a retry only where its flag changes the translation: a schema without such a oneOf or
+                # patternProperties is refused at once)
+                if (
+                    ("schema too large" in text or "more than 64 alternatives" in text)
+                    and not flags["small_one_of"]
+                    and any(n.endswith(COMPLEMENTED_ONE_OF) for n in tr.narrowing)
+                ):
                     # a oneOf written with complements is the usual cause: its branches are then generated only
                     # where they are proven apart (a narrowing, reported)
                     flags["small_one_of"] = True
-                elif ("patternProperty" in text or "required property" in text) and not flags[
-                    "drop_pattern_properties"
-                ]:
+                elif (
+                    ("patternProperty" in text or "required property" in text)
+                    and not flags["drop_pattern_properties"]
+                    and '"patternProperties"' in tr.llg
+                ):
                     # llguidance needs patternProperties whose patterns cannot both match a key, and finds a
                     # required property only a pattern admits unsatisfiable: generate declared keys only
                     flags["drop_pattern_properties"] = True
