@@ -201,9 +201,12 @@ class Normalizer:
                     keys = {json_key(v) for v in listed}
                     values = [v for v in values if json_key(v) in keys]
         if values is not None:
+            # every value is in every part's enum/const already: checked against the parts' other keywords only
+            # (github-workflow-template-properties: 865 values, each through an 865-value enum, took 140 ms)
+            rest = [q for p in parts if (q := {k: v for k, v in p.items() if k not in ("enum", "const")})]
             kept: dict[Any, Any] = {}
             for v in values:
-                if json_key(v) not in kept and all(self.valid(v, p) for p in parts):
+                if json_key(v) not in kept and all(self.valid(v, q) for q in rest):
                     kept[json_key(v)] = v
             return [Node("const", term, values=list(kept.values()))] if kept else []
         out = []

@@ -74,3 +74,20 @@ def test_close_schema_only_where_it_keeps_the_meaning():
     assert "additionalProperties" not in with_base and all("additionalProperties" not in b for b in with_base["anyOf"])
     assert close_schema({"type": "object"}) == {"type": "object"}  # any object stays any object
     assert close_schema({"prefixItems": [{}]})["items"] is False
+
+
+def test_enum_values_are_kept_by_every_parts_other_keywords():
+    """An enum met by other enums and keywords: the values in every enum (JSON equality: 1 == 1.0, true != 1)
+    that the parts' other keywords accept, and no others."""
+    from loraplex.grammar.schema.to_regex import SchemaRegex
+
+    schema = {
+        "allOf": [
+            {"enum": ["a", "bb", "ccc", 1, True, {"k": 1}], "minLength": 2},
+            {"enum": ["bb", "ccc", 1.0, 1, True, {"k": 1.0}], "maxLength": 2},
+            {"not": {"const": "x"}, "enum": ["bb", "ccc", 1, True, {"k": 1}]},
+        ]
+    }
+    rx = SchemaRegex(schema).build()
+    kept = [v for v in ['"a"', '"bb"', '"ccc"', "1", "true", '{"k":1}'] if re.fullmatch(rx, v)]
+    assert kept == ['"bb"', "1", "true", '{"k":1}'], rx
