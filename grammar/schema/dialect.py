@@ -186,9 +186,15 @@ def _before(draft: str, other: str) -> bool:
     return _ORDER.index(draft) < _ORDER.index(other)
 
 
+_INDEXED = frozenset(("id", "$id", "$anchor", "$dynamicAnchor", "$recursiveAnchor"))
+_CHILD_KEYS = frozenset(SUB_MAPS + SUB_LISTS + SUB_ONE + ("additionalItems", "dependencies"))
+
+
 def _children(node: dict) -> list[tuple[list[Any], Any]]:
     """(relative path, sub-schema) of every sub-schema directly under ``node`` (any draft's keywords)."""
     out: list[tuple[list[Any], Any]] = []
+    if _CHILD_KEYS.isdisjoint(node):  # most nodes are leaves: no keyword-by-keyword look
+        return out
     for key in SUB_MAPS:
         if isinstance(node.get(key), dict):
             out += [([key, name], sub) for name, sub in node[key].items()]
@@ -225,7 +231,7 @@ class _Index:
     def _walk(self, node: Any, path: list[Any], base: str, is_root: bool = False) -> None:
         if not isinstance(node, dict):
             return
-        ptr = pointer(path)
+        ptr = pointer(path) if is_root or not _INDEXED.isdisjoint(node) else ""  # (only what is indexed needs it)
         id_key = "id" if self.draft == "draft-04" else "$id"
         ident = node.get(id_key)
         ignored_id = "$ref" in node and _before(self.draft, "2019-09")  # $ref siblings are ignored there
@@ -273,6 +279,9 @@ class _Index:
                 code="unsupported_schema",
             )
         return resource + fragment
+
+
+_REFS = frozenset(("$ref", "$recursiveRef", "$dynamicRef"))
 
 
 class _Rewriter:
@@ -338,10 +347,11 @@ class _Rewriter:
         return original
 
     def node(self, node: Any, path: list[Any], new_path: list[Any], base: str) -> Any:
-        self.moved[pointer(path)] = pointer(new_path)
+        if path != new_path:  # (_map maps a pointer through its longest moved prefix: the rest stay as they are)
+            self.moved[pointer(path)] = pointer(new_path)
         if not isinstance(node, dict):
             return node
-        where = pointer(path)
+        where = "" if _REFS.isdisjoint(node) else pointer(path)  # (only messages about references name it)
         id_key = "id" if self.draft == "draft-04" else "$id"
         if isinstance(node.get(id_key), str) and not ("$ref" in node and _before(self.draft, "2019-09")):
             uri, _ = urldefrag(urljoin(base, node[id_key]))

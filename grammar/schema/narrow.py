@@ -65,6 +65,7 @@ MAX_COMPLEMENT = 20_000  # characters of complements a oneOf may add before it i
 SAFE_REGEX = "^[A-Za-z0-9 _,:;=@#%&'\"<>!~`-]*$"  # strings of these characters are valid regexes, literally
 
 
+_SUB_KEYS = frozenset(SUB_MAPS + SUB_LISTS + SUB_ONE)
 # how a oneOf written with the other branches' complements is reported (``small_one_of`` would change it)
 COMPLEMENTED_ONE_OF = "each branch is generated only where the others' complements can be written"
 
@@ -154,6 +155,8 @@ class _Narrower:
         if "$ref" in node:  # targets outside the schema keywords (under an unknown keyword) are narrowed too
             target, target_ptr = resolve_pointer(self.root, node["$ref"])
             self.walk(target, [p.replace("~1", "/").replace("~0", "~") for p in target_ptr.split("/")[1:]])
+        if _SUB_KEYS.isdisjoint(node):  # a leaf (most nodes)
+            return
         for key in SUB_MAPS:
             for name, sub in (node.get(key) or {}).items():
                 self.walk(sub, path + [key, name])
@@ -161,12 +164,15 @@ class _Narrower:
             for i, sub in enumerate(node.get(key) or []):
                 self.walk(sub, path + [key, i])
         for key in SUB_ONE:
-            self.walk(node.get(key), path + [key])
+            if key in node:
+                self.walk(node[key], path + [key])
 
     # ---- one node ----------------------------------------------------------------------------------
     def rewrite(self, node: dict, path: list[Any]) -> None:
         # first: which keys count as evaluated depends on the applicators as written
-        UnevaluatedRewriter(self.root, self.negate, lambda keyword, how: self.note(keyword, path, how)).rewrite(node)
+        if "unevaluatedProperties" in node or "unevaluatedItems" in node:
+            note = lambda keyword, how: self.note(keyword, path, how)  # noqa: E731
+            UnevaluatedRewriter(self.root, self.negate, note).rewrite(node)
         if "not" in node:
             sub = node.pop("not")
             neg = self.negate(sub)
