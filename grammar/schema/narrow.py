@@ -24,10 +24,12 @@ and narrowings (a subset, said so):
   (plain-character regexes; the ASCII forms), and formats whose regex is narrower than the format
   (``formats.NARROWED``: no leap seconds, short host names, ...) are reported;
 * a ``pattern`` with look-around, ``\\b`` or a back-reference -> known values that satisfy it;
-* ``dependentRequired``/``dependentSchemas`` beyond MAX_CONDITIONALS per object -> trigger keys not generated.
+* ``dependentRequired``/``dependentSchemas`` beyond MAX_CONDITIONALS per object -> trigger keys not generated;
+* ``multipleOf`` with a divisor that has no exact binary value (0.01) or too many digits (123456) -> multiples
+  that validators dividing in floating point accept as well and an automaton can state (``multiple_of``).
 
-``patternProperties``, ``multipleOf`` and ``minProperties``/``maxProperties`` on objects used as maps stay as
-they are: llguidance enforces them exactly.
+``patternProperties``, other ``multipleOf`` and ``minProperties``/``maxProperties`` on objects used as maps stay
+as they are: llguidance enforces them exactly.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from loraplex.grammar.schema import formats
 from loraplex.grammar.schema.check import pointer, resolve_pointer
 from loraplex.grammar.schema.ecma_pattern import pattern_to_content_regex
 from loraplex.grammar.schema.exclusive import Exclusivity
+from loraplex.grammar.schema.multiple_of import NON_NUMBERS, narrowed_multiple
 from loraplex.grammar.schema.negate import Negation, Negator
 from loraplex.grammar.schema.normalize import json_key, kind_of
 from loraplex.grammar.schema.strict import FRAGMENT
@@ -192,6 +195,8 @@ class _Narrower:
         if "oneOf" in node:
             self._one_of(node, path)
         self._huge_bounds(node, path)
+        if "multipleOf" in node:
+            self._multiple_of(node, path)
         if "propertyNames" in node:
             self._property_names(node, path)
         if "minProperties" in node or "maxProperties" in node:
@@ -335,6 +340,20 @@ class _Narrower:
             tighter = max if sign < 0 else min
             node[bound] = tighter(node.get(bound, sign * SAFE_BOUND), sign * SAFE_BOUND)
             self.note(key, path, f"{value} is out of reach: {bound} {node[bound]} is generated instead")
+
+    def _multiple_of(self, node: dict, path: list[Any]) -> None:
+        """A divisor without an exact binary value or with too many digits for an automaton, narrowed to
+        multiples that validators dividing in floating point accept too (schema.multiple_of)."""
+        safe = narrowed_multiple(node["multipleOf"], node)
+        if safe is None:
+            return
+        (kind, value), how = safe
+        if kind == "integer":
+            node["multipleOf"] = value
+        else:
+            del node["multipleOf"]  # numbers: these values only (other types as they were)
+            _conjoin(node, {"anyOf": [{"type": NON_NUMBERS}, {"enum": value}]} if value else {"type": NON_NUMBERS})
+        self.note("multipleOf", path, how)
 
     # ---- objects -------------------------------------------------------------------------------------
     def _property_names(self, node: dict, path: list[Any]) -> None:
