@@ -49,7 +49,7 @@ def _prepare(node: Any) -> Any:
         if key in out:
             out[key] = _prepare(out[key])
     if isinstance(out.get("pattern"), str):
-        out["pattern"] = pattern_to_rust(out["pattern"])
+        out["pattern"] = pattern_to_rust(out["pattern"], agreeing=True)  # (a value must match it)
     fmt = out.pop("format", None)
     if fmt is not None:
         pattern = f"^(?:{DECODED_FORMATS[fmt]})$"

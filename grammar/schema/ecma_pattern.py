@@ -10,6 +10,7 @@ be enforced by an automaton and are refused.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -34,20 +35,26 @@ class CharSet:
     props: list[tuple[str, bool]] = field(default_factory=list)  # (name, negated)
     negated: bool = False
 
-    def contains(self, ch: str) -> bool:
-        hit = (
-            any(lo <= ch <= hi for lo, hi in self.ranges)
-            or any(_class_has(c, ch) for c in self.classes)
-            or any(_prop_has(name, ch) != neg for name, neg in self.props)
+    def contains(self, ch: str, agreeing: bool = False) -> bool:
+        """ECMA's verdict; ``agreeing``: True only where Python's ``re`` agrees (see ``rust``)."""
+        plain = any(lo <= ch <= hi for lo, hi in self.ranges) or any(
+            _prop_has(name, ch) != neg for name, neg in self.props
         )
-        return hit != self.negated
+        if not agreeing:
+            return (plain or any(_class_has(c, ch) for c in self.classes)) != self.negated
+        if self.negated:  # outside what either engine puts in the classes
+            return not (plain or any(_class_has(c, ch) or _py_class_has(c, ch) for c in self.classes))
+        return plain or any(_class_has(c, ch) and _py_class_has(c, ch) for c in self.classes)
 
-    def rust(self) -> str:
+    def rust(self, agreeing: bool = False) -> str:
+        """The set as a Rust class, with ECMA's meaning of \\d, \\w, \\s and their negations; ``agreeing``:
+        only the characters ECMA and Python's ``re`` (jsonschema's engine: Unicode-wide \\d and \\w, another
+        \\s) both put in it, for a pattern a generated string must match under either."""
         items = []
         for lo, hi in self.ranges:
             items.append(class_escape(lo) if lo == hi else f"{class_escape(lo)}-{class_escape(hi)}")
         for c in self.classes:
-            items.append(_class_rust(c))
+            items.append(_agreeing_class_rust(c, widen=self.negated) if agreeing else _class_rust(c))
         for name, neg in self.props:
             items.append(("\\P" if neg else "\\p") + "{" + name + "}")
         if not items:
@@ -78,6 +85,37 @@ def class_ranges(name: str) -> list[tuple[str, str]]:
 def _class_rust(name: str) -> str:
     body = {"d": "0-9", "w": "0-9A-Za-z_", "s": "".join(class_escape(c) for c in _ECMA_SPACE)}[name.lower()]
     return body if name.islower() else f"[^{body}]"
+
+
+@lru_cache(maxsize=1)
+def _python_spaces() -> tuple[str, str]:
+    """(the spaces ECMA and Python's re both have, those either has) as class bodies: Python's \\s has
+    \\x1c-\\x1f and \\x85 where ECMA's has \\ufeff (all of either lie in the BMP)."""
+    python = {chr(c) for c in range(0x10000) if _py_class_has("s", chr(c))}
+    both = sorted(python & set(_ECMA_SPACE))
+    either = sorted(python | set(_ECMA_SPACE))
+    return "".join(class_escape(c) for c in both), "".join(class_escape(c) for c in either)
+
+
+def _agreeing_class_rust(name: str, widen: bool) -> str:
+    """A class escape as the characters both engines put in it, or (``widen``, inside a negated class) as
+    those either puts in it. Python's \\d is every Nd digit and its \\w every str.isalnum() character (letters and
+    numbers) and "_": \\p{Nd} and WORD hold those (of Python's Unicode version or older; llguidance's own \\w
+    is not Unicode's, so the properties are named)."""
+    both, either = _python_spaces()
+    narrow = {"d": "0-9", "w": "0-9A-Za-z_", "s": both, "D": "\\P{Nd}", "W": f"[^{WORD}]", "S": f"[^{either}]"}
+    wide = {"d": "0-9\\p{Nd}", "w": f"0-9A-Za-z_{WORD}", "s": either, "D": "[^0-9]", "W": "[^0-9A-Za-z_]"}
+    wide["S"] = f"[^{both}]"
+    return (wide if widen else narrow)[name]
+
+
+def _py_class_has(name: str, ch: str) -> bool:
+    """Python re's verdict (jsonschema's engine) for \\d, \\w, \\s or a negation, on one character."""
+    return _PY_CLASSES[name].fullmatch(ch) is not None
+
+
+WORD = "\\p{L}\\p{N}\\p{M}\\p{Pc}"  # a superset of Python's \\w (str.isalnum() and "_"), as Unicode properties
+_PY_CLASSES = {name: re.compile("\\" + name) for name in "dDwWsS"}
 
 
 @lru_cache(maxsize=256)
@@ -325,9 +363,10 @@ class _Parser:
         return chr(code)
 
 
-def _emit(node: Node, encoded: bool = True) -> str:
+def _emit(node: Node, encoded: bool = True, agreeing: bool = False) -> str:
     """Rust regex for `node`: over JSON string content (`encoded`), or over the decoded string
-    with ECMA's meaning of \\d, \\w, \\s and . spelled out (Rust's own are Unicode-wide)."""
+    with ECMA's meaning of \\d, \\w, \\s and . spelled out (Rust's own are Unicode-wide); ``agreeing``:
+    classes hold only what Python's re puts in them too (CharSet.rust)."""
     kind = node[0]
     if kind == "lit":
         ch = node[1]
@@ -337,18 +376,18 @@ def _emit(node: Node, encoded: bool = True) -> str:
     if kind == "set":
         cs: CharSet = node[1]
         if not encoded:
-            return cs.rust()
-        return _set_content_rx((tuple(cs.ranges), tuple(cs.classes), tuple(cs.props), cs.negated))
+            return cs.rust(agreeing)
+        return _set_content_rx((tuple(cs.ranges), tuple(cs.classes), tuple(cs.props), cs.negated), agreeing)
     if kind == "seq":
-        return "".join(_emit(n, encoded) for n in node[1])
+        return "".join(_emit(n, encoded, agreeing) for n in node[1])
     if kind == "alt":
-        return "(?:" + "|".join(_emit(n, encoded) for n in node[1]) + ")"
+        return "(?:" + "|".join(_emit(n, encoded, agreeing) for n in node[1]) + ")"
     if kind == "rep":
         _, inner, lo, hi = node
         q = {(0, None): "*", (1, None): "+", (0, 1): "?"}.get((lo, hi))
         if q is None:
             q = f"{{{lo},}}" if hi is None else (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
-        return f"(?:{_emit(inner, encoded)}){q}"
+        return f"(?:{_emit(inner, encoded, agreeing)}){q}"
     if not encoded:
         return "^" if kind == "bol" else "$"
     raise GrammarError(
@@ -357,12 +396,12 @@ def _emit(node: Node, encoded: bool = True) -> str:
 
 
 @lru_cache(maxsize=4096)  # generated patterns repeat the same classes hundreds of times
-def _set_content_rx(key: tuple) -> str:
+def _set_content_rx(key: tuple, agreeing: bool = False) -> str:
     """A character class over JSON string content: its raw characters, and the escapes of its specials."""
     ranges, classes, props, negated = key
     cs = CharSet(list(ranges), list(classes), list(props), negated)
-    raw = f'[{cs.rust()}&&[^"\\\\\\x00-\\x1F]]'
-    escapes = [special_escape_rx(ch) for ch in sorted(SPECIALS) if cs.contains(ch)]
+    raw = f'[{cs.rust(agreeing)}&&[^"\\\\\\x00-\\x1F]]'
+    escapes = [special_escape_rx(ch) for ch in sorted(SPECIALS) if cs.contains(ch, agreeing)]
     return "(?:" + "|".join([raw] + escapes) + ")"
 
 
@@ -379,18 +418,21 @@ def top_alternatives(node: Node) -> list[Node]:
 
 
 @lru_cache(maxsize=1024)  # the same patterns recur across a schema's $defs copies
-def pattern_to_rust(pattern: str) -> str:
+def pattern_to_rust(pattern: str, agreeing: bool = False) -> str:
     """The pattern in Rust regex syntax with ECMA semantics, still a search (for llguidance,
-    which applies `pattern` to the decoded string itself)."""
+    which applies `pattern` to the decoded string itself). ``agreeing``: for a string that must match (a
+    value's ``pattern``), classes keep only what Python's re (jsonschema's engine) puts in them too; a key's
+    pattern (``patternProperties``) also decides which keys do not match, and stays ECMA's."""
     tree = _Parser(pattern).parse()
     if has_lookaround(tree):
         return "^(?:" + _emit(whole_string_node(tree, pattern), encoded=False) + ")$"
-    return _emit(tree, encoded=False)
+    return _emit(tree, encoded=False, agreeing=agreeing)
 
 
 @lru_cache(maxsize=1024)  # the same patterns recur across a schema's $defs copies
-def pattern_to_content_regex(pattern: str) -> str:
-    """Regex (Rust syntax) for the JSON string content of strings that contain a match of `pattern`."""
+def pattern_to_content_regex(pattern: str, agreeing: bool = False) -> str:
+    """Regex (Rust syntax) for the JSON string content of strings that contain a match of `pattern`
+    (``agreeing`` as in pattern_to_rust)."""
     tree = _Parser(pattern).parse()
     if has_lookaround(tree):
         return _emit(whole_string_node(tree, pattern))
@@ -403,6 +445,6 @@ def pattern_to_content_regex(pattern: str) -> str:
         end = bool(items) and items[-1][0] == "eol"
         if end:
             items = items[:-1]
-        body = "".join(_emit(n) for n in items)
+        body = "".join(_emit(n, agreeing=agreeing) for n in items)
         branches.append(("" if start else UNIT + "*") + body + ("" if end else UNIT + "*"))
     return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"

@@ -162,7 +162,7 @@ class SchemaRegex:
         if node.formats:
             body = FORMATS[node.formats[0]]
         elif node.patterns:
-            body = pattern_to_content_regex(node.patterns[0])
+            body = pattern_to_content_regex(node.patterns[0], agreeing=True)  # (the value must match it)
         elif not lengths:
             body = jt.UNIT + "*"
         else:
