@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from loraplex.grammar.schema.ecma_pattern import pattern_to_rust
+from loraplex.grammar.schema.ecma_pattern import (
+    key_restriction,
+    pattern_to_rust,
+    pattern_to_rust_key,
+    ranges_class_body,
+)
 from loraplex.grammar.schema.formats import DECODED_FORMATS
 from loraplex.grammar.schema.subschemas import SUB_LISTS, SUB_MAPS, SUB_ONE
 
@@ -37,10 +42,14 @@ def _prepare(node: Any) -> Any:
         if isinstance(out.get(key), dict):
             out[key] = {name: _prepare(sub) for name, sub in out[key].items()}
     if isinstance(out.get("patternProperties"), dict):  # the keys are patterns too
+        patterns = out["patternProperties"]
+        outside = key_restriction(patterns, out.get("properties") or {})
         rewritten: dict[str, Any] = {}
-        for name, sub in out["patternProperties"].items():
-            rust = pattern_to_rust(name)
+        for name, sub in patterns.items():
+            rust = pattern_to_rust_key(name, outside)
             rewritten[rust] = {"allOf": [rewritten[rust], sub]} if rust in rewritten else sub
+        if outside:  # keys ECMA and Python's re could judge differently are not generated (narrow.py says so)
+            rewritten[f"[{ranges_class_body(outside)}]"] = False
         out["patternProperties"] = rewritten
     for key in _SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):

@@ -11,6 +11,7 @@ be enforced by an automaton and are refused.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -88,12 +89,17 @@ def _class_rust(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _python_spaces() -> tuple[str, str]:
-    """(the spaces ECMA and Python's re both have, those either has) as class bodies: Python's \\s has
-    \\x1c-\\x1f and \\x85 where ECMA's has \\ufeff (all of either lie in the BMP)."""
+def _space_sets() -> tuple[list[str], list[str]]:
+    """(the spaces ECMA and Python's re both have, those either has): Python's \\s has \\x1c-\\x1f and \\x85
+    where ECMA's has \\ufeff (all of either lie in the BMP)."""
     python = {chr(c) for c in range(0x10000) if _py_class_has("s", chr(c))}
-    both = sorted(python & set(_ECMA_SPACE))
-    either = sorted(python | set(_ECMA_SPACE))
+    return sorted(python & set(_ECMA_SPACE)), sorted(python | set(_ECMA_SPACE))
+
+
+@lru_cache(maxsize=1)
+def _python_spaces() -> tuple[str, str]:
+    """_space_sets as class bodies."""
+    both, either = _space_sets()
     return "".join(class_escape(c) for c in both), "".join(class_escape(c) for c in either)
 
 
@@ -363,31 +369,34 @@ class _Parser:
         return chr(code)
 
 
-def _emit(node: Node, encoded: bool = True, agreeing: bool = False) -> str:
+def _emit(node: Node, encoded: bool = True, agreeing: bool = False, outside: Ranges = ()) -> str:
     """Rust regex for `node`: over JSON string content (`encoded`), or over the decoded string
     with ECMA's meaning of \\d, \\w, \\s and . spelled out (Rust's own are Unicode-wide); ``agreeing``:
-    classes hold only what Python's re puts in them too (CharSet.rust)."""
+    classes hold only what Python's re puts in them too (CharSet.rust); ``outside``: characters in these
+    ranges are matched nowhere (decoded strings only)."""
     kind = node[0]
     if kind == "lit":
         ch = node[1]
         if encoded and ch in SPECIALS:
             return special_escape_rx(ch)
+        if _in_ranges(ch, outside):
+            return NOTHING
         return rx_escape(ch) if ch.isprintable() else f"\\x{{{ord(ch):X}}}"
     if kind == "set":
         cs: CharSet = node[1]
         if not encoded:
-            return cs.rust(agreeing)
+            return f"[{cs.rust(agreeing)}&&[^{ranges_class_body(outside)}]]" if outside else cs.rust(agreeing)
         return _set_content_rx((tuple(cs.ranges), tuple(cs.classes), tuple(cs.props), cs.negated), agreeing)
     if kind == "seq":
-        return "".join(_emit(n, encoded, agreeing) for n in node[1])
+        return "".join(_emit(n, encoded, agreeing, outside) for n in node[1])
     if kind == "alt":
-        return "(?:" + "|".join(_emit(n, encoded, agreeing) for n in node[1]) + ")"
+        return "(?:" + "|".join(_emit(n, encoded, agreeing, outside) for n in node[1]) + ")"
     if kind == "rep":
         _, inner, lo, hi = node
         q = {(0, None): "*", (1, None): "+", (0, 1): "?"}.get((lo, hi))
         if q is None:
             q = f"{{{lo},}}" if hi is None else (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
-        return f"(?:{_emit(inner, encoded, agreeing)}){q}"
+        return f"(?:{_emit(inner, encoded, agreeing, outside)}){q}"
     if not encoded:
         return "^" if kind == "bol" else "$"
     raise GrammarError(
@@ -448,3 +457,108 @@ def pattern_to_content_regex(pattern: str, agreeing: bool = False) -> str:
         body = "".join(_emit(n, agreeing=agreeing) for n in items)
         branches.append(("" if start else UNIT + "*") + body + ("" if end else UNIT + "*"))
     return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+
+
+# ---- patternProperties keys judged alike by ECMA and Python's re --------------------------------------------
+Ranges = tuple[tuple[str, str], ...]
+NOTHING = "[^\\x00-\\U0010FFFF]"  # a class no character is in
+
+
+def code_escape(c: str) -> str:
+    """A character by its code, in the spelling Rust's regex and Python's regex module both read."""
+    n = ord(c)
+    return f"\\x{n:02X}" if n < 0x100 else (f"\\u{n:04X}" if n < 0x10000 else f"\\U{n:08X}")
+
+
+def _in_ranges(ch: str, ranges: Ranges) -> bool:
+    return any(lo <= ch <= hi for lo, hi in ranges)
+
+
+def ranges_class_body(ranges: Ranges) -> str:
+    def one(c: str) -> str:
+        return class_escape(c) if " " <= c < "\x7f" else code_escape(c)
+
+    return "".join(one(lo) if lo == hi else f"{one(lo)}-{one(hi)}" for lo, hi in ranges)
+
+
+def key_restriction(patterns: Iterable[str], declared: Iterable[str]) -> Ranges:
+    """key_disagreements, or nothing where a declared property's name holds such a character: llguidance holds
+    declared names to the patterns too, and excluding the characters would exclude that name (a known gap:
+    such a name is judged by the translated pattern)."""
+    outside = key_disagreements(patterns)
+    if outside and any(_in_ranges(ch, outside) for name in declared for ch in name):
+        return ()
+    return outside
+
+
+def describe_ranges(ranges: Ranges) -> str:
+    return ", ".join(
+        ascii(lo) if lo == hi else ("non-ASCII" if (lo, hi) == ("\x80", "\U0010ffff") else f"{lo!a}-{hi!a}")
+        for lo, hi in ranges
+    )
+
+
+def key_disagreements(patterns: Iterable[str]) -> Ranges:
+    """Characters on which ECMA (the schema's engine, which llguidance follows through our translation) and
+    Python's re (jsonschema's) may judge a key differently under these patterns: a trailing newline that
+    Python's ``$`` allows, the line terminators Python's ``.`` matches, the spaces only one ``\\s`` has, and
+    every non-ASCII character under \\d, \\w or \\b (Python's are Unicode-wide). Keys holding none of them are
+    judged alike, so a key generated as matching (or not) a pattern is one to both."""
+    found: set[str] = set()
+    for pattern in patterns:
+        found |= _disagreeing_constructs(pattern)
+    chars: set[str] = set()
+    if "$" in found:
+        chars.add("\n")
+    if "." in found:
+        chars |= set("\r\u2028\u2029")
+    if "s" in found:
+        both, either = _space_sets()
+        chars |= set(either) - set(both)
+    wide = "w" in found  # every non-ASCII character
+    ranges = [(c, c) for c in sorted(chars) if not (wide and c >= "\x80")]
+    return tuple(ranges + [("\x80", "\U0010ffff")] if wide else ranges)
+
+
+def _disagreeing_constructs(pattern: str) -> set[str]:
+    """Which of ``$``, ``.``, \\s (``s``) and \\d/\\w/\\b (``w``) the pattern uses outside escapes."""
+    out: set[str] = set()
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            n = pattern[i + 1]
+            if n in "dDwWbB":
+                out.add("w")
+            elif n in "sS":
+                out.add("s")
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c in ".$":
+            out.add(c)
+        i += 1
+    return out
+
+
+@lru_cache(maxsize=1024)
+def pattern_to_rust_key(pattern: str, outside: Ranges) -> str:
+    """A patternProperties key pattern as an anchored Rust regex over the keys that hold no character in
+    ``outside`` and contain a match (the keys ECMA and Python's re judge alike, see key_disagreements)."""
+    if not outside:
+        return pattern_to_rust(pattern)
+    tree = _Parser(pattern).parse()
+    if has_lookaround(tree):
+        return "^(?:" + _emit(whole_string_node(tree, pattern), encoded=False, outside=outside) + ")$"
+    pad = f"[^{ranges_class_body(outside)}]*"
+    branches = []
+    for alt_node in top_alternatives(tree):
+        items = list(alt_node[1]) if alt_node[0] == "seq" else [alt_node]
+        start = bool(items) and items[0][0] == "bol"
+        end = len(items) > int(start) and items[-1][0] == "eol"
+        body = "".join(_emit(n, encoded=False, outside=outside) for n in items[int(start) : len(items) - int(end)])
+        branches.append(("" if start else pad) + body + ("" if end else pad))
+    return "^(?:" + "|".join(branches) + ")$"

@@ -45,7 +45,7 @@ import jsonschema
 
 from loraplex.grammar.schema import formats
 from loraplex.grammar.schema.check import pointer, resolve_pointer
-from loraplex.grammar.schema.ecma_pattern import pattern_to_content_regex
+from loraplex.grammar.schema.ecma_pattern import describe_ranges, key_restriction, pattern_to_content_regex
 from loraplex.grammar.schema.exclusive import Exclusivity
 from loraplex.grammar.schema.multiple_of import NON_NUMBERS, narrowed_multiple
 from loraplex.grammar.schema.negate import Negation, Negator
@@ -461,6 +461,14 @@ class _Narrower:
         patterns = node["patternProperties"]
         unenforceable = [p for p in patterns if not _enforceable(p)]
         if not unenforceable and not self.drop_pattern_properties:
+            outside = key_restriction(patterns, node.get("properties") or {})
+            if outside:  # (the llguidance text leaves such keys out: backend_llguidance.text)
+                self.note(
+                    "patternProperties",
+                    path,
+                    f"keys holding characters that ECMA and Python regexes judge differently under these patterns "
+                    f"({describe_ranges(outside)}) are not generated",
+                )
             return
         del node["patternProperties"]
         declared = node.setdefault("properties", {})

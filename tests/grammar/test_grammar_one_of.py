@@ -209,7 +209,8 @@ def test_bun_lock_compiles(compiler):
     entry = next(json.loads(line) for line in (CORPUS / "index.jsonl").read_text().splitlines() if '"bun-lock"' in line)
     schema = json.loads((CORPUS / entry["file"]).read_text())
     grammar = compiler.compile(StructuredSpec(json=schema))
-    assert grammar.narrowing == (
+    keys = "patternProperties at "  # (map keys the regex engines judge differently: test_grammar_pattern_engines)
+    assert tuple(n for n in grammar.narrowing if not n.startswith(keys)) == (
         "oneOf at /definitions/BunLockFilePackageArray: each branch is generated only where the others' "
         "complements can be written",
     )
