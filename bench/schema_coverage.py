@@ -110,9 +110,19 @@ def reorder(doc: Any, order: dict[str, int]) -> Any:
     return doc
 
 
-def accepts(grammar: Any, token_ids: list[int]) -> bool:
+def accepts(grammar: Any, token_ids: list[int], errors: list[str] | None = None) -> bool:
+    """Whether the grammar takes the document; a matcher that fails on the way (llguidance's lexer can run out
+    of expressions on a long document) takes it not, and the failure is listed in ``errors``."""
     m = grammar.new_matcher()
-    return all(m.accept_token(t) for t in token_ids) and m.is_accepting()
+    try:
+        ok = all(m.accept_token(t) for t in token_ids) and m.is_accepting()
+    except GrammarError as e:
+        ok, failure = False, str(e)
+    else:
+        failure = getattr(m, "failure", None)  # (llguidance's matcher says so instead of raising)
+    if failure and errors is not None:
+        errors.append(failure.splitlines()[0][:120])
+    return ok
 
 
 def run_ours(
@@ -136,6 +146,7 @@ def run_ours(
         "mask_us": [],
         "recall": [0, 0],
         "invalid_examples": [0, 0],  # (accepted, seen): the peers' soundness measure, applied to us
+        "example_errors": [],  # matcher failures while feeding an example document (counted as not accepted)
         "bad": [],
         "by_category": Counter(),  # accepted schemas per category
     }
@@ -180,7 +191,7 @@ def run_ours(
                 counts = out["recall"] if valid else out["invalid_examples"]
                 counts[1] += 1
                 counts[0] += any(  # either key order, like the peers (for invalid documents: the worst case)
-                    accepts(g, tokenizer.encode(text, add_special_tokens=False))
+                    accepts(g, tokenizer.encode(text, add_special_tokens=False), out["example_errors"])
                     for text in {
                         json.dumps(form, ensure_ascii=False, separators=(",", ":"))
                         for form in (reorder(doc, order), doc)
@@ -300,6 +311,9 @@ def main() -> None:
     print(f"recall: {hit}/{total} valid example documents accepted (keys in generation order)")
     bad_hit, bad_total = ours["invalid_examples"]
     print(f"invalid example documents accepted: {bad_hit}/{bad_total}")
+    if ours["example_errors"]:
+        errors = ours["example_errors"]
+        print(f"matcher failures feeding example documents: {len(errors)} (first: {errors[0]})")
     cm = ours["compile_ms"]
     print(
         f"compile ms: p50 {pct(cm, 0.5):.1f}, p95 {pct(cm, 0.95):.1f}, max {max(cm):.0f}; mask us: p50 "

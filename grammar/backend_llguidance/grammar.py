@@ -17,6 +17,7 @@ rests on the per-token check.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,8 @@ from loraplex.grammar.backend_outlines.automaton import token_row
 from loraplex.grammar.backend_types import CompiledGrammar, GrammarMatcher
 from loraplex.grammar.spec import GrammarError
 from loraplex.grammar.vocab import VocabInfo
+
+log = logging.getLogger(__name__)
 
 GROWTH = 4
 MARGIN = 8
@@ -112,11 +115,12 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._after: dict[int, tuple[bytes, list[int] | None]] = {}
         self._found: tuple[int, bytes, list[int] | None] | None = None  # (position, bytes, plan or None)
         self._search_failed_at = -1  # a position where a budget check's search ran out (see fits_budget)
+        self.failure: str | None = None  # why llguidance's matcher gave up (it then refuses every token)
 
     # ---- state -----------------------------------------------------------------------------------
     def accept_token(self, token_id: int) -> bool:
         g = self._g
-        if self._terminated:
+        if self._terminated or self.failure is not None:
             return False
         if token_id in g.eos_ids:
             if self._m.is_accepting():
@@ -125,8 +129,13 @@ class LLGuidanceMatcher(GrammarMatcher):
             return False
         if token_id in g.special or self._m.validate_tokens([token_id]) != 1:
             return False
-        if not self._m.consume_token(token_id):  # pragma: no cover - validate_tokens said yes
-            raise GrammarError(f"llguidance matcher failed: {self._m.get_error()}")
+        if not self._m.consume_token(token_id):
+            # validate_tokens said yes, but llguidance's lexer can still give up on a long document ("too many
+            # expressions constructed"): the matcher refuses from here on, so its request stops with an error
+            # and nobody else's step fails
+            self.failure = f"llguidance matcher failed: {self._m.get_error().splitlines()[0]}"
+            log.warning("%s", self.failure)
+            return False
         plan = self._current_plan()
         self._pos += 1
         if plan and plan[0] == token_id:
@@ -139,7 +148,7 @@ class LLGuidanceMatcher(GrammarMatcher):
         return True
 
     def is_accepting(self) -> bool:
-        return self._terminated or self._m.is_accepting()
+        return self.failure is None and (self._terminated or self._m.is_accepting())
 
     def is_terminated(self) -> bool:
         return self._terminated or (self._m.is_accepting() and self._m.is_stopped())
@@ -166,6 +175,7 @@ class LLGuidanceMatcher(GrammarMatcher):
     def fork(self) -> LLGuidanceMatcher:
         copy = LLGuidanceMatcher(self._g, self._m.deep_copy())
         copy._pos, copy._terminated, copy._known = self._pos, self._terminated, self._known
+        copy.failure = self.failure
         copy._plan_pos = self._plan_pos
         copy._plan = None if self._plan is None else list(self._plan)
         return copy

@@ -185,3 +185,37 @@ def test_llguidance_plan_after_fits_budget_reuses_that_search(llg_compiler, toke
     for t in expected:
         assert m.fits_budget(t, 99) and m.accept_token(t)
     assert m.is_accepting()
+
+
+def test_a_matcher_llguidance_gives_up_on_stops_its_request_only(llg_compiler, tokenizer):
+    """llguidance's lexer can fail on a long document after validate_tokens said yes ("too many expressions
+    constructed", met by the JSONSchemaBench run on detekt's schema): that request stops with an error
+    finish instead of an exception in the engine's step (which would fail every request in the batch)."""
+    from types import SimpleNamespace
+
+    from loraplex.engine.structured import StructuredOutputManager
+
+    grammar = llg_compiler.compile(StructuredSpec(json={"type": "object", "properties": {"a": {"type": "string"}}}))
+    matcher = grammar.new_matcher()
+    ids = _ids(tokenizer, '{"a":"xyz"}')
+    assert feed(matcher, ids[:2])
+
+    class GivingUp:  # llguidance's matcher at the point its lexer runs out
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def consume_token(self, token_id):
+            return False
+
+        def get_error(self):
+            return "lexer error: too many expressions constructed\n<state>..."
+
+    matcher._m = GivingUp(matcher._m)
+    seq = SimpleNamespace(grammar=matcher, remaining_tokens=None)
+    assert StructuredOutputManager.advance(seq, ids[2]) == "error"
+    assert matcher.failure == "llguidance matcher failed: lexer error: too many expressions constructed"
+    assert not matcher.accept_token(ids[2]) and not matcher.is_accepting()
+    assert matcher.fork().failure == matcher.failure
