@@ -114,14 +114,9 @@ def accepts(grammar: Any, token_ids: list[int], errors: list[str] | None = None)
     """Whether the grammar takes the document; a matcher that fails on the way (llguidance's lexer can run out
     of expressions on a long document) takes it not, and the failure is listed in ``errors``."""
     m = grammar.new_matcher()
-    try:
-        ok = all(m.accept_token(t) for t in token_ids) and m.is_accepting()
-    except GrammarError as e:
-        ok, failure = False, str(e)
-    else:
-        failure = getattr(m, "failure", None)  # (llguidance's matcher says so instead of raising)
-    if failure and errors is not None:
-        errors.append(failure.splitlines()[0][:120])
+    ok = all(m.accept_token(t) for t in token_ids) and m.is_accepting()
+    if m.failure is not None and errors is not None:
+        errors.append(m.failure[:120])
     return ok
 
 

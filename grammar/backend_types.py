@@ -11,6 +11,8 @@ import torch
 class GrammarMatcher(ABC):
     """Where one sequence is inside its constraint. Used from one thread (the engine loop)."""
 
+    failure: str | None = None  # why the backend gave up mid-output (it then refuses every token); None while working
+
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; False (state unchanged) if the token is not allowed here.

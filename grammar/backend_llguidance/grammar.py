@@ -115,7 +115,6 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._after: dict[int, tuple[bytes, list[int] | None]] = {}
         self._found: tuple[int, bytes, list[int] | None] | None = None  # (position, bytes, plan or None)
         self._search_failed_at = -1  # a position where a budget check's search ran out (see fits_budget)
-        self.failure: str | None = None  # why llguidance's matcher gave up (it then refuses every token)
 
     # ---- state -----------------------------------------------------------------------------------
     def accept_token(self, token_id: int) -> bool:

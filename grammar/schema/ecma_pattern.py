@@ -446,6 +446,16 @@ def pattern_to_content_regex(pattern: str, agreeing: bool = False) -> str:
     if has_lookaround(tree):
         return _emit(whole_string_node(tree, pattern))
     branches = []
+    for start, items, end in _anchored_alternatives(tree):
+        body = "".join(_emit(n, agreeing=agreeing) for n in items)
+        branches.append(("" if start else UNIT + "*") + body + ("" if end else UNIT + "*"))
+    return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+
+
+def _anchored_alternatives(tree: Node) -> list[tuple[bool, list[Node], bool]]:
+    """The pattern's top-level alternatives as (anchored at the start, the items between the anchors, anchored
+    at the end): a search pattern's unanchored sides take any text."""
+    out = []
     for alt_node in top_alternatives(tree):
         items = list(alt_node[1]) if alt_node[0] == "seq" else [alt_node]
         start = bool(items) and items[0][0] == "bol"
@@ -454,9 +464,8 @@ def pattern_to_content_regex(pattern: str, agreeing: bool = False) -> str:
         end = bool(items) and items[-1][0] == "eol"
         if end:
             items = items[:-1]
-        body = "".join(_emit(n, agreeing=agreeing) for n in items)
-        branches.append(("" if start else UNIT + "*") + body + ("" if end else UNIT + "*"))
-    return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        out.append((start, items, end))
+    return out
 
 
 # ---- patternProperties keys judged alike by ECMA and Python's re --------------------------------------------
@@ -555,10 +564,7 @@ def pattern_to_rust_key(pattern: str, outside: Ranges) -> str:
         return "^(?:" + _emit(whole_string_node(tree, pattern), encoded=False, outside=outside) + ")$"
     pad = f"[^{ranges_class_body(outside)}]*"
     branches = []
-    for alt_node in top_alternatives(tree):
-        items = list(alt_node[1]) if alt_node[0] == "seq" else [alt_node]
-        start = bool(items) and items[0][0] == "bol"
-        end = len(items) > int(start) and items[-1][0] == "eol"
-        body = "".join(_emit(n, encoded=False, outside=outside) for n in items[int(start) : len(items) - int(end)])
+    for start, items, end in _anchored_alternatives(tree):
+        body = "".join(_emit(n, encoded=False, outside=outside) for n in items)
         branches.append(("" if start else pad) + body + ("" if end else pad))
     return "^(?:" + "|".join(branches) + ")$"

@@ -55,7 +55,7 @@ def narrowed_multiple(divisor: int | float, node: dict) -> Plan | None:
         return None
     if divisor <= 0:
         return None  # not a valid schema: check_schema names it
-    decimal = Fraction(repr(divisor)) if isinstance(divisor, float) else Fraction(divisor)
+    decimal = _exact(divisor)
     error = abs(Fraction(divisor) - decimal) / decimal
     if error == 0:
         if _stateable(decimal):
@@ -115,14 +115,12 @@ def _passing_values(divisor: int | float, step: Fraction, node: dict) -> list[in
     bound closest to zero first (integer multiples only where the node admits integers only)."""
     if node.get("type") in ("integer", ["integer"]):
         step = Fraction(step.numerator)
-    lo, hi = _bounds(node)
-    lo, hi = max(lo, -LARGEST) if lo is not None else -LARGEST, min(hi, LARGEST) if hi is not None else LARGEST
-    k_lo = -math.inf if lo is None else math.ceil(lo / step)
-    k_hi = math.inf if hi is None else math.floor(hi / step)
-    start = int(min(max(0, k_lo), k_hi)) if k_lo <= k_hi else None
+    lo, hi = _window(node)
+    k_lo, k_hi = math.ceil(lo / step), math.floor(hi / step)
     out: list[int | float] = []
-    if start is None:
+    if k_lo > k_hi:
         return out
+    start = min(max(0, k_lo), k_hi)
     nearest_first = itertools.chain(
         [start], itertools.chain.from_iterable((start + i, start - i) for i in itertools.count(1))
     )
@@ -146,17 +144,20 @@ def _spelled(value: Fraction) -> int | float | None:
     return number if Fraction(repr(number)) == value else None
 
 
-def _bounds(node: dict) -> tuple[Fraction | None, Fraction | None]:
-    lo = hi = None
-    for key in ("minimum", "exclusiveMinimum"):
-        if isinstance(node.get(key), (int, float)) and not isinstance(node.get(key), bool):
-            v = Fraction(repr(node[key])) if isinstance(node[key], float) else Fraction(node[key])
-            lo = v if lo is None else max(lo, v)
-    for key in ("maximum", "exclusiveMaximum"):
-        if isinstance(node.get(key), (int, float)) and not isinstance(node.get(key), bool):
-            v = Fraction(repr(node[key])) if isinstance(node[key], float) else Fraction(node[key])
-            hi = v if hi is None else min(hi, v)
-    return lo, hi
+def _exact(number: int | float) -> Fraction:
+    """A JSON number's decimal value (a float's as written: its shortest spelling)."""
+    return Fraction(repr(number)) if isinstance(number, float) else Fraction(number)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _window(node: dict) -> tuple[Fraction, Fraction]:
+    """Where to look for multiples: the node's bounds (exclusive ones too: _inside decides) within +-LARGEST."""
+    lows = [_exact(node[k]) for k in ("minimum", "exclusiveMinimum") if _is_number(node.get(k))]
+    highs = [_exact(node[k]) for k in ("maximum", "exclusiveMaximum") if _is_number(node.get(k))]
+    return max([Fraction(-LARGEST), *lows]), min([Fraction(LARGEST), *highs])
 
 
 def _inside(value: int | float, node: dict) -> bool:
@@ -167,4 +168,4 @@ def _inside(value: int | float, node: dict) -> bool:
         ("maximum", lambda b: value <= b),
         ("exclusiveMaximum", lambda b: value < b),
     )
-    return all(not isinstance(node.get(key), (int, float)) or ok(node[key]) for key, ok in checks)
+    return all(not _is_number(node.get(key)) or ok(node[key]) for key, ok in checks)
