@@ -1,7 +1,7 @@
 """Batch API throughput: a Workload A batch job through `loraplex serve` against offline `LLM.generate` on the
 same requests, in the same run.
 
-    .venv/bin/python -m bench.batch [--copies 1] [--max-tokens 64] [--rounds 2]
+    .venv/bin/python -P -m bench.batch [--copies 1] [--max-tokens 64] [--rounds 2]
 
 Workload A's 64 chat requests (base model, greedy, `ignore_eos` so both produce exactly `--max-tokens` tokens
 per request), repeated `--copies` times, are sent once as one JSONL batch (upload, create, wait for

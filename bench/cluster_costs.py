@@ -1,6 +1,6 @@
 """Per-step costs of this engine, measured for bench/cluster_sim.py (written to bench/cluster_costs.json).
 
-    .venv/bin/python -m bench.cluster_costs [--out bench/cluster_costs.json] [--refit]
+    .venv/bin/python -P -m bench.cluster_costs [--out bench/cluster_costs.json] [--refit]
 
 Runs Workload A's prompts (64 greedy output tokens, ignore_eos) through an LLMEngine on the bundled
 SmolLM2 on one thread: its first 16 requests at once over 8 adapters (the single-replica throughput the
@@ -137,7 +137,7 @@ def measure() -> dict:
             "steps": len(steps64),
         },
         "machine": {"cpus": os.cpu_count(), "load": machine_load()},
-        "command": "python -m bench.cluster_costs",
+        "command": "python -P -m bench.cluster_costs",
         "steps": [list(step) for step in steps],  # (tokens, seqs, distinct adapters, seconds): refit at will
     }
 

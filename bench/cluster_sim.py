@@ -1,7 +1,7 @@
 """Discrete-event simulation of R replicas serving A adapters of T tenants, driven by this engine's measured
-per-step costs (bench/cluster_costs.json, made by `python -m bench.cluster_costs`).
+per-step costs (bench/cluster_costs.json, made by `python -P -m bench.cluster_costs`).
 
-    .venv/bin/python -m bench.cluster_sim [--costs bench/cluster_costs.json] [--seconds 60]
+    .venv/bin/python -P -m bench.cluster_sim [--costs bench/cluster_costs.json] [--seconds 60]
 
 Each replica is modelled as the engine schedules: continuous batching of at most max_num_seqs sequences and
 max_num_batched_tokens tokens a step (decodes first, then prefill chunks), at most max_loras distinct

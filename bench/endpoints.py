@@ -1,6 +1,6 @@
 """Cold vs warm: the first request's time-to-first-token after an adapter version is published.
 
-    .venv/bin/python -m bench.endpoints [--rounds 6] [--max-tokens 8]
+    .venv/bin/python -P -m bench.endpoints [--rounds 6] [--max-tokens 8]
 
 Starts `loraplex serve` (the bundled SmolLM2) twice, one after the other: with `--warm-adapters` (publishing
 loads the new version into host memory on every replica) and with `--no-warm-adapters` (the first request reads

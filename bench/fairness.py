@@ -21,7 +21,7 @@ On a CPU a step's time grows with its tokens, so B's first token also waits for 
 shares its own step with A's decodes and prefills: ``--a-concurrency N`` caps A's requests in the engine
 as the platform's per-tenant ``max_concurrent_sequences`` limit does, which bounds those steps.
 
-Usage: python -m bench.fairness [--policies fair,fcfs] [--flood 300] [--b-requests 20] [--spacing 1.0]
+Usage: python -P -m bench.fairness [--policies fair,fcfs] [--flood 300] [--b-requests 20] [--spacing 1.0]
                                 [--max-tokens 32] [--weights 2,1] [--share-clients 128] [--settle 5]
                                 [--window 30] [--max-num-seqs 128] [--max-num-batched-tokens 2048]
                                 [--multi-tenant-step-ms MS] [--a-concurrency 0]

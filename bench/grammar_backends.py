@@ -1,6 +1,6 @@
 """Measure compile time and per-step mask time per backend on the schema suite.
 
-    python -m bench.grammar_backends [--suite PATH] [--model DIR] [--backends auto,llguidance,outlines]
+    python -P -m bench.grammar_backends [--suite PATH] [--model DIR] [--backends auto,llguidance,outlines]
 
 For each backend: compile every distinct schema of suite.jsonl (p50/p95/max, refusals, timeouts),
 the latency of a cache hit, and for every valid instance the time of one fill_bitmask per token

@@ -1,4 +1,4 @@
-"""CPU cost of the kernels on SmolLM2-135M shapes: ``python -m bench.kernels``.
+"""CPU cost of the kernels on SmolLM2-135M shapes: ``python -P -m bench.kernels``.
 
 Prints, per LoRA projection group, the base matmul of the projection versus the grouped torch
 multi-LoRA path (shrink + expand), the C kernel (where it builds) and the per-token reference, for a

@@ -1,6 +1,6 @@
 """KV-cache groups on a model that mixes sliding and global layers (default: Gemma 3 270M, the real GGUF).
 
-    .venv/bin/python -m bench.kv_groups [--model DIR_OR_GGUF] [--requests 8] [--prompt 1024] [--max-tokens 64]
+    .venv/bin/python -P -m bench.kv_groups [--model DIR_OR_GGUF] [--requests 8] [--prompt 1024] [--max-tokens 64]
                                          [--kv-cache-mib N]
 
 Runs the same requests twice in one process, with KV-cache groups (``engine.kv_groups``: the sliding groups

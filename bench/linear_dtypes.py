@@ -1,4 +1,4 @@
-"""The engine's projections in float32 against bfloat16 on the CPU: ``python -m bench.linear_dtypes``.
+"""The engine's projections in float32 against bfloat16 on the CPU: ``python -P -m bench.linear_dtypes``.
 
 Times ``engine.linear.Linear`` (oneDNN's packed linear where it works, else F.linear) and plain ``F.linear``
 on SmolLM2-135M's projection shapes, for 1 row (a lone decode: a GEMV), 8 and 64 rows (decode batches) and

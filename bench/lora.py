@@ -18,7 +18,7 @@ disturbed by other work on a shared machine; all runs are printed). ``--interlea
 comparison: a base engine and a multi-LoRA engine take turns step by step, so background load hits both
 alike.
 
-Usage: python -m bench.lora [--bench-dir ../shared/bench] [--adapters DIR] [--max-loras 32] [--repeats 3]
+Usage: python -P -m bench.lora [--bench-dir ../shared/bench] [--adapters DIR] [--max-loras 32] [--repeats 3]
                             [--interleaved] [--skip-hf] [--threads N] [--lora-dtype float16]
 """
 
@@ -47,6 +47,7 @@ def ensure_adapters(bench_dir: Path, base_dir: Path, out: Path, n: int) -> list[
         subprocess.run(
             [
                 sys.executable,
+                "-P",
                 str(bench_dir / "make_adapters.py"),
                 "--base",
                 str(base_dir),

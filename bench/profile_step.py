@@ -1,6 +1,6 @@
 """Where a step's time goes on Workload A: matmuls, attention (KV store + kernels), other ops, Python.
 
-    .venv/bin/python -m bench.profile_step [--dtype bfloat16]
+    .venv/bin/python -P -m bench.profile_step [--dtype bfloat16]
 
 Profiles one prefill step (a full token budget of prompt chunks) and one decode step (64 sequences at
 ~200 tokens of context) with torch.profiler and groups the operators. The C kernels are not torch

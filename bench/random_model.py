@@ -1,5 +1,5 @@
-"""A random-weight model with a real model's shape and tokenizer: ``python -m bench.random_model SRC DEST``,
-or ``python -m bench.random_model --shape qwen2.5-0.5b DEST`` for a shape in ``bench/shapes/`` (a published
+"""A random-weight model with a real model's shape and tokenizer: ``python -P -m bench.random_model SRC DEST``,
+or ``python -P -m bench.random_model --shape qwen2.5-0.5b DEST`` for a shape in ``bench/shapes/`` (a published
 model's config.json values) with the bundled SmolLM2 tokenizer: its token ids all lie inside such a model's
 larger vocabulary, and the compute per token is the shape's.
 

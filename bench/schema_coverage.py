@@ -1,7 +1,7 @@
 """Real-world JSON Schemas: coverage, soundness and recall of loraplex's structured output, and of llguidance
 (default and lenient) and xgrammar on the same corpus and tokenizer.
 
-    .venv/bin/python -m bench.schema_coverage [--corpus DIR] [--walks 50] [--limit N] [--sample N] [--peers]
+    .venv/bin/python -P -m bench.schema_coverage [--corpus DIR] [--walks 50] [--limit N] [--sample N] [--peers]
 
 For every schema of the corpus (default ../shared/schemas/schemastore-dev: SchemaStore schemas with their
 own example documents):

@@ -1,7 +1,7 @@
 """Serving benchmark: concurrent OpenAI clients against `loraplex serve`, and the same requests offline.
 
-    .venv/bin/python -m bench.serve [--rate 2] [--requests 48] [--adapters 4] [--max-tokens 64]
-    .venv/bin/python -m bench.serve --cold-start --requests 64 [--warmup-s 15]
+    .venv/bin/python -P -m bench.serve [--rate 2] [--requests 48] [--adapters 4] [--max-tokens 64]
+    .venv/bin/python -P -m bench.serve --cold-start --requests 64 [--warmup-s 15]
 
 Starts a server on a free port (temporary data dir), creates a tenant, uploads adapters made by the
 workload's make_adapters.py, then replays Workload A chat requests as a Poisson stream at `--rate`
@@ -38,6 +38,7 @@ import httpx
 
 from bench.common import load_workload, machine_load, print_table, tag_user_messages
 from bench.lora import ensure_adapters
+from loraplex.env.safe_path import python_module_command
 
 ADMIN_KEY = "lpx-admin.bench-serve-admin-key"
 
@@ -59,9 +60,7 @@ def free_port() -> int:
 
 def start_server(port: int, data_dir: Path, max_loras: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     cmd = [
-        sys.executable,
-        "-m",
-        "loraplex.platform.cli",
+        *python_module_command("loraplex.platform.cli"),
         "serve",
         "--port",
         str(port),

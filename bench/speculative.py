@@ -1,9 +1,9 @@
 """Fewer decode steps on an extraction workload: plain decoding vs jump-forward vs n-gram speculation vs both,
 and the opt-in byte-level jump-forward alone and with n-gram speculation.
 
-    .venv/bin/python -m bench.speculative [--quick] [--single N] [--batch N] [--vllm-python PY]
-    .venv/bin/python -m bench.speculative --sweep 1,2,4,8,16     # where disable_by_batch_size belongs
-    .venv/bin/python -m bench.speculative --modes "both,both (bytes)"   # plain and the modes named
+    .venv/bin/python -P -m bench.speculative [--quick] [--single N] [--batch N] [--vllm-python PY]
+    .venv/bin/python -P -m bench.speculative --sweep 1,2,4,8,16     # where disable_by_batch_size belongs
+    .venv/bin/python -P -m bench.speculative --modes "both,both (bytes)"   # plain and the modes named
 
 The workload is built here (seeded): invoices of 300-800 tokens (a header with the fields, then filler
 prose), and a JSON schema of 10 fields whose values all appear in the document; greedy, one chat prompt

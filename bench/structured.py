@@ -1,6 +1,6 @@
 """Structured output in the batch: Workload A with 0%, 50% and 100% of requests JSON-schema constrained.
 
-    .venv/bin/python -m bench.structured [--skip-compile]
+    .venv/bin/python -P -m bench.structured [--skip-compile]
 
 Each run is the core benchmark's batch (64 requests, greedy, max_tokens 64; unconstrained rows use
 ignore_eos) with the workload's extraction SCHEMA on a share of the requests. Constrained outputs end

@@ -1,6 +1,6 @@
 """Workload A, base model: loraplex's LLM.generate against Hugging Face batched `generate`, in one run.
 
-    .venv/bin/python bench/throughput.py [--hf-batch 64] [--skip-hf] [--model DIR_OR_GGUF] [--dtype bfloat16]
+    .venv/bin/python -P -m bench.throughput [--hf-batch 64] [--skip-hf] [--model DIR_OR_GGUF] [--dtype bfloat16]
 
 Prints output and total (prompt + output) tokens/s of each, their ratio, and two fractions of the machine's
 float32 matmul rate (measured first: the faster of torch.mm and oneDNN's packed linear):

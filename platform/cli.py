@@ -130,6 +130,9 @@ def _cmd_admin_key(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from loraplex.env.safe_path import refuse_checkout_on_path
+
+    refuse_checkout_on_path("the `loraplex` command, or `python -P -m loraplex.platform.cli`")
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)

@@ -329,6 +329,7 @@ def main() -> None:
             r = subprocess.run(
                 [
                     str(ROOT / ".venv/bin/python"),
+                    "-P",
                     "-m",
                     "pytest",
                     "-q",

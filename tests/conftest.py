@@ -7,13 +7,19 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
+
+from loraplex.env.safe_path import refuse_checkout_on_path
+
+# Before anything imports transformers (which imports Hugging Face's `kernels`): the suite runs in safe-path mode.
+refuse_checkout_on_path("`bash scripts/test.sh [ARGS]`, or `.venv/bin/python -P -m pytest [ARGS]`")
+
+import torch  # noqa: E402
 
 # The Triton kernels are compared with their torch references under the interpreter on CPU (or compiled,
 # with LORAPLEX_TEST_DEVICE=cuda on a GPU machine: see tests/device.py). Triton reads the choice when it
 # is first imported, and other suites (grammar, engine) may import it before the kernel tests do, so it
 # is made here, before anything else loads.
-from tests.device import TEST_DEVICE
+from tests.device import TEST_DEVICE  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import queue
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
+from loraplex.env.safe_path import python_module_command
 from loraplex.grammar.workers.ipc import Deadline, PipeClosed, read_frame, write_frame
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class _Job:
 class _Worker:
     def __init__(self, init: tuple, nice: int) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loraplex.grammar.workers.worker", str(nice)],
+            python_module_command("loraplex.grammar.workers.worker", str(nice)),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,

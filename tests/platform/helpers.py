@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import tarfile
 import threading
 import time
@@ -17,6 +16,8 @@ from typing import Any
 
 import httpx
 import uvicorn
+
+from loraplex.env.safe_path import python_module_command
 
 ADMIN_KEY = "lpx-admin.test-admin-key-for-the-platform-suite"
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
@@ -75,7 +76,7 @@ class ServerProcess:
         self.log = log
         self._log_file = open(log, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loraplex.platform.cli", "serve", "--port", str(self.port), *args],
+            python_module_command("loraplex.platform.cli", "serve", "--port", str(self.port), *args),
             # no start-up warm-up unless a test asks for it (it would add up to warmup_s to every start)
             env={**os.environ, "LORAPLEX_WARMUP_S": "0", **env},
             stdout=self._log_file,
@@ -247,7 +248,7 @@ class S3Server:
         self.bucket = bucket
         self._log_file = open(log, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            python_module_command("moto.server", "-H", "127.0.0.1", "-p", str(self.port)),
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
         )

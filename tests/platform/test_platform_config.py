@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
+from loraplex.env.safe_path import python_module_command
 from loraplex.platform.cli import build_parser
 from loraplex.platform.db.migrate import current_revision, downgrade, upgrade
 from loraplex.platform.db.models import Base
@@ -92,7 +92,7 @@ async def test_migrations_on_postgresql_match_the_models() -> None:
 
 def test_cli_db_upgrade(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "loraplex.platform.cli", "db", "upgrade", "--data-dir", str(tmp_path)],
+        python_module_command("loraplex.platform.cli", "db", "upgrade", "--data-dir", str(tmp_path)),
         capture_output=True,
         text=True,
         timeout=120,
