@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from loraplex.env import data_dir
-from loraplex.env.scratch import process_scratch
+from loraplex.envvars import data_dir
+from loraplex.scratch import process_scratch
 
 from .archive import archive_kind, extract_archive
 from .config import AdapterConfig, parse_adapter_config
@@ -123,7 +123,7 @@ def _adapter_folder(source: Path, limits: AdapterLimits) -> Iterator[tuple[Path,
             code="unsupported_archive",
         )
     # Extracted into this process's scratch folder under the data dir (never the system temp directory),
-    # so a crash mid-load leaves nothing that the next start does not remove (loraplex.env.scratch).
+    # so a crash mid-load leaves nothing that the next start does not remove (loraplex.scratch).
     tmp = process_scratch(data_dir() / "tmp").mkdtemp("adapter-")
     try:
         dest = tmp / "adapter"

@@ -28,7 +28,7 @@ FUSED_MODEL_TYPES = frozenset({"phi3"})
 # Every module name an adapter may target on some family, in the engine's order.
 ALL_LORA_MODULES: tuple[str, ...] = ("qkv_proj", *LORA_MODULES[:4], "gate_up_proj", *LORA_MODULES[4:])
 
-# The causal-LM class of each model_type the engine serves (engine.families), also the name for configs that
+# The causal-LM class of each model_type the engine serves (engine.model.families), also the name for configs that
 # do not list `architectures` (e.g. a LlamaConfig built in code).
 DEFAULT_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",

@@ -62,7 +62,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from loraplex.engine import LLM, SamplingParams
-    from loraplex.engine.model_files import DEFAULT_MODEL_NAME, prepare_default_model
+    from loraplex.engine.model.files import DEFAULT_MODEL_NAME, prepare_default_model
 
     wl = load_workload()
     model_dir = prepare_default_model()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from loraplex import env
+from loraplex import envvars as env
 
 if TYPE_CHECKING:
     from loraplex.engine import LLM
@@ -44,7 +44,7 @@ def matmul_rates(n: int = 2048, repeats: int = 5) -> dict[str, float]:
     """The machine's float32 matmul rates (GFLOP/s, best of `repeats`) with the current thread count:
     torch.mm (MKL on x86) and, where it works, oneDNN's packed linear (what the engine uses on CPU).
     The ceiling is the faster of the two: on AMD processors MKL runs AVX2 code and oneDNN AVX-512."""
-    from loraplex.engine.linear import Linear
+    from loraplex.engine.model.linear import Linear
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     lin = Linear(b.t().contiguous())

@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="adapters published per mode")
     ap.add_argument("--max-tokens", type=int, default=8)
     args = ap.parse_args()
-    from loraplex.engine.model_files import prepare_default_model
+    from loraplex.engine.model.files import prepare_default_model
 
     wl = load_workload()
     model_dir = prepare_default_model()

@@ -167,7 +167,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from loraplex.engine.model_files import resolve_model_dir
+    from loraplex.engine.model.files import resolve_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir(None)))
     prompts = [r["prompt_token_ids"] for r in load_workload().build_requests(tokenizer)]

@@ -110,7 +110,7 @@ def run(backend: str, cases: list[dict], tokenizer, timeout_s: float) -> dict:
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from loraplex.engine.model_files import default_model_dir
+    from loraplex.engine.model.files import default_model_dir
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--suite", type=Path, default=Path(__file__).resolve().parents[2] / "shared/schemas/suite.jsonl")

@@ -3,7 +3,7 @@
     .venv/bin/python -P -m bench.kv_groups [--model DIR_OR_GGUF] [--requests 8] [--prompt 1024] [--max-tokens 64]
                                          [--kv-cache-mib N]
 
-Runs the same requests twice in one process, with KV-cache groups (``engine.kv_groups``: the sliding groups
+Runs the same requests twice in one process, with KV-cache groups (``engine.core.kv_groups``: the sliding groups
 release their out-of-window blocks) and with one block table for all layers (every block kept, as before groups),
 and prints for each: the peak KV memory held at a step (layer-blocks: block ids in use x the layers one id holds,
 and MiB), the same over decode-only steps (without prefill chunks' transient blocks), the most requests running
@@ -21,7 +21,7 @@ import torch
 
 from bench.common import machine_load, print_table
 from loraplex.engine import LLM, SamplingParams
-from loraplex.engine.kv_groups import KVGroups
+from loraplex.engine.core.kv_groups import KVGroups
 
 
 def default_model() -> Path:
@@ -37,7 +37,7 @@ def one_table(layer_windows: tuple[int | None, ...]) -> KVGroups:
 
 
 def run(model: str, prompts: list[list[int]], max_tokens: int, engine_args: dict, grouped: bool) -> list:
-    import loraplex.engine.model_runner as model_runner
+    import loraplex.engine.model.runner as model_runner
 
     real = model_runner.KVGroups.from_windows
     if not grouped:

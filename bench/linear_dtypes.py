@@ -1,6 +1,6 @@
 """The engine's projections in float32 against bfloat16 on the CPU: ``python -P -m bench.linear_dtypes``.
 
-Times ``engine.linear.Linear`` (oneDNN's packed linear where it works, else F.linear) and plain ``F.linear``
+Times ``engine.model.linear.Linear`` (oneDNN's packed linear where it works, else F.linear) and plain ``F.linear``
 on SmolLM2-135M's projection shapes, for 1 row (a lone decode: a GEMV), 8 and 64 rows (decode batches) and
 512 rows (a prefill chunk), in both dtypes, and prints the bfloat16 / float32 time ratio (below 1: bfloat16
 is faster). Medians of repeated runs, so a busy shared machine disturbs them less; the machine's load is
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import machine_load, print_table
-from loraplex.engine.linear import Linear, onednn_linear_available
+from loraplex.engine.model.linear import Linear, onednn_linear_available
 from loraplex.kernels.cpu_features import native_bf16_feature
 
 SHAPES = {  # name: (out_features, in_features) of SmolLM2-135M

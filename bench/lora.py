@@ -88,7 +88,7 @@ def run_interleaved(llm_a, llm_b, prompts: list[list[int]], adapters, max_tokens
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     engines = (llm_a.engine, llm_b.engine)
     for engine in engines:
-        engine.block_manager.reset_prefix_cache()
+        engine.core.block_manager.reset_prefix_cache()
     for i, prompt in enumerate(prompts):
         engines[0].add_request(prompt, params, f"inter-a{i}")
         engines[1].add_request(prompt, params, f"inter-b{i}", adapter=adapters[i])
@@ -173,7 +173,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from loraplex.engine import LLM
-    from loraplex.engine.model_files import resolve_model_dir
+    from loraplex.engine.model.files import resolve_model_dir
 
     args.bench_dir = args.bench_dir or workload_dir()
     wl = load_workload(args.bench_dir)

@@ -25,7 +25,7 @@ SHAPES = Path(__file__).parent / "shapes"
 
 def shape_source(name: str, dest: Path) -> Path:
     """A directory with the shape's config.json and the bundled SmolLM2 tokenizer files."""
-    from loraplex.engine.model_files import prepare_default_model
+    from loraplex.engine.model.files import prepare_default_model
 
     config = SHAPES / f"{name}.json"
     if not config.is_file():

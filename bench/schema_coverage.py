@@ -275,7 +275,7 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from loraplex.engine.model_files import prepare_default_model
+    from loraplex.engine.model.files import prepare_default_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(prepare_default_model()))
     cases = load_corpus(args.corpus, args.limit, args.sample, args.seed)

@@ -38,7 +38,7 @@ import httpx
 
 from bench.common import load_workload, machine_load, print_table, tag_user_messages
 from bench.lora import ensure_adapters
-from loraplex.env.safe_path import python_module_command
+from loraplex.envvars.safe_path import python_module_command
 
 ADMIN_KEY = "lpx-admin.bench-serve-admin-key"
 
@@ -337,7 +337,7 @@ def cold_start(args: argparse.Namespace, schedule, adapter_dirs: list[Path], sch
     says yes (no warm-up requests), without and with the start-up warm-up; then the same load again on the
     warmed server (the warm row), on new documents (`tagged`): repeating the same prompts would measure the
     prefix cache, not a warm replica. Start-to-ready is from the process start to the first 200 from /ready."""
-    from loraplex.engine.model_files import DEFAULT_MODEL_NAME
+    from loraplex.engine.model.files import DEFAULT_MODEL_NAME
 
     rows = []
     for warmup_s in (0.0, args.warmup_s):
@@ -388,7 +388,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from loraplex.engine.model_files import DEFAULT_MODEL_NAME, prepare_default_model
+    from loraplex.engine.model.files import DEFAULT_MODEL_NAME, prepare_default_model
 
     wl = load_workload()
     model_dir = prepare_default_model()

@@ -315,7 +315,7 @@ def vllm_side_by_side(
     from pathlib import Path
 
     from bench.common import run_vllm_peer
-    from loraplex.engine.model_files import prepare_default_model
+    from loraplex.engine.model.files import prepare_default_model
 
     base = results["plain"]
     job = {

@@ -126,7 +126,7 @@ def main() -> None:
         engine_args["dtype"] = args.dtype
     from transformers import AutoTokenizer
 
-    from loraplex.engine.model_files import resolve_model_dir
+    from loraplex.engine.model.files import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)
     engine_args["model"] = str(model_dir)

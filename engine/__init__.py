@@ -2,15 +2,15 @@
 
 from loraplex.engine.async_engine import AsyncEngine
 from loraplex.engine.config import EngineArgs
+from loraplex.engine.core.share import Share
 from loraplex.engine.errors import EngineError, ModelLoadError, RequestError
 from loraplex.engine.llm import LLM
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.lora.ref import AdapterRef
-from loraplex.engine.model_files import prepare_default_model
+from loraplex.engine.model.files import prepare_default_model
 from loraplex.engine.outputs import FinishReason, RequestOutput, TokenLogprob
 from loraplex.engine.probe import EngineProbe
-from loraplex.engine.sampling_params import SamplingParams
-from loraplex.engine.share import Share
+from loraplex.engine.sample.sampling_params import SamplingParams
 
 __all__ = [
     "LLM",

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from loraplex.adapters import BaseModelSpec
 from loraplex.engine.config import EngineArgs
+from loraplex.engine.core.share import DEFAULT_SHARE, Share
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.messages import Abort, AddAdapter, AddRequest, EngineMessage, PinAdapters, RemoveAdapter
 from loraplex.engine.outputs import RequestOutput
-from loraplex.engine.sampling_params import SamplingParams
-from loraplex.engine.share import DEFAULT_SHARE, Share
+from loraplex.engine.sample.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from loraplex.grammar.backend_types import CompiledGrammar
@@ -127,7 +127,7 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs; validation, grammar and budget errors raise before anything is
         generated (the engine thread keeps stepping while a grammar compiles). ``share``: the tenant the
-        request is served for, its weight and priority class (see ``engine.share``). ``every_step=False`` (a
+        request is served for, its weight and priority class (see ``engine.core.share``). ``every_step=False`` (a
         caller that only needs the first output and the whole result, e.g. a non-streaming response): the
         outputs between the first and the last come joined into the last one."""
         if self._stopped:

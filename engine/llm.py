@@ -11,7 +11,7 @@ from loraplex.engine.config import EngineArgs
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.outputs import RequestOutput
-from loraplex.engine.sampling_params import SamplingParams
+from loraplex.engine.sample.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 Adapter = AdapterRef | str | os.PathLike | None

@@ -14,25 +14,26 @@ import torch
 from transformers import AutoTokenizer
 
 from loraplex.adapters import BaseModelSpec
-from loraplex.engine.block_manager import BlockManager
-from loraplex.engine.config import EngineArgs, ModelShape
+from loraplex.engine.config import EngineArgs
+from loraplex.engine.core.block_manager import BlockManager
+from loraplex.engine.core.scheduler import ScheduledBatch, Scheduler
+from loraplex.engine.core.sequence import Sequence, SequenceStatus
+from loraplex.engine.core.share import DEFAULT_SHARE, Share
 from loraplex.engine.detokenizer import IncrementalDetokenizer
-from loraplex.engine.drafts import Drafter
 from loraplex.engine.errors import ModelLoadError, RequestError
-from loraplex.engine.logits_processing import process_logits
 from loraplex.engine.lora.admission import LoRAAdmission
 from loraplex.engine.lora.manager import CheckedAdapter, LoRAManager
 from loraplex.engine.lora.ref import AdapterRef
-from loraplex.engine.model_files import DEFAULT_MODEL_NAME, check_model_dir, resolve_model_dir
-from loraplex.engine.model_runner import ModelRunner
+from loraplex.engine.model.files import DEFAULT_MODEL_NAME, check_model_dir, resolve_model_dir
+from loraplex.engine.model.runner import ModelRunner
+from loraplex.engine.model.shape import ModelShape
 from loraplex.engine.outputs import FinishReason, RequestOutput, TokenLogprob
 from loraplex.engine.probe import EngineProbe
-from loraplex.engine.sampler import Sampler
-from loraplex.engine.sampling_params import SamplingParams
-from loraplex.engine.scheduler import ScheduledBatch, Scheduler
-from loraplex.engine.sequence import Sequence, SequenceStatus
-from loraplex.engine.share import DEFAULT_SHARE, Share
-from loraplex.engine.speculative import DEFAULT_DISABLE_BY_BATCH_SIZE
+from loraplex.engine.sample.logits_processing import process_logits
+from loraplex.engine.sample.sampler import Sampler
+from loraplex.engine.sample.sampling_params import SamplingParams
+from loraplex.engine.spec.drafts import Drafter
+from loraplex.engine.spec.speculative import DEFAULT_DISABLE_BY_BATCH_SIZE
 from loraplex.engine.structured import StructuredOutputManager
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class LLMEngine:
         if max_model_len > positions:
             why = ""
             if positions < self.shape.rope_max_positions:
-                why = " (longrope is served exactly up to original_max_position_embeddings: see engine.rotary)"
+                why = " (longrope is served exactly up to original_max_position_embeddings: see engine.model.rotary)"
             raise ValueError(
                 f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {positions}{why}"
             )
@@ -91,7 +92,7 @@ class LLMEngine:
         self.eos_token_ids = set(self.shape.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        # One block table per KV-cache group (engine.kv_groups): a sliding group's blocks that slid out of its
+        # One block table per KV-cache group (engine.core.kv_groups): a sliding group's blocks that slid out of its
         # window go back to the pool; a global group keeps all (one group when every layer is of one kind).
         self.block_manager = BlockManager(
             self.runner.num_blocks,
@@ -169,7 +170,7 @@ class LLMEngine:
         self.num_preemptions += 1
 
     def _propose(self, seq: Sequence, budget: int) -> list[int]:
-        """Drafts for a running sequence (engine.drafts), within the step's remaining token budget, max_tokens and
+        """Drafts for a running sequence (engine.spec.drafts), within the step's remaining token budget, max_tokens and
         max_model_len; none while the batch is large enough to be compute-bound."""
         cfg = self.spec_config
         if cfg is None or len(self.scheduler.running) > cfg.disable_by_batch_size:
@@ -366,7 +367,7 @@ class LLMEngine:
         outputs: list[RequestOutput] = []
         reasons: dict[str, FinishReason] = {}
         taken = [0] * len(seqs)  # tokens taken per sequence this step
-        # Position by position (engine.speculative): a sequence's next row is sampled only while the token just
+        # Position by position (engine.spec.speculative): a sequence's next row is sampled only while the token just
         # taken equals its draft there, each with the state plain decoding would have at that position.
         alive, depth = list(range(len(seqs))), 0
         while alive:

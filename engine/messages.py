@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from loraplex.engine.core.share import DEFAULT_SHARE, Share
 from loraplex.engine.lora.manager import CheckedAdapter
 from loraplex.engine.lora.ref import AdapterRef
-from loraplex.engine.sampling_params import SamplingParams
-from loraplex.engine.share import DEFAULT_SHARE, Share
+from loraplex.engine.sample.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from loraplex.grammar import CompiledGrammar

@@ -34,7 +34,7 @@ class RequestOutput:
     narrowing: tuple[str, ...] | None = None
     # with prompt_logprobs: one entry per prompt token, None for the first (nothing predicts it); raw model logprobs
     prompt_logprobs: list[TokenLogprob | None] | None = None
-    # fewer decode steps (engine.speculative): n-gram draft tokens verified, those accepted, and tokens the
+    # fewer decode steps (engine.spec.speculative): n-gram draft tokens verified, those accepted, and tokens the
     # grammar forced (jump-forward), so far
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0

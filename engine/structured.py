@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from loraplex.engine.core.sequence import Sequence
 from loraplex.engine.errors import RequestError
 from loraplex.engine.outputs import FinishReason
 from loraplex.engine.probe import EngineProbe
-from loraplex.engine.sequence import Sequence
 from loraplex.kernels.bitmask import apply_token_bitmask
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 
 from loraplex.engine.async_engine import AsyncEngine
-from loraplex.engine.sampling_params import SamplingParams
+from loraplex.engine.sample.sampling_params import SamplingParams
 from loraplex.grammar.spec import StructuredSpec
 
 log = logging.getLogger("loraplex.engine")

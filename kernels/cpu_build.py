@@ -25,7 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from loraplex import env
+from loraplex import envvars as env
 
 logger = logging.getLogger(__name__)
 

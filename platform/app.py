@@ -18,39 +18,39 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from loraplex.adapters import AdapterLimits
+from loraplex.platform.adapters.admin_controller import AdminAdapterController
+from loraplex.platform.adapters.controller import AdapterController
+from loraplex.platform.adapters.engine_refs import EngineAdapters
+from loraplex.platform.adapters.service import DELETED_BLOB, RETIRED_CONTENT, AdapterService, QuotaDefaults
+from loraplex.platform.adapters.upload_slots import UploadSlots
+from loraplex.platform.adapters.warm import Warmer
 from loraplex.platform.batch.api import BatchApi
 from loraplex.platform.batch.controllers import BatchController, FileController
-from loraplex.platform.controllers.adapters import AdapterController
-from loraplex.platform.controllers.admin import AdminAdapterController
-from loraplex.platform.controllers.endpoints import EndpointController
-from loraplex.platform.controllers.health import HealthController
-from loraplex.platform.controllers.tenants import ApiKeyController, TenantController, TenantUsageController
+from loraplex.platform.container import Services
 from loraplex.platform.db.migrate import upgrade
 from loraplex.platform.db.session import Database
 from loraplex.platform.drain import Drain
+from loraplex.platform.endpoints.controller import EndpointController
+from loraplex.platform.endpoints.defaults import compile_defaults
+from loraplex.platform.endpoints.pins import Pinner
+from loraplex.platform.endpoints.service import EndpointService
 from loraplex.platform.errors import EXCEPTION_HANDLERS
+from loraplex.platform.health import HealthController
 from loraplex.platform.json_body import depth_limited_request
 from loraplex.platform.metrics import Metrics
+from loraplex.platform.model_resolution import ModelResolver
 from loraplex.platform.openai.controller import OpenAIController
-from loraplex.platform.openai.endpoint_defaults import compile_defaults
 from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.openai.tokenize import TokenizeController
-from loraplex.platform.services.adapters import DELETED_BLOB, RETIRED_CONTENT, AdapterService, QuotaDefaults
-from loraplex.platform.services.blobstore import BlobStore
-from loraplex.platform.services.cache import RegistryCache
-from loraplex.platform.services.container import Services
-from loraplex.platform.services.endpoints import EndpointService
-from loraplex.platform.services.engine_adapters import EngineAdapters
-from loraplex.platform.services.models import ModelResolver
-from loraplex.platform.services.pins import Pinner
-from loraplex.platform.services.rate_limit import RateLimiter
-from loraplex.platform.services.redis_link import RedisLink
-from loraplex.platform.services.s3_blobstore import S3BlobStore
-from loraplex.platform.services.tenant_limits import TenantLimits
-from loraplex.platform.services.tenants import TenantService
-from loraplex.platform.services.upload_slots import UploadSlots
-from loraplex.platform.services.warm import Warmer
 from loraplex.platform.settings import Settings
+from loraplex.platform.storage.blobstore import BlobStore
+from loraplex.platform.storage.cache import RegistryCache
+from loraplex.platform.storage.redis_link import RedisLink
+from loraplex.platform.storage.s3_blobstore import S3BlobStore
+from loraplex.platform.tenants.controller import ApiKeyController, TenantController, TenantUsageController
+from loraplex.platform.tenants.limits import TenantLimits
+from loraplex.platform.tenants.rate_limit import RateLimiter
+from loraplex.platform.tenants.service import TenantService
 
 if TYPE_CHECKING:
     from loraplex.engine import AsyncEngine

@@ -9,9 +9,9 @@ from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
+from loraplex.platform.container import Services
 from loraplex.platform.errors import ApiError
-from loraplex.platform.services.container import Services
-from loraplex.platform.services.tenants import Principal
+from loraplex.platform.tenants.service import Principal
 
 
 def bearer_token(connection: ASGIConnection) -> str:

@@ -7,7 +7,7 @@ import sys
 
 
 def _cmd_prepare_model(args: argparse.Namespace) -> int:
-    from loraplex.engine.model_files import prepare_default_model
+    from loraplex.engine.model.files import prepare_default_model
 
     path = prepare_default_model(force=args.force)
     print(path)
@@ -110,9 +110,9 @@ def _cmd_admin_key(args: argparse.Namespace) -> int:
 
     from loraplex.platform.db.migrate import upgrade
     from loraplex.platform.db.session import Database
-    from loraplex.platform.services.cache import RegistryCache
-    from loraplex.platform.services.tenants import TenantService
     from loraplex.platform.settings import settings_from_args
+    from loraplex.platform.storage.cache import RegistryCache
+    from loraplex.platform.tenants.service import TenantService
 
     settings = settings_from_args(args)
 
@@ -130,7 +130,7 @@ def _cmd_admin_key(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from loraplex.env.safe_path import refuse_checkout_on_path
+    from loraplex.envvars.safe_path import refuse_checkout_on_path
 
     refuse_checkout_on_path("the `loraplex` command, or `python -P -m loraplex.platform.cli`")
     args = build_parser().parse_args(argv)

@@ -137,7 +137,7 @@ _DESCRIPTIONS = {
 
 def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
     """OpenAPI entries documenting the error body for `statuses` (replacing Litestar's default 400)."""
-    from loraplex.platform.schemas import ErrorResponse
+    from loraplex.platform.error_body import ErrorResponse
 
     return {
         status: ResponseSpec(data_container=ErrorResponse, description=_DESCRIPTIONS[status], generate_examples=False)

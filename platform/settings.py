@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loraplex.env import data_dir as default_data_dir
-from loraplex.env import setting, setting_variable
+from loraplex.envvars import data_dir as default_data_dir
+from loraplex.envvars import setting, setting_variable
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -54,7 +54,7 @@ class Settings:
     # One request: its sequences (prompts * n) and requested tokens (prompt + max_tokens over its sequences)
     max_request_sequences: int = 256
     max_request_tokens: int = 524_288
-    # Each tenant, unless it has its own (see platform/services/tenant_limits.py); 0: unlimited
+    # Each tenant, unless it has its own (see platform/tenants/limits.py); 0: unlimited
     default_tenant_weight: float = 1.0  # share of the engine under --scheduling-policy fair
     default_priority: int = 0  # a tenant's priority class: its requests' default and the most urgent they may ask
     default_max_concurrent_sequences: int = 0
@@ -118,7 +118,7 @@ class Settings:
         if not self.batch_lease_ttl_s > 0 or abs(self.batch_priority) > 1 << 31:
             raise ValueError("batch_lease_ttl_s must be > 0 and batch_priority in [-2^31, 2^31]")
         if self.blob_url is not None:
-            from loraplex.platform.services.s3_blobstore import parse_blob_url
+            from loraplex.platform.storage.s3_blobstore import parse_blob_url
 
             parse_blob_url(self.blob_url)  # a ValueError naming the setting
         if self.database_schema is not None and not self.database_schema.isidentifier():

@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 M = [
     (
         "a cancellation taken for a Redis outage",
-        "platform/services/redis_link.py",
+        "platform/storage/redis_link.py",
         "            if cancelling():",
         "            if False:",
         ["tests/platform/test_platform_background.py"],
@@ -38,14 +38,14 @@ M = [
     ),
     (
         "canary never picked",
-        "platform/services/models.py",
+        "platform/model_resolution.py",
         "picked = canary is not None and share < canary.weight",
         "picked = False",
         ["tests/platform/test_platform_endpoints.py::test_canary_split_is_sticky_then_promote_and_rollback"],
     ),
     (
         "a version an endpoint serves can be deleted",
-        "platform/services/adapters.py",
+        "platform/adapters/service.py",
         "        if endpoint is not None:\n            used",
         "        if False:\n            used",
         ["tests/platform/test_platform_endpoints.py::test_versions_an_endpoint_serves_cannot_be_deleted_or_retired"],
@@ -59,7 +59,7 @@ M = [
     ),
     (
         "lora_requests_info by short name",
-        "platform/services/engine_adapters.py",
+        "platform/adapters/engine_refs.py",
         "        model_id = adapter_id(tenant, record.name)",
         "        model_id = record.name",
         ["tests/platform/test_platform_routing.py::test_metrics_parse_as_the_picker_reads_them"],
@@ -80,7 +80,7 @@ M = [
     ),
     (
         "temperature ignored",
-        "engine/sampler.py",
+        "engine/sample/sampler.py",
         "temps = torch.tensor([1.0 if g else p.temperature for",
         "temps = torch.tensor([1.0 if g else 1.0 for",
         [
@@ -90,21 +90,21 @@ M = [
     ),
     (
         "top-k keeps k+1",
-        "engine/sampler.py",
+        "engine/sample/sampler.py",
         "drop = ranks >= ks.unsqueeze(1)",
         "drop = ranks > ks.unsqueeze(1)",
         ["tests/engine/test_sampling_distributions.py::test_draws_follow_the_filtered_softmax"],
     ),
     (
         "top-p too loose",
-        "engine/sampler.py",
+        "engine/sample/sampler.py",
         "drop |= mass_before >= ps.unsqueeze(1)",
         "drop |= mass_before >= ps.unsqueeze(1) + 0.1",
         ["tests/engine/test_sampling_distributions.py::test_draws_follow_the_filtered_softmax"],
     ),
     (
         "min-p halved",
-        "engine/sampler.py",
+        "engine/sample/sampler.py",
         "thresh = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)",
         "thresh = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1) / 2",
         ["tests/engine/test_sampling_distributions.py::test_draws_follow_the_filtered_softmax"],
@@ -146,7 +146,7 @@ M = [
     ),
     (
         "generation tokens counted per output",
-        "platform/services/generation.py",
+        "platform/generation.py",
         "self.metrics.generation_tokens.inc(len(out.new_token_ids))",
         "self.metrics.generation_tokens.inc(len(out.token_ids))",
         ["tests/platform/test_platform_operations.py::test_health_ready_and_metrics"],
@@ -202,21 +202,21 @@ M = [
     ),
     (
         "pub/sub invalidations ignored",
-        "platform/services/cache.py",
+        "platform/storage/cache.py",
         "            self.local.invalidate(data)\n            self._notify(data)",
         "            pass",
         ["tests/platform/test_platform_redis.py::test_invalidation_reaches_other_replicas"],
     ),
     (
         "pub/sub invalidations ignored (replicas)",
-        "platform/services/cache.py",
+        "platform/storage/cache.py",
         "            self.local.invalidate(data)\n            self._notify(data)",
         "            pass",
         ["tests/platform/test_platform_replicas.py"],
     ),
     (
         "rate limit off by one",
-        "platform/services/rate_limit.py",
+        "platform/tenants/rate_limit.py",
         "RateDecision(count <= limit_per_minute,",
         "RateDecision(count <= limit_per_minute + 1,",
         ["tests/platform/test_platform_tenants.py::test_rate_limit_per_tenant"],
@@ -230,7 +230,7 @@ M = [
     ),
     (
         "quota counts one too few",
-        "platform/services/adapters.py",
+        "platform/adapters/service.py",
         "if len(others) + 1 > max_count:",
         "if len(others) > max_count:",
         [
@@ -239,7 +239,7 @@ M = [
     ),
     (
         "refused uploads keep their blob",
-        "platform/services/adapters.py",
+        "platform/adapters/service.py",
         "        except BaseException:\n"
         "            await asyncio.to_thread(self.store.delete, blob)\n            raise",
         "        except BaseException:\n            raise",
@@ -256,14 +256,14 @@ M = [
     ),
     (
         "ready ignores the database",
-        "platform/controllers/health.py",
+        "platform/health.py",
         '        ready = detail["engine"] == "ok" and detail["database"] == "ok"',
         '        ready = detail["engine"] == "ok"',
         ["tests/platform/test_platform_health.py::test_database_down_is_503_on_ready_only"],
     ),
     (
         "health ignores the engine",
-        "platform/controllers/health.py",
+        "platform/health.py",
         "        alive = services.engine.is_alive()",
         "        alive = True",
         ["tests/platform/test_platform_health.py::test_engine_down_is_503_on_health_and_ready"],
@@ -300,7 +300,7 @@ M = [
     ),
     (
         "rejected drafts charged to the tenant",
-        "engine/scheduler.py",
+        "engine/core/scheduler.py",
         "                self.waiting.charge(seq, n)  # drafts",
         "                self.waiting.charge(seq, n + len(seq.spec_token_ids))  # drafts",
         ["tests/engine/test_speculative.py::test_fair_policy_charges_accepted_tokens_only"],

@@ -60,7 +60,7 @@ if [ "$(cat "$VENV/.loraplex-project" 2>/dev/null)" != "$project" ]; then
         echo "setup: the installed set is inconsistent:" >&2; echo "$problems" >&2; exit 1
     fi
     # tests/ and bench/ are importable through a folder that holds only them, never through the checkout's root
-    # (its kernels/, platform/, ... would shadow installed packages: loraplex/env/safe_path.py).
+    # (its kernels/, platform/, ... would shadow installed packages: loraplex/envvars/safe_path.py).
     dev_path="$(pwd)/$VENV/loraplex-dev-path"
     mkdir -p "$dev_path"
     ln -sfn "$(pwd)/tests" "$dev_path/tests"

@@ -16,5 +16,5 @@ fi
 # House style first: lint and formatting (configured in pyproject.toml).
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
-# -P: the checkout's root stays off sys.path (loraplex/env/safe_path.py); the slowest tests are listed at the end.
+# -P: the checkout's root stays off sys.path (loraplex/envvars/safe_path.py); the slowest tests are listed at the end.
 exec "$venv/bin/python" -P -m pytest -q -p no:cacheprovider --durations=20 "$@"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from loraplex import env
+from loraplex import envvars as env
 from loraplex.kernels import cpu_build
 
 

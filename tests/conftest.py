@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loraplex.env.safe_path import refuse_checkout_on_path
+from loraplex.envvars.safe_path import refuse_checkout_on_path
 
 # Before anything imports transformers (which imports Hugging Face's `kernels`): the suite runs in safe-path mode.
 refuse_checkout_on_path("`bash scripts/test.sh [ARGS]`, or `.venv/bin/python -P -m pytest [ARGS]`")
@@ -24,7 +24,7 @@ from tests.device import TEST_DEVICE  # noqa: E402
 
 @pytest.fixture(scope="session")
 def smol_dir() -> Path:
-    from loraplex.engine.model_files import prepare_default_model
+    from loraplex.engine.model.files import prepare_default_model
 
     return prepare_default_model()
 

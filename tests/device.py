@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from loraplex.env import device_for_tests
+from loraplex.envvars import device_for_tests
 
 TEST_DEVICE_NAME = device_for_tests()
 if TEST_DEVICE_NAME == "cpu":

@@ -13,6 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 FOLDERS = {
+    "envvars": "loraplex/envvars",
+    "scratch": "loraplex/scratch",
     "engine": "loraplex/engine",
     "kernels": "loraplex/kernels",
     "adapters": "loraplex/adapters",
@@ -69,12 +71,12 @@ def test_every_module_imports():
             __import__(mod)
 
 
-# --- the checkout's root never shadows an installed package (loraplex/env/safe_path.py) ---------------------
+# --- the checkout's root never shadows an installed package (loraplex/envvars/safe_path.py) ---------------------
 
 
 def test_suite_runs_with_the_checkout_off_sys_path_and_hugging_face_kernels_imports():
     """The suite's own interpreter: Hugging Face's `kernels` (a transformers dependency) is the installed one."""
-    from loraplex.env.safe_path import checkout_entries
+    from loraplex.envvars.safe_path import checkout_entries
 
     assert not checkout_entries(), "the suite was started with the checkout's root on sys.path"
     assert importlib.util.find_spec("kernels") is not None, "Hugging Face's `kernels` must be installed (test extra)"
@@ -113,7 +115,7 @@ def test_benchmarks_start_in_safe_path_mode_and_refuse_otherwise():
 
 def test_child_processes_loraplex_starts_keep_the_checkout_off_sys_path():
     """Grammar workers, servers in tests and benchmarks: `python -m site` prints the path such a child sees."""
-    from loraplex.env.safe_path import python_module_command
+    from loraplex.envvars.safe_path import python_module_command
 
     child = _run(python_module_command("site"))
     assert child.returncode == 0, child.stderr

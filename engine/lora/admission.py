@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from loraplex.engine.core.sequence import Sequence
 from loraplex.engine.lora.manager import LoRAManager
-from loraplex.engine.sequence import Sequence
 
 
 class LoRAAdmission:

@@ -33,11 +33,11 @@ from pathlib import Path
 import torch
 
 from loraplex.adapters import LORA_GROUPS, AdapterError, AdapterLimits, BaseModelSpec, load_adapter, stack_adapter
+from loraplex.engine.core.sequence import Sequence
 from loraplex.engine.lora.context import StepLoRAContext
 from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.lora.slot_table import SlotTable
 from loraplex.engine.lora.slot_weights import HostAdapter
-from loraplex.engine.sequence import Sequence
 from loraplex.engine.threads import single_threaded_torch
 from loraplex.kernels.backend import ComputeBackend
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from loraplex.env.safe_path import python_module_command
+from loraplex.envvars.safe_path import python_module_command
 from loraplex.grammar.workers.ipc import Deadline, PipeClosed, read_frame, write_frame
 
 log = logging.getLogger(__name__)

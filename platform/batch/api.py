@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from loraplex.platform.batch.files import FileService
 from loraplex.platform.batch.jobs import BatchService
 from loraplex.platform.batch.runner import BatchRunner
-from loraplex.platform.services.container import Services
+from loraplex.platform.container import Services
 
 
 @dataclass

@@ -19,10 +19,10 @@ from loraplex.platform.batch.api import BatchApi
 from loraplex.platform.batch.files import INPUT, file_object
 from loraplex.platform.batch.jobs import batch_object
 from loraplex.platform.batch.schemas import BatchCreate, BatchList, BatchObject, FileDeleted, FileList, FileObject
+from loraplex.platform.container import Services
 from loraplex.platform.errors import bad_request, error_responses
 from loraplex.platform.multipart import receive_form
-from loraplex.platform.services.container import Services
-from loraplex.platform.services.tenants import Principal
+from loraplex.platform.tenants.service import Principal
 
 Limit = Annotated[int, Parameter(ge=1, le=100)]
 

@@ -13,12 +13,12 @@ from typing import Any
 import msgspec
 
 from loraplex.platform.batch.schemas import CHAT
+from loraplex.platform.container import Services
 from loraplex.platform.db.models import Tenant
 from loraplex.platform.errors import ApiError, error_body
 from loraplex.platform.openai.controller import generate
 from loraplex.platform.openai.schemas import ChatCompletionRequest, CompletionRequest
-from loraplex.platform.services.container import Services
-from loraplex.platform.services.tenants import Principal
+from loraplex.platform.tenants.service import Principal
 
 log = logging.getLogger("loraplex.platform.batch")
 RETRY_S = 1.0  # a line refused by the tenant's running limits (429) waits this long without Retry-After

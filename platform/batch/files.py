@@ -15,7 +15,7 @@ from loraplex.platform.batch.schemas import FileObject
 from loraplex.platform.db.models import BatchFile, as_utc
 from loraplex.platform.db.session import Database
 from loraplex.platform.errors import ApiError
-from loraplex.platform.services.blobstore import BlobStore
+from loraplex.platform.storage.blobstore import BlobStore
 
 CONTENT = "content.jsonl"
 INPUT, OUTPUT = "batch", "batch_output"

@@ -27,12 +27,12 @@ from datetime import datetime, timedelta
 import anyio
 from sqlalchemy import and_, bindparam, exists, or_, select, true, update
 
+from loraplex.platform.background import stop_task
 from loraplex.platform.batch.execute import LineResult, principal_of, run_line
 from loraplex.platform.batch.files import OUTPUT, FileService
 from loraplex.platform.batch.output import JsonlWriter, output_line
+from loraplex.platform.container import Services
 from loraplex.platform.db.models import Batch, BatchLine, Tenant, utcnow
-from loraplex.platform.services.background import stop_task
-from loraplex.platform.services.container import Services
 
 log = logging.getLogger("loraplex.platform.batch")
 POLL_S = 0.5  # how often an idle runner looks for new work (a batch created here wakes it at once)

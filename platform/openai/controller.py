@@ -26,13 +26,18 @@ from litestar.params import FromPath, JSONBody
 from litestar.response import Stream
 
 from loraplex.engine import AdapterRef, RequestOutput, Share
+from loraplex.platform.adapters.service import AdapterRecord
 from loraplex.platform.auth import provide_principal
+from loraplex.platform.container import Services
+from loraplex.platform.endpoints.defaults import apply_defaults
+from loraplex.platform.endpoints.service import EndpointRecord
 from loraplex.platform.errors import ApiError, error_responses
+from loraplex.platform.generation import Generation
 from loraplex.platform.json_body import BODY_TYPE, IGNORED_STATE
 from loraplex.platform.metrics import EndpointLabels
 from loraplex.platform.model_ids import adapter_id
+from loraplex.platform.model_resolution import STICKY_HEADER, Target
 from loraplex.platform.openai import limits, responses, tools, translate
-from loraplex.platform.openai.endpoint_defaults import apply_defaults
 from loraplex.platform.openai.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -41,13 +46,8 @@ from loraplex.platform.openai.schemas import (
     ModelCard,
     ModelList,
 )
-from loraplex.platform.services.adapters import AdapterRecord
-from loraplex.platform.services.container import Services
-from loraplex.platform.services.endpoints import EndpointRecord
-from loraplex.platform.services.generation import Generation
-from loraplex.platform.services.models import STICKY_HEADER, Target
-from loraplex.platform.services.tenant_limits import tenant_quota
-from loraplex.platform.services.tenants import Principal
+from loraplex.platform.tenants.limits import tenant_quota
+from loraplex.platform.tenants.service import Principal
 from loraplex.platform.unknown_fields import ignored_header
 
 Request_ = CompletionRequest | ChatCompletionRequest

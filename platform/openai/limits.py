@@ -1,5 +1,5 @@
 """How much one generation request asks for, the server's per-request caps, and the tenant's share of the
-engine (weight, priority) it runs under. The tenant's own running limits are in services/tenant_limits.py."""
+engine (weight, priority) it runs under. The tenant's own running limits are in platform/tenants/limits.py."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 from loraplex.engine import Share
 from loraplex.platform.errors import ApiError, bad_request
+from loraplex.platform.generation import ChoiceInput
 from loraplex.platform.openai.schemas import ChatCompletionRequest, CompletionRequest
-from loraplex.platform.services.generation import ChoiceInput
-from loraplex.platform.services.tenants import Principal
 from loraplex.platform.settings import Settings
+from loraplex.platform.tenants.service import Principal
 
 
 def prompt_count(prompt: Any) -> int:

@@ -10,6 +10,7 @@ import msgspec
 
 from loraplex.engine import RequestOutput, TokenLogprob
 from loraplex.platform.errors import error_body
+from loraplex.platform.generation import Generation
 from loraplex.platform.openai.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -32,7 +33,6 @@ from loraplex.platform.openai.schemas import (
 )
 from loraplex.platform.openai.tool_output import ToolStreamer, tool_message
 from loraplex.platform.openai.tools import ToolMode, tool_mode
-from loraplex.platform.services.generation import Generation
 
 _encoder = msgspec.json.Encoder()
 

@@ -12,13 +12,13 @@ from litestar.params import JSONBody
 from msgspec import Meta, Struct
 
 from loraplex.platform.auth import provide_principal
+from loraplex.platform.container import Services
 from loraplex.platform.errors import bad_request, error_responses
 from loraplex.platform.json_body import BODY_TYPE
 from loraplex.platform.openai.controller import ignored_fields, resolve_adapter
 from loraplex.platform.openai.schemas import REQUEST, ChatMessage, Int64
 from loraplex.platform.openai.translate import chat_template_ids
-from loraplex.platform.services.container import Services
-from loraplex.platform.services.tenants import Principal
+from loraplex.platform.tenants.service import Principal
 from loraplex.platform.unknown_fields import ignored_header
 
 

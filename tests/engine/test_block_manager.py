@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from loraplex.engine.block_manager import NULL_BLOCK, BlockManager
-from loraplex.engine.sampling_params import SamplingParams
-from loraplex.engine.sequence import Sequence
+from loraplex.engine.core.block_manager import NULL_BLOCK, BlockManager
+from loraplex.engine.core.sequence import Sequence
+from loraplex.engine.sample.sampling_params import SamplingParams
 
 
 def seq(tokens: list[int], rid: str = "r", adapter: str | None = None) -> Sequence:
@@ -110,7 +110,7 @@ W, BS = 11, 4  # window 11 over blocks of 4: ceil((11 - 1) / 4) + 1 = 4 blocks a
 
 
 def bound(n: int) -> int:
-    """The most blocks a step computing n tokens holds (engine.block_manager's docstring)."""
+    """The most blocks a step computing n tokens holds (engine.core.block_manager's docstring)."""
     return -(-(W + n - 2) // BS) + 1
 
 

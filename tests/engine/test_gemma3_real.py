@@ -19,7 +19,7 @@ import torch
 
 from loraplex.engine import LLMEngine, SamplingParams
 from loraplex.engine.lora import AdapterRef
-from loraplex.engine.model_files import gguf_model_dir, resolve_model_dir
+from loraplex.engine.model.files import gguf_model_dir, resolve_model_dir
 from tests.engine.helpers import run_to_completion
 from tests.platform.helpers import ADMIN_KEY, ServerProcess, auth, create_tenant
 

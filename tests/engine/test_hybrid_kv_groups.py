@@ -1,5 +1,5 @@
 """Models that mix sliding and global layers (tiny random Gemma 2 and Gemma 3) run with one block table per
-KV-cache group (engine.kv_groups): at every step each sliding group holds only the blocks its window needs
+KV-cache group (engine.core.kv_groups): at every step each sliding group holds only the blocks its window needs
 while the global group holds the whole context, and the greedy tokens and logits still equal Hugging Face's
 through continuous batching with chunked prefill, prefix caching (a shared prefix longer than the window),
 preemption and speculative drafts, on the C kernels and the torch paths."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from loraplex.engine import LLMEngine, SamplingParams
-from loraplex.engine.block_manager import NULL_BLOCK
+from loraplex.engine.core.block_manager import NULL_BLOCK
 from loraplex.engine.probe import EngineProbe
 from loraplex.kernels.backend import torch_backend
 from tests.engine.family_models import make_family_model
@@ -92,7 +92,7 @@ def test_hybrid_model_frees_sliding_blocks_and_matches_hf(hybrid, backend, monke
     """Chunked prefill (8 tokens a step), several requests in one batch, decoding far past the window."""
     model_type, model_dir, oracle = hybrid
     if backend == "torch":
-        monkeypatch.setattr("loraplex.engine.model_runner.select_backend", lambda *a: torch_backend())
+        monkeypatch.setattr("loraplex.engine.model.runner.select_backend", lambda *a: torch_backend())
     eng = engine(model_dir)
     groups = eng.runner.kv_groups
     assert None in groups.windows and len(set(groups.windows)) == 2 and eng.block_manager.sliding_window is None
@@ -181,7 +181,7 @@ def test_speculative_drafts_release_per_group_and_match_hf(hybrid):
 def test_sliding_layers_read_their_own_tables(hybrid, monkeypatch):
     """The layers of different groups get different block tables: each layer's attention metadata is its
     group's (checked on the slot mapping of the step's new tokens)."""
-    import loraplex.engine.llama as llama
+    import loraplex.engine.model.llama as llama
 
     _, model_dir, oracle = hybrid
     eng = engine(model_dir)
@@ -211,7 +211,7 @@ def test_triton_kernel_reads_each_groups_tables(hybrid, monkeypatch):
     from loraplex.kernels.backend import triton_backend
 
     _, model_dir, oracle = hybrid
-    monkeypatch.setattr("loraplex.engine.model_runner.select_backend", lambda *a: triton_backend())
+    monkeypatch.setattr("loraplex.engine.model.runner.select_backend", lambda *a: triton_backend())
     eng = engine(model_dir)
     assert eng.runner.backend.name == "triton"
     probe = GroupProbe(eng)

@@ -1,4 +1,4 @@
-"""KV-cache groups (engine.kv_groups) and the block manager's per-group tables for models that mix sliding and
+"""KV-cache groups (engine.core.kv_groups) and the block manager's per-group tables for models that mix sliding and
 global layers: the sliding group keeps only the blocks its window needs, the global group keeps all, prefix hits
 need what each group needs, and drafts' rejection and freeing release every group's blocks."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from loraplex.engine.block_manager import NULL_BLOCK, BlockManager
-from loraplex.engine.kv_groups import KVGroups
-from loraplex.engine.sampling_params import SamplingParams
-from loraplex.engine.sequence import Sequence
+from loraplex.engine.core.block_manager import NULL_BLOCK, BlockManager
+from loraplex.engine.core.kv_groups import KVGroups
+from loraplex.engine.core.sequence import Sequence
+from loraplex.engine.sample.sampling_params import SamplingParams
 
 W, BS = 11, 4
 GLOBAL, SLIDING = 0, 1

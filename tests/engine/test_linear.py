@@ -1,4 +1,4 @@
-"""engine.linear.Linear: the oneDNN-packed CPU projection equals F.linear; the fallback is F.linear itself."""
+"""engine.model.linear.Linear: the oneDNN-packed CPU projection equals F.linear; the fallback is F.linear itself."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loraplex.engine import linear
-from loraplex.engine.linear import Linear, onednn_linear_available
+from loraplex.engine.model import linear
+from loraplex.engine.model.linear import Linear, onednn_linear_available
 
 
 @pytest.mark.parametrize("rows", [0, 1, 7, 64, 300])

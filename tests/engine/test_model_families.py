@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from loraplex.engine import EngineProbe, LLMEngine, ModelLoadError, SamplingParams
-from loraplex.engine.config import ModelShape
-from loraplex.engine.rotary import inv_freq
+from loraplex.engine.model.rotary import inv_freq
+from loraplex.engine.model.shape import ModelShape
 from tests.engine.family_models import FAMILY_CONFIGS, LONG_FACTOR, SHORT_FACTOR, make_family_model
 from tests.engine.helpers import HFOracle, LogitsRecorder, run_to_completion
 

@@ -15,7 +15,7 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
 def test_the_next_owner_of_a_failed_requests_blocks_gets_the_models_tokens(tiny_llama_dir, monkeypatch):
-    monkeypatch.setattr("loraplex.engine.model_runner.select_backend", lambda *a: torch_backend())
+    monkeypatch.setattr("loraplex.engine.model.runner.select_backend", lambda *a: torch_backend())
     # 4 blocks of 4 tokens: the second request needs all of them, so it reuses every block of the first
     eng = LLMEngine(model=str(tiny_llama_dir), block_size=4, num_kv_blocks=4, max_model_len=16)
     assert eng.runner.backend.name == "torch"

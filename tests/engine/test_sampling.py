@@ -177,7 +177,7 @@ class _RejectSome:
 
 
 def test_token_check_takes_the_runner_up_of_the_same_draw():
-    from loraplex.engine.sampler import Sampler
+    from loraplex.engine.sample.sampler import Sampler
 
     sampler = Sampler(torch.device("cpu"))
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
@@ -201,7 +201,7 @@ def test_token_check_takes_the_runner_up_of_the_same_draw():
 
 
 def test_token_check_falls_back_when_no_candidate_fits():
-    from loraplex.engine.sampler import Sampler
+    from loraplex.engine.sample.sampler import Sampler
 
     logits = torch.full((1, 20), float("-inf"))
     logits[0, [3, 4]] = 0.0  # two allowed tokens, both rejected

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from loraplex.engine import SamplingParams
-from loraplex.engine.sampler import Sampler
+from loraplex.engine.sample.sampler import Sampler
 
 DRAWS = 6000
 # Eight tokens with well separated probabilities, so every filter below cuts at a known rank.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from loraplex.engine.block_manager import BlockManager
-from loraplex.engine.sampling_params import SamplingParams
-from loraplex.engine.scheduler import ScheduledBatch, Scheduler
-from loraplex.engine.sequence import Sequence
+from loraplex.engine.core.block_manager import BlockManager
+from loraplex.engine.core.scheduler import ScheduledBatch, Scheduler
+from loraplex.engine.core.sequence import Sequence
+from loraplex.engine.sample.sampling_params import SamplingParams
 
 PREFIX = list(range(50, 58))  # two full blocks of 4
 

@@ -1,4 +1,4 @@
-"""The scheduling policies (engine.request_queue) driven through the real Scheduler and BlockManager, with the
+"""The scheduling policies (engine.core.request_queue) driven through the real Scheduler and BlockManager, with the
 model step simulated: every scheduled sequence computes its tokens and a decode yields one output token."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ from collections import Counter
 
 import pytest
 
-from loraplex.engine.block_manager import BlockManager
+from loraplex.engine.core.block_manager import BlockManager
+from loraplex.engine.core.request_queue import OUTPUT_COST, PROMPT_COST, FairQueue
+from loraplex.engine.core.scheduler import MULTI_TENANT_MEMORY_S, ScheduledBatch, Scheduler
+from loraplex.engine.core.sequence import Sequence
+from loraplex.engine.core.share import Share
 from loraplex.engine.errors import RequestError
-from loraplex.engine.request_queue import OUTPUT_COST, PROMPT_COST, FairQueue
-from loraplex.engine.sampling_params import SamplingParams
-from loraplex.engine.scheduler import MULTI_TENANT_MEMORY_S, ScheduledBatch, Scheduler
-from loraplex.engine.sequence import Sequence
-from loraplex.engine.share import Share
+from loraplex.engine.sample.sampling_params import SamplingParams
 
 
 class Sim:

@@ -1,4 +1,4 @@
-"""Sliding-window models free the blocks their window no longer needs (engine.block_manager), on a tiny random
+"""Sliding-window models free the blocks their window no longer needs (engine.core.block_manager), on a tiny random
 Mistral whose every layer slides (window 11, shorter than prompt + output): greedy tokens still equal Hugging
 Face, each sequence holds at most the blocks touching its window, and every block returns to the pool."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from loraplex.engine import LLMEngine, SamplingParams
-from loraplex.engine.block_manager import NULL_BLOCK
+from loraplex.engine.core.block_manager import NULL_BLOCK
 from loraplex.kernels.backend import torch_backend
 from tests.engine.family_models import FAMILY_CONFIGS, make_family_model
 from tests.engine.helpers import HFOracle, run_to_completion
@@ -72,7 +72,7 @@ def test_sliding_window_frees_blocks_and_matches_hf(mistral, backend, monkeypatc
     entries' stand-in block and mask it, the C / Triton kernels start at the window."""
     model_dir, oracle = mistral
     if backend == "torch":
-        monkeypatch.setattr("loraplex.engine.model_runner.select_backend", lambda *a: torch_backend())
+        monkeypatch.setattr("loraplex.engine.model.runner.select_backend", lambda *a: torch_backend())
     eng = engine(model_dir)
     assert eng.block_manager.sliding_window == W
     assert backend == "default" or eng.runner.backend.name == "torch"
@@ -177,10 +177,10 @@ def test_released_entries_read_a_reserved_zero_block(mistral, monkeypatch):
     """The torch paths gather the released entries' stand-in and only mask it (0 x NaN would still poison the
     sum), so the stand-in is the runner's own zero block, outside the allocator's range: never a block another
     request holds. The tokens stay Hugging Face's and that block stays zero."""
-    import loraplex.engine.model_runner as model_runner
+    import loraplex.engine.model.runner as model_runner
 
     model_dir, oracle = mistral
-    monkeypatch.setattr("loraplex.engine.model_runner.select_backend", lambda *a: torch_backend())
+    monkeypatch.setattr("loraplex.engine.model.runner.select_backend", lambda *a: torch_backend())
     eng = engine(model_dir)
     runner = eng.runner
     assert runner.null_block == eng.block_manager.num_blocks  # the allocator hands out 0 .. num_blocks - 1

@@ -18,9 +18,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from loraplex.engine import LLMEngine, SamplingParams
-from loraplex.engine.request_queue import OUTPUT_COST, PROMPT_COST
-from loraplex.engine.share import Share
-from loraplex.engine.speculative import SpeculativeConfig, ngram_propose
+from loraplex.engine.core.request_queue import OUTPUT_COST, PROMPT_COST
+from loraplex.engine.core.share import Share
+from loraplex.engine.spec.speculative import SpeculativeConfig, ngram_propose
 from tests.conftest import make_tiny_llama
 
 A, B, C = 100, 200, 300

@@ -45,7 +45,7 @@ def test_lora_loader_threads_are_single_threaded(tiny_llama_dir):
 
 def test_async_engine_builds_on_its_thread_and_reraises_build_errors(tmp_path, tiny_llama_dir):
     from loraplex.engine.async_engine import AsyncEngine
-    from loraplex.engine.model_files import ModelLoadError
+    from loraplex.engine.model.files import ModelLoadError
 
     def engine_threads() -> int:
         return sum(t.name == "loraplex-engine" for t in threading.enumerate())

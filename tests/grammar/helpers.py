@@ -6,7 +6,7 @@ import json
 import random
 from pathlib import Path
 
-from loraplex.env import schema_suite
+from loraplex.envvars import schema_suite
 
 REPO = Path(__file__).resolve().parents[2]
 EOS = 2  # <|im_end|>

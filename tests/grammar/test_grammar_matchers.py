@@ -142,7 +142,7 @@ def test_two_eos_ids(tokenizer):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_forced_token_and_valid_prefix(request, tokenizer, backend):
-    """Jump-forward and draft cutting (engine.speculative): the one token a mask allows, and how many drafted
+    """Jump-forward and draft cutting (engine.spec.speculative): the one token a mask allows, and how many drafted
     tokens the constraint takes in a row, without moving the matcher."""
     compiler = request.getfixturevalue(backend)
     brace = compiler.compile(StructuredSpec(regex=r"\{")).new_matcher()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from loraplex.engine import LLMEngine, SamplingParams
+from loraplex.engine.core.sequence import Sequence
 from loraplex.engine.lora.admission import LoRAAdmission
-from loraplex.engine.sequence import Sequence
 from tests.lora.helpers import assert_no_leaks, drive
 
 MAX_TOKENS = 6

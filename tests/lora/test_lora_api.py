@@ -6,7 +6,7 @@ import pytest
 
 from loraplex.adapters import BaseModelSpec, inspect_adapter
 from loraplex.engine import LLM, AdapterRef, AsyncEngine, LLMEngine, RequestError, SamplingParams
-from loraplex.engine.model_files import check_model_dir
+from loraplex.engine.model.files import check_model_dir
 from tests.lora.helpers import assert_no_leaks, drive
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)

@@ -58,7 +58,7 @@ def test_bf16_c_backend_matches_the_torch_paths(tiny_llama_dir, tiny_adapters, m
     f32 = _run(tiny_llama_dir, dirs, "float32")
     c16 = _run(tiny_llama_dir, dirs, "bfloat16")
     with monkeypatch.context() as m:
-        m.setattr("loraplex.engine.model_runner.select_backend", lambda *a: torch_backend())
+        m.setattr("loraplex.engine.model.runner.select_backend", lambda *a: torch_backend())
         t16 = _run(tiny_llama_dir, dirs, "bfloat16")
     assert (f32["backend"], c16["backend"], t16["backend"]) == ("cpu-c", "cpu-c", "torch")
     scale = max(float(f32[f"r{i}"].abs().max()) for i in range(len(PROMPTS)))

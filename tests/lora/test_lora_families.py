@@ -12,7 +12,7 @@ import torch
 
 from loraplex.adapters import AdapterError, inspect_adapter
 from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
-from loraplex.engine.config import ModelShape
+from loraplex.engine.model.shape import ModelShape
 from tests.engine.family_models import make_family_model
 from tests.engine.helpers import LogitsRecorder
 from tests.lora.helpers import PeftOracle, assert_no_leaks, drive, load_hf, save_adapter

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from loraplex.env.safe_path import python_module_command
+from loraplex.envvars.safe_path import python_module_command
 
 ADMIN_KEY = "lpx-admin.test-admin-key-for-the-platform-suite"
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"

@@ -11,9 +11,9 @@ import asyncio
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeout
 
-from loraplex.platform.services.background import stop_task
-from loraplex.platform.services.redis_link import RedisLink
-from loraplex.platform.services.tenant_limits import TenantLimits
+from loraplex.platform.background import stop_task
+from loraplex.platform.storage.redis_link import RedisLink
+from loraplex.platform.tenants.limits import TenantLimits
 from tests.platform.helpers import REDIS_URL
 
 

@@ -14,7 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from loraplex.env.safe_path import python_module_command
+from loraplex.envvars.safe_path import python_module_command
 from loraplex.platform.cli import build_parser
 from loraplex.platform.db.migrate import current_revision, downgrade, upgrade
 from loraplex.platform.db.models import Base

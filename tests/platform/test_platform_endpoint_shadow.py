@@ -16,8 +16,8 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from loraplex.platform.endpoints.shadow import ShadowTraffic
 from loraplex.platform.metrics import Metrics
-from loraplex.platform.services.shadow import ShadowTraffic
 from tests.platform.helpers import auth, create_tenant, error_of, upload, zip_folder
 
 MESSAGES = [{"role": "user", "content": "tell me something"}]

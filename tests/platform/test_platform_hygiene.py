@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from loraplex.engine import RequestError, SamplingParams
-from loraplex.env.scratch import sweep
-from loraplex.platform.services.blobstore import BlobStore
+from loraplex.platform.storage.blobstore import BlobStore
+from loraplex.scratch import sweep
 from tests.platform.helpers import ADMIN_KEY, auth, create_tenant, error_of, leftover_tmp, upload, zip_folder
 from tests.zip_bomb import write_zip_bomb
 
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 _WORKER = """
 import sys, time
 from pathlib import Path
-from loraplex.platform.services.blobstore import BlobStore
+from loraplex.platform.storage.blobstore import BlobStore
 store = BlobStore(Path(sys.argv[1]))
 work = store.new_tmp_dir()
 (work / "part-0").write_bytes(bytes(7 << 20))

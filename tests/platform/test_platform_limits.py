@@ -300,8 +300,8 @@ async def test_a_crashed_replicas_slots_come_back_and_a_live_ones_stay() -> None
     import asyncio
 
     from loraplex.platform.errors import ApiError
-    from loraplex.platform.services.redis_link import RedisLink
-    from loraplex.platform.services.tenant_limits import TenantLimits, TenantQuota
+    from loraplex.platform.storage.redis_link import RedisLink
+    from loraplex.platform.tenants.limits import TenantLimits, TenantQuota
     from tests.platform.helpers import REDIS_URL
 
     tenant, quota, ttl = str(uuid.uuid4()), TenantQuota(max_queued_requests=1), 3.0

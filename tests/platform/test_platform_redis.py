@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loraplex.platform.services.cache import RegistryCache
-from loraplex.platform.services.rate_limit import RateLimiter
-from loraplex.platform.services.redis_link import RedisLink
+from loraplex.platform.storage.cache import RegistryCache
+from loraplex.platform.storage.redis_link import RedisLink
+from loraplex.platform.tenants.rate_limit import RateLimiter
 from tests.platform.helpers import REDIS_URL, auth, create_tenant, free_port, upload, zip_folder
 
 

@@ -2,7 +2,7 @@
 redis-server of the test's own, which the test pauses (SIGSTOP, as a partition looks) or whose messages it
 drops. A deletion or revocation made through one replica must be honoured by the other within the bound the
 cache is designed for (1 s: a heartbeat sent within the last 0.5 s must have come back before anything cached
-is used; see platform/services/cache.py); the tests allow twice that. The registry cache keeps entries for an
+is used; see platform/storage/cache.py); the tests allow twice that. The registry cache keeps entries for an
 hour here, so without the bound the other replica would serve the old record for the whole test."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import openai
 import pytest
 import redis
 
-from loraplex.platform.services.adapters import cache_key
-from loraplex.platform.services.cache import queue_invalidation
+from loraplex.platform.adapters.service import cache_key
+from loraplex.platform.storage.cache import queue_invalidation
 from tests.platform.helpers import (
     ADMIN_KEY,
     PG_URL,

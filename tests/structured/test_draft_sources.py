@@ -1,4 +1,4 @@
-"""Draft sources beyond vLLM's token n-gram (engine.drafts) on the real SmolLM2: the grammar's forced text, the
+"""Draft sources beyond vLLM's token n-gram (engine.spec.drafts) on the real SmolLM2: the grammar's forced text, the
 model's own tokenization of it learned per tenant and adapter, and prompt lookup over text. Outputs stay those of
 plain decoding; the step counts show the drafts are taken."""
 
@@ -8,8 +8,8 @@ import pytest
 
 from loraplex.engine import LLM, SamplingParams
 from loraplex.engine.config import EngineArgs
-from loraplex.engine.share import Share
-from loraplex.engine.speculative import SpeculativeConfig
+from loraplex.engine.core.share import Share
+from loraplex.engine.spec.speculative import SpeculativeConfig
 from loraplex.grammar.spec import StructuredSpec
 from tests.structured.schemas import messages
 

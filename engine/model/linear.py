@@ -1,0 +1,62 @@
+"""Projection weights prepared once for the fastest matmul the device has.
+
+On the CPU, float32 and bfloat16 weights are reordered at load time into oneDNN's blocked layout and
+multiplied with oneDNN's linear: the path PyTorch's inductor takes for frozen CPU models, and the one
+vLLM-CPU's linear layers use. ``F.linear`` goes to MKL, which runs its AVX2 code on AMD processors, well
+below oneDNN's rate there (same results to rounding; ``bench.throughput`` prints both rates). On CUDA,
+and wherever oneDNN is missing or fails a first-use probe, ``F.linear`` on the plain weight.
+``LORAPLEX_ONEDNN=0`` turns the oneDNN path off.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+
+from loraplex import envvars as env
+
+BATCH_HINT = 64  # oneDNN picks its blocking for this many rows (as fast for 7 as for 2048 rows)
+
+
+@cache
+def onednn_linear_available(dtype: torch.dtype) -> bool:
+    """oneDNN's packed linear works here for `dtype` (a small probe against F.linear, once per dtype)."""
+    if not env.onednn_enabled() or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        w = torch.randn(24, 40, generator=torch.Generator().manual_seed(0)).to(dtype)
+        x = torch.randn(5, 40, generator=torch.Generator().manual_seed(1)).to(dtype)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, BATCH_HINT)
+        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (RuntimeError, AttributeError):  # no such op in this build, or no kernel for this CPU/dtype
+        return False
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    return bool(torch.allclose(y.float(), F.linear(x, w).float(), rtol=tol, atol=tol))
+
+
+class Linear:
+    """y = x @ weight.T (+ bias) for a fixed weight [out_features, in_features] and optional bias."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.out_features = weight.shape[0]
+        self.bias = bias
+        self._packed: torch.Tensor | None = None
+        self._weight: torch.Tensor | None = weight
+        if weight.device.type == "cpu" and onednn_linear_available(weight.dtype):
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT)
+            self._weight = None  # the blocked copy replaces it: no second copy of the weights in memory
+
+    @property
+    def packed(self) -> bool:
+        return self._packed is not None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is None:
+            return F.linear(x, self._weight, self.bias)
+        if x.shape[0] == 0:
+            return x.new_empty((0, self.out_features))
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")

@@ -1,1 +1,0 @@
-"""HTTP route handlers (Litestar controllers)."""

@@ -1,1 +1,0 @@
-"""Business logic behind the routes: tenants and keys, adapter registry and blob store, cache, rate limits."""

@@ -1,0 +1,1 @@
+"""Tenants and their keys (controller, service, key hashing), their running limits and request rate limits."""
