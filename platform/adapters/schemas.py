@@ -23,14 +23,14 @@ class AdapterOut(Struct, kw_only=True):
 
 
 class AdapterList(Struct, kw_only=True):
-    object: Literal[list] = "list"
+    object: Literal["list"] = "list"
     data: list[AdapterOut] = msgspec.field(default_factory=list)
 
 
 class AdapterVersions(Struct, kw_only=True):
     """Every kept version of one adapter name; `current` is the one `name` alone resolves to."""
 
-    object: Literal[list] = "list"
+    object: Literal["list"] = "list"
     name: str
     current: int
     data: list[AdapterOut] = msgspec.field(default_factory=list)

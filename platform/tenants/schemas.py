@@ -93,10 +93,10 @@ class TenantCreated(Struct, kw_only=True):
 
 
 class ApiKeyList(Struct, kw_only=True):
-    object: Literal[list] = "list"
+    object: Literal["list"] = "list"
     data: list[ApiKeyOut] = msgspec.field(default_factory=list)
 
 
 class TenantList(Struct, kw_only=True):
-    object: Literal[list] = "list"
+    object: Literal["list"] = "list"
     data: list[TenantOut] = msgspec.field(default_factory=list)
