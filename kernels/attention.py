@@ -12,7 +12,8 @@ Layout (shared by the torch reference and the Triton kernel):
   Query ``j`` of a chunk of ``q_len`` rows sits at position ``seq_len - q_len + j`` and
   attends to keys ``0..position``.
 
-The dispatcher runs Triton on CUDA tensors and the torch reference elsewhere.
+The engine calls the Triton kernel through ``attention_plan`` on CUDA; the torch reference is what it is
+tested against.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import torch.nn.functional as F
 
 __all__ = [
     "PagedAttentionInputs",
-    "paged_attention",
     "paged_attention_ref",
     "paged_attention_triton",
     "store_kv",
@@ -200,12 +200,6 @@ def paged_attention_triton(inputs: PagedAttentionInputs) -> torch.Tensor:
         return out
     launch_paged_attention(inputs, out)
     return out
-
-
-def paged_attention(inputs: PagedAttentionInputs) -> torch.Tensor:
-    """Paged attention: Triton on CUDA, the torch reference elsewhere."""
-    impl = paged_attention_triton if inputs.q.is_cuda else paged_attention_ref
-    return impl(inputs)
 
 
 def store_kv(

@@ -22,7 +22,6 @@ from .cpu_build import load
 __all__ = [
     "C_DTYPES",
     "cpu_decode_kernel_available",
-    "paged_decode_attention",
     "paged_decode_attention_c",
     "paged_decode_attention_ref",
 ]
@@ -159,17 +158,3 @@ def _softcap_arg(softcap: float | None) -> float:
     if softcap is not None and not softcap > 0:
         raise ValueError(f"a soft-cap must be positive, got {softcap}")
     return float(softcap or 0.0)
-
-
-def paged_decode_attention(inputs: PagedAttentionInputs) -> torch.Tensor:
-    """The C kernel for float32 or bfloat16 CPU tensors when it is built, the torch reference otherwise."""
-    q = inputs.q
-    if (
-        q.device.type == "cpu"
-        and q.dtype == inputs.k_cache.dtype == inputs.v_cache.dtype
-        and q.dtype in C_DTYPES
-        and q.shape[-1] % 8 == 0
-        and cpu_decode_kernel_available()
-    ):
-        return paged_decode_attention_c(inputs)
-    return paged_decode_attention_ref(inputs)

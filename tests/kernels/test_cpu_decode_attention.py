@@ -7,11 +7,11 @@ import torch
 
 from loraplex.kernels.attention import PagedAttentionInputs
 from loraplex.kernels.cpu_decode_attention import (
-    paged_decode_attention,
     paged_decode_attention_c,
     paged_decode_attention_ref,
 )
 from tests.c_kernels import needs_c_kernels
+from tests.kernels.dispatch import paged_decode_attention
 
 pytestmark = needs_c_kernels
 

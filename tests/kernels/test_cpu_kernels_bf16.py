@@ -19,25 +19,22 @@ import torch
 
 from loraplex.kernels.attention import PagedAttentionInputs
 from loraplex.kernels.cpu_decode_attention import (
-    paged_decode_attention,
     paged_decode_attention_c,
     paged_decode_attention_ref,
 )
 from loraplex.kernels.cpu_lora import CLoRAStep, lora_apply_c, lora_apply_ref
 from loraplex.kernels.cpu_prefill_attention import paged_prefill_attention_c, paged_prefill_attention_ref
 from loraplex.kernels.elementwise import (
-    add_rms_norm,
     add_rms_norm_c,
     add_rms_norm_ref,
-    rope_,
     rope_c,
     rope_ref,
-    silu_mul,
     silu_mul_c,
     silu_mul_ref,
 )
 from loraplex.kernels.lora_mapping import LoRABatchMapping
 from tests.c_kernels import needs_c_kernels
+from tests.kernels.dispatch import add_rms_norm, paged_decode_attention, rope_, silu_mul
 from tests.kernels.test_cpu_lora import _weights
 
 pytestmark = needs_c_kernels

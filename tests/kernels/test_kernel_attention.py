@@ -7,12 +7,12 @@ import torch
 
 from loraplex.kernels.attention import (
     PagedAttentionInputs,
-    paged_attention,
     paged_attention_ref,
     paged_attention_triton,
     store_kv,
 )
 from tests.device import TRITON_HALF_DTYPES, on_test_device  # first: it chooses interpreter or compiler
+from tests.kernels.dispatch import paged_attention
 
 HEAD_DIM = 32
 
