@@ -143,8 +143,8 @@ def lora_expand_grouped(
 ) -> torch.Tensor:
     """Expand as one padded ``torch.bmm`` per slice (1-3 slices) plus one ``index_add_``.
 
-    The slices' outputs are joined into full rows first: ``index_add_`` over whole
-    contiguous rows is several times faster on CPU than over column slices of ``y``.
+    The slices' outputs are joined into full rows first: on the CPU ``index_add_`` goes over whole
+    contiguous rows, never over column slices of ``y`` (the figures: bench/README.md).
     """
     _check_expand(y, buf.shape, lora_b, mapping, slice_offsets)
     plan = mapping.grouped_plan
