@@ -17,7 +17,7 @@ from math import nan
 import torch
 import torch.nn.functional as F
 
-from loraplex.kernels.attention import paged_attention_ref
+from loraplex.kernels.attention import PagedAttentionInputs, paged_attention_ref
 from loraplex.kernels.cpu_decode_attention import cpu_decode_kernel_available, paged_decode_attention_c
 from loraplex.kernels.cpu_lora import cpu_lora_kernel_available, lora_apply_c
 from loraplex.kernels.lora import (
@@ -120,9 +120,15 @@ def bench_attention(num_seqs: int = 32, context: int = 512, block_size: int = 16
     seq_lens = torch.full((num_seqs,), context, dtype=torch.int32)
     qsl = torch.arange(num_seqs + 1, dtype=torch.int32)
     scale = HEAD_DIM**-0.5
-    us = median_us(lambda: paged_attention_ref(q, k_cache, v_cache, tables, seq_lens, qsl, scale), repeats=10, inner=3)
+    us = median_us(
+        lambda: paged_attention_ref(PagedAttentionInputs(q, k_cache, v_cache, tables, seq_lens, qsl, scale)),
+        repeats=10,
+        inner=3,
+    )
     c_us = (
-        median_us(lambda: paged_decode_attention_c(q, k_cache, v_cache, tables, seq_lens, scale))
+        median_us(
+            lambda: paged_decode_attention_c(PagedAttentionInputs(q, k_cache, v_cache, tables, seq_lens, None, scale))
+        )
         if cpu_decode_kernel_available()
         else nan
     )

@@ -19,9 +19,14 @@ of at least 16 (the smallest ``tl.dot`` width), and spans several pages when the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    from .attention import PagedAttentionInputs
 
 _LOG2E = 1.4426950408889634
 
@@ -165,20 +170,11 @@ def _paged_attention_kernel(
     )
 
 
-def launch_paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    out: torch.Tensor,
-    *,
-    window: int | None = None,
-    softcap: float | None = None,
-) -> None:
-    """Launch the kernel writing into ``out`` (same shape and dtype as ``q``)."""
+def launch_paged_attention(inputs: PagedAttentionInputs, out: torch.Tensor) -> None:
+    """Launch the kernel writing into ``out`` (same shape and dtype as ``inputs.q``)."""
+    q, k_cache, v_cache, block_tables = inputs.q, inputs.k_cache, inputs.v_cache, inputs.block_tables
+    seq_lens, query_start_loc = inputs.seq_lens, inputs.query_starts()
+    scale, window, softcap = inputs.scale, inputs.window, inputs.softcap
     num_tokens, num_heads, head_dim = q.shape
     page = k_cache.shape[1]
     num_kv_heads = k_cache.shape[2]

@@ -12,30 +12,55 @@ Layout (shared by the torch reference and the Triton kernel):
   Query ``j`` of a chunk of ``q_len`` rows sits at position ``seq_len - q_len + j`` and
   attends to keys ``0..position``.
 
-The dispatcher runs Triton on CUDA tensors and the torch reference elsewhere.
+The engine calls the Triton kernel through ``attention_plan`` on CUDA; the torch reference is what it is
+tested against.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "paged_attention",
+    "PagedAttentionInputs",
     "paged_attention_ref",
     "paged_attention_triton",
     "store_kv",
 ]
 
 
-def _check_shapes(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class PagedAttentionInputs:
+    """What every paged-attention implementation reads (torch, Triton, C): the layout in the module docstring.
+
+    ``query_start_loc`` ``None`` means one query row per sequence (a batch of decodes; the decode kernels of
+    ``cpu_decode_attention`` take only that). ``window``: a query at position p sees keys p - window + 1 .. p
+    (a sliding-window layer); ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the
+    softmax (Gemma 2).
+    """
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor | None
+    scale: float
+    window: int | None = None
+    softcap: float | None = None
+
+    def query_starts(self) -> torch.Tensor:
+        """``query_start_loc``, or one row per sequence (int32 on q's device) where it is ``None``."""
+        if self.query_start_loc is not None:
+            return self.query_start_loc
+        return torch.arange(self.seq_lens.shape[0] + 1, dtype=torch.int32, device=self.q.device)
+
+
+def _check_shapes(inputs: PagedAttentionInputs) -> None:
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
+    block_tables, seq_lens, query_start_loc = inputs.block_tables, inputs.seq_lens, inputs.query_starts()
     if q.dim() != 3:
         raise ValueError(f"q must be [num_tokens, num_heads, head_dim], got shape {tuple(q.shape)}")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
@@ -50,6 +75,8 @@ def _check_shapes(
     if num_heads % num_kv_heads != 0:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     num_seqs = seq_lens.shape[0]
+    if inputs.query_start_loc is None and q.shape[0] != num_seqs:
+        raise ValueError(f"without query_start_loc q needs one row per sequence ({num_seqs}), got {q.shape[0]}")
     if query_start_loc.shape != (num_seqs + 1,):
         raise ValueError(
             f"query_start_loc must have num_seqs + 1 = {num_seqs + 1} entries, got {tuple(query_start_loc.shape)}"
@@ -130,89 +157,49 @@ def _attend_padded(
     out[rows[q_valid]] = att[q_valid]
 
 
-def paged_attention_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
-) -> torch.Tensor:
+def paged_attention_ref(inputs: PagedAttentionInputs) -> torch.Tensor:
     """Torch paged attention, vectorised over the batch (float32 softmax).
 
     Decodes (one query row) and longer chunks are two padded groups, so a long prefill
-    chunk does not pad every decode to its length; no loop over sequences. ``window``: a query at
-    position p sees keys p - window + 1 .. p (a sliding-window layer); ``softcap``: scores become
-    ``softcap * tanh(scores / softcap)`` before the softmax (Gemma 2).
+    chunk does not pad every decode to its length; no loop over sequences.
     """
-    _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    _check_shapes(inputs)
+    q = inputs.q
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    if q.shape[0] == 0 or seq_lens.shape[0] == 0:
+    if q.shape[0] == 0 or inputs.seq_lens.shape[0] == 0:
         return out.to(q.dtype)
-    qsl = query_start_loc.long()
+    qsl = inputs.query_starts().long()
     q_lens = qsl[1:] - qsl[:-1]
-    seq_lens_l = seq_lens.long()
+    seq_lens_l = inputs.seq_lens.long()
     is_decode = q_lens == 1
     for group in (is_decode, (~is_decode) & (q_lens > 0)):
         if bool(group.any()):
             _attend_padded(
                 q,
-                k_cache,
-                v_cache,
-                block_tables[group],
+                inputs.k_cache,
+                inputs.v_cache,
+                inputs.block_tables[group],
                 seq_lens_l[group],
                 qsl[:-1][group],
                 q_lens[group],
-                scale,
+                inputs.scale,
                 out,
-                window,
-                softcap,
+                inputs.window,
+                inputs.softcap,
             )
     return out.to(q.dtype)
 
 
-def paged_attention_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """Triton paged attention: one launch for mixed prefill chunks and decodes (``window`` and ``softcap`` as
-    in :func:`paged_attention_ref`)."""
-    _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+def paged_attention_triton(inputs: PagedAttentionInputs) -> torch.Tensor:
+    """Triton paged attention: one launch for mixed prefill chunks and decodes."""
+    _check_shapes(inputs)
     from ._triton_attention import launch_paged_attention
 
-    out = torch.empty_like(q)
-    if q.shape[0] == 0 or seq_lens.shape[0] == 0:
+    out = torch.empty_like(inputs.q)
+    if inputs.q.shape[0] == 0 or inputs.seq_lens.shape[0] == 0:
         return out
-    launch_paged_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, window=window, softcap=softcap
-    )
+    launch_paged_attention(inputs, out)
     return out
-
-
-def paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """Paged attention: Triton on CUDA, the torch reference elsewhere."""
-    impl = paged_attention_triton if q.is_cuda else paged_attention_ref
-    return impl(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=window, softcap=softcap)
 
 
 def store_kv(

@@ -20,12 +20,12 @@ into vectorised groups (no loop over sequences):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 
-from .attention import paged_attention_triton, store_kv
+from .attention import PagedAttentionInputs, paged_attention_triton, store_kv
 from .backend import BackendName
 from .cpu_decode_attention import paged_decode_attention_c
 from .cpu_prefill_attention import paged_prefill_attention_c
@@ -133,6 +133,20 @@ class AttentionMetadata:
                     )
         return meta
 
+    def paged_inputs(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> PagedAttentionInputs:
+        """One layer's attention inputs over this step's block tables and query layout."""
+        return PagedAttentionInputs(
+            q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc, scale, window, softcap
+        )
+
 
 def _c_decode_plan(
     members: list[int],
@@ -208,59 +222,26 @@ def _group_plan(
     )
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """q: [T, H, D]; k, v: [T, KVH, D]. Writes k, v to the cache, returns attention output [T, H, D].
+def attention(inputs: PagedAttentionInputs, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """inputs.q: [T, H, D]; k, v: [T, KVH, D]. Writes k, v to the cache, returns attention output [T, H, D].
 
-    ``window``: a query at position p sees keys at positions p - window + 1 .. p (transformers' sliding
-    window); ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2). Every
-    path takes both: the Triton and C kernels and the torch ones."""
-    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    ``inputs`` come from ``meta.paged_inputs`` (this step's tables). Every path takes the layer's ``window``
+    and ``softcap``: the Triton and C kernels and the torch ones."""
+    store_kv(k, v, inputs.k_cache, inputs.v_cache, meta.slot_mapping)
     if meta.backend == "triton":
-        return paged_attention_triton(
-            q,
-            k_cache,
-            v_cache,
-            meta.block_tables,
-            meta.seq_lens,
-            meta.query_start_loc,
-            scale,
-            window=window,
-            softcap=softcap,
-        )
+        return paged_attention_triton(inputs)
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
+    scale, window, softcap = inputs.scale, inputs.window, inputs.softcap
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, _bs, kvh, d = k_cache.shape
     for g in meta.groups:
         if isinstance(g, CPrefillPlan):
-            paged_prefill_attention_c(
-                q,
-                k_cache,
-                v_cache,
-                meta.block_tables,
-                meta.seq_lens,
-                meta.query_start_loc,
-                scale,
-                window,
-                softcap,
-                out=out,
-                skip_decodes=g.skip_decodes,
-                check_tables=not g.checked,
-            )
+            paged_prefill_attention_c(inputs, out=out, skip_decodes=g.skip_decodes, check_tables=not g.checked)
             g.checked = True
             continue
         if isinstance(g, CDecodePlan):
-            out[g.rows] = paged_decode_attention_c(
-                q[g.rows], k_cache, v_cache, g.tables, g.seq_lens, scale, window, softcap, check_tables=not g.checked
-            )
+            decodes = replace(inputs, q=q[g.rows], block_tables=g.tables, seq_lens=g.seq_lens, query_start_loc=None)
+            out[g.rows] = paged_decode_attention_c(decodes, check_tables=not g.checked)
             g.checked = True  # every layer's cache has the same number of blocks
             continue
         if isinstance(g, CausalPlan):

@@ -1,8 +1,9 @@
 """Decode attention on the CPU: a C kernel that reads the paged cache in place, beside its torch reference.
 
-``paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)`` handles a batch of
-single-token decodes (``q``: ``[num_seqs, num_heads, head_dim]``, one row per sequence; the cache layout
-and ``seq_lens`` as in :mod:`kernels.attention`, this step's K/V already stored). The C path
+``paged_decode_attention(inputs)`` handles a batch of single-token decodes (a
+:class:`kernels.attention.PagedAttentionInputs` without ``query_start_loc``: ``q`` is
+``[num_seqs, num_heads, head_dim]``, one row per sequence; the cache layout and ``seq_lens`` as in
+:mod:`kernels.attention`, this step's K/V already stored). The C path
 (``csrc/paged_decode_attention.c``) serves float32 and bfloat16 CPU tensors (q and the caches of one dtype;
 bfloat16 is widened on load, summed in float32 and the output rounded once); the reference — the general
 torch paged attention with one query per sequence — serves everything else and is what the tests compare
@@ -15,13 +16,12 @@ import ctypes
 
 import torch
 
-from .attention import paged_attention_ref
+from .attention import PagedAttentionInputs, paged_attention_ref
 from .cpu_build import load
 
 __all__ = [
     "C_DTYPES",
     "cpu_decode_kernel_available",
-    "paged_decode_attention",
     "paged_decode_attention_c",
     "paged_decode_attention_ref",
 ]
@@ -47,9 +47,11 @@ def cpu_decode_kernel_available() -> bool:
     return _library() is not None
 
 
-def _check(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor
-) -> None:
+def _check(inputs: PagedAttentionInputs) -> None:
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
+    block_tables, seq_lens = inputs.block_tables, inputs.seq_lens
+    if inputs.query_start_loc is not None:
+        raise ValueError("the decode kernels take one query row per sequence: leave query_start_loc None")
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(
             f"q must be [num_seqs, heads, head_dim] and the caches [blocks, block_size, kv_heads, "
@@ -82,40 +84,20 @@ def check_block_tables(
         raise ValueError(f"block table entries must lie in [0, {num_blocks})")
 
 
-def paged_decode_attention_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
-) -> torch.Tensor:
+def paged_decode_attention_ref(inputs: PagedAttentionInputs) -> torch.Tensor:
     """Torch reference: the general paged attention with a one-token chunk per sequence."""
-    _check(q, k_cache, v_cache, block_tables, seq_lens)
-    starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, starts, scale, window, softcap)
+    _check(inputs)
+    return paged_attention_ref(inputs)
 
 
-def paged_decode_attention_c(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
-    check_tables: bool = True,
-) -> torch.Tensor:
+def paged_decode_attention_c(inputs: PagedAttentionInputs, *, check_tables: bool = True) -> torch.Tensor:
     """The C kernel; raises when it cannot serve these tensors (not float32 or bfloat16 CPU tensors of one
     dtype, or not built).
-    ``window`` and ``softcap`` as in :func:`kernels.attention.paged_attention_ref`.
 
     ``check_tables=False`` skips the bounds check of the table entries, for a caller that already checked
     the same tables against a cache of the same size (the engine checks once per step, not per layer)."""
-    _check(q, k_cache, v_cache, block_tables, seq_lens)
+    _check(inputs)
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
     lib = _library()
     if lib is None:
         raise RuntimeError("the C decode-attention kernel is not available on this machine")
@@ -132,10 +114,10 @@ def paged_decode_attention_c(
     if num_seqs == 0:
         return out
     q = q.contiguous()
-    lens = seq_lens.to(torch.int32).contiguous()
+    lens = inputs.seq_lens.to(torch.int32).contiguous()
     if check_tables and int(lens.min()) < 1:
         raise ValueError("every decode sequence needs a context of at least one token")
-    tables = block_tables.to(torch.int32).contiguous()
+    tables = inputs.block_tables.to(torch.int32).contiguous()
     if check_tables:
         check_block_tables(tables, lens, num_blocks, block_size)
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
@@ -152,9 +134,9 @@ def paged_decode_attention_c(
         head_dim,
         block_size,
         tables.shape[1],
-        float(scale),
-        _window_arg(window),
-        _softcap_arg(softcap),
+        float(inputs.scale),
+        _window_arg(inputs.window),
+        _softcap_arg(inputs.softcap),
         torch.get_num_threads(),
     )
     if rc == -2:
@@ -176,25 +158,3 @@ def _softcap_arg(softcap: float | None) -> float:
     if softcap is not None and not softcap > 0:
         raise ValueError(f"a soft-cap must be positive, got {softcap}")
     return float(softcap or 0.0)
-
-
-def paged_decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """The C kernel for float32 or bfloat16 CPU tensors when it is built, the torch reference otherwise."""
-    if (
-        q.device.type == "cpu"
-        and q.dtype == k_cache.dtype == v_cache.dtype
-        and q.dtype in C_DTYPES
-        and q.shape[-1] % 8 == 0
-        and cpu_decode_kernel_available()
-    ):
-        return paged_decode_attention_c(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap)
-    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap)

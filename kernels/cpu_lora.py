@@ -125,10 +125,10 @@ class CLoRAStep:
     """``lora_apply_c`` for every layer of one step, with the per-call Python work done once.
 
     A step calls the kernel once per layer and projection group, each call short enough that the checks,
-    tensor conversions and pointer lookups of ``lora_apply_c`` would be a large part of it. Here the
-    weights' shapes are checked once per group and the segment arguments converted once per step; each
-    call checks only that ``x`` and ``y`` are the step's contiguous rows of ``activation_dtype`` (float32 or
-    bfloat16).
+    tensor conversions and pointer lookups of ``lora_apply_c`` would be a large part of it (the figures:
+    bench/README.md). Here the weights' shapes are checked once per group and the segment arguments
+    converted once per step; each call checks only that ``x`` and ``y`` are the step's contiguous rows of
+    ``activation_dtype`` (float32 or bfloat16).
 
     ``weights[group] = (a, bt, slice_offsets)``: the slot tensors of every layer, ``a`` ``[layers,
     num_slots, num_slices, max_rank, in]`` and ``bt`` ``[layers, num_slots, max_rank, out_total]``

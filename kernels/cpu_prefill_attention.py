@@ -1,7 +1,7 @@
 """Paged attention for prefill chunks on the CPU: a C kernel that reads the paged cache in place.
 
-``paged_prefill_attention_c(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)`` takes
-the arguments of :func:`kernels.attention.paged_attention_ref` and returns the same result (float32 or
+``paged_prefill_attention_c(inputs)`` takes the :class:`kernels.attention.PagedAttentionInputs` of
+:func:`kernels.attention.paged_attention_ref` and returns the same result (float32 or
 bfloat16 CPU tensors of one dtype, ``head_dim`` a multiple of 8; bfloat16 is widened on load, summed in
 float32 and the output rounded once). Chunks that continue a cached context cost no more than fresh
 ones: the kernel walks each chunk's block table, so nothing is gathered, masked or padded
@@ -19,7 +19,7 @@ import ctypes
 
 import torch
 
-from .attention import _check_shapes, paged_attention_ref
+from .attention import PagedAttentionInputs, _check_shapes, paged_attention_ref
 from .cpu_build import load
 from .cpu_decode_attention import C_DTYPES, _softcap_arg, _window_arg, check_block_tables
 
@@ -89,15 +89,7 @@ def _check_tables(
 
 
 def paged_prefill_attention_c(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
+    inputs: PagedAttentionInputs,
     *,
     out: torch.Tensor | None = None,
     skip_decodes: bool = False,
@@ -105,7 +97,8 @@ def paged_prefill_attention_c(
 ) -> torch.Tensor:
     """The C kernel; raises when it cannot serve these tensors (not float32 or bfloat16 CPU tensors of one
     dtype, or not built)."""
-    _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    _check_shapes(inputs)
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
     lib = _library()
     if lib is None:
         raise RuntimeError("the C prefill-attention kernel is not available on this machine")
@@ -125,13 +118,13 @@ def paged_prefill_attention_c(
         out = torch.zeros(q.shape, dtype=q.dtype)
     elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {q.dtype} tensor of q's shape {tuple(q.shape)}")
-    if q.shape[0] == 0 or seq_lens.shape[0] == 0:
+    if q.shape[0] == 0 or inputs.seq_lens.shape[0] == 0:
         return out
     if q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
-    lens = seq_lens.to(torch.int32).contiguous()
-    starts = query_start_loc.to(torch.int32).contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
+    lens = inputs.seq_lens.to(torch.int32).contiguous()
+    starts = inputs.query_starts().to(torch.int32).contiguous()
+    tables = inputs.block_tables.to(torch.int32).contiguous()
     if check_tables:
         q_lens = (starts[1:] - starts[:-1]).long()
         if int(starts[0]) < 0:
@@ -154,9 +147,9 @@ def paged_prefill_attention_c(
         kv_heads,
         head_dim,
         block_size,
-        float(scale),
-        _window_arg(window),
-        _softcap_arg(softcap),
+        float(inputs.scale),
+        _window_arg(inputs.window),
+        _softcap_arg(inputs.softcap),
         torch.get_num_threads(),
     )
     if rc == -2:

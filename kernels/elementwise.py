@@ -1,17 +1,18 @@
 """A Llama block's elementwise steps (residual add + RMSNorm, rotary embedding, SiLU-gated product) as C
 kernels on the CPU, each beside its torch reference with the same signature.
 
-* ``add_rms_norm(residual, delta, weight, eps)``: ``residual += delta`` in place (skipped when ``delta`` is
+* ``add_rms_norm_*(residual, delta, weight, eps)``: ``residual += delta`` in place (skipped when ``delta`` is
   None), then returns RMSNorm(residual) * weight, in the operation order of transformers' LlamaRMSNorm.
-* ``rope_(qkv, heads, head_dim, cos, sin, positions)``: rotary embedding (rotate-half) in place on the
+* ``rope_*(qkv, heads, head_dim, cos, sin, positions)``: rotary embedding (rotate-half) in place on the
   first ``heads`` heads of each row of ``qkv`` (the q and k heads at the front of a fused qkv row);
   ``cos``/``sin`` are ``[max_positions, head_dim]`` tables indexed by ``positions``.
-* ``silu_mul(gate_up, inter)``: ``silu(gate_up[:, :inter]) * gate_up[:, inter:]``, the MLP's gated product
+* ``silu_mul_*(gate_up, inter)``: ``silu(gate_up[:, :inter]) * gate_up[:, inter:]``, the MLP's gated product
   from the fused gate_up projection.
 
 The C paths (``csrc/elementwise.c``) serve float32 and bfloat16 CPU tensors (every tensor of a call one
-dtype; bfloat16 computed in float32 and rounded where transformers' bfloat16 modules round); the
-dispatchers fall back to the references for anything else (other dtypes, mixed dtypes, CUDA, no compiler).
+dtype; bfloat16 computed in float32 and rounded where transformers' bfloat16 modules round: ``c_ready``);
+the references serve anything else (other dtypes, mixed dtypes, CUDA, no compiler). ``backend`` picks one
+set per engine.
 """
 
 from __future__ import annotations
@@ -25,14 +26,12 @@ import torch.nn.functional as F
 from .cpu_build import load
 
 __all__ = [
-    "add_rms_norm",
     "add_rms_norm_c",
     "add_rms_norm_ref",
+    "c_ready",
     "cpu_elementwise_available",
-    "rope_",
     "rope_c",
     "rope_ref",
-    "silu_mul",
     "silu_mul_c",
     "silu_mul_ref",
 ]
@@ -57,7 +56,7 @@ def cpu_elementwise_available() -> bool:
     return _library() is not None
 
 
-def _c_ready(*tensors: torch.Tensor) -> bool:
+def c_ready(*tensors: torch.Tensor) -> bool:
     """All CPU tensors of one dtype the C kernels take, and the kernels built."""
     dtype = tensors[0].dtype
     return (
@@ -102,7 +101,7 @@ def add_rms_norm_c(
 ) -> torch.Tensor:
     """The C kernel; raises when it cannot serve these tensors."""
     _check_norm(residual, delta, weight)
-    if not _c_ready(*_norm_tensors(residual, delta, weight)):
+    if not c_ready(*_norm_tensors(residual, delta, weight)):
         raise ValueError(
             "the C add_rms_norm kernel takes float32 or bfloat16 CPU tensors of one dtype (and a C compiler)"
         )
@@ -122,12 +121,6 @@ def add_rms_norm_c(
         torch.get_num_threads(),
     )
     return out
-
-
-def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if residual.is_contiguous() and _c_ready(*_norm_tensors(residual, delta, weight)):
-        return add_rms_norm_c(residual, delta, weight, eps)
-    return add_rms_norm_ref(residual, delta, weight, eps)
 
 
 # ------------------------------------------------------------------------------------------ rotary
@@ -179,7 +172,7 @@ def rope_c(
     ``check_positions=False`` skips the bounds check of the positions against the tables, for a caller that
     checked the same positions already (the model checks once per forward, not in every layer)."""
     _check_rope(qkv, heads, head_dim, cos, sin, positions)
-    if not _c_ready(qkv, cos, sin):
+    if not c_ready(qkv, cos, sin):
         raise ValueError("the C rope kernel takes float32 or bfloat16 CPU tensors of one dtype (and a C compiler)")
     if qkv.stride(1) != 1 or not cos.is_contiguous() or not sin.is_contiguous():
         raise ValueError("the C rope kernel needs unit-stride qkv rows and contiguous cos/sin tables")
@@ -199,21 +192,6 @@ def rope_c(
     )
 
 
-def rope_(
-    qkv: torch.Tensor,
-    heads: int,
-    head_dim: int,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    positions: torch.Tensor,
-    check_positions: bool = True,
-) -> None:
-    if qkv.stride(1) == 1 and _c_ready(qkv, cos, sin):
-        rope_c(qkv, heads, head_dim, cos, sin, positions, check_positions)
-    else:
-        rope_ref(qkv, heads, head_dim, cos, sin, positions)
-
-
 # ------------------------------------------------------------------------------------------ SiLU-gated product
 def _check_silu_mul(gate_up: torch.Tensor, inter: int) -> None:
     if gate_up.dim() != 2 or gate_up.shape[1] != 2 * inter:
@@ -229,7 +207,7 @@ def silu_mul_ref(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
 def silu_mul_c(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
     """The C kernel; raises when it cannot serve this tensor."""
     _check_silu_mul(gate_up, inter)
-    if not _c_ready(gate_up):
+    if not c_ready(gate_up):
         raise ValueError("the C silu_mul kernel takes float32 or bfloat16 CPU tensors (and a C compiler)")
     gate_up = gate_up.contiguous()
     out = gate_up.new_empty((gate_up.shape[0], inter))
@@ -237,9 +215,3 @@ def silu_mul_c(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
         gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter, torch.get_num_threads()
     )
     return out
-
-
-def silu_mul(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
-    if _c_ready(gate_up):
-        return silu_mul_c(gate_up, inter)
-    return silu_mul_ref(gate_up, inter)

@@ -8,8 +8,8 @@ projection group: qkv has 3 slices, gate_up 2, o and down 1):
   ``slice_offsets[s]:slice_offsets[s + 1]`` and uses the rank rows of shrink slice ``s``.
   Scaling is folded into B; ranks below ``max_rank`` are zero-padded.
 
-``lora_shrink(x, lora_a, mapping) -> buf [num_slices, T, max_rank]`` (zero rows for tokens
-without adapter) and ``lora_expand(y, buf, lora_b, mapping, slice_offsets) -> y``
+``lora_shrink_*(x, lora_a, mapping) -> buf [num_slices, T, max_rank]`` (zero rows for tokens
+without adapter) and ``lora_expand_*(y, buf, lora_b, mapping, slice_offsets) -> y``
 (``y += ...`` in place, rows without adapter untouched). Each op has a per-token torch
 reference (``*_ref``), Triton SGMV kernels (``*_triton``) and a vectorised CPU path
 (``*_grouped``: padded ``torch.bmm`` over slots, see :class:`GroupedPlan`).
@@ -26,11 +26,9 @@ from .lora_mapping import GroupedPlan, LoRABatchMapping
 __all__ = [
     "GroupedPlan",
     "LoRABatchMapping",
-    "lora_expand",
     "lora_expand_grouped",
     "lora_expand_ref",
     "lora_expand_triton",
-    "lora_shrink",
     "lora_shrink_grouped",
     "lora_shrink_ref",
     "lora_shrink_triton",
@@ -145,8 +143,8 @@ def lora_expand_grouped(
 ) -> torch.Tensor:
     """Expand as one padded ``torch.bmm`` per slice (1-3 slices) plus one ``index_add_``.
 
-    The slices' outputs are joined into full rows first: ``index_add_`` over whole
-    contiguous rows is several times faster on CPU than over column slices of ``y``.
+    The slices' outputs are joined into full rows first: on the CPU ``index_add_`` goes over whole
+    contiguous rows, never over column slices of ``y`` (the figures: bench/README.md).
     """
     _check_expand(y, buf.shape, lora_b, mapping, slice_offsets)
     plan = mapping.grouped_plan
@@ -195,24 +193,3 @@ def lora_expand_triton(
 
     launch_expand(y, buf, lora_b, mapping, tuple(slice_offsets))
     return y
-
-
-# ---------------------------------------------------------------- dispatch
-
-
-def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRABatchMapping) -> torch.Tensor:
-    """Shrink: Triton on CUDA, the grouped torch path elsewhere."""
-    impl = lora_shrink_triton if x.is_cuda else lora_shrink_grouped
-    return impl(x, lora_a, mapping)
-
-
-def lora_expand(
-    y: torch.Tensor,
-    buf: torch.Tensor,
-    lora_b: torch.Tensor,
-    mapping: LoRABatchMapping,
-    slice_offsets: Sequence[int],
-) -> torch.Tensor:
-    """Expand (in place on ``y``): Triton on CUDA, the grouped torch path elsewhere."""
-    impl = lora_expand_triton if y.is_cuda else lora_expand_grouped
-    return impl(y, buf, lora_b, mapping, slice_offsets)

@@ -134,7 +134,8 @@ class DecoderModel:
             v = qkv[:, q_size + kv_size :].view(-1, s.num_kv_heads, s.head_dim)
             k_cache, v_cache = kv_caches[i]
             layer_meta = meta[i] if isinstance(meta, list) else meta
-            a = attention(q, k, v, k_cache, v_cache, layer_meta, self.scale, window=layer.window, softcap=softcap)
+            inputs = layer_meta.paged_inputs(q, k_cache, v_cache, self.scale, window=layer.window, softcap=softcap)
+            a = attention(inputs, k, v, layer_meta)
             a = a.view(-1, q_size)
             o = layer.o(a)
             if lora is not None:

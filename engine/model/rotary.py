@@ -104,7 +104,7 @@ def inv_freq(rope: dict[str, Any], head_dim: int, max_positions: int) -> tuple[t
 
 class RotaryEmbedding:
     """Precomputed cos/sin tables [max_positions, head_dim] indexed by absolute position (applied by
-    ``kernels.elementwise.rope_``)."""
+    the backend's ``rope_``: ``kernels.elementwise.rope_c`` or ``rope_ref``)."""
 
     def __init__(
         self,

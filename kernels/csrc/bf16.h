@@ -23,7 +23,8 @@ typedef uint16_t v8u16 __attribute__((vector_size(16)));
 typedef uint32_t v8u32 __attribute__((vector_size(32)));
 
 /* On x86 the zero-extension is spelled with intrinsics: GCC 12 turns the generic conversion into two
- * half-width extensions and an insert, which costs a bfloat16 stream (half the bytes) its advantage. */
+ * half-width extensions and an insert, which costs a bfloat16 stream (half the bytes) its advantage
+ * (bench/README.md). */
 static inline v8 load8_bf16(const uint16_t *p)
 {
 #if defined(__AVX2__)

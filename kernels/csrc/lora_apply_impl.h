@@ -6,7 +6,7 @@
  * at the end, ready for the next pair. Arithmetic is float32. */
 
 /* How far ahead the decode loops prefetch the weight row they stream: one core keeps only so many misses
- * in flight on its own, and a decode step reads each adapter's rows once, from memory. */
+ * in flight on its own, and a decode step reads each adapter's rows once, from memory (bench/README.md). */
 #ifndef PF_BYTES
 #define PF_BYTES 2048
 #endif
@@ -181,7 +181,7 @@ int W(loraplex_lora_apply)(
                 /* a few tokens (decodes): B's used rows are one contiguous block (rank x out_total), read
                  * front to back four rows at a time (each y row then read and written once per four ranks),
                  * every slice's columns of a row with that slice's coefficient; short per-slice sweeps
-                 * instead leave the prefetchers idle */
+                 * instead leave the prefetchers idle (bench/README.md) */
                 int64_t r = 0;
                 for (; r + 4 <= rank; r += 4) {
                     const WT *brow = bt + (slot * max_rank + r) * out_total;

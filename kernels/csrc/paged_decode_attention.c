@@ -17,7 +17,7 @@
  * A sequence's kv heads are done one after the other inside each tile, so a block's key rows and then
  * its value rows are read front to back, and the next block is prefetched into L2 while this one is
  * worked on (software prefetch, spread a few lines per token: without it the loads and the arithmetic
- * hardly overlap, and the kernel ran at half the machine's streaming bandwidth).
+ * hardly overlap; the figures are in bench/README.md).
  *
  * Layout (as kernels/attention.py documents it):
  *   q, out        [num_seqs, num_heads, head_dim]

@@ -17,7 +17,7 @@
  *   values  one row at a time, up to PV_STRIP of its vectors (all of a 64-wide head) in registers
  *           over the tile.
  * The blocking keeps every loop's accumulators and operands within AVX2's sixteen vector registers:
- * larger blocks (4 rows x 4 vectors of values, 2 x 8 keys of scores) spill.
+ * larger blocks (4 rows x 4 vectors of values, 2 x 8 keys of scores) spill (bench/README.md).
  *
  * Layout (as kernels/attention.py documents it):
  *   q       [num_tokens, num_heads, head_dim], token rows q_stride floats apart, heads contiguous

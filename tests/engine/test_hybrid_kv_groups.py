@@ -190,11 +190,11 @@ def test_sliding_layers_read_their_own_tables(hybrid, monkeypatch):
     real = llama.attention
     calls = iter(range(10**9))
 
-    def spy(q, k, v, k_cache, v_cache, meta, scale, window=None, softcap=None):
+    def spy(inputs, k, v, meta):
         layer = next(calls) % len(groups.layer_group)
-        assert window == (groups.windows[groups.layer_group[layer]])
+        assert inputs.window == (groups.windows[groups.layer_group[layer]])
         seen.setdefault(groups.layer_group[layer], set()).add(tuple(meta.slot_mapping.tolist()))
-        return real(q, k, v, k_cache, v_cache, meta, scale, window=window, softcap=softcap)
+        return real(inputs, k, v, meta)
 
     monkeypatch.setattr(llama, "attention", spy)
     p = random_prompts([20], seed=1)[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.kernels.attention import paged_attention_ref
+from loraplex.kernels.attention import PagedAttentionInputs, paged_attention_ref
 from loraplex.kernels.attention_plan import (
     AttentionMetadata,
     CausalPlan,
@@ -46,6 +46,9 @@ def test_mixed_step_matches_reference(c_kernels, heads, kv_heads):
     )
     kinds = {type(p) for p in meta.groups}
     assert kinds == ({CDecodePlan, CPrefillPlan} if c_kernels else {CausalPlan, GroupPlan})
-    out = attention(q, k, v, k_cache, v_cache, meta, scale=d**-0.5)  # also stores k/v into the caches
-    ref = paged_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, d**-0.5)
+    inputs = meta.paged_inputs(q, k_cache, v_cache, scale=d**-0.5)
+    out = attention(inputs, k, v, meta)  # also stores k/v into the caches
+    ref = paged_attention_ref(
+        PagedAttentionInputs(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, d**-0.5)
+    )
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

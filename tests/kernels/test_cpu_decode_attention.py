@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from loraplex.kernels.attention import PagedAttentionInputs
 from loraplex.kernels.cpu_decode_attention import (
-    paged_decode_attention,
     paged_decode_attention_c,
     paged_decode_attention_ref,
 )
 from tests.c_kernels import needs_c_kernels
+from tests.kernels.dispatch import paged_decode_attention
 
 pytestmark = needs_c_kernels
 
@@ -39,10 +40,10 @@ def _case(num_seqs: int, heads: int, kv_heads: int, head_dim: int, block_size: i
 def test_matches_reference(heads, kv_heads, head_dim, block_size, lens):
     q, k, v, tables, seq_lens = _case(len(lens), heads, kv_heads, head_dim, block_size, lens)
     scale = head_dim**-0.5
-    ref = paged_decode_attention_ref(q, k, v, tables, seq_lens, scale)
-    out = paged_decode_attention_c(q, k, v, tables, seq_lens, scale)
+    ref = paged_decode_attention_ref(PagedAttentionInputs(q, k, v, tables, seq_lens, None, scale))
+    out = paged_decode_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens, None, scale))
     assert torch.allclose(out, ref, rtol=1e-4, atol=1e-5), (out - ref).abs().max()
-    assert torch.equal(paged_decode_attention(q, k, v, tables, seq_lens, scale), out)
+    assert torch.equal(paged_decode_attention(PagedAttentionInputs(q, k, v, tables, seq_lens, None, scale)), out)
 
 
 @pytest.mark.parametrize("window,softcap", [(1, None), (5, None), (16, None), (40, None), (None, 1.5), (5, 1.5)])
@@ -52,25 +53,27 @@ def test_window_and_softcap_match_reference(window, softcap):
     lens = [1, 17, 200, 16, 33, 48]
     q, k, v, tables, seq_lens = _case(len(lens), 9, 3, 64, 16, lens, seed=3)
     scale = 64**-0.5
-    ref = paged_decode_attention_ref(q, k, v, tables, seq_lens, scale, window, softcap)
-    out = paged_decode_attention_c(q, k, v, tables, seq_lens, scale, window, softcap)
+    ref = paged_decode_attention_ref(PagedAttentionInputs(q, k, v, tables, seq_lens, None, scale, window, softcap))
+    out = paged_decode_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens, None, scale, window, softcap))
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
-    plain = paged_decode_attention_ref(q, k, v, tables, seq_lens, scale)
+    plain = paged_decode_attention_ref(PagedAttentionInputs(q, k, v, tables, seq_lens, None, scale))
     assert not torch.allclose(out, plain, atol=1e-3)  # the window / cap changed the result
 
 
 def test_refuses_a_window_below_one_and_a_cap_not_positive():
     q, k, v, tables, seq_lens = _case(1, 2, 2, 16, 16, [5])
     with pytest.raises(ValueError, match="sliding window must be at least 1"):
-        paged_decode_attention_c(q, k, v, tables, seq_lens, 0.25, window=0)
+        paged_decode_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens, None, 0.25, window=0))
     with pytest.raises(ValueError, match="soft-cap must be positive"):
-        paged_decode_attention_c(q, k, v, tables, seq_lens, 0.25, softcap=-1.0)
+        paged_decode_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens, None, 0.25, softcap=-1.0))
 
 
 def test_other_dtypes_use_the_reference():
     q, k, v, tables, seq_lens = _case(2, 4, 2, 32, 16, [3, 40])
-    out = paged_decode_attention(q.double(), k.double(), v.double(), tables, seq_lens, 0.2)
-    ref = paged_decode_attention_ref(q.double(), k.double(), v.double(), tables, seq_lens, 0.2)
+    out = paged_decode_attention(PagedAttentionInputs(q.double(), k.double(), v.double(), tables, seq_lens, None, 0.2))
+    ref = paged_decode_attention_ref(
+        PagedAttentionInputs(q.double(), k.double(), v.double(), tables, seq_lens, None, 0.2)
+    )
     assert out.dtype == torch.float64 and torch.equal(out, ref)
 
 
@@ -78,14 +81,14 @@ def test_refuses_tables_outside_the_cache():
     q, k, v, tables, seq_lens = _case(2, 4, 2, 32, 16, [3, 40])
     tables[1, 2] = k.shape[0]  # read by the second sequence (its third block)
     with pytest.raises(ValueError, match="block table entries"):
-        paged_decode_attention_c(q, k, v, tables, seq_lens, 0.2)
+        paged_decode_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens, None, 0.2))
 
 
 def test_refuses_bad_shapes():
     q, k, v, tables, seq_lens = _case(2, 4, 2, 32, 16, [3, 40])
     with pytest.raises(ValueError, match="one seq_len"):
-        paged_decode_attention_c(q, k, v, tables, seq_lens[:1], 0.2)
+        paged_decode_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens[:1], None, 0.2))
     with pytest.raises(ValueError, match="blocks"):
-        paged_decode_attention_c(q, k, v, tables[:, :1], seq_lens, 0.2)
+        paged_decode_attention_c(PagedAttentionInputs(q, k, v, tables[:, :1], seq_lens, None, 0.2))
     with pytest.raises(ValueError, match="float32"):
-        paged_decode_attention_c(q.double(), k.double(), v.double(), tables, seq_lens, 0.2)
+        paged_decode_attention_c(PagedAttentionInputs(q.double(), k.double(), v.double(), tables, seq_lens, None, 0.2))

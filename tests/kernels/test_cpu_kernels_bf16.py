@@ -17,26 +17,24 @@ from __future__ import annotations
 import pytest
 import torch
 
+from loraplex.kernels.attention import PagedAttentionInputs
 from loraplex.kernels.cpu_decode_attention import (
-    paged_decode_attention,
     paged_decode_attention_c,
     paged_decode_attention_ref,
 )
 from loraplex.kernels.cpu_lora import CLoRAStep, lora_apply_c, lora_apply_ref
 from loraplex.kernels.cpu_prefill_attention import paged_prefill_attention_c, paged_prefill_attention_ref
 from loraplex.kernels.elementwise import (
-    add_rms_norm,
     add_rms_norm_c,
     add_rms_norm_ref,
-    rope_,
     rope_c,
     rope_ref,
-    silu_mul,
     silu_mul_c,
     silu_mul_ref,
 )
 from loraplex.kernels.lora_mapping import LoRABatchMapping
 from tests.c_kernels import needs_c_kernels
+from tests.kernels.dispatch import add_rms_norm, paged_decode_attention, rope_, silu_mul
 from tests.kernels.test_cpu_lora import _weights
 
 pytestmark = needs_c_kernels
@@ -98,12 +96,16 @@ def _decode_case(heads: int, kv_heads: int, head_dim: int, block_size: int, lens
 def test_decode_attention_bf16(heads, kv_heads, head_dim, block_size, lens, window, softcap):
     q, k, v, tables, seq_lens = _decode_case(heads, kv_heads, head_dim, block_size, lens)
     scale = head_dim**-0.5
-    out = paged_decode_attention_c(q, k, v, tables, seq_lens, scale, window, softcap)
-    exact = paged_decode_attention_ref(q.float(), k.float(), v.float(), tables, seq_lens, scale, window, softcap)
+    out = paged_decode_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens, None, scale, window, softcap))
+    exact = paged_decode_attention_ref(
+        PagedAttentionInputs(q.float(), k.float(), v.float(), tables, seq_lens, None, scale, window, softcap)
+    )
     assert_rounded_once(out, exact)
-    ref16 = paged_decode_attention_ref(q, k, v, tables, seq_lens, scale, window, softcap)
+    ref16 = paged_decode_attention_ref(PagedAttentionInputs(q, k, v, tables, seq_lens, None, scale, window, softcap))
     assert_no_worse_than(out, ref16, exact, atol=2e-2)
-    assert torch.equal(paged_decode_attention(q, k, v, tables, seq_lens, scale, window, softcap), out)
+    assert torch.equal(
+        paged_decode_attention(PagedAttentionInputs(q, k, v, tables, seq_lens, None, scale, window, softcap)), out
+    )
 
 
 def _prefill_case(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens, seed=0):
@@ -136,26 +138,28 @@ def _prefill_case(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens, seed=
 def test_prefill_attention_bf16(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens, window, softcap):
     q, k, v, tables, seq_lens, starts = _prefill_case(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens)
     scale = head_dim**-0.5
-    out = paged_prefill_attention_c(q, k, v, tables, seq_lens, starts, scale, window, softcap)
+    out = paged_prefill_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens, starts, scale, window, softcap))
     exact = paged_prefill_attention_ref(
-        q.float(), k.float(), v.float(), tables, seq_lens, starts, scale, window, softcap
+        PagedAttentionInputs(q.float(), k.float(), v.float(), tables, seq_lens, starts, scale, window, softcap)
     )
     assert_rounded_once(out, exact)
-    ref16 = paged_prefill_attention_ref(q, k, v, tables, seq_lens, starts, scale, window, softcap)
+    ref16 = paged_prefill_attention_ref(PagedAttentionInputs(q, k, v, tables, seq_lens, starts, scale, window, softcap))
     assert_no_worse_than(out, ref16, exact, atol=2e-2)
 
 
 def test_attention_refuses_mixed_dtypes():
     q, k, v, tables, seq_lens = _decode_case(9, 3, 64, 16, [5, 9])
     with pytest.raises(ValueError, match="float32 or bfloat16 CPU tensors of one dtype"):
-        paged_decode_attention_c(q, k.float(), v.float(), tables, seq_lens, 0.125)
+        paged_decode_attention_c(PagedAttentionInputs(q, k.float(), v.float(), tables, seq_lens, None, 0.125))
     with pytest.raises(ValueError, match="float32 or bfloat16 CPU tensors of one dtype"):
-        paged_decode_attention_c(q.half(), k.half(), v.half(), tables, seq_lens, 0.125)
+        paged_decode_attention_c(PagedAttentionInputs(q.half(), k.half(), v.half(), tables, seq_lens, None, 0.125))
     q, k, v, tables, seq_lens, starts = _prefill_case(9, 3, 64, 16, [5, 9], [0, 3])
     with pytest.raises(ValueError, match="float32 or bfloat16 CPU tensors of one dtype"):
-        paged_prefill_attention_c(q.float(), k, v, tables, seq_lens, starts, 0.125)
+        paged_prefill_attention_c(PagedAttentionInputs(q.float(), k, v, tables, seq_lens, starts, 0.125))
     with pytest.raises(ValueError, match=r"out must be a contiguous torch\.bfloat16"):
-        paged_prefill_attention_c(q, k, v, tables, seq_lens, starts, 0.125, out=torch.zeros(q.shape))
+        paged_prefill_attention_c(
+            PagedAttentionInputs(q, k, v, tables, seq_lens, starts, 0.125), out=torch.zeros(q.shape)
+        )
 
 
 # ------------------------------------------------------------------------------------------ elementwise

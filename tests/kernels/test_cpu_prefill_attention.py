@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from loraplex.kernels.attention import PagedAttentionInputs
 from loraplex.kernels.cpu_prefill_attention import (
     paged_prefill_attention_c,
     paged_prefill_attention_ref,
@@ -46,8 +47,8 @@ def _case(
 def test_matches_reference(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens):
     q, k, v, tables, seq_lens, starts = _case(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens)
     scale = head_dim**-0.5
-    ref = paged_prefill_attention_ref(q, k, v, tables, seq_lens, starts, scale)
-    out = paged_prefill_attention_c(q, k, v, tables, seq_lens, starts, scale)
+    ref = paged_prefill_attention_ref(PagedAttentionInputs(q, k, v, tables, seq_lens, starts, scale))
+    out = paged_prefill_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens, starts, scale))
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
@@ -65,11 +66,11 @@ def test_window_and_softcap_match_reference(heads, kv_heads, head_dim, block_siz
     change the scores; queries whose window starts inside, before and after the task's first key tile."""
     q, k, v, tables, seq_lens, starts = _case(heads, kv_heads, head_dim, block_size, q_lens, ctx_lens, seed=5)
     scale = head_dim**-0.5
-    ref = paged_prefill_attention_ref(q, k, v, tables, seq_lens, starts, scale, window, softcap)
-    out = paged_prefill_attention_c(q, k, v, tables, seq_lens, starts, scale, window, softcap)
+    ref = paged_prefill_attention_ref(PagedAttentionInputs(q, k, v, tables, seq_lens, starts, scale, window, softcap))
+    out = paged_prefill_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens, starts, scale, window, softcap))
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
-    plain = paged_prefill_attention_ref(q, k, v, tables, seq_lens, starts, scale)
+    plain = paged_prefill_attention_ref(PagedAttentionInputs(q, k, v, tables, seq_lens, starts, scale))
     # the window / cap changed the result, unless the window covers every context
     changes = softcap is not None or window < int(seq_lens.max())
     assert torch.allclose(out, plain, atol=1e-3) != changes
@@ -78,8 +79,10 @@ def test_window_and_softcap_match_reference(heads, kv_heads, head_dim, block_siz
 def test_skip_decodes_leaves_their_rows_alone():
     q, k, v, tables, seq_lens, starts = _case(9, 3, 64, 16, [1, 20, 1, 7], [40, 5, 3, 0])
     out = torch.full(q.shape, 7.0)
-    paged_prefill_attention_c(q, k, v, tables, seq_lens, starts, 0.125, out=out, skip_decodes=True)
-    ref = paged_prefill_attention_ref(q, k, v, tables, seq_lens, starts, 0.125)
+    paged_prefill_attention_c(
+        PagedAttentionInputs(q, k, v, tables, seq_lens, starts, 0.125), out=out, skip_decodes=True
+    )
+    ref = paged_prefill_attention_ref(PagedAttentionInputs(q, k, v, tables, seq_lens, starts, 0.125))
     chunk_rows = torch.tensor([False] + [True] * 20 + [False] + [True] * 7)
     assert bool((out[~chunk_rows] == 7.0).all())
     torch.testing.assert_close(out[chunk_rows], ref[chunk_rows], rtol=1e-4, atol=1e-5)
@@ -89,20 +92,28 @@ def test_refuses_tables_outside_the_cache():
     q, k, v, tables, seq_lens, starts = _case(4, 2, 32, 16, [3, 40], [0, 2])
     tables[1, 2] = k.shape[0]  # the second chunk's third block
     with pytest.raises(ValueError, match="block table entries"):
-        paged_prefill_attention_c(q, k, v, tables, seq_lens, starts, 0.2)
+        paged_prefill_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens, starts, 0.2))
 
 
 def test_refuses_bad_layouts():
     q, k, v, tables, seq_lens, starts = _case(4, 2, 32, 16, [3, 40], [0, 2])
     with pytest.raises(ValueError, match="query_start_loc"):
-        paged_prefill_attention_c(q, k, v, tables, seq_lens, starts[:2], 0.2)
+        paged_prefill_attention_c(PagedAttentionInputs(q, k, v, tables, seq_lens, starts[:2], 0.2))
     with pytest.raises(ValueError, match="non-decreasing"):
-        paged_prefill_attention_c(q, k, v, tables, seq_lens, torch.tensor([0, 30, 20], dtype=torch.int32), 0.2)
+        paged_prefill_attention_c(
+            PagedAttentionInputs(q, k, v, tables, seq_lens, torch.tensor([0, 30, 20], dtype=torch.int32), 0.2)
+        )
     with pytest.raises(ValueError, match="cover"):
-        paged_prefill_attention_c(q, k, v, tables, torch.tensor([3, 30], dtype=torch.int32), starts, 0.2)
+        paged_prefill_attention_c(
+            PagedAttentionInputs(q, k, v, tables, torch.tensor([3, 30], dtype=torch.int32), starts, 0.2)
+        )
     with pytest.raises(ValueError, match="blocks"):
-        paged_prefill_attention_c(q, k, v, tables[:, :1], seq_lens, starts, 0.2)
+        paged_prefill_attention_c(PagedAttentionInputs(q, k, v, tables[:, :1], seq_lens, starts, 0.2))
     with pytest.raises(ValueError, match="float32"):
-        paged_prefill_attention_c(q.double(), k.double(), v.double(), tables, seq_lens, starts, 0.2)
+        paged_prefill_attention_c(
+            PagedAttentionInputs(q.double(), k.double(), v.double(), tables, seq_lens, starts, 0.2)
+        )
     with pytest.raises(ValueError, match="out must be"):
-        paged_prefill_attention_c(q, k, v, tables, seq_lens, starts, 0.2, out=torch.empty(3, 4, 32))
+        paged_prefill_attention_c(
+            PagedAttentionInputs(q, k, v, tables, seq_lens, starts, 0.2), out=torch.empty(3, 4, 32)
+        )

@@ -7,17 +7,15 @@ import pytest
 import torch
 
 from loraplex.kernels.elementwise import (
-    add_rms_norm,
     add_rms_norm_c,
     add_rms_norm_ref,
-    rope_,
     rope_c,
     rope_ref,
-    silu_mul,
     silu_mul_c,
     silu_mul_ref,
 )
 from tests.c_kernels import needs_c_kernels
+from tests.kernels.dispatch import add_rms_norm, rope_, silu_mul
 
 pytestmark = needs_c_kernels
 

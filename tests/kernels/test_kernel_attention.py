@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from loraplex.kernels.attention import (
-    paged_attention,
+    PagedAttentionInputs,
     paged_attention_ref,
     paged_attention_triton,
     store_kv,
 )
 from tests.device import TRITON_HALF_DTYPES, on_test_device  # first: it chooses interpreter or compiler
+from tests.kernels.dispatch import paged_attention
 
 HEAD_DIM = 32
 
@@ -93,8 +94,8 @@ CASES = {
 def test_triton_matches_reference(case, num_heads, num_kv_heads, block_size):
     batch = make_batch(CASES[case], num_heads, num_kv_heads, block_size, seed=len(case) + num_heads)
     scale = HEAD_DIM**-0.5
-    ref = paged_attention_ref(*batch, scale)
-    tri = paged_attention_triton(*on_test_device(*batch), scale).cpu()
+    ref = paged_attention_ref(PagedAttentionInputs(*batch, scale))
+    tri = paged_attention_triton(PagedAttentionInputs(*on_test_device(*batch), scale)).cpu()
     assert tri.dtype == ref.dtype == torch.float32
     assert torch.isfinite(tri).all()
     assert rel_err(tri, ref) < 1e-4
@@ -105,7 +106,7 @@ def test_triton_matches_reference(case, num_heads, num_kv_heads, block_size):
 def test_reference_matches_naive(case, num_heads, num_kv_heads):
     batch = make_batch(CASES[case], num_heads, num_kv_heads, 16, seed=7, head_dim=64)
     scale = 0.125
-    ref = paged_attention_ref(*batch, scale)
+    ref = paged_attention_ref(PagedAttentionInputs(*batch, scale))
     assert torch.isfinite(ref).all()
     assert rel_err(ref, naive_attention(*batch, scale)) < 1e-5
 
@@ -117,7 +118,7 @@ WINDOW_SOFTCAP = [(1, None), (6, None), (20, None), (None, 1.5), (9, 2.0)]
 @pytest.mark.parametrize("case", ["mixed", "chunked_prefill"])
 def test_reference_window_and_softcap_match_naive(case, window, softcap):
     batch = make_batch(CASES[case], 6, 2, 16, seed=11, head_dim=64)
-    ref = paged_attention_ref(*batch, 0.125, window=window, softcap=softcap)
+    ref = paged_attention_ref(PagedAttentionInputs(*batch, 0.125, window=window, softcap=softcap))
     assert torch.isfinite(ref).all()
     assert rel_err(ref, naive_attention(*batch, 0.125, window=window, softcap=softcap)) < 1e-5
     assert rel_err(ref, naive_attention(*batch, 0.125)) > 1e-3  # the window / cap changed the result
@@ -128,8 +129,10 @@ def test_reference_window_and_softcap_match_naive(case, window, softcap):
 def test_triton_window_and_softcap_match_reference(window, softcap, num_heads, num_kv_heads, block_size):
     batch = make_batch(CASES["mixed"], num_heads, num_kv_heads, block_size, seed=13)
     scale = HEAD_DIM**-0.5
-    ref = paged_attention_ref(*batch, scale, window=window, softcap=softcap)
-    tri = paged_attention_triton(*on_test_device(*batch), scale, window=window, softcap=softcap).cpu()
+    ref = paged_attention_ref(PagedAttentionInputs(*batch, scale, window=window, softcap=softcap))
+    tri = paged_attention_triton(
+        PagedAttentionInputs(*on_test_device(*batch), scale, window=window, softcap=softcap)
+    ).cpu()
     assert torch.isfinite(tri).all()
     assert rel_err(tri, ref) < 1e-4
 
@@ -141,8 +144,10 @@ def test_triton_odd_head_dim_and_strided_query():
     fused[:, ::2] = q
     (fused_dev,) = on_test_device(fused)
     q_view = fused_dev[:, ::2]
-    out = paged_attention_triton(q_view, *on_test_device(k_cache, v_cache, bt, seq_lens, qsl), 0.2).cpu()
-    assert rel_err(out, paged_attention_ref(q, k_cache, v_cache, bt, seq_lens, qsl, 0.2)) < 1e-4
+    out = paged_attention_triton(
+        PagedAttentionInputs(q_view, *on_test_device(k_cache, v_cache, bt, seq_lens, qsl), 0.2)
+    ).cpu()
+    assert rel_err(out, paged_attention_ref(PagedAttentionInputs(q, k_cache, v_cache, bt, seq_lens, qsl, 0.2))) < 1e-4
 
 
 @pytest.mark.parametrize("dtype", TRITON_HALF_DTYPES)
@@ -152,24 +157,30 @@ def test_triton_half_precision_matches_float32_reference(dtype):
     k_cache = k_cache.nan_to_num(0.0)  # half-precision NaN padding is fine too, but keep the reference simple
     v_cache = v_cache.nan_to_num(0.0)
     q, k_cache, v_cache = q.to(dtype), k_cache.to(dtype), v_cache.to(dtype)
-    out = paged_attention_triton(*on_test_device(q, k_cache, v_cache, bt, seq_lens, qsl), 0.125).cpu()
+    out = paged_attention_triton(
+        PagedAttentionInputs(*on_test_device(q, k_cache, v_cache, bt, seq_lens, qsl), 0.125)
+    ).cpu()
     assert out.dtype == dtype
-    ref = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), bt, seq_lens, qsl, 0.125)
+    ref = paged_attention_ref(
+        PagedAttentionInputs(q.float(), k_cache.float(), v_cache.float(), bt, seq_lens, qsl, 0.125)
+    )
     assert rel_err(out.float(), ref) < 1e-2
 
 
 def test_reference_keeps_half_precision_dtype():
     batch = make_batch([(10, 4), (5, 1)], 4, 2, 16)
     q = batch[0].to(torch.bfloat16)
-    out = paged_attention_ref(q, *batch[1:], 0.3)
+    out = paged_attention_ref(PagedAttentionInputs(q, *batch[1:], 0.3))
     assert out.dtype == torch.bfloat16
-    full = paged_attention_ref(q.float(), *batch[1:], 0.3)
+    full = paged_attention_ref(PagedAttentionInputs(q.float(), *batch[1:], 0.3))
     assert rel_err(out.float(), full) < 1e-2
 
 
 def test_dispatch_uses_reference_on_cpu():
     batch = make_batch([(12, 12), (30, 1)], 4, 2, 16)
-    assert torch.equal(paged_attention(*batch, 0.5), paged_attention_ref(*batch, 0.5))
+    assert torch.equal(
+        paged_attention(PagedAttentionInputs(*batch, 0.5)), paged_attention_ref(PagedAttentionInputs(*batch, 0.5))
+    )
 
 
 def test_store_kv_writes_slots_and_skips_minus_one():
@@ -197,5 +208,5 @@ def test_store_kv_rejects_mismatched_lengths():
 def test_triton_pages_smaller_than_a_tile_or_not_a_power_of_two(block_size):
     """Key tiles of 16 positions then span several pages (each position looks its page up)."""
     batch = make_batch(CASES["mixed"], 6, 2, block_size, seed=block_size)
-    out = paged_attention_triton(*on_test_device(*batch), 0.5).cpu()
-    assert rel_err(out, paged_attention_ref(*batch, 0.5)) < 1e-4
+    out = paged_attention_triton(PagedAttentionInputs(*on_test_device(*batch), 0.5)).cpu()
+    assert rel_err(out, paged_attention_ref(PagedAttentionInputs(*batch, 0.5))) < 1e-4

@@ -5,16 +5,15 @@ import torch
 
 from loraplex.kernels.lora import (
     LoRABatchMapping,
-    lora_expand,
     lora_expand_grouped,
     lora_expand_ref,
     lora_expand_triton,
-    lora_shrink,
     lora_shrink_grouped,
     lora_shrink_ref,
     lora_shrink_triton,
 )
 from tests.device import TRITON_HALF_DTYPES, on_test_device  # first: it chooses interpreter or compiler
+from tests.kernels.dispatch import lora_expand, lora_shrink
 
 # (in_features, slice widths): qkv-like (SmolLM2 576/192/192), gate_up-like, o-like, down-like
 LAYOUTS = {
