@@ -27,6 +27,7 @@ from loraplex.grammar.backend_types import CompiledGrammar
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import vocab_from_hf
 from loraplex.grammar.workers.job import CompileOptions
+from loraplex.grammar.workers.messages import Artifact, AutomatonArtifact, LLGuidanceArtifact, PrebuildHint
 from loraplex.grammar.workers.pool import JobFailed, WorkerPool
 
 UPGRADE_TIMEOUT_S = 120.0
@@ -176,7 +177,7 @@ class GrammarCompiler:
         spec: StructuredSpec,
         fut: Future,
         started: float,
-        artifact: dict | None,
+        artifact: Artifact | None,
         failure: JobFailed | None,
     ) -> None:
         grammar: CompiledGrammar | None = None
@@ -187,9 +188,9 @@ class GrammarCompiler:
         if failure is not None:
             error, cacheable = GrammarError(str(failure), code=failure.code), not failure.transient
         else:
+            assert artifact is not None  # (the pool hands over one of the two)
             try:
-                narrowing = tuple(artifact.get("narrowing", ()))  # type: ignore[union-attr]
-                grammar = self._materialize(artifact, spec.close_within_budget, narrowing, prebuilt)  # type: ignore[arg-type]
+                grammar = self._materialize(artifact, spec.close_within_budget, artifact.narrowing, prebuilt)
             except GrammarError as e:
                 error = e
         with self._lock:
@@ -207,8 +208,8 @@ class GrammarCompiler:
             fut.set_exception(error)
         else:
             fut.set_result(grammar)
-            if self._upgrades and artifact and artifact.get("upgrade"):
-                self._schedule_upgrade(key, artifact["upgrade"], spec.close_within_budget, grammar.narrowing)
+            if self._upgrades and isinstance(artifact, LLGuidanceArtifact) and artifact.upgrade:
+                self._schedule_upgrade(key, artifact.upgrade, spec.close_within_budget, grammar.narrowing)
 
     def _store(self, key: tuple[str, str], fut: Future) -> None:
         self._cache[key] = fut
@@ -216,10 +217,10 @@ class GrammarCompiler:
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def _prebuild(self, key: tuple[str, str], body: dict) -> None:
+    def _prebuild(self, key: tuple[str, str], body: PrebuildHint) -> None:
         """A worker is about to build an llguidance matcher from this text: build the parent's template now."""
-        text = body.get("llguidance")
-        if not isinstance(text, str) or self._closed:
+        text = body.llguidance
+        if self._closed:
             return
 
         def build() -> Any:
@@ -236,27 +237,27 @@ class GrammarCompiler:
 
     def _materialize(
         self,
-        artifact: dict,
+        artifact: Artifact,
         close_within_budget: bool,
         narrowing: tuple[str, ...],
         prebuilt: tuple[str, Future] | None = None,
     ) -> CompiledGrammar:
         grammar: CompiledGrammar
-        if artifact["kind"] == "dfa":
+        if isinstance(artifact, AutomatonArtifact):
             from loraplex.grammar.backend_outlines.grammar import AutomatonGrammar
 
-            grammar = AutomatonGrammar(artifact["data"], self.vocab.eos_ids, close_within_budget)
+            grammar = AutomatonGrammar(artifact.data, self.vocab.eos_ids, close_within_budget)
         else:
             from loraplex.grammar.backend_llguidance.grammar import LLGuidanceGrammar
 
             ll_tokenizer, search, rows = self._llguidance_parts()
-            plan = artifact["plan"]
+            plan = artifact.plan
             template = None
-            if prebuilt is not None and prebuilt[0] == artifact["grammar"]:
+            if prebuilt is not None and prebuilt[0] == artifact.grammar:
                 with contextlib.suppress(Exception):  # else built below, with its own error
                     template = prebuilt[1].result()
             grammar = LLGuidanceGrammar(
-                artifact["grammar"], ll_tokenizer, rows, search, len(plan), plan, close_within_budget, template
+                artifact.grammar, ll_tokenizer, rows, search, len(plan), plan, close_within_budget, template
             )
         grammar.narrowing = narrowing
         return grammar
@@ -287,7 +288,7 @@ class GrammarCompiler:
             pool = self._upgrade_pool
             self._upgrades_pending += 1
 
-        def done(artifact: dict | None, failure: JobFailed | None) -> None:
+        def done(artifact: Artifact | None, failure: JobFailed | None) -> None:
             grammar = None
             if failure is None and artifact is not None:  # else the llguidance grammar keeps serving
                 with contextlib.suppress(GrammarError):
