@@ -31,9 +31,9 @@ property classes (``\\p{..}``) in such a pattern. Results beyond a size bound ar
 
 from __future__ import annotations
 
+from loraplex.grammar.schema.ecma_ast import CharSet, Node, class_ranges, top_alternatives
 from loraplex.grammar.spec import GrammarError
 
-Node = tuple
 MAX_STEPS = 1500  # derivative pairs expanded per pattern (each costs a derivative of both operands)
 MAX_NODES = 20000  # size of the resulting AST
 MAX_OPERAND_NODES = 3000  # size of what one look-around is intersected with
@@ -60,8 +60,6 @@ def has_lookaround(node: Node) -> bool:
 def whole_string_node(tree: Node, pattern: str) -> Node:
     """The search pattern `tree` (which has look-arounds) as an ecma_pattern AST without look-arounds that
     matches exactly the whole strings containing a match; GrammarError names what cannot be enforced."""
-    from loraplex.grammar.schema.ecma_pattern import top_alternatives
-
     solver = _Solver()
     try:
         out = _NONE
@@ -99,8 +97,6 @@ def _internal(node: Node) -> Node:
 
 
 def _charset_intervals(cs) -> tuple[tuple[int, int], ...]:  # type: ignore[no-untyped-def]
-    from loraplex.grammar.schema.ecma_pattern import class_ranges
-
     if cs.props:
         raise _Fail("Unicode property classes in a pattern with look-arounds cannot be enforced")
     parts = [(ord(lo), ord(hi)) for lo, hi in cs.ranges]
@@ -491,8 +487,6 @@ def _size(n: Node) -> int:
 
 
 def _to_ecma(n: Node) -> Node:
-    from loraplex.grammar.schema.ecma_pattern import CharSet
-
     kind = n[0]
     if kind == "cls":
         ivs = n[1]
