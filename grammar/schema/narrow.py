@@ -122,11 +122,6 @@ def _conjoin(node: dict, extra: Any) -> None:
     node.setdefault("allOf", []).append(extra)
 
 
-def _is_object_only(node: dict) -> bool:
-    t = node.get("type")
-    return t == "object" or t == ["object"]
-
-
 class _Narrower:
     def __init__(self, root: dict, drop_pattern_properties: bool = False, small_one_of: bool = False) -> None:
         self.root = root
