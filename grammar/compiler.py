@@ -23,7 +23,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from loraplex.grammar.backend_types import CompiledGrammar
+from loraplex.grammar.backend_types import GRAMMAR_BACKENDS, CompiledGrammar, GrammarBackend
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import vocab_from_hf
 from loraplex.grammar.workers.job import CompileOptions
@@ -48,14 +48,14 @@ class GrammarCompiler:
         timeout_s: float = 10.0,
         cache_size: int = 256,
         max_workers: int = 1,
-        backend: str = "auto",
+        backend: GrammarBackend = "auto",
         upgrade_in_background: bool = True,
         memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT,
         strict_objects: bool = True,
         max_ref_depth: int = 3,
         any_depth: int = 2,
     ) -> None:
-        if backend not in ("auto", "outlines", "llguidance"):
+        if backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"backend must be auto, outlines or llguidance, not {backend!r}")
         self.vocab = vocab_from_hf(tokenizer, list(eos_token_ids), vocab_size)
         self.timeout_s = timeout_s

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loraplex.grammar.backend_llguidance import text as llg_text
 from loraplex.grammar.backend_llguidance.search import CompletionSearch
@@ -37,10 +37,13 @@ from loraplex.grammar.workers.messages import (
     PrebuildHint,
 )
 
+if TYPE_CHECKING:  # (backend_types imports torch, which a worker process never loads)
+    from loraplex.grammar.backend_types import GrammarBackend
+
 
 @dataclass(frozen=True)
 class CompileOptions:
-    backend: str = "auto"  # auto | outlines | llguidance
+    backend: GrammarBackend = "auto"
     strict_objects: bool = True  # see schema.strict
     # automata up to this many states are built inside the request: on a 49k-token vocabulary a build costs
     # ~1-2 ms per state (Index plus tables) where llguidance compiles the same small schema in ~1-5 ms, so a
