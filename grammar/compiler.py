@@ -31,9 +31,10 @@ from loraplex.grammar.workers.messages import Artifact, AutomatonArtifact, LLGui
 from loraplex.grammar.workers.pool import JobFailed, WorkerPool
 
 UPGRADE_TIMEOUT_S = 120.0
-# Background automaton builds run at the lowest CPU priority: on a small machine a build at normal priority took
-# one of the engine's two cores for ~20 s and made every decode step of that time 2-5x slower; niced, it runs
-# while the engine waits (and times out, leaving llguidance serving, on a machine that never does).
+# Background automaton builds run at the lowest CPU priority: on a small machine a build at normal priority takes
+# one of the engine's cores for its whole duration and makes every decode step of that time slower
+# (bench/README.md has the figures); niced, it runs while the engine waits (and times out, leaving llguidance
+# serving, on a machine that never does).
 UPGRADE_NICE = 19
 DEFAULT_MEMORY_LIMIT = 4 << 30
 

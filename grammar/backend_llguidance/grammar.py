@@ -40,7 +40,7 @@ ENGAGE_SLACK = 4
 @dataclass(frozen=True)
 class VocabRows:
     """What every LLGuidanceGrammar of one tokenizer shares; built once per compiler (a pass over the
-    vocabulary costs ~15 ms, which every compile paid when each grammar built its own)."""
+    vocabulary, which every compile paid when each grammar built its own: bench/README.md)."""
 
     words: int
     eos_ids: frozenset[int]

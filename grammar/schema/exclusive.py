@@ -1,7 +1,7 @@
 """Which branches of a ``oneOf`` can never match together, so that ``oneOf`` may be generated as ``anyOf``.
 
 Writing "this branch and none of the others" with complements is exact but can grow a schema by orders of
-magnitude (twenty object shapes told apart by a ``type`` property became ~345k characters of grammar). Most
+magnitude (bench/README.md has an example). Most
 real ``oneOf`` branches are apart by construction: different JSON types, different constants, or a required
 property whose values differ. This module proves that, per JSON type: ``split`` says, for each branch, the
 types of value for which no other branch can match too. A branch generated only with those types yields

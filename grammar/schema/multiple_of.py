@@ -4,7 +4,7 @@ jsonschema (like most validators) divides by a float divisor in binary floating 
 246.99999999999997, so 2.47 "is not a multiple of 0.01" although it is one in decimal, and 13% of the
 two-decimal numbers fail so. A grammar that generates every decimal multiple would emit documents the validator
 rejects. And llguidance states a multiple as a divisibility automaton over the divisor's decimal digits, whose
-size grows with them: 12345 builds in ~25 ms, 123456 in ~1 s, 1234567 in ~17 s, and from 10**9 it gives up.
+size, and build time, grow steeply with them (bench/README.md has the times), and from 10**9 it gives up.
 So:
 
 * a divisor with an exact binary value (0.5, 0.25, integers) and few digits divides exactly: nothing changes;

@@ -45,9 +45,9 @@ if TYPE_CHECKING:  # (backend_types imports torch, which a worker process never 
 class CompileOptions:
     backend: GrammarBackend = "auto"
     strict_objects: bool = True  # see schema.strict
-    # automata up to this many states are built inside the request: on a 49k-token vocabulary a build costs
-    # ~1-2 ms per state (Index plus tables) where llguidance compiles the same small schema in ~1-5 ms, so a
-    # larger one is served by llguidance first and upgraded in the background
+    # automata up to this many states are built inside the request: a build costs per state (Index plus
+    # tables) where llguidance compiles the same small schema in about the time of a few states (bench/README.md
+    # has the figures), so a larger one is served by llguidance first and upgraded in the background
     inline_states: int = 32
     fallback_states: int = 160  # ...and up to this many where llguidance refuses the constraint
     max_states: int = 8192  # larger automata are never built (llguidance serves them)
@@ -187,8 +187,9 @@ def _llguidance(ctx: WorkerContext, tr: Translation) -> LLGuidanceArtifact:
     from llguidance import LLMatcher
 
     # building the matcher is the validation (a separate validate_grammar compiled the grammar twice:
-    # same messages, up to 0.3 s more on large schemas). The parent needs its own matcher too (they cannot
-    # cross a process boundary): it builds it from this text while this one is built and planned here.
+    # same messages, measurably slower on large schemas: bench/README.md). The parent needs its own matcher
+    # too (they cannot cross a process boundary): it builds it from this text while this one is built and
+    # planned here.
     ctx.notify(PrebuildHint(tr.llg))
     matcher = LLMatcher(ctx.ll_tokenizer, tr.llg, log_level=0)
     if matcher.is_error():

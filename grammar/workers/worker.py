@@ -41,8 +41,8 @@ def main() -> None:
 
     ctx = WorkerContext(info, options)
     # The collector runs between jobs, not inside them: a compile allocates many short-lived dicts, and the
-    # collections they triggered cost ~5% of compile time on the dev set (everything from start-up is frozen
-    # out of them). A job's cyclic garbage waits for its reply; the memory limit still bounds one job.
+    # collections they triggered cost a visible share of compile time (bench/README.md; everything from start-up
+    # is frozen out of them). A job's cyclic garbage waits for its reply; the memory limit still bounds one job.
     gc.freeze()
     gc.disable()
     write_frame(fd_out, Ready())
