@@ -72,8 +72,8 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._upgrades_done = threading.Condition(self._lock)
         self._upgrades_pending = 0
-        self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
-        self._inflight: dict[tuple[str, str], Future] = {}
+        self._cache: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
+        self._inflight: dict[tuple[str, str], Future[CompiledGrammar]] = {}
         self._stats = {
             "compiles": 0,
             "cache_hits": 0,
@@ -92,7 +92,7 @@ class GrammarCompiler:
         # llguidance matchers built here from the grammar text a worker sent ahead (llguidance releases the GIL
         # while it builds), while the worker builds its own and plans: per cache key, (text, template future)
         self._prebuilder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-llg-build")
-        self._prebuilt: dict[tuple[str, str], tuple[str, Future]] = {}
+        self._prebuilt: dict[tuple[str, str], tuple[str, Future[Any]]] = {}
         self._closed = False
         threading.Thread(target=self._llguidance_parts, name="grammar-llg-init", daemon=True).start()
 
@@ -102,7 +102,7 @@ class GrammarCompiler:
         try:
             key = (self.vocab.identity, spec.cache_key())
         except GrammarError as e:
-            fut: Future = Future()
+            fut: Future[CompiledGrammar] = Future()
             fut.set_exception(e)
             return fut
         with self._lock:
@@ -176,7 +176,7 @@ class GrammarCompiler:
         self,
         key: tuple[str, str],
         spec: StructuredSpec,
-        fut: Future,
+        fut: Future[CompiledGrammar],
         started: float,
         artifact: Artifact | None,
         failure: JobFailed | None,
@@ -201,18 +201,20 @@ class GrammarCompiler:
                 self._stats["errors"] += 1
                 self._stats["timeouts"] += error.code == "compile_timeout"
             else:
-                self._stats[grammar.backend] += 1  # type: ignore[union-attr]
+                assert grammar is not None  # (no error: materialized)
+                self._stats[grammar.backend] += 1
             self._inflight.pop(key, None)
             if cacheable and not self._closed:
                 self._store(key, fut)
         if error is not None:
             fut.set_exception(error)
         else:
+            assert grammar is not None
             fut.set_result(grammar)
             if self._upgrades and isinstance(artifact, LLGuidanceArtifact) and artifact.upgrade:
                 self._schedule_upgrade(key, artifact.upgrade, spec.close_within_budget, grammar.narrowing)
 
-    def _store(self, key: tuple[str, str], fut: Future) -> None:
+    def _store(self, key: tuple[str, str], fut: Future[CompiledGrammar]) -> None:
         self._cache[key] = fut
         self._cache.move_to_end(key)
         while len(self._cache) > self.cache_size:
@@ -241,7 +243,7 @@ class GrammarCompiler:
         artifact: Artifact,
         close_within_budget: bool,
         narrowing: tuple[str, ...],
-        prebuilt: tuple[str, Future] | None = None,
+        prebuilt: tuple[str, Future[Any]] | None = None,
     ) -> CompiledGrammar:
         grammar: CompiledGrammar
         if isinstance(artifact, AutomatonArtifact):
@@ -296,7 +298,7 @@ class GrammarCompiler:
                     grammar = self._materialize(artifact, close_within_budget, narrowing)
             with self._lock:
                 if grammar is not None and key in self._cache:
-                    upgraded: Future = Future()
+                    upgraded: Future[CompiledGrammar] = Future()
                     upgraded.set_result(grammar)
                     self._cache[key] = upgraded
                     self._stats["upgrades"] += 1

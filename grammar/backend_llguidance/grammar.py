@@ -223,7 +223,7 @@ class LLGuidanceMatcher(GrammarMatcher):
     def fits_budget(self, token_id: int, remaining_after: int) -> bool:
         g = self._g
         if token_id in g.eos_ids:
-            return self._m.is_accepting()
+            return bool(self._m.is_accepting())
         if remaining_after < 0 or token_id in g.special:
             return False
         plan = self._current_plan()

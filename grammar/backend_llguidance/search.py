@@ -12,7 +12,7 @@ achievable and short, an upper bound on the true distance (not always the minimu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -204,7 +204,8 @@ class CompletionSearch:
     def _next_bytes(self, node: Any) -> np.ndarray:
         """The bytes whose one-byte token `node` allows next."""
         mask = self._mask(node)
-        return self._bytes[((mask[self._word] >> self._bit) & 1).astype(bool)]
+        allowed: np.ndarray = self._bytes[((mask[self._word] >> self._bit) & 1).astype(bool)]
+        return allowed
 
     def _push(self, buckets: dict[int, dict[int, tuple[Any, bytes]]], node: Any, path: bytes) -> None:
         bucket = buckets.setdefault(len(path), {})
@@ -255,7 +256,8 @@ class CompletionSearch:
         out: list[int] = []
         pos = n
         while pos > 0:
-            i, tid = back[pos]  # type: ignore[misc]
+            # (every byte has a one-byte token, so each position on the way back has its step)
+            i, tid = cast(tuple[int, int], back[pos])
             out.append(tid)
             pos = i
         return out[::-1]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any, TypeAlias
 
 from loraplex.grammar.schema.json_text import class_escape
 from loraplex.grammar.spec import GrammarError
@@ -116,7 +117,7 @@ _PY_CLASSES = {name: re.compile("\\" + name) for name in "dDwWsS"}
 
 
 @lru_cache(maxsize=256)
-def prop_regex(name: str):  # type: ignore[no-untyped-def]
+def prop_regex(name: str) -> Any:  # a compiled pattern of `regex` (which has no type information)
     import regex
 
     try:
@@ -131,7 +132,7 @@ def _prop_has(name: str, ch: str) -> bool:
 
 # AST: ("lit", ch) ("set", CharSet) ("seq", [..]) ("alt", [..]) ("rep", node, lo, hi) ("bol",) ("eol",)
 # ("look", ahead: bool, negated: bool, node)
-Node = tuple
+Node: TypeAlias = tuple[Any, ...]
 
 
 def top_alternatives(node: Node) -> list[Node]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import lru_cache
+from typing import TypeAlias
 
 from loraplex.grammar.schema.ecma_ast import (
     LINE_TERMINATORS,
@@ -26,6 +27,8 @@ from loraplex.grammar.schema.lookaround import has_lookaround, whole_string_node
 from loraplex.grammar.spec import GrammarError
 
 _SYNTAX = set("^$\\.*+?()[]{}|/")
+# a CharSet as a hashable cache key: (ranges, classes, props, negated)
+_SetKey: TypeAlias = tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[tuple[str, bool], ...], bool]
 
 
 class _Parser:
@@ -70,8 +73,8 @@ class _Parser:
         if ch in ("*", "+", "?"):
             self.take()
             lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[ch]
-        elif ch == "{" and self._brace_quantifier() is not None:
-            lo, hi, end = self._brace_quantifier()  # type: ignore[misc]
+        elif ch == "{" and (brace := self._brace_quantifier()) is not None:
+            lo, hi, end = brace
             self.i = end
         else:
             return atom
@@ -179,7 +182,8 @@ class _Parser:
             return ch
         node = self.escape(in_class=True)
         if node[0] == "lit":
-            return node[1]
+            lit: str = node[1]
+            return lit
         inner: CharSet = node[1]
         cs.classes += inner.classes
         cs.props += inner.props
@@ -290,7 +294,7 @@ def _emit(node: Node, encoded: bool = True, agreeing: bool = False, outside: Ran
 
 
 @lru_cache(maxsize=4096)  # generated patterns repeat the same classes hundreds of times
-def _set_content_rx(key: tuple, agreeing: bool = False) -> str:
+def _set_content_rx(key: _SetKey, agreeing: bool = False) -> str:
     """A character class over JSON string content: its raw characters, and the escapes of its specials."""
     ranges, classes, props, negated = key
     cs = CharSet(list(ranges), list(classes), list(props), negated)

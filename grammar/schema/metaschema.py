@@ -37,7 +37,7 @@ _SCHEMA_ONE = (*SUB_ONE, "additionalItems")
 
 
 @functools.cache
-def fast_metaschema_validator(cls: type) -> Any:
+def fast_metaschema_validator(cls: type[Any]) -> Any:
     """jsonschema-rs's validator of the same metaschema, no format assertion: a verdict in a small fraction of
     the time (bench/README.md). Only its "valid" is used; an invalid schema is checked again by
     `metaschema_validator` for jsonschema's error message (best_match), so messages do not change."""
@@ -47,7 +47,7 @@ def fast_metaschema_validator(cls: type) -> Any:
 
 
 @functools.cache
-def metaschema_validator(cls: type) -> Any:
+def metaschema_validator(cls: type[Any]) -> Any:
     """A validator of schemas under `cls`'s draft (no format assertion, like ``cls.check_schema``)."""
     if cls not in _DYNAMIC:  # draft-04/06/07: one document, recursive only through "#"
         root_uri = urldefrag(cls.ID_OF(cls.META_SCHEMA))[0]

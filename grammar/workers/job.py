@@ -99,31 +99,35 @@ def translate(
         return Translation(rx, why, llg, "schema cannot be enforced", narrowing, cuts)
     if kind == "tagged_json":
         tagged = spec.tagged_json
+        assert tagged is not None  # (its kind: the one constraint set)
         flags = (drop_pattern_properties, small_one_of)
         schema, narrowing, _rx, _why, _cuts = _schema_parts(spec.schema(), spec, options, *flags)
         text = None
-        if "text" in tagged:  # type: ignore[operator]
+        if "text" in tagged:
             text, text_narrowing, _rx, _why, _cuts = _schema_parts(
-                tagged["text"],  # type: ignore[index]
+                tagged["text"],
                 spec,
                 options,
                 drop_pattern_properties,
                 small_one_of,
-            )  # type: ignore[index]
+            )
             narrowing += [f"{n} (of the answer)" for n in text_narrowing]
-        llg = llg_text.tagged_json_grammar(schema, tagged["open"], tagged["close"], tagged["parallel"], text)  # type: ignore[index]
+        llg = llg_text.tagged_json_grammar(schema, tagged["open"], tagged["close"], tagged["parallel"], text)
         why = "free text beside tagged JSON needs a complement (text without the tag), which only llguidance holds"
         return Translation(None, why, llg, "tagged JSON cannot be enforced", narrowing)
     if kind == "regex":
-        err = llg_text.regex_error(spec.regex)  # type: ignore[arg-type]
+        assert spec.regex is not None
+        err = llg_text.regex_error(spec.regex)
         if err:
             raise GrammarError(f"invalid regex: {err}")
-        rx = _strip_anchors(spec.regex)  # type: ignore[arg-type]
+        rx = _strip_anchors(spec.regex)
         return Translation(rx, "", llg_text.regex_grammar(rx), "invalid regex")
     if kind == "choice":
-        rx = alt([rx_escape(c) for c in spec.choice])  # type: ignore[union-attr]
+        assert spec.choice is not None
+        rx = alt([rx_escape(c) for c in spec.choice])
         return Translation(rx, "", llg_text.regex_grammar(rx), "invalid choice")
-    return Translation(None, "context-free grammar", llg_text.lark_grammar(spec.grammar), "grammar syntax error")  # type: ignore[arg-type]
+    assert spec.grammar is not None
+    return Translation(None, "context-free grammar", llg_text.lark_grammar(spec.grammar), "grammar syntax error")
 
 
 def _schema_parts(
@@ -208,7 +212,7 @@ def _llguidance(ctx: WorkerContext, tr: Translation) -> LLGuidanceArtifact:
 
 def _count_states_bounded(regex: str, ctx: WorkerContext) -> int | None:
     """State count, or None when counting takes too long (the worker is then recycled)."""
-    result: list[Any] = []
+    result: list[int | BaseException] = []
 
     def run() -> None:
         try:
@@ -221,9 +225,10 @@ def _count_states_bounded(regex: str, ctx: WorkerContext) -> int | None:
     t.join(ctx.options.probe_seconds)
     if not result:
         return None
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    found = result[0]
+    if isinstance(found, BaseException):
+        raise found
+    return found
 
 
 def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> JobResult:

@@ -2,7 +2,8 @@
 
 Artifacts (the result of one job): an ``AutomatonArtifact`` (a token automaton) or an ``LLGuidanceArtifact``
 (llguidance grammar text and a completion plan). Frames: ``Ready`` once after start-up, then per job any
-number of ``Partial`` before one ``Done`` or ``Failed``.
+number of ``Partial`` before one ``Done`` or ``Failed``. (The parent's frames: one ``WorkerInit``, then
+(job_id, kind, payload) per job.)
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
     from loraplex.grammar.backend_outlines.automaton import AutomatonData
+    from loraplex.grammar.vocab import VocabInfo
+    from loraplex.grammar.workers.job import CompileOptions
+
+# The first frame the parent sends: the tokenizer, the options, the address-space limit in bytes (0: none).
+WorkerInit: TypeAlias = tuple["VocabInfo", "CompileOptions", int]
 
 
 @dataclass(frozen=True)

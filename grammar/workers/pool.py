@@ -20,7 +20,7 @@ from typing import Any
 
 from loraplex.envvars.safe_path import python_module_command
 from loraplex.grammar.workers.ipc import Deadline, PipeClosed, read_frame, write_frame
-from loraplex.grammar.workers.messages import Artifact, Done, Failed, Partial, PrebuildHint, Ready
+from loraplex.grammar.workers.messages import Artifact, Done, Failed, Partial, PrebuildHint, Ready, WorkerInit
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class _Job:
 
 
 class _Worker:
-    def __init__(self, init: tuple, nice: int) -> None:
+    def __init__(self, init: WorkerInit, nice: int) -> None:
         self.proc = subprocess.Popen(
             python_module_command("loraplex.grammar.workers.worker", str(nice)),
             stdin=subprocess.PIPE,
@@ -73,7 +73,7 @@ class _Worker:
 
 
 class WorkerPool:
-    def __init__(self, init: tuple, size: int, name: str, nice: int = 0) -> None:
+    def __init__(self, init: WorkerInit, size: int, name: str, nice: int = 0) -> None:
         """``nice``: added to the workers' scheduling niceness (background work that must not take CPU from the
         engine's step threads while they have work)."""
         self._init = init
