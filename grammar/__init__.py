@@ -1,6 +1,6 @@
 """loraplex.grammar: structured output (JSON schema, regex, choice, Lark grammar) as token masks.
 
-Public API: StructuredSpec, GrammarError, GrammarCompiler, CompiledGrammar, GrammarMatcher. By role:
+Public API: StructuredSpec, GrammarError, GrammarCompiler, GrammarBackend, CompiledGrammar, GrammarMatcher. By role:
 
 * ``spec`` (what a request asks for), ``compiler`` (compile cache and worker pools, used by the engine),
   ``vocab`` (the tokenizer as both backends see it), ``backend_types`` (the interface the engine codes against);
@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 
 if TYPE_CHECKING:
-    from loraplex.grammar.backend_types import CompiledGrammar, GrammarMatcher
+    from loraplex.grammar.backend_types import CompiledGrammar, GrammarBackend, GrammarMatcher
     from loraplex.grammar.compiler import GrammarCompiler
 
-__all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarError", "GrammarMatcher", "StructuredSpec"]
+__all__ = ["CompiledGrammar", "GrammarBackend", "GrammarCompiler", "GrammarError", "GrammarMatcher", "StructuredSpec"]
 
 _LAZY = {
     "CompiledGrammar": "loraplex.grammar.backend_types",
+    "GrammarBackend": "loraplex.grammar.backend_types",
     "GrammarMatcher": "loraplex.grammar.backend_types",
     "GrammarCompiler": "loraplex.grammar.compiler",
 }

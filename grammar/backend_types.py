@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 import torch
+
+# What serves a compiled grammar: a token automaton (outlines_core's Index) or llguidance.
+ServingBackend: TypeAlias = Literal["outlines", "llguidance"]
+# What a GrammarCompiler is asked to use: one of them always, or "auto" (workers/job.py says how it chooses).
+GrammarBackend: TypeAlias = Literal["auto", "outlines", "llguidance"]
+GRAMMAR_BACKENDS: tuple[GrammarBackend, ...] = get_args(GrammarBackend)
 
 
 class GrammarMatcher(ABC):
@@ -108,7 +115,7 @@ class CompiledGrammar(ABC):
     """A constraint compiled for one tokenizer; shared by every request that uses it."""
 
     min_tokens: int  # fewest tokens from the start to a complete output (see min_tokens_to_accept)
-    backend: str  # "outlines" (token automaton) or "llguidance"
+    backend: ServingBackend
     # How the constraint was narrowed to be enforceable ("keyword at pointer: how"); empty: enforced exactly.
     narrowing: tuple[str, ...] = ()
 

@@ -23,16 +23,18 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from loraplex.grammar.backend_types import CompiledGrammar
+from loraplex.grammar.backend_types import GRAMMAR_BACKENDS, CompiledGrammar, GrammarBackend
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import vocab_from_hf
 from loraplex.grammar.workers.job import CompileOptions
+from loraplex.grammar.workers.messages import Artifact, AutomatonArtifact, LLGuidanceArtifact, PrebuildHint
 from loraplex.grammar.workers.pool import JobFailed, WorkerPool
 
 UPGRADE_TIMEOUT_S = 120.0
-# Background automaton builds run at the lowest CPU priority: on a small machine a build at normal priority took
-# one of the engine's two cores for ~20 s and made every decode step of that time 2-5x slower; niced, it runs
-# while the engine waits (and times out, leaving llguidance serving, on a machine that never does).
+# Background automaton builds run at the lowest CPU priority: on a small machine a build at normal priority takes
+# one of the engine's cores for its whole duration and makes every decode step of that time slower
+# (bench/README.md has the figures); niced, it runs while the engine waits (and times out, leaving llguidance
+# serving, on a machine that never does).
 UPGRADE_NICE = 19
 DEFAULT_MEMORY_LIMIT = 4 << 30
 
@@ -47,14 +49,14 @@ class GrammarCompiler:
         timeout_s: float = 10.0,
         cache_size: int = 256,
         max_workers: int = 1,
-        backend: str = "auto",
+        backend: GrammarBackend = "auto",
         upgrade_in_background: bool = True,
         memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT,
         strict_objects: bool = True,
         max_ref_depth: int = 3,
         any_depth: int = 2,
     ) -> None:
-        if backend not in ("auto", "outlines", "llguidance"):
+        if backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"backend must be auto, outlines or llguidance, not {backend!r}")
         self.vocab = vocab_from_hf(tokenizer, list(eos_token_ids), vocab_size)
         self.timeout_s = timeout_s
@@ -70,8 +72,8 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._upgrades_done = threading.Condition(self._lock)
         self._upgrades_pending = 0
-        self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
-        self._inflight: dict[tuple[str, str], Future] = {}
+        self._cache: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
+        self._inflight: dict[tuple[str, str], Future[CompiledGrammar]] = {}
         self._stats = {
             "compiles": 0,
             "cache_hits": 0,
@@ -90,7 +92,7 @@ class GrammarCompiler:
         # llguidance matchers built here from the grammar text a worker sent ahead (llguidance releases the GIL
         # while it builds), while the worker builds its own and plans: per cache key, (text, template future)
         self._prebuilder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-llg-build")
-        self._prebuilt: dict[tuple[str, str], tuple[str, Future]] = {}
+        self._prebuilt: dict[tuple[str, str], tuple[str, Future[Any]]] = {}
         self._closed = False
         threading.Thread(target=self._llguidance_parts, name="grammar-llg-init", daemon=True).start()
 
@@ -100,7 +102,7 @@ class GrammarCompiler:
         try:
             key = (self.vocab.identity, spec.cache_key())
         except GrammarError as e:
-            fut: Future = Future()
+            fut: Future[CompiledGrammar] = Future()
             fut.set_exception(e)
             return fut
         with self._lock:
@@ -174,9 +176,9 @@ class GrammarCompiler:
         self,
         key: tuple[str, str],
         spec: StructuredSpec,
-        fut: Future,
+        fut: Future[CompiledGrammar],
         started: float,
-        artifact: dict | None,
+        artifact: Artifact | None,
         failure: JobFailed | None,
     ) -> None:
         grammar: CompiledGrammar | None = None
@@ -187,9 +189,9 @@ class GrammarCompiler:
         if failure is not None:
             error, cacheable = GrammarError(str(failure), code=failure.code), not failure.transient
         else:
+            assert artifact is not None  # (the pool hands over one of the two)
             try:
-                narrowing = tuple(artifact.get("narrowing", ()))  # type: ignore[union-attr]
-                grammar = self._materialize(artifact, spec.close_within_budget, narrowing, prebuilt)  # type: ignore[arg-type]
+                grammar = self._materialize(artifact, spec.close_within_budget, artifact.narrowing, prebuilt)
             except GrammarError as e:
                 error = e
         with self._lock:
@@ -199,27 +201,29 @@ class GrammarCompiler:
                 self._stats["errors"] += 1
                 self._stats["timeouts"] += error.code == "compile_timeout"
             else:
-                self._stats[grammar.backend] += 1  # type: ignore[union-attr]
+                assert grammar is not None  # (no error: materialized)
+                self._stats[grammar.backend] += 1
             self._inflight.pop(key, None)
             if cacheable and not self._closed:
                 self._store(key, fut)
         if error is not None:
             fut.set_exception(error)
         else:
+            assert grammar is not None
             fut.set_result(grammar)
-            if self._upgrades and artifact and artifact.get("upgrade"):
-                self._schedule_upgrade(key, artifact["upgrade"], spec.close_within_budget, grammar.narrowing)
+            if self._upgrades and isinstance(artifact, LLGuidanceArtifact) and artifact.upgrade:
+                self._schedule_upgrade(key, artifact.upgrade, spec.close_within_budget, grammar.narrowing)
 
-    def _store(self, key: tuple[str, str], fut: Future) -> None:
+    def _store(self, key: tuple[str, str], fut: Future[CompiledGrammar]) -> None:
         self._cache[key] = fut
         self._cache.move_to_end(key)
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def _prebuild(self, key: tuple[str, str], body: dict) -> None:
+    def _prebuild(self, key: tuple[str, str], body: PrebuildHint) -> None:
         """A worker is about to build an llguidance matcher from this text: build the parent's template now."""
-        text = body.get("llguidance")
-        if not isinstance(text, str) or self._closed:
+        text = body.llguidance
+        if self._closed:
             return
 
         def build() -> Any:
@@ -236,27 +240,27 @@ class GrammarCompiler:
 
     def _materialize(
         self,
-        artifact: dict,
+        artifact: Artifact,
         close_within_budget: bool,
         narrowing: tuple[str, ...],
-        prebuilt: tuple[str, Future] | None = None,
+        prebuilt: tuple[str, Future[Any]] | None = None,
     ) -> CompiledGrammar:
         grammar: CompiledGrammar
-        if artifact["kind"] == "dfa":
+        if isinstance(artifact, AutomatonArtifact):
             from loraplex.grammar.backend_outlines.grammar import AutomatonGrammar
 
-            grammar = AutomatonGrammar(artifact["data"], self.vocab.eos_ids, close_within_budget)
+            grammar = AutomatonGrammar(artifact.data, self.vocab.eos_ids, close_within_budget)
         else:
             from loraplex.grammar.backend_llguidance.grammar import LLGuidanceGrammar
 
             ll_tokenizer, search, rows = self._llguidance_parts()
-            plan = artifact["plan"]
+            plan = artifact.plan
             template = None
-            if prebuilt is not None and prebuilt[0] == artifact["grammar"]:
+            if prebuilt is not None and prebuilt[0] == artifact.grammar:
                 with contextlib.suppress(Exception):  # else built below, with its own error
                     template = prebuilt[1].result()
             grammar = LLGuidanceGrammar(
-                artifact["grammar"], ll_tokenizer, rows, search, len(plan), plan, close_within_budget, template
+                artifact.grammar, ll_tokenizer, rows, search, len(plan), plan, close_within_budget, template
             )
         grammar.narrowing = narrowing
         return grammar
@@ -287,14 +291,14 @@ class GrammarCompiler:
             pool = self._upgrade_pool
             self._upgrades_pending += 1
 
-        def done(artifact: dict | None, failure: JobFailed | None) -> None:
+        def done(artifact: Artifact | None, failure: JobFailed | None) -> None:
             grammar = None
             if failure is None and artifact is not None:  # else the llguidance grammar keeps serving
                 with contextlib.suppress(GrammarError):
                     grammar = self._materialize(artifact, close_within_budget, narrowing)
             with self._lock:
                 if grammar is not None and key in self._cache:
-                    upgraded: Future = Future()
+                    upgraded: Future[CompiledGrammar] = Future()
                     upgraded.set_result(grammar)
                     self._cache[key] = upgraded
                     self._stats["upgrades"] += 1

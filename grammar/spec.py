@@ -87,12 +87,12 @@ class StructuredSpec:
     narrower (still valid) language.
     """
 
-    json: dict | str | None = None
+    json: dict[str, Any] | str | None = None
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool = False
-    tagged_json: dict | None = None
+    tagged_json: dict[str, Any] | None = None
     close_within_budget: bool = True
     allow_narrowing: bool = True
 

@@ -65,6 +65,10 @@ if [ "$(cat "$VENV/.loraplex-project" 2>/dev/null)" != "$project" ]; then
     mkdir -p "$dev_path"
     ln -sfn "$(pwd)/tests" "$dev_path/tests"
     ln -sfn "$(pwd)/bench" "$dev_path/bench"
+    # mypy reaches the package `loraplex` (this checkout's root) through a folder holding only a link to it
+    # (pyproject.toml's [tool.mypy]); that folder is never on sys.path.
+    mkdir -p "$VENV/loraplex-mypy-path"
+    ln -sfn "$(pwd)" "$VENV/loraplex-mypy-path/loraplex"
     site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "$dev_path" > "$site/loraplex-dev-path.pth"
     echo "$project" > "$VENV/.loraplex-project"

@@ -40,7 +40,7 @@ ENGAGE_SLACK = 4
 @dataclass(frozen=True)
 class VocabRows:
     """What every LLGuidanceGrammar of one tokenizer shares; built once per compiler (a pass over the
-    vocabulary costs ~15 ms, which every compile paid when each grammar built its own)."""
+    vocabulary, which every compile paid when each grammar built its own: bench/README.md)."""
 
     words: int
     eos_ids: frozenset[int]
@@ -223,7 +223,7 @@ class LLGuidanceMatcher(GrammarMatcher):
     def fits_budget(self, token_id: int, remaining_after: int) -> bool:
         g = self._g
         if token_id in g.eos_ids:
-            return self._m.is_accepting()
+            return bool(self._m.is_accepting())
         if remaining_after < 0 or token_id in g.special:
             return False
         plan = self._current_plan()

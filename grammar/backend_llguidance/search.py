@@ -12,7 +12,7 @@ achievable and short, an upper bound on the true distance (not always the minimu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -20,8 +20,8 @@ from loraplex.grammar.vocab import VocabInfo
 
 MAX_TOKEN_BYTES = 48
 # Masks one budget check may compute (a check runs for a sampled token inside a decode step). Checks on the
-# dev set's random walks take 4 masks at the median, 25 at most; a pattern the greedy walk cannot finish
-# (BizTalk's `\w+[\\](\w+\.)*\w+\.dll`) took ~120k masks, 16 s, and then failed. A check that runs out says
+# dev set's random walks take a few masks, while a pattern the greedy walk cannot finish can take seconds of
+# them and then fail (bench/README.md has the counts): the bound sits far above the first. A check that runs out says
 # "does not fit" (the token is passed over: narrowing, never widening); plans are not bounded (the budget
 # fallback needs one, and the first is made by the compile worker, under its timeout).
 CHECK_MAX_MASKS = 2000
@@ -99,8 +99,8 @@ class CompletionSearch:
 
     def completion_bytes(self, matcher: Any) -> bytes | None:
         """The byte string `plan` tokenizes: the greedy walk, else the bounded search, else the greedy walk
-        without its bound on loop exits (a walk that keeps looking for ways out of loops is usually failing:
-        lefthook's took 4 s to fail where the search then found `{}` in 5 ms)."""
+        without its bound on loop exits (a walk that keeps looking for ways out of loops is usually failing, and
+        slowly, where the search finds a completion at once: bench/README.md)."""
         path = self._greedy(matcher, GREEDY_LOOP_EXITS)
         if path is None:
             path = self._shortest(matcher, self.max_bytes)
@@ -121,7 +121,7 @@ class CompletionSearch:
         Forced bytes (a key, a separator) are progress, so they start a new record of masks: the second
         string value of an object has the first one's masks without being a loop, and treating it as one
         sent the walk through every escape and UTF-8 lead byte of that string (each a new mask) before
-        closing it: elm's plan took 250 ms (210 bytes), now ~20 ms (222).
+        closing it, an order of magnitude slower for a plan of about the same length (bench/README.md).
         """
         node = matcher.deep_copy()
         path = b""
@@ -204,7 +204,8 @@ class CompletionSearch:
     def _next_bytes(self, node: Any) -> np.ndarray:
         """The bytes whose one-byte token `node` allows next."""
         mask = self._mask(node)
-        return self._bytes[((mask[self._word] >> self._bit) & 1).astype(bool)]
+        allowed: np.ndarray = self._bytes[((mask[self._word] >> self._bit) & 1).astype(bool)]
+        return allowed
 
     def _push(self, buckets: dict[int, dict[int, tuple[Any, bytes]]], node: Any, path: bytes) -> None:
         bucket = buckets.setdefault(len(path), {})
@@ -223,7 +224,7 @@ class CompletionSearch:
 
         llguidance judges bytes, so any spelling of an allowed byte string is usually allowed: the fewest
         tokens over the vocabulary alone are checked once, and only when the matcher refuses them does the
-        search ask it at every position (a deep copy per byte: knowledge-unit's 564-byte plan took 16 ms)."""
+        search ask it at every position (a deep copy per byte, costly on long plans: bench/README.md)."""
         tokens = self._fewest_tokens(data, None)
         if matcher.deep_copy().validate_tokens(tokens) == len(tokens):
             return tokens
@@ -255,7 +256,8 @@ class CompletionSearch:
         out: list[int] = []
         pos = n
         while pos > 0:
-            i, tid = back[pos]  # type: ignore[misc]
+            # (every byte has a one-byte token, so each position on the way back has its step)
+            i, tid = cast(tuple[int, int], back[pos])
             out.append(tid)
             pos = i
         return out[::-1]

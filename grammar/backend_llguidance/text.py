@@ -9,7 +9,7 @@ check days per month), and patterns are rewritten with ECMA's meaning of \d, \w,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loraplex.grammar.schema.ecma_pattern import (
     key_restriction,
@@ -20,7 +20,10 @@ from loraplex.grammar.schema.ecma_pattern import (
 from loraplex.grammar.schema.formats import DECODED_FORMATS
 from loraplex.grammar.schema.subschemas import SUB_LISTS, SUB_MAPS, SUB_ONE
 
-_JSON_OPTIONS = {"whitespace_flexible": False, "coerce_one_of": False, "lenient": False}
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # (a TypedDict of llguidance's stubs)
+
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "coerce_one_of": False, "lenient": False}
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SUBSCHEMA_ONE = ("items", "additionalProperties")

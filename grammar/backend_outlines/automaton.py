@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class OutlinesVocab:
         self.probe = Vocabulary(257, probe)
 
 
-def _index(regex: str, vocabulary) -> object:  # type: ignore[no-untyped-def]
+def _index(regex: str, vocabulary: Any) -> Any:  # (outlines_core ships no type information)
     from outlines_core import Index
 
     try:
@@ -90,11 +91,11 @@ def build_automaton(regex: str, vocab: OutlinesVocab) -> AutomatonData:
     number = {start: 0}
     queue = deque([start])
     while queue:
-        for nxt in set(raw.get(queue.popleft(), {}).values()):
-            if nxt not in finals and nxt not in number:
-                number[nxt] = len(order)
-                order.append(nxt)
-                queue.append(nxt)
+        for succ_state in set(raw.get(queue.popleft(), {}).values()):
+            if succ_state not in finals and succ_state not in number:
+                number[succ_state] = len(order)
+                order.append(succ_state)
+                queue.append(succ_state)
     n = len(order)
     accepting = np.array([raw.get(s, {}).get(sentinel) in finals for s in order], dtype=bool)
     succ = [[number[d] for d in set(raw.get(s, {}).values()) if d in number] for s in order]

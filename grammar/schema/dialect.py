@@ -190,7 +190,7 @@ _INDEXED = frozenset(("id", "$id", "$anchor", "$dynamicAnchor", "$recursiveAncho
 _CHILD_KEYS = frozenset(SUB_MAPS + SUB_LISTS + SUB_ONE + ("additionalItems", "dependencies"))
 
 
-def _children(node: dict) -> list[tuple[list[Any], Any]]:
+def _children(node: dict[str, Any]) -> list[tuple[list[Any], Any]]:
     """(relative path, sub-schema) of every sub-schema directly under ``node`` (any draft's keywords)."""
     out: list[tuple[list[Any], Any]] = []
     if _CHILD_KEYS.isdisjoint(node):  # most nodes are leaves: no keyword-by-keyword look
@@ -219,7 +219,7 @@ def _children(node: dict) -> list[tuple[list[Any], Any]]:
 class _Index:
     """Where each schema resource (by absolute URI) and each anchor sits in the document, as pointers."""
 
-    def __init__(self, root: dict, draft: str) -> None:
+    def __init__(self, root: dict[str, Any], draft: str) -> None:
         self.draft = draft
         self.resources: dict[str, str] = {}
         self.anchors: dict[str, str] = {}
@@ -288,12 +288,12 @@ class _Rewriter:
     """Builds the internal form. References are resolved to pointers in the original document first, then
     mapped to where those places moved (array-form items, additionalItems and dependencies change paths)."""
 
-    def __init__(self, root: dict, draft: str, index: _Index) -> None:
+    def __init__(self, root: dict[str, Any], draft: str, index: _Index) -> None:
         self.root = root
         self.draft = draft
         self.index = index
         self.moved: dict[str, str] = {}  # pointer of a sub-schema in the original -> in the internal form
-        self.refs: list[dict] = []  # output nodes whose "$ref" still holds an original pointer
+        self.refs: list[dict[str, Any]] = []  # output nodes whose "$ref" still holds an original pointer
 
     def rewrite(self) -> Any:
         self.targets = self._ref_targets(self.root, [])
@@ -395,7 +395,7 @@ class _Rewriter:
             _set(out, rel, self.node(sub, path + original, new_path + rel, base))
         return out
 
-    def _convert(self, node: dict) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    def _convert(self, node: dict[str, Any]) -> dict[tuple[Any, ...], tuple[Any, ...]]:
         """The draft's own keyword forms into 2020-12's; returns where moved sub-schemas came from."""
         renames: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         if self.draft == "draft-04":
@@ -424,7 +424,7 @@ class _Rewriter:
         return renames
 
 
-def _set(node: dict, rel: list[Any], value: Any) -> None:
+def _set(node: dict[str, Any], rel: list[Any], value: Any) -> None:
     target: Any = node
     for part in rel[:-1]:
         target = target[part]

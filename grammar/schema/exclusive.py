@@ -1,7 +1,7 @@
 """Which branches of a ``oneOf`` can never match together, so that ``oneOf`` may be generated as ``anyOf``.
 
 Writing "this branch and none of the others" with complements is exact but can grow a schema by orders of
-magnitude (twenty object shapes told apart by a ``type`` property became ~345k characters of grammar). Most
+magnitude (bench/README.md has an example). Most
 real ``oneOf`` branches are apart by construction: different JSON types, different constants, or a required
 property whose values differ. This module proves that, per JSON type: ``split`` says, for each branch, the
 types of value for which no other branch can match too. A branch generated only with those types yields
@@ -83,11 +83,11 @@ class Exclusivity:
 
     def __init__(self, root: Any) -> None:
         self.root = root
-        self._disjoint: dict[tuple[int, int, frozenset[str]], bool] = {}
+        self._disjoint: dict[tuple[int, int, frozenset[str], frozenset[str]], bool] = {}
         self._domain: dict[int, frozenset[str]] = {}
         self._keep: list[Any] = []  # the schemas memoized by id stay alive (ids are never reused)
         self._targets: dict[int, Any] = {}
-        self._conjunct_lists: dict[tuple[int, int], list[dict]] = {}
+        self._conjunct_lists: dict[tuple[int, int], list[dict[str, Any]]] = {}
         self._ranges: dict[tuple[int, int, str], tuple[Bound, Bound]] = {}
         self._tag_maps: dict[tuple[int, int], dict[str, set[Any]]] = {}  # schemas kept alive by _conjuncts' memo
         self._value_sets: dict[int, set[Any] | None] = {}
@@ -107,7 +107,7 @@ class Exclusivity:
             self._targets[key] = schema
         return self._targets[key]
 
-    def _values(self, schema: dict) -> set[Any] | None:
+    def _values(self, schema: dict[str, Any]) -> set[Any] | None:
         """``_values`` once per schema (an enum of hundreds of values is compared with every other branch)."""
         key = id(schema)
         if key not in self._value_sets:
@@ -115,7 +115,7 @@ class Exclusivity:
             self._value_sets[key] = _values(schema)
         return self._value_sets[key]
 
-    def _members(self, schema: dict) -> list[Any]:
+    def _members(self, schema: dict[str, Any]) -> list[Any]:
         """Schemas that every value matching ``schema`` also matches (allOf members, a sibling $ref's target)."""
         out = list(schema.get("allOf", []))
         if "$ref" in schema:
@@ -188,7 +188,9 @@ class Exclusivity:
             self._disjoint[key] = proof
         return self._disjoint[key]
 
-    def _prove(self, a: dict, b: dict, within: frozenset[str], depth: int, present: frozenset[str]) -> bool:
+    def _prove(
+        self, a: dict[str, Any], b: dict[str, Any], within: frozenset[str], depth: int, present: frozenset[str]
+    ) -> bool:
         va, vb = self._values(a), self._values(b)
         if va is not None and vb is not None and not (va & vb):
             return True
@@ -208,7 +210,7 @@ class Exclusivity:
             return self._items_apart(a, b, depth)
         return False
 
-    def _ranges_apart(self, a: dict, b: dict, kind: str, depth: int) -> bool:
+    def _ranges_apart(self, a: dict[str, Any], b: dict[str, Any], kind: str, depth: int) -> bool:
         """Sizes (lengths, item or property counts) or numeric ranges that do not meet."""
         keys = _RANGES.get(kind)
         if keys is None:
@@ -217,13 +219,13 @@ class Exclusivity:
         low_b, high_b = self._range(b, depth, kind)
         return _below(high_a, low_b) or _below(high_b, low_a)
 
-    def _range(self, schema: dict, depth: int, kind: str) -> tuple[Bound, Bound]:
+    def _range(self, schema: dict[str, Any], depth: int, kind: str) -> tuple[Bound, Bound]:
         key = (id(schema), depth, kind)  # the schema is kept alive by _conjuncts' memo
         if key not in self._ranges:
             self._ranges[key] = _range(self._conjuncts(schema, depth), *_RANGES[kind])
         return self._ranges[key]
 
-    def _items_apart(self, a: dict, b: dict, depth: int) -> bool:
+    def _items_apart(self, a: dict[str, Any], b: dict[str, Any], depth: int) -> bool:
         """Arrays: an item both must have (at a position below either's minItems) that they hold apart."""
         ours, theirs = self._conjuncts(a, depth), self._conjuncts(b, depth)
         present = max(_range(ours, *_RANGES["array"])[0][0], _range(theirs, *_RANGES["array"])[0][0])
@@ -258,13 +260,13 @@ class Exclusivity:
             return True
         return False
 
-    def _conjuncts(self, schema: dict, depth: int) -> list[dict]:
+    def _conjuncts(self, schema: dict[str, Any], depth: int) -> list[dict[str, Any]]:
         """``schema`` and every schema it is the conjunction of (allOf members, $ref targets, recursively)."""
         key = (id(schema), depth)
         if key in self._conjunct_lists:
             return self._conjunct_lists[key]
         self._keep.append(schema)
-        out: dict[int, dict] = {}
+        out: dict[int, dict[str, Any]] = {}
         todo = [(schema, 0)]
         while todo:
             node, level = todo.pop()
@@ -276,7 +278,7 @@ class Exclusivity:
         self._conjunct_lists[key] = list(out.values())
         return self._conjunct_lists[key]
 
-    def _tags(self, schema: dict, depth: int) -> dict[str, set[Any]]:
+    def _tags(self, schema: dict[str, Any], depth: int) -> dict[str, set[Any]]:
         """Properties that ``schema`` holds to constants (const/enum, in any conjunct): name -> the values an
         object matching it can have there. Tagged unions are the common oneOf, and this proof of theirs costs a
         dictionary lookup where the general one (``_discriminated``) walks every shared property."""
@@ -291,7 +293,7 @@ class Exclusivity:
             self._tag_maps[key] = tags
         return self._tag_maps[key]
 
-    def _discriminated(self, a: dict, b: dict, depth: int, present: frozenset[str]) -> bool:
+    def _discriminated(self, a: dict[str, Any], b: dict[str, Any], depth: int, present: frozenset[str]) -> bool:
         """Objects only: a property every object here has (required by either, or by the schema around
         them) that b forbids, or that a and b hold to values that never meet."""
         ours_all, theirs_all = self._conjuncts(a, depth), self._conjuncts(b, depth)
@@ -338,7 +340,7 @@ class Exclusivity:
         return True
 
     # ---- oneOf ------------------------------------------------------------------------------------------
-    def in_context(self, branches: list[Any], context: dict | None) -> list[Any]:
+    def in_context(self, branches: list[Any], context: dict[str, Any] | None) -> list[Any]:
         """The branches as the values they judge: those that also match the schema the oneOf sits in."""
         if not context:
             return branches
@@ -372,11 +374,11 @@ def _tags_apart(ours: dict[str, set[Any]], theirs: dict[str, set[Any]], present:
     return any(name in present and name in theirs and not (values & theirs[name]) for name, values in ours.items())
 
 
-def _required(conjuncts: list[dict]) -> frozenset[str]:
+def _required(conjuncts: list[dict[str, Any]]) -> frozenset[str]:
     return frozenset(n for c in conjuncts for n in c.get("required", []) if isinstance(n, str))
 
 
-def _raw_values(schema: dict) -> list[Any] | None:
+def _raw_values(schema: dict[str, Any]) -> list[Any] | None:
     if "const" in schema:
         return [schema["const"]]
     if "enum" in schema:
@@ -384,7 +386,7 @@ def _raw_values(schema: dict) -> list[Any] | None:
     return None
 
 
-def _satisfies(value: Any, schema: dict) -> bool:
+def _satisfies(value: Any, schema: dict[str, Any]) -> bool:
     """A constant against a schema of only type / enum / const."""
     if "type" in schema:
         names = {schema["type"]} if isinstance(schema["type"], str) else set(schema["type"])
@@ -397,7 +399,7 @@ def _satisfies(value: Any, schema: dict) -> bool:
     return "enum" not in schema or json_key(value) in {json_key(v) for v in schema["enum"]}
 
 
-def _values(schema: dict) -> set[Any] | None:
+def _values(schema: dict[str, Any]) -> set[Any] | None:
     if "const" in schema:
         return {json_key(schema["const"])}
     if "enum" in schema:
@@ -405,7 +407,7 @@ def _values(schema: dict) -> set[Any] | None:
     return None
 
 
-def _property_schema(schema: dict, name: str) -> Any:
+def _property_schema(schema: dict[str, Any], name: str) -> Any:
     """The schema a property's value is held to by this object schema alone (None: cannot tell)."""
     properties = schema.get("properties")
     if isinstance(properties, dict) and name in properties:
@@ -415,7 +417,7 @@ def _property_schema(schema: dict, name: str) -> Any:
     return schema.get("additionalProperties", True)
 
 
-def _forbidden(schema: dict) -> set[str]:
+def _forbidden(schema: dict[str, Any]) -> set[str]:
     """Property names an object matching ``schema`` cannot have, from ``not: {required: [name]}`` or
     ``not: {anyOf: [{required: [name]}, ...]}`` (closed objects and false properties: ``_property_schema``)."""
     negated = schema.get("not")
@@ -439,7 +441,9 @@ _RANGES = {
 Bound = tuple[float, bool]  # a value, and whether the bound excludes it
 
 
-def _range(conjuncts: list[dict], low: str, low_ex: str | None, high: str, high_ex: str | None) -> tuple[Bound, Bound]:
+def _range(
+    conjuncts: list[dict[str, Any]], low: str, low_ex: str | None, high: str, high_ex: str | None
+) -> tuple[Bound, Bound]:
     """The tightest bounds all conjuncts set ((-inf, inclusive) / (inf, inclusive) where none)."""
     lo: Bound = (float("-inf"), False)
     hi: Bound = (float("inf"), False)
@@ -460,7 +464,7 @@ def _below(high: Bound, low: Bound) -> bool:
     return high[0] < low[0] or (high[0] == low[0] and (high[1] or low[1]))
 
 
-def _item_schema(schema: dict, i: int) -> Any:
+def _item_schema(schema: dict[str, Any], i: int) -> Any:
     """The schema item i is held to by this array schema alone (None: unconstrained)."""
     prefix = schema.get("prefixItems")
     if isinstance(prefix, list) and i < len(prefix):

@@ -31,12 +31,17 @@ property classes (``\\p{..}``) in such a pattern. Results beyond a size bound ar
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import TypeAlias
+
+from loraplex.grammar.schema.ecma_ast import CharSet, Node, class_ranges, top_alternatives
 from loraplex.grammar.spec import GrammarError
 
-Node = tuple
 MAX_STEPS = 1500  # derivative pairs expanded per pattern (each costs a derivative of both operands)
 MAX_NODES = 20000  # size of the resulting AST
 MAX_OPERAND_NODES = 3000  # size of what one look-around is intersected with
+
+Ivs: TypeAlias = tuple[tuple[int, int], ...]  # sorted disjoint closed intervals of code points
 
 _TOP = 0x10FFFF
 _ANY = ((0, 0xD7FF), (0xE000, _TOP))  # every Unicode scalar value (JSON text cannot carry lone surrogates)
@@ -60,8 +65,6 @@ def has_lookaround(node: Node) -> bool:
 def whole_string_node(tree: Node, pattern: str) -> Node:
     """The search pattern `tree` (which has look-arounds) as an ecma_pattern AST without look-arounds that
     matches exactly the whole strings containing a match; GrammarError names what cannot be enforced."""
-    from loraplex.grammar.schema.ecma_pattern import top_alternatives
-
     solver = _Solver()
     try:
         out = _NONE
@@ -98,9 +101,7 @@ def _internal(node: Node) -> Node:
     return node  # bol, eol
 
 
-def _charset_intervals(cs) -> tuple[tuple[int, int], ...]:  # type: ignore[no-untyped-def]
-    from loraplex.grammar.schema.ecma_pattern import class_ranges
-
+def _charset_intervals(cs: CharSet) -> Ivs:
     if cs.props:
         raise _Fail("Unicode property classes in a pattern with look-arounds cannot be enforced")
     parts = [(ord(lo), ord(hi)) for lo, hi in cs.ranges]
@@ -111,7 +112,7 @@ def _charset_intervals(cs) -> tuple[tuple[int, int], ...]:  # type: ignore[no-un
     return _complement(merged) if cs.negated else _intersect(merged, _ANY)
 
 
-def _merge(parts) -> tuple[tuple[int, int], ...]:  # type: ignore[no-untyped-def]
+def _merge(parts: Iterable[tuple[int, int]]) -> Ivs:
     out: list[list[int]] = []
     for lo, hi in sorted(parts):
         if out and lo <= out[-1][1] + 1:
@@ -121,8 +122,9 @@ def _merge(parts) -> tuple[tuple[int, int], ...]:  # type: ignore[no-untyped-def
     return tuple((lo, hi) for lo, hi in out)
 
 
-def _complement(ivs) -> tuple[tuple[int, int], ...]:  # type: ignore[no-untyped-def]
-    out, at = [], 0
+def _complement(ivs: Ivs) -> Ivs:
+    out: list[tuple[int, int]] = []
+    at = 0
     for lo, hi in ivs:
         if lo > at:
             out.append((at, lo - 1))
@@ -132,8 +134,9 @@ def _complement(ivs) -> tuple[tuple[int, int], ...]:  # type: ignore[no-untyped-
     return _intersect(tuple(out), _ANY)
 
 
-def _intersect(a, b) -> tuple[tuple[int, int], ...]:  # type: ignore[no-untyped-def]
-    out, i, j = [], 0, 0
+def _intersect(a: Ivs, b: Ivs) -> Ivs:
+    out: list[tuple[int, int]] = []
+    i = j = 0
     while i < len(a) and j < len(b):
         lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
         if lo <= hi:
@@ -145,11 +148,11 @@ def _intersect(a, b) -> tuple[tuple[int, int], ...]:  # type: ignore[no-untyped-
     return tuple(out)
 
 
-def _contains(ivs, c: int) -> bool:  # type: ignore[no-untyped-def]
+def _contains(ivs: Ivs, c: int) -> bool:
     return any(lo <= c <= hi for lo, hi in ivs)
 
 
-def _seq(items) -> Node:  # type: ignore[no-untyped-def]
+def _seq(items: Iterable[Node]) -> Node:
     flat: list[Node] = []
     for n in items:
         if n == _NONE:
@@ -161,7 +164,7 @@ def _seq(items) -> Node:  # type: ignore[no-untyped-def]
     return flat[0] if len(flat) == 1 else ("seq", tuple(flat))
 
 
-def _alt(items) -> Node:  # type: ignore[no-untyped-def]
+def _alt(items: Iterable[Node]) -> Node:
     seen: dict[Node, None] = {}
     for n in items:
         for m in n[1] if n[0] == "alt" else (n,):
@@ -212,7 +215,7 @@ def _deriv(n: Node, c: int) -> Node:
     return _NONE
 
 
-def _firsts(n: Node, out: list) -> None:  # type: ignore[type-arg]
+def _firsts(n: Node, out: list[Ivs]) -> None:
     """The classes that can match a first character of `n`."""
     kind = n[0]
     if kind == "cls":
@@ -232,12 +235,12 @@ def _firsts(n: Node, out: list) -> None:  # type: ignore[type-arg]
 def _pieces(rest: Node, test: Node) -> list[tuple[tuple[int, int], ...]]:
     """The classes that can start `rest`, split so that each piece lies inside or outside every class that
     can start `rest` or `test` (every character of a piece has the same derivatives)."""
-    starts: list = []  # type: ignore[type-arg]
+    starts: list[Ivs] = []
     _firsts(rest, starts)
     reach = _merge([iv for ivs in starts for iv in ivs])
     _firsts(test, starts)
     cuts = {lo for ivs in starts for lo, _ in ivs} | {hi + 1 for ivs in starts for _, hi in ivs}
-    pieces = []
+    pieces: list[Ivs] = []
     for lo, hi in reach:
         inner = sorted(x for x in cuts if lo < x <= hi)
         bounds = [lo, *inner, hi + 1]
@@ -401,7 +404,7 @@ class _Solver:
         return _arden(eqs[start], start).get(None, _NONE)
 
 
-def _arden(eq: dict, key: tuple) -> dict:  # type: ignore[type-arg]
+def _arden(eq: dict[tuple[Node, Node] | None, Node], key: tuple[Node, Node]) -> dict[tuple[Node, Node] | None, Node]:
     """X = A X | B  ->  X = A* B (the equation of state `key` without its self-loop)."""
     loop = eq.pop(key, None)
     if loop is None:
@@ -419,7 +422,7 @@ def _no_class_anywhere(rest: Node, test: Node) -> Node | None:
     if loop[0] != "rep" or loop[1][0] != "cls" or loop[2:] != (0, None) or cls[0] != "cls":
         return None
     allowed = _merge(loop[1][1] + cls[1])
-    classes: list = []  # type: ignore[type-arg]
+    classes: list[Ivs] = []
     _classes(rest, classes)
     if any(_intersect(ivs, allowed) != ivs for ivs in classes):
         return None
@@ -427,7 +430,7 @@ def _no_class_anywhere(rest: Node, test: Node) -> Node | None:
     return _map_classes(rest, lambda ivs: _intersect(ivs, keep))
 
 
-def _classes(n: Node, out: list) -> None:  # type: ignore[type-arg]
+def _classes(n: Node, out: list[Ivs]) -> None:
     if n[0] == "cls":
         out.append(n[1])
     elif n[0] in ("seq", "alt"):
@@ -437,7 +440,7 @@ def _classes(n: Node, out: list) -> None:  # type: ignore[type-arg]
         _classes(n[1], out)
 
 
-def _map_classes(n: Node, fn) -> Node:  # type: ignore[no-untyped-def]
+def _map_classes(n: Node, fn: Callable[[Ivs], Ivs]) -> Node:
     kind = n[0]
     if kind == "cls":
         ivs = fn(n[1])
@@ -451,7 +454,7 @@ def _map_classes(n: Node, fn) -> Node:  # type: ignore[no-untyped-def]
     return n
 
 
-def _has(n: Node, pred) -> bool:  # type: ignore[no-untyped-def]
+def _has(n: Node, pred: Callable[[Node], bool]) -> bool:
     if pred(n):
         return True
     kind = n[0]
@@ -491,8 +494,6 @@ def _size(n: Node) -> int:
 
 
 def _to_ecma(n: Node) -> Node:
-    from loraplex.grammar.schema.ecma_pattern import CharSet
-
     kind = n[0]
     if kind == "cls":
         ivs = n[1]

@@ -1,8 +1,8 @@
 """Metaschema validators with their references inlined: same verdicts, a fraction of the lookups.
 
-jsonschema resolves every ``$ref`` (and ``$dynamicRef``) anew at each sub-schema it validates, ~60 us a
-lookup: most of the time of checking a large schema (~280 ms for each enonic-xp schema of the dev set under
-2020-12). The metaschemas are recursive only through their root (draft-04/06/07: ``$ref: "#"``; 2020-12's
+jsonschema resolves every ``$ref`` (and ``$dynamicRef``) anew at each sub-schema it validates: the lookups
+are most of the time of checking a large schema (bench/README.md, "Measurements behind design choices", has
+the figures). The metaschemas are recursive only through their root (draft-04/06/07: ``$ref: "#"``; 2020-12's
 vocabularies: ``$dynamicRef: "#meta"``; 2019-09's: ``$recursiveRef: "#"``), and when a schema is checked
 against the standard metaschema every dynamic reference resolves to that root: the dynamic scope is the
 metaschema's own evaluation path, which the instance cannot extend. So every other reference is replaced by
@@ -37,9 +37,9 @@ _SCHEMA_ONE = (*SUB_ONE, "additionalItems")
 
 
 @functools.cache
-def fast_metaschema_validator(cls: type) -> Any:
-    """jsonschema-rs's validator of the same metaschema, no format assertion: a verdict in ~1/100 of the time
-    (~1 ms for an enonic-xp schema). Only its "valid" is used; an invalid schema is checked again by
+def fast_metaschema_validator(cls: type[Any]) -> Any:
+    """jsonschema-rs's validator of the same metaschema, no format assertion: a verdict in a small fraction of
+    the time (bench/README.md). Only its "valid" is used; an invalid schema is checked again by
     `metaschema_validator` for jsonschema's error message (best_match), so messages do not change."""
     import jsonschema_rs
 
@@ -47,7 +47,7 @@ def fast_metaschema_validator(cls: type) -> Any:
 
 
 @functools.cache
-def metaschema_validator(cls: type) -> Any:
+def metaschema_validator(cls: type[Any]) -> Any:
     """A validator of schemas under `cls`'s draft (no format assertion, like ``cls.check_schema``)."""
     if cls not in _DYNAMIC:  # draft-04/06/07: one document, recursive only through "#"
         root_uri = urldefrag(cls.ID_OF(cls.META_SCHEMA))[0]
@@ -96,7 +96,8 @@ def _map_subschemas(keyword: str, value: Any, fn: Any) -> Any:
 
 def _inline(node: Any, base: str, registry: Registry, root_uri: str, ref_alone: bool = False) -> Any:
     """`node` with every ``$ref`` but those to the root replaced by its target (the metaschemas are not
-    recursive otherwise), so validation looks up only the root: each lookup costs ~60 us. `ref_alone`:
+    recursive otherwise), so validation looks up only the root (lookups are what it costs: bench/README.md).
+    `ref_alone`:
     up to draft-07 a ``$ref``'s siblings are ignored, so the node is its target alone."""
     if not isinstance(node, dict):
         return node

@@ -4,7 +4,7 @@ jsonschema (like most validators) divides by a float divisor in binary floating 
 246.99999999999997, so 2.47 "is not a multiple of 0.01" although it is one in decimal, and 13% of the
 two-decimal numbers fail so. A grammar that generates every decimal multiple would emit documents the validator
 rejects. And llguidance states a multiple as a divisibility automaton over the divisor's decimal digits, whose
-size grows with them: 12345 builds in ~25 ms, 123456 in ~1 s, 1234567 in ~17 s, and from 10**9 it gives up.
+size, and build time, grow steeply with them (bench/README.md has the times), and from 10**9 it gives up.
 So:
 
 * a divisor with an exact binary value (0.5, 0.25, integers) and few digits divides exactly: nothing changes;
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -48,7 +49,7 @@ def passes(value: int | float, divisor: int | float) -> bool:
         return (Fraction(value) / Fraction(divisor)).denominator == 1
 
 
-def narrowed_multiple(divisor: int | float, node: dict) -> Plan | None:
+def narrowed_multiple(divisor: int | float, node: dict[str, Any]) -> Plan | None:
     """What replaces ``multipleOf: divisor`` in ``node`` (None: nothing to change): ``("integer", a)`` for
     integer multiples of ``a``, or ``("values", [...])`` for a finite list; with how it narrows."""
     if isinstance(divisor, bool) or not isinstance(divisor, (int, float)) or not math.isfinite(divisor):
@@ -83,7 +84,7 @@ def _short(n: int) -> str:
 def _stateable(step: Fraction) -> bool:
     """Whether llguidance builds the divisibility automaton for this divisor quickly: its decimal significand,
     trailing zeros aside (they only ask for zeros at the end), is small."""
-    significand = step.numerator * 10 ** _decimal_places(step.denominator) // step.denominator
+    significand: int = step.numerator * 10 ** _decimal_places(step.denominator) // step.denominator
     if significand >= MAX_SIGNIFICAND:
         return False
     while significand % 10 == 0:
@@ -104,13 +105,13 @@ def _decimal_places(denominator: int) -> int:
     return max(twos, fives)
 
 
-def _values(divisor: int | float, step: Fraction, node: dict, why: str) -> Plan:
+def _values(divisor: int | float, step: Fraction, node: dict[str, Any], why: str) -> Plan:
     values = _passing_values(divisor, step, node)
     shown = ", ".join(map(str, values[:4])) + (", ..." if len(values) > 4 else "")
     return ("values", values), f"{why}: only {len(values)} multiples that pass ({shown}) are generated"
 
 
-def _passing_values(divisor: int | float, step: Fraction, node: dict) -> list[int | float]:
+def _passing_values(divisor: int | float, step: Fraction, node: dict[str, Any]) -> list[int | float]:
     """Multiples k*step (as JSON spells them) inside the node's own bounds and +-LARGEST that pass, nearest the
     bound closest to zero first (integer multiples only where the node admits integers only)."""
     if node.get("type") in ("integer", ["integer"]):
@@ -153,16 +154,16 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _window(node: dict) -> tuple[Fraction, Fraction]:
+def _window(node: dict[str, Any]) -> tuple[Fraction, Fraction]:
     """Where to look for multiples: the node's bounds (exclusive ones too: _inside decides) within +-LARGEST."""
     lows = [_exact(node[k]) for k in ("minimum", "exclusiveMinimum") if _is_number(node.get(k))]
     highs = [_exact(node[k]) for k in ("maximum", "exclusiveMaximum") if _is_number(node.get(k))]
     return max([Fraction(-LARGEST), *lows]), min([Fraction(LARGEST), *highs])
 
 
-def _inside(value: int | float, node: dict) -> bool:
+def _inside(value: int | float, node: dict[str, Any]) -> bool:
     """The node's own numeric bounds, as a validator compares them."""
-    checks = (
+    checks: tuple[tuple[str, Callable[[Any], bool]], ...] = (
         ("minimum", lambda b: value >= b),
         ("exclusiveMinimum", lambda b: value > b),
         ("maximum", lambda b: value <= b),

@@ -112,23 +112,18 @@ def _pair(node: Any, written: Any, out: dict[int, tuple[Any, Any]]) -> None:
             _pair(value, other, out)
 
 
-def _fragment(**keywords: Any) -> dict:
+def _fragment(**keywords: Any) -> dict[str, Any]:
     """A condition on an object's keys, added by a rewrite (strict.FRAGMENT: it does not reopen the object)."""
     return {**keywords, FRAGMENT: True}
 
 
-def _conjoin(node: dict, extra: Any) -> None:
+def _conjoin(node: dict[str, Any], extra: Any) -> None:
     """node := node AND extra."""
     node.setdefault("allOf", []).append(extra)
 
 
-def _is_object_only(node: dict) -> bool:
-    t = node.get("type")
-    return t == "object" or t == ["object"]
-
-
 class _Narrower:
-    def __init__(self, root: dict, drop_pattern_properties: bool = False, small_one_of: bool = False) -> None:
+    def __init__(self, root: dict[str, Any], drop_pattern_properties: bool = False, small_one_of: bool = False) -> None:
         self.root = root
         self.drop_pattern_properties = drop_pattern_properties
         self.small_one_of = small_one_of
@@ -137,7 +132,7 @@ class _Narrower:
         self.exclusivity = Exclusivity(self.negator.root)
         self._originals: dict[int, tuple[Any, Any]] = {}  # id of a node -> (the node, the node as written)
         # id of an inline oneOf branch -> (the branch, schemas as written that every value it judges matches)
-        self._contexts: dict[int, tuple[Any, list[dict]]] = {}
+        self._contexts: dict[int, tuple[Any, list[dict[str, Any]]]] = {}
         _pair(root, self.negator.root, self._originals)
         self.rules: list[Narrowing] = []
         self._seen: set[int] = set()
@@ -171,7 +166,7 @@ class _Narrower:
                 self.walk(node[key], path + [key])
 
     # ---- one node ----------------------------------------------------------------------------------
-    def rewrite(self, node: dict, path: list[Any]) -> None:
+    def rewrite(self, node: dict[str, Any], path: list[Any]) -> None:
         # first: which keys count as evaluated depends on the applicators as written
         if "unevaluatedProperties" in node or "unevaluatedItems" in node:
             note = lambda keyword, how: self.note(keyword, path, how)  # noqa: E731
@@ -220,7 +215,7 @@ class _Narrower:
         elif fmt in formats.NARROWED and "string" in (_type_set(node.get("type")) or {"string"}):
             self.note("format", path, f"{fmt}: {formats.NARROWED[fmt]}")
 
-    def _dependencies(self, node: dict, path: list[Any]) -> None:
+    def _dependencies(self, node: dict[str, Any], path: list[Any]) -> None:
         """ "If key a is present, b must be too" (and dependent schemas): written exactly as "a is absent or all
         hold" while an object has few of them; each such alternative doubles the shapes a parser tracks, so
         beyond MAX_CONDITIONALS the trigger key is simply not generated (or, for required triggers, the
@@ -266,7 +261,7 @@ class _Narrower:
         entry = self._originals.get(id(sub))
         return entry[1] if entry is not None and entry[0] is sub else sub
 
-    def _one_of(self, node: dict, path: list[Any]) -> None:
+    def _one_of(self, node: dict[str, Any], path: list[Any]) -> None:
         """``oneOf`` as ``anyOf`` of branches that cannot match together. Branches apart from each other
         (by type, constants, a required property's values, sizes or ranges; ``exclusive``) are used as they
         are, each held to the types where it is apart, when that loses no value. Otherwise each branch is
@@ -316,7 +311,7 @@ class _Narrower:
             node["anyOf"] = alternatives
 
     def _complement_one_of(
-        self, node: dict, path: list[Any], overlaps: list[list[int]], negs: dict[int, Negation]
+        self, node: dict[str, Any], path: list[Any], overlaps: list[list[int]], negs: dict[int, Negation]
     ) -> None:
         """Each branch and the complements of the branches it may overlap (the others it is apart from)."""
         branches = node.pop("oneOf")
@@ -328,7 +323,7 @@ class _Narrower:
         _conjoin(node, {"anyOf": alternatives})
 
     # ---- numbers -------------------------------------------------------------------------------------
-    def _huge_bounds(self, node: dict, path: list[Any]) -> None:
+    def _huge_bounds(self, node: dict[str, Any], path: list[Any]) -> None:
         """llguidance cannot build a number range whose bound is +-2**63 as a double (Java's Long.MIN_VALUE
         as an int64 minimum is common): such a lower (upper) bound is raised (lowered) to +-SAFE_BOUND."""
         for key, sign in (("minimum", -1), ("exclusiveMinimum", -1), ("maximum", 1), ("exclusiveMaximum", 1)):
@@ -341,7 +336,7 @@ class _Narrower:
             node[bound] = tighter(node.get(bound, sign * SAFE_BOUND), sign * SAFE_BOUND)
             self.note(key, path, f"{value} is out of reach: {bound} {node[bound]} is generated instead")
 
-    def _multiple_of(self, node: dict, path: list[Any]) -> None:
+    def _multiple_of(self, node: dict[str, Any], path: list[Any]) -> None:
         """A divisor without an exact binary value or with too many digits for an automaton, narrowed to
         multiples that validators dividing in floating point accept too (schema.multiple_of)."""
         safe = narrowed_multiple(node["multipleOf"], node)
@@ -356,7 +351,7 @@ class _Narrower:
         self.note("multipleOf", path, how)
 
     # ---- objects -------------------------------------------------------------------------------------
-    def _property_names(self, node: dict, path: list[Any]) -> None:
+    def _property_names(self, node: dict[str, Any], path: list[Any]) -> None:
         names = self._target(node.pop("propertyNames"))
         if names is True or (isinstance(names, dict) and not _asserts(names)):
             return
@@ -384,7 +379,7 @@ class _Narrower:
         node["additionalProperties"] = False
         self.note("propertyNames", path, "only declared property names that satisfy it are generated")
 
-    def _property_counts(self, node: dict, path: list[Any]) -> None:
+    def _property_counts(self, node: dict[str, Any], path: list[Any]) -> None:
         declared = node.get("properties", {})
         required = list(node.get("required", []))
         optional = [n for n in declared if n not in required and declared[n] is not False]
@@ -423,7 +418,7 @@ class _Narrower:
             if optional[room:] or not closed:
                 self.note("maxProperties", path, f"met by generating at most {high} of the declared properties")
 
-    def _name_unnamed_keys(self, node: dict, path: list[Any], need: int) -> None:
+    def _name_unnamed_keys(self, node: dict[str, Any], path: list[Any], need: int) -> None:
         """Declare and require `need` more distinct property names that the object admits (through a pattern
         or additionalProperties, and propertyNames), each with the schema such a key has."""
         declared = node.setdefault("properties", {})
@@ -453,7 +448,7 @@ class _Narrower:
         node["required"] = list(node.get("required", [])) + chosen
         self.note("minProperties", path, f"met by requiring the keys {', '.join(chosen)}")
 
-    def _pattern_properties(self, node: dict, path: list[Any]) -> None:
+    def _pattern_properties(self, node: dict[str, Any], path: list[Any]) -> None:
         """Keys through patternProperties are generated only where every pattern can be enforced (and, when
         llguidance found them overlapping, not at all): otherwise only declared properties are, each also
         held to the schema of every pattern its name matches. A required name that only a pattern (or
@@ -488,12 +483,12 @@ class _Narrower:
         why = _why_unenforceable(unenforceable[0]) if unenforceable else "its patterns overlap"
         self.note("patternProperties", path, f"{why}: only declared properties are generated")
 
-    def _pattern_witnesses(self, node: dict, path: list[Any]) -> None:
+    def _pattern_witnesses(self, node: dict[str, Any], path: list[Any]) -> None:
         """A pattern that cannot be enforced (\\b, back-references, look-arounds whose body repeats without
         bound) narrows the string to known values that satisfy it and the node's other string keywords."""
         pattern = node.pop("pattern")
         why = _why_unenforceable(pattern)
-        rules = {k: node[k] for k in ("minLength", "maxLength", "format") if k in node}
+        rules: dict[str, Any] = {k: node[k] for k in ("minLength", "maxLength", "format") if k in node}
         cls = jsonschema.Draft202012Validator
         check = cls({**rules, "pattern": pattern}, format_checker=cls.FORMAT_CHECKER)
         seen = [v for k in ("examples", "default") for v in (node.get(k) if k == "examples" else [node.get(k)]) or []]
@@ -516,7 +511,7 @@ class _Narrower:
         self.note("pattern", path, f"{why}: narrowed to the values {node['enum']!r}")
 
     # ---- arrays --------------------------------------------------------------------------------------
-    def _unique_items(self, node: dict, path: list[Any]) -> None:
+    def _unique_items(self, node: dict[str, Any], path: list[Any]) -> None:
         if not node.pop("uniqueItems"):
             return
         low, high = node.get("minItems", 0), node.get("maxItems")
@@ -544,7 +539,7 @@ class _Narrower:
         node["maxItems"] = 1 if high is None else min(high, 1)
         self.note("uniqueItems", path, "at most one item is generated")
 
-    def _contains(self, node: dict, path: list[Any]) -> None:
+    def _contains(self, node: dict[str, Any], path: list[Any]) -> None:
         if "contains" not in node:  # minContains / maxContains alone constrain nothing
             node.pop("minContains", None)
             node.pop("maxContains", None)
@@ -633,12 +628,12 @@ def _valid_name(names: Any, name: str) -> bool:
     """Whether a property name satisfies a propertyNames schema (unresolvable parts count as not)."""
     cls = jsonschema.Draft202012Validator
     try:
-        return cls(names, format_checker=cls.FORMAT_CHECKER).is_valid(name)
+        return bool(cls(names, format_checker=cls.FORMAT_CHECKER).is_valid(name))
     except Exception:  # a reference the validator cannot follow: leave the name out (narrower)
         return False
 
 
-def _asserts(schema: dict) -> bool:
+def _asserts(schema: dict[str, Any]) -> bool:
     return bool(set(schema) - {"title", "description", "$comment", "examples", "default"})
 
 

@@ -11,9 +11,10 @@ satisfies ``minimum``). Where one keyword's complement cannot be written (``patt
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeAlias
 
 from loraplex.grammar.schema.check import resolve_pointer
 from loraplex.grammar.schema.normalize import kind_of
@@ -71,7 +72,7 @@ class Negator:
         return Negation(_union(parts), exact)
 
     # ---- one keyword's complement ------------------------------------------------------------------
-    def _keyword(self, schema: dict, key: str, value: Any, depth: int) -> Negation | None:
+    def _keyword(self, schema: dict[str, Any], key: str, value: Any, depth: int) -> Negation | None:
         if key in ("$defs", "definitions"):
             return Negation(False, True)  # constrains nothing
         if key == "type":
@@ -129,16 +130,16 @@ class Negator:
             n = self.negate(value, depth + 1)
             return Negation({"type": "array", "items": n.schema}, n.exact and "maxContains" not in schema)
         if key == "dependentRequired":
-            out = [
+            shapes = [
                 _object(required=[name], properties={other: False})
                 for name, others in value.items()
                 for other in others
             ]
-            return Negation(_union(out), True)
+            return Negation(_union(shapes), True)
         if key == "dependentSchemas":
-            subs = [(name, self.negate(sub, depth + 1)) for name, sub in value.items()]
-            out = [_object(required=[name], allOf=[n.schema]) for name, n in subs]
-            return Negation(_union(out), all(n.exact for _, n in subs))
+            named = [(name, self.negate(sub, depth + 1)) for name, sub in value.items()]
+            shapes = [_object(required=[name], allOf=[neg.schema]) for name, neg in named]
+            return Negation(_union(shapes), all(neg.exact for _, neg in named))
         if key in ("minContains", "maxContains"):
             return Negation(False, key == "minContains" and "contains" in schema)
         return None  # no written complement (pattern, format, multipleOf, uniqueItems, additionalProperties, ...)
@@ -179,7 +180,7 @@ class Negator:
         return Negation(_union(parts), exact)
 
 
-def _object(**keywords: Any) -> dict:
+def _object(**keywords: Any) -> dict[str, Any]:
     """Objects meeting ``keywords``: a condition on the keys, which does not reopen a strict object."""
     return {"type": "object", **keywords, FRAGMENT: True}
 
@@ -188,15 +189,19 @@ def _num(d: Decimal) -> int | float:
     return int(d) if d == d.to_integral_value() else float(d)
 
 
-def _bound(op: str, kind: str):
-    def handler(value: Any, schema: dict) -> Negation:
+# one keyword's complement from its value and its schema (None: no written complement)
+_Handler: TypeAlias = Callable[[Any, dict[str, Any]], "Negation | None"]
+
+
+def _bound(op: str, kind: str) -> _Handler:
+    def handler(value: Any, schema: dict[str, Any]) -> Negation:
         return Negation({"type": kind, op: value}, True)
 
     return handler
 
 
-def _length(op: str, kind: str, delta: int):
-    def handler(value: Any, schema: dict) -> Negation:
+def _length(op: str, kind: str, delta: int) -> _Handler:
+    def handler(value: Any, schema: dict[str, Any]) -> Negation:
         bound = int(value) + delta
         if bound < 0:
             return Negation(False, True)  # minLength 0 / minItems 0 cannot be violated
@@ -205,7 +210,7 @@ def _length(op: str, kind: str, delta: int):
     return handler
 
 
-_SIMPLE = {
+_SIMPLE: dict[str, _Handler] = {
     "minimum": _bound("exclusiveMaximum", "number"),
     "exclusiveMinimum": _bound("maximum", "number"),
     "maximum": _bound("exclusiveMinimum", "number"),

@@ -45,7 +45,7 @@ class _Closer:
     def __init__(self, root: Any) -> None:
         self.root = root
         self.unsafe: dict[str, set[int]] = {"obj": set(), "arr": set()}  # ids of nodes that must stay open
-        self.nodes: list[dict] = []
+        self.nodes: list[dict[str, Any]] = []
         self._visited: set[tuple[int, bool, bool]] = set()
 
     def walk(self, node: Any, obj_conj: bool, arr_conj: bool) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 _SYNTAX = set("\\^$.|?*+()[]{}/-")
 
 
@@ -15,14 +17,14 @@ def _escape(ch: str) -> str:
 
 def not_one_of_pattern(words: list[str]) -> str:
     """An anchored pattern matching every string except ``words`` (exactly: the complement of a finite set)."""
-    trie: dict = {}
+    trie: dict[str | None, Any] = {}  # a character -> subtrie; None -> a word ends here
     for word in set(words):
         node = trie
         for ch in word:
             node = node.setdefault(ch, {})
         node[None] = True  # a word ends here
 
-    def rest(node: dict) -> str:
+    def rest(node: dict[str | None, Any]) -> str:
         """Strings that, read from ``node``, do not complete a word."""
         children = sorted(k for k in node if k is not None)
         alts = [] if None in node else [""]  # stopping here is fine unless a word ends here

@@ -85,7 +85,7 @@ class UnevaluatedRewriter:
         self.note = note
         self._lossy: list[str] = []
 
-    def rewrite(self, node: dict) -> None:
+    def rewrite(self, node: dict[str, Any]) -> None:
         props, items = node.pop("unevaluatedProperties", None), node.pop("unevaluatedItems", None)
         if props in (None, True) and items in (None, True):
             return  # nothing is constrained
@@ -140,7 +140,7 @@ class UnevaluatedRewriter:
             out = _cross(out, [absent, *present])
         return out
 
-    def _own(self, schema: dict, top: bool) -> Evaluated:
+    def _own(self, schema: dict[str, Any], top: bool) -> Evaluated:
         if "contains" in schema:
             self._lossy.append("items matched by contains do not count as evaluated")
         return Evaluated(
@@ -173,7 +173,7 @@ class UnevaluatedRewriter:
                     raise _TooMany
         return out
 
-    def _if(self, schema: dict, depth: int) -> list[Shape]:
+    def _if(self, schema: dict[str, Any], depth: int) -> list[Shape]:
         cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
         neg = self.negate(cond)
         if not neg.exact:
@@ -222,6 +222,6 @@ class UnevaluatedRewriter:
         return parts[0] if len(parts) == 1 else {"allOf": parts}
 
 
-def _conjoin(node: dict, extra: Any) -> None:
+def _conjoin(node: dict[str, Any], extra: Any) -> None:
     if extra is not True:
         node.setdefault("allOf", []).append(extra)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from loraplex.grammar.backend_llguidance import text as llg_text
 from loraplex.grammar.backend_llguidance.search import CompletionSearch
@@ -30,15 +30,24 @@ from loraplex.grammar.schema.strict import close_schema
 from loraplex.grammar.schema.to_regex import SchemaRegex
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import VocabInfo
+from loraplex.grammar.workers.messages import (
+    AutomatonArtifact,
+    JobResult,
+    LLGuidanceArtifact,
+    PrebuildHint,
+)
+
+if TYPE_CHECKING:  # (backend_types imports torch, which a worker process never loads)
+    from loraplex.grammar.backend_types import GrammarBackend
 
 
 @dataclass(frozen=True)
 class CompileOptions:
-    backend: str = "auto"  # auto | outlines | llguidance
+    backend: GrammarBackend = "auto"
     strict_objects: bool = True  # see schema.strict
-    # automata up to this many states are built inside the request: on a 49k-token vocabulary a build costs
-    # ~1-2 ms per state (Index plus tables) where llguidance compiles the same small schema in ~1-5 ms, so a
-    # larger one is served by llguidance first and upgraded in the background
+    # automata up to this many states are built inside the request: a build costs per state (Index plus
+    # tables) where llguidance compiles the same small schema in about the time of a few states (bench/README.md
+    # has the figures), so a larger one is served by llguidance first and upgraded in the background
     inline_states: int = 32
     fallback_states: int = 160  # ...and up to this many where llguidance refuses the constraint
     max_states: int = 8192  # larger automata are never built (llguidance serves them)
@@ -72,7 +81,7 @@ class WorkerContext:
         self.ll_tokenizer = LLTokenizer(info.tokenizer_json, n_vocab=info.vocab_size, eos_token=list(info.eos_ids))
         self.search = CompletionSearch(info)
         # tells the parent what it can start on before the job ends (set per job by the worker loop)
-        self.notify: Callable[[dict[str, Any]], None] = lambda body: None
+        self.notify: Callable[[PrebuildHint], None] = lambda body: None
 
 
 def translate(
@@ -90,31 +99,35 @@ def translate(
         return Translation(rx, why, llg, "schema cannot be enforced", narrowing, cuts)
     if kind == "tagged_json":
         tagged = spec.tagged_json
+        assert tagged is not None  # (its kind: the one constraint set)
         flags = (drop_pattern_properties, small_one_of)
         schema, narrowing, _rx, _why, _cuts = _schema_parts(spec.schema(), spec, options, *flags)
         text = None
-        if "text" in tagged:  # type: ignore[operator]
+        if "text" in tagged:
             text, text_narrowing, _rx, _why, _cuts = _schema_parts(
-                tagged["text"],  # type: ignore[index]
+                tagged["text"],
                 spec,
                 options,
                 drop_pattern_properties,
                 small_one_of,
-            )  # type: ignore[index]
+            )
             narrowing += [f"{n} (of the answer)" for n in text_narrowing]
-        llg = llg_text.tagged_json_grammar(schema, tagged["open"], tagged["close"], tagged["parallel"], text)  # type: ignore[index]
+        llg = llg_text.tagged_json_grammar(schema, tagged["open"], tagged["close"], tagged["parallel"], text)
         why = "free text beside tagged JSON needs a complement (text without the tag), which only llguidance holds"
         return Translation(None, why, llg, "tagged JSON cannot be enforced", narrowing)
     if kind == "regex":
-        err = llg_text.regex_error(spec.regex)  # type: ignore[arg-type]
+        assert spec.regex is not None
+        err = llg_text.regex_error(spec.regex)
         if err:
             raise GrammarError(f"invalid regex: {err}")
-        rx = _strip_anchors(spec.regex)  # type: ignore[arg-type]
+        rx = _strip_anchors(spec.regex)
         return Translation(rx, "", llg_text.regex_grammar(rx), "invalid regex")
     if kind == "choice":
-        rx = alt([rx_escape(c) for c in spec.choice])  # type: ignore[union-attr]
+        assert spec.choice is not None
+        rx = alt([rx_escape(c) for c in spec.choice])
         return Translation(rx, "", llg_text.regex_grammar(rx), "invalid choice")
-    return Translation(None, "context-free grammar", llg_text.lark_grammar(spec.grammar), "grammar syntax error")  # type: ignore[arg-type]
+    assert spec.grammar is not None
+    return Translation(None, "context-free grammar", llg_text.lark_grammar(spec.grammar), "grammar syntax error")
 
 
 def _schema_parts(
@@ -174,13 +187,14 @@ def _strip_anchors(regex: str) -> str:
     return regex
 
 
-def _llguidance(ctx: WorkerContext, tr: Translation) -> dict[str, Any]:
+def _llguidance(ctx: WorkerContext, tr: Translation) -> LLGuidanceArtifact:
     from llguidance import LLMatcher
 
     # building the matcher is the validation (a separate validate_grammar compiled the grammar twice:
-    # same messages, up to 0.3 s more on large schemas). The parent needs its own matcher too (they cannot
-    # cross a process boundary): it builds it from this text while this one is built and planned here.
-    ctx.notify({"llguidance": tr.llg})
+    # same messages, measurably slower on large schemas: bench/README.md). The parent needs its own matcher
+    # too (they cannot cross a process boundary): it builds it from this text while this one is built and
+    # planned here.
+    ctx.notify(PrebuildHint(tr.llg))
     matcher = LLMatcher(ctx.ll_tokenizer, tr.llg, log_level=0)
     if matcher.is_error():
         error = f"{tr.llg_error_label}: {llg_text.user_pointers(matcher.get_error().strip())}"
@@ -193,12 +207,12 @@ def _llguidance(ctx: WorkerContext, tr: Translation) -> dict[str, Any]:
             "no complete output was found within the search bounds (is the constraint satisfiable?)",
             code="unsatisfiable_schema",
         )
-    return {"kind": "llg", "grammar": tr.llg, "plan": plan}
+    return LLGuidanceArtifact(tr.llg, plan)
 
 
 def _count_states_bounded(regex: str, ctx: WorkerContext) -> int | None:
     """State count, or None when counting takes too long (the worker is then recycled)."""
-    result: list[Any] = []
+    result: list[int | BaseException] = []
 
     def run() -> None:
         try:
@@ -211,13 +225,14 @@ def _count_states_bounded(regex: str, ctx: WorkerContext) -> int | None:
     t.join(ctx.options.probe_seconds)
     if not result:
         return None
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    found = result[0]
+    if isinstance(found, BaseException):
+        raise found
+    return found
 
 
-def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> dict[str, Any]:
-    """The artifact for one spec: {"kind": "dfa", "data": ...} or {"kind": "llg", ...}, with its narrowing."""
+def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> JobResult:
+    """The artifact for one spec (a token automaton or llguidance grammar text), with its narrowing."""
     flags = {"drop_pattern_properties": False, "small_one_of": False, "root_as_definition": False}
     tr = translate(spec, ctx.options)
     # a retry whose translation is one already refused (its flag changed nothing) fails alike, without a build
@@ -227,7 +242,7 @@ def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> dict[str, Any]:
             try:
                 if (tr.llg, tr.regex) in refused:
                     raise refused[(tr.llg, tr.regex)]
-                artifact = _build(ctx, tr)
+                result = _build(ctx, tr)
                 break
             except GrammarError as e:
                 refused[(tr.llg, tr.regex)] = e
@@ -260,51 +275,52 @@ def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> dict[str, Any]:
                 tr = translate(spec, ctx.options, **flags)
     except GrammarError as e:
         raise _with_narrowing(e, tr.narrowing) from None
-    artifact["narrowing"] = tr.narrowing + (tr.regex_narrowing if artifact["kind"] == "dfa" else [])
-    return artifact
+    automaton = isinstance(result.artifact, AutomatonArtifact)
+    narrowing = tuple(tr.narrowing + (tr.regex_narrowing if automaton else []))
+    return replace(result, artifact=replace(result.artifact, narrowing=narrowing))
 
 
-def _build(ctx: WorkerContext, tr: Translation) -> dict[str, Any]:
+def _build(ctx: WorkerContext, tr: Translation) -> JobResult:
     opts = ctx.options
     if opts.backend == "outlines":
         if tr.regex is None:
             raise GrammarError(f"cannot be compiled into a token automaton: {tr.why_not_regex}")
         # (the artifact's narrowing then includes what the regex leaves out)
-        return {"kind": "dfa", "data": build_automaton(tr.regex, ctx.outlines)}
+        return JobResult(AutomatonArtifact(build_automaton(tr.regex, ctx.outlines)))
     if opts.backend == "llguidance" or tr.regex is None:
-        return _llguidance(ctx, tr)
+        return JobResult(_llguidance(ctx, tr))
     if tr.regex_narrowing:  # llguidance holds recursion and free-form values exactly: the regex only if it cannot
         try:
-            return _llguidance(ctx, tr)
+            return JobResult(_llguidance(ctx, tr))
         except GrammarError:
             states = _count_states_bounded(tr.regex, ctx) if len(tr.regex) <= opts.probe_max_chars else None
             if states is None or states > opts.fallback_states:
                 raise
-            return {"kind": "dfa", "data": build_automaton(tr.regex, ctx.outlines), "states": states}
+            return JobResult(AutomatonArtifact(build_automaton(tr.regex, ctx.outlines), states))
     states = _count_states_bounded(tr.regex, ctx) if len(tr.regex) <= opts.probe_max_chars else None
     if states is not None and states <= opts.inline_states:
-        return {"kind": "dfa", "data": build_automaton(tr.regex, ctx.outlines), "states": states}
+        return JobResult(AutomatonArtifact(build_automaton(tr.regex, ctx.outlines), states))
     try:
         out = _llguidance(ctx, tr)
     except GrammarError:
         if states is None or states > opts.fallback_states:
             raise
         # llguidance cannot serve it (it finds a required pattern-only key unsatisfiable, say), the regex is exact
-        return {"kind": "dfa", "data": build_automaton(tr.regex, ctx.outlines), "states": states}
-    out["states"] = states
+        return JobResult(AutomatonArtifact(build_automaton(tr.regex, ctx.outlines), states))
+    out = replace(out, states=states)
     probed = len(tr.regex) <= opts.probe_max_chars
     if probed and states is None:
-        out["recycle"] = True  # the counting thread is still running: start a fresh worker
-    elif (states is not None and states <= opts.max_states) or (not probed and len(tr.regex) <= opts.upgrade_max_chars):
-        out["upgrade"] = tr.regex  # (exact: a regex that narrows never gets here)
-    return out
+        return JobResult(out, recycle=True)  # the counting thread is still running: start a fresh worker
+    if (states is not None and states <= opts.max_states) or (not probed and len(tr.regex) <= opts.upgrade_max_chars):
+        out = replace(out, upgrade=tr.regex)  # (exact: a regex that narrows never gets here)
+    return JobResult(out)
 
 
-def run_job(ctx: WorkerContext, kind: str, payload: Any) -> dict[str, Any]:
+def run_job(ctx: WorkerContext, kind: str, payload: Any) -> JobResult:
     if kind == "compile":
         return compile_spec(ctx, StructuredSpec(**payload))
     if kind == "automaton":  # background upgrade: only automata of a bounded size
         if count_states(payload, ctx.outlines) > ctx.options.max_states:
             raise GrammarError("automaton too large")
-        return {"kind": "dfa", "data": build_automaton(payload, ctx.outlines)}
+        return JobResult(AutomatonArtifact(build_automaton(payload, ctx.outlines)))
     raise GrammarError(f"unknown job kind {kind!r}")

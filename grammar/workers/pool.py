@@ -20,6 +20,7 @@ from typing import Any
 
 from loraplex.envvars.safe_path import python_module_command
 from loraplex.grammar.workers.ipc import Deadline, PipeClosed, read_frame, write_frame
+from loraplex.grammar.workers.messages import Artifact, Done, Failed, Partial, PrebuildHint, Ready, WorkerInit
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,13 @@ class _Job:
     kind: str
     payload: Any
     timeout_s: float  # counted from when a worker starts on the job
-    done: Callable[[dict | None, JobFailed | None], None]
-    partial: Callable[[Any], None] | None = None  # called (on the pool thread) with each partial body
+    done: Callable[[Artifact | None, JobFailed | None], None]
+    partial: Callable[[PrebuildHint], None] | None = None  # called (on the pool thread) with each partial body
     id: int = field(default_factory=count().__next__)
 
 
 class _Worker:
-    def __init__(self, init: tuple, nice: int) -> None:
+    def __init__(self, init: WorkerInit, nice: int) -> None:
         self.proc = subprocess.Popen(
             python_module_command("loraplex.grammar.workers.worker", str(nice)),
             stdin=subprocess.PIPE,
@@ -59,7 +60,7 @@ class _Worker:
         self.fd_out = self.proc.stdout.fileno()
         write_frame(self.fd_in, init)
         ready = read_frame(self.fd_out, time.monotonic() + STARTUP_SECONDS)
-        if ready != ("ready",):
+        if not isinstance(ready, Ready):
             raise PipeClosed(f"unexpected worker greeting {ready!r}")
 
     def kill(self) -> None:
@@ -72,7 +73,7 @@ class _Worker:
 
 
 class WorkerPool:
-    def __init__(self, init: tuple, size: int, name: str, nice: int = 0) -> None:
+    def __init__(self, init: WorkerInit, size: int, name: str, nice: int = 0) -> None:
         """``nice``: added to the workers' scheduling niceness (background work that must not take CPU from the
         engine's step threads while they have work)."""
         self._init = init
@@ -91,8 +92,8 @@ class WorkerPool:
         kind: str,
         payload: Any,
         timeout_s: float,
-        done: Callable[[dict | None, JobFailed | None], None],
-        partial: Callable[[Any], None] | None = None,
+        done: Callable[[Artifact | None, JobFailed | None], None],
+        partial: Callable[[PrebuildHint], None] | None = None,
     ) -> None:
         """Queue a job; `done(artifact, None)` or `done(None, JobFailed)` runs on a pool thread, after
         `partial(body)` for each partial result the worker sent (it must return quickly).
@@ -123,7 +124,7 @@ class WorkerPool:
         if worker is not None:
             worker.kill()
 
-    def _run(self, slot: int, job: _Job) -> dict:
+    def _run(self, slot: int, job: _Job) -> Artifact:
         timeout = JobFailed(f"compile timed out after {job.timeout_s:g} s", transient=True, code="compile_timeout")
         worker = self._workers[slot]
         deadline = time.monotonic() + job.timeout_s
@@ -136,12 +137,12 @@ class WorkerPool:
                 deadline += time.monotonic() - started  # starting a process is not compile time
             write_frame(worker.fd_in, (job.id, job.kind, job.payload))
             while True:
-                status, job_id, body, recycle = read_frame(worker.fd_out, deadline)
-                if status != "partial":
+                reply = read_frame(worker.fd_out, deadline)
+                if not isinstance(reply, Partial):
                     break
                 if job.partial is not None:
                     try:
-                        job.partial(body)
+                        job.partial(reply.body)
                     except Exception:  # an optimisation's failure must not fail the job
                         log.exception("grammar compile partial-result callback failed")
         except Deadline:
@@ -150,13 +151,12 @@ class WorkerPool:
         except (PipeClosed, OSError, EOFError) as e:
             self._discard(slot)
             raise JobFailed(f"compile worker crashed ({e}); it may have hit its memory limit", transient=True) from None
-        assert job_id == job.id
-        if recycle:  # the worker exits after this reply (a stuck thread or a memory error)
+        assert isinstance(reply, Done | Failed) and reply.job_id == job.id
+        if reply.recycle:  # the worker exits after this reply (a stuck thread or a memory error)
             self._discard(slot)
-        if status != "ok":
-            message, code = body
-            raise JobFailed(message, transient=False, code=code)
-        return body
+        if isinstance(reply, Failed):
+            raise JobFailed(reply.message, transient=False, code=reply.code)
+        return reply.artifact
 
     def _discard(self, slot: int) -> None:
         worker = self._workers[slot]
