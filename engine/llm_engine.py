@@ -25,7 +25,7 @@ from loraplex.engine.lora.admission import LoRAAdmission
 from loraplex.engine.lora.manager import CheckedAdapter, LoRAManager
 from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.model.files import DEFAULT_MODEL_NAME, check_model_dir, resolve_model_dir
-from loraplex.engine.model.runner import ModelRunner
+from loraplex.engine.model.runner import ModelRunner, RunResult
 from loraplex.engine.model.shape import ModelShape
 from loraplex.engine.outputs import FinishReason, RequestOutput, TokenLogprob
 from loraplex.engine.probe import EngineProbe
@@ -333,8 +333,7 @@ class LLMEngine:
             self.lora_manager.wait_for_loads(0.05)  # requests wait for adapter loads: don't spin meanwhile
             return failed
         lora = self.lora_manager.prepare(batch.seqs, batch.num_new_tokens, self.scheduler.running)
-        sample_idx, logits = self.runner.run(batch, lora=lora)
-        outputs = self._process(batch, sample_idx, logits)
+        outputs = self._process(batch, self.runner.run(batch, lora=lora))
         self.last_step = StepStats(batch.total_tokens, len(batch), time.perf_counter() - t0)
         self._update_token_cap(self.last_step)
         return failed + outputs
@@ -350,17 +349,17 @@ class LLMEngine:
         self._seconds_per_token = per_token if avg is None else 0.8 * avg + 0.2 * per_token
         self.scheduler.multi_tenant_token_cap = max(1, int(self._multi_tenant_step_s / self._seconds_per_token))
 
-    def _process(self, batch: ScheduledBatch, sample_idx: list[int], logits: torch.Tensor) -> list[RequestOutput]:
+    def _process(self, batch: ScheduledBatch, run: RunResult) -> list[RequestOutput]:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n - len(seq.spec_token_ids)  # drafts count once verified (below)
             if not seq.spec_token_ids:
                 self.block_manager.register_full_blocks(seq)
-        for i, (first, prompt_logits) in self.runner.prompt_logits.items():
+        for i, (first, prompt_logits) in run.prompt_logits.items():
             self._record_prompt_logprobs(batch.seqs[i], first, prompt_logits)
-        if not sample_idx:
+        if not run.sample_idx:
             return []
-        seqs = [batch.seqs[i] for i in sample_idx]
-        counts = self.runner.sample_counts
+        seqs = [batch.seqs[i] for i in run.sample_idx]
+        counts, logits = run.sample_counts, run.logits
         starts = [0] * len(seqs)
         for j in range(1, len(seqs)):
             starts[j] = starts[j - 1] + counts[j - 1]

@@ -58,11 +58,11 @@ def poison_logits_of(engine: LLMEngine, request_id: str) -> None:
     run = engine.runner.run
 
     def poisoned(batch, lora=None):
-        sample_idx, logits = run(batch, lora=lora)
-        for r, i in enumerate(sample_idx):
+        result = run(batch, lora=lora)
+        for r, i in enumerate(result.sample_idx):
             if batch.seqs[i].request_id == request_id:
-                logits[r] = torch.nan
-        return sample_idx, logits
+                result.logits[r] = torch.nan
+        return result
 
     engine.runner.run = poisoned
 
