@@ -216,7 +216,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                self.waiting.charge(seq, n)  # drafts are charged only once accepted (LLMEngine._process)
+                self.waiting.charge(seq, n)  # drafts are charged only once accepted (engine.spec.settle)
                 n += len(seq.spec_token_ids)
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(n)
