@@ -37,12 +37,15 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loraplex.engine.core.block_manager import BlockManager
 from loraplex.engine.core.request_queue import RequestQueue, make_queue
 from loraplex.engine.core.sequence import Sequence, SequenceStatus
 from loraplex.engine.core.share import DEFAULT_SHARE
+
+if TYPE_CHECKING:
+    from loraplex.engine.config import SchedulingPolicy
 
 # how long a tenant counts for the multi-tenant cut after its last request left the engine: a tenant between
 # two requests is still there, and its next newcomer should not wait for a full-budget step of another's
@@ -80,7 +83,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         admission: list[AdmissionPolicy] | None = None,
-        policy: str = "fcfs",
+        policy: SchedulingPolicy = "fcfs",
     ) -> None:
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
