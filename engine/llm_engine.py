@@ -85,9 +85,6 @@ class LLMEngine:
         self.sliding_window = self.block_manager.sliding_window
         # A lone sequence must always fit, or preemption could never make progress.
         self.max_model_len = self.block_manager.max_lone_tokens(max_model_len, args.max_num_batched_tokens)
-        self.scheduler = Scheduler(
-            self.block_manager, args.max_num_seqs, args.max_num_batched_tokens, policy=args.scheduling_policy
-        )
         self.lora_manager = LoRAManager(
             self.shape.spec,
             max_loras=args.max_loras,
@@ -98,7 +95,6 @@ class LLMEngine:
             backend=self.runner.backend,
             compute_dtype=self.runner.dtype,
         )
-        self.scheduler.admission.append(LoRAAdmission(self.lora_manager, lambda: self.scheduler.waiting))
         self.structured = StructuredOutputManager(
             self.tokenizer,
             sorted(self.eos_token_ids),
@@ -107,20 +103,37 @@ class LLMEngine:
             args.grammar_cache_size,
             args.grammar_workers,
         )
-        self.scheduler.admission.append(self.structured)
         self.sampler = Sampler(self.runner.device)
         self.output = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len, self.structured)
+        self.spec_config = args.resolved_speculative_config()
+        self.drafter = Drafter(self.spec_config, self.tokenizer, self.structured) if self.spec_config else None
+        proposer = None
+        if self.spec_config is not None and self.drafter is not None:
+            proposer = DraftProposer(
+                self.spec_config,
+                self.drafter,
+                self.max_model_len,
+                lambda: len(self.scheduler.running),
+                self.output.text,
+            )
+        self.token_cap = TokenCap(args.resolved_multi_tenant_step_s(self.runner.device))
+        self.num_preemptions = 0
+        self.scheduler = Scheduler(
+            self.block_manager,
+            args.max_num_seqs,
+            args.max_num_batched_tokens,
+            admission=[LoRAAdmission(self.lora_manager, lambda: self.scheduler.waiting), self.structured],
+            policy=args.scheduling_policy,
+            proposer=proposer,
+            on_preempt=self._count_preemption,
+            token_cap=self.token_cap,
+        )
         self.torch_threads = torch.get_num_threads()  # the intra-op threads steps run with
         self._ids = itertools.count()
         self.last_step = StepStats()
-        self.token_cap = TokenCap(args.resolved_multi_tenant_step_s(self.runner.device))
-        self.num_preemptions = 0
-        self.scheduler.on_preempt = self._count_preemption
         self._probe: EngineProbe | None = None
-        self.spec_config = args.resolved_speculative_config()
         self.spec_counters = SpecCounters()
         self.settler = DraftSettler(self.block_manager, self.scheduler.waiting.charge, self.spec_counters)
-        self.drafter = Drafter(self.spec_config, self.tokenizer, self.structured) if self.spec_config else None
         self.jump_forward = JumpForward(
             self.tokenizer,
             self.structured,
@@ -132,14 +145,6 @@ class LLMEngine:
         self.jump_forward_max_running = args.jump_forward_max_running or (
             self.spec_config.disable_by_batch_size if self.spec_config else DEFAULT_DISABLE_BY_BATCH_SIZE
         )
-        if self.spec_config is not None and self.drafter is not None:
-            self.scheduler.proposer = DraftProposer(
-                self.spec_config,
-                self.drafter,
-                self.max_model_len,
-                lambda: len(self.scheduler.running),
-                self.output.text,
-            )
 
     @property
     def base_spec(self) -> BaseModelSpec:
@@ -318,8 +323,7 @@ class LLMEngine:
         lora = self.lora_manager.prepare(batch.seqs, batch.num_new_tokens, self.scheduler.running)
         outputs = self._process(batch, self.runner.run(batch, lora=lora))
         self.last_step = StepStats(batch.total_tokens, len(batch), time.perf_counter() - t0)
-        self.token_cap.observe(self.last_step)
-        self.scheduler.multi_tenant_token_cap = self.token_cap.value
+        self.token_cap.observe(self.last_step)  # the scheduler reads it
         return failed + outputs
 
     def _process(self, batch: ScheduledBatch, run: RunResult) -> list[RequestOutput]:
