@@ -37,6 +37,7 @@ from loraplex.engine.spec.drafts import Drafter
 from loraplex.engine.spec.jump_forward import JumpForward
 from loraplex.engine.spec.settle import DraftProposer, DraftSettler, SpecCounters, verify
 from loraplex.engine.spec.speculative import DEFAULT_DISABLE_BY_BATCH_SIZE
+from loraplex.engine.stats import EngineStats
 from loraplex.engine.structured import StructuredOutputManager
 
 if TYPE_CHECKING:
@@ -447,22 +448,17 @@ class LLMEngine:
         return self.output.output(req, reason)
 
     # ------------------------------------------------------------------ introspection
-    def stats(self) -> dict:
-        bm = self.block_manager
-        return {
-            "num_running": self.scheduler.num_running(),
-            "num_waiting": self.scheduler.num_waiting(),
-            "kv_blocks_total": bm.num_blocks,
-            "kv_blocks_used": bm.num_used_blocks,
-            "kv_cache_usage": bm.usage(),
-            "prefix_cache_hit_rate": bm.hit_rate(),
-            "prefix_cache_queries": bm.query_tokens,
-            "prefix_cache_hits": bm.hit_tokens,
-            "num_preemptions": self.num_preemptions,
-            **self.lora_manager.stats(self.scheduler.running, self.scheduler.waiting),
-            **self.structured.stats(),
-            **{f"spec_decode_{k}": v for k, v in vars(self.spec_counters).items()},
-        }
+    def stats(self) -> EngineStats:
+        """A snapshot of every manager's statistics (engine.stats)."""
+        return EngineStats(
+            num_running=self.scheduler.num_running(),
+            num_waiting=self.scheduler.num_waiting(),
+            num_preemptions=self.num_preemptions,
+            kv_cache=self.block_manager.stats(),
+            lora=self.lora_manager.stats(self.scheduler.running, self.scheduler.waiting),
+            grammar=self.structured.stats(),
+            spec_decode=self.spec_counters.snapshot(),
+        )
 
     def check_invariants(self) -> None:
         live = [r.seq for r in self.requests.values()]

@@ -22,6 +22,7 @@ from loraplex.engine.core.block_manager import BlockManager
 from loraplex.engine.core.sequence import Sequence
 from loraplex.engine.spec.drafts import Drafter
 from loraplex.engine.spec.speculative import SpeculativeConfig
+from loraplex.engine.stats import SpecDecodeStats
 
 
 @dataclass
@@ -32,6 +33,9 @@ class SpecCounters:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_forced_tokens: int = 0
+
+    def snapshot(self) -> SpecDecodeStats:
+        return SpecDecodeStats(**vars(self))
 
 
 class DraftProposer:
