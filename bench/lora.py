@@ -216,9 +216,9 @@ def main() -> None:
         secs_a.append(run_loraplex(llm, prompts, None, wl.MAX_TOKENS)[0])
         for ref in refs:  # (b-disk): nothing cached, adapters are read from disk during the run
             llm.remove_adapter(ref)
-        disk_loads = llm.engine.stats()["lora_disk_loads"]
+        disk_loads = llm.engine.stats().lora.disk_loads
         secs_disk.append(run_loraplex(llm, prompts, per_request, wl.MAX_TOKENS)[0])
-        disk_loads = llm.engine.stats()["lora_disk_loads"] - disk_loads
+        disk_loads = llm.engine.stats().lora.disk_loads - disk_loads
         readd_adapters(llm, refs, adapter_dirs)  # (b): in host memory, device slots empty
         s, out_b = run_loraplex(llm, prompts, per_request, wl.MAX_TOKENS)
         secs_b.append(s)

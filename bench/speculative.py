@@ -226,15 +226,16 @@ def main() -> None:
                 single_s[name].append(time.perf_counter() - t)
                 single_out[name].append(out)
             llm.engine.block_manager.reset_prefix_cache()
-            before = dict(llm.engine.stats())
+            before = llm.engine.stats()
             t = time.perf_counter()
             outs = llm.generate(prompts[: args.batch], params)
             batch_s[name].append(time.perf_counter() - t)
             after = llm.engine.stats()
             batch_out[name] = outs
             counts[name] = {
-                k: after[k] - before[k] for k in after if k.startswith("spec_decode_num_") or k == "num_preemptions"
+                k: getattr(after.spec_decode, k) - getattr(before.spec_decode, k) for k in vars(after.spec_decode)
             }
+            counts[name]["num_preemptions"] = after.num_preemptions - before.num_preemptions
             llm.engine.close()
             del llm
             gc.collect()
@@ -247,7 +248,7 @@ def main() -> None:
     for name in chosen:
         outs, c = batch_out[name], counts[name]
         n_out = sum(len(o.token_ids) for o in outs)
-        drafts = c["spec_decode_num_draft_tokens"]
+        drafts = c["num_draft_tokens"]
         results[name] = dict(
             single=sum(single_s[name]) / len(single_s[name]),
             single_tokens=[o.token_ids for o in single_out[name]],
@@ -256,8 +257,8 @@ def main() -> None:
             batch_dps=len(outs) / statistics.median(batch_s[name]),
             batch_tokens=[o.token_ids for o in outs],
             batch_texts=[o.text for o in outs],
-            forced=c["spec_decode_num_forced_tokens"] / max(1, n_out),
-            accept=c["spec_decode_num_accepted_tokens"] / drafts if drafts else float("nan"),
+            forced=c["num_forced_tokens"] / max(1, n_out),
+            accept=c["num_accepted_tokens"] / drafts if drafts else float("nan"),
             valid=sum(o.finish_reason == "stop" for o in outs),
         )
     base = results["plain"]

@@ -165,7 +165,7 @@ def main() -> None:
     ]
     st = llm.engine.stats()
     print(f"loraplex: {llm.engine.runner.dtype} on {llm.engine.runner.backend.name} kernels")
-    print(f"loraplex: prefix-cache hit rate {st['prefix_cache_hit_rate']:.1%}, preemptions {st['num_preemptions']}")
+    print(f"loraplex: prefix-cache hit rate {st.kv_cache.prefix_cache_hit_rate:.1%}, preemptions {st.num_preemptions}")
     if not args.skip_hf:
         del llm
         hdt, hin, hout = run_hf(model_dir, reqs, wl.MAX_TOKENS, args.hf_batch, tok)

@@ -11,6 +11,7 @@ from loraplex.engine.model.files import prepare_default_model
 from loraplex.engine.outputs import FinishReason, RequestOutput, TokenLogprob
 from loraplex.engine.probe import EngineProbe
 from loraplex.engine.sample.sampling_params import SamplingParams
+from loraplex.engine.stats import EngineStats
 
 __all__ = [
     "LLM",
@@ -19,6 +20,7 @@ __all__ = [
     "EngineArgs",
     "EngineError",
     "EngineProbe",
+    "EngineStats",
     "FinishReason",
     "LLMEngine",
     "ModelLoadError",

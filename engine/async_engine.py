@@ -29,6 +29,7 @@ from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.messages import Abort, AddAdapter, AddRequest, EngineMessage, PinAdapters, RemoveAdapter
 from loraplex.engine.outputs import RequestOutput
 from loraplex.engine.sample.sampling_params import SamplingParams
+from loraplex.engine.stats import EngineStats
 
 if TYPE_CHECKING:
     from loraplex.grammar.backend_types import CompiledGrammar
@@ -99,7 +100,7 @@ class AsyncEngine:
         self._stopped = False
         self._ready = threading.Event()
         self._init_error: BaseException | None = None
-        self._stats: dict[str, Any] = {}
+        self._stats = EngineStats()  # the engine thread's last snapshot
         self._thread = threading.Thread(
             target=self._main, args=(args or EngineArgs(**kwargs),), name="loraplex-engine", daemon=True
         )
@@ -187,8 +188,8 @@ class AsyncEngine:
         installed after this message (``add_adapter``) take a host slot even when the tier is full."""
         self._send(PinAdapters(tuple(content_hashes)))
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self._stats)
+    def stats(self) -> EngineStats:
+        return self._stats
 
     def is_alive(self) -> bool:
         """True while the engine thread runs (what /health reports)."""

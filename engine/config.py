@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -14,7 +14,9 @@ from loraplex.kernels.cpu_features import require_native_bf16
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 DEFAULT_CPU_MULTI_TENANT_STEP_S = 0.12  # see EngineArgs.multi_tenant_step_ms
-SCHEDULING_POLICIES = ("fcfs", "fair", "priority")
+# Which waiting request runs next (engine.core.request_queue)
+SchedulingPolicy = Literal["fcfs", "fair", "priority"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = get_args(SchedulingPolicy)
 
 
 @dataclass
@@ -25,7 +27,7 @@ class EngineArgs:
     max_model_len: int | None = None  # None: min(model's max_position_embeddings, 8192)
     # Which waiting request runs next: "fcfs" (arrival order), "fair" (weighted fair share of tokens between
     # tenants, Virtual Token Counter; priority classes first) or "priority" (lowest priority value, then arrival)
-    scheduling_policy: str = "fair"
+    scheduling_policy: SchedulingPolicy = "fair"
     # While two or more tenants have had requests in the engine within the last 30 s (fair policy), a step's
     # token budget is cut so the step is predicted (recent seconds per token) to take about this long: another
     # tenant's first token waits for the step in flight. None: 120 ms on CPU (where a step's time grows with its

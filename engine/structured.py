@@ -23,6 +23,7 @@ from loraplex.engine.core.sequence import Sequence
 from loraplex.engine.errors import RequestError
 from loraplex.engine.outputs import FinishReason
 from loraplex.engine.probe import EngineProbe
+from loraplex.engine.stats import GrammarStats
 from loraplex.kernels.bitmask import apply_token_bitmask
 
 if TYPE_CHECKING:
@@ -93,14 +94,14 @@ class StructuredOutputManager:
             self._byte_table = ByteTable(self.compiler.vocab)
         return self._byte_table.forced(seq.grammar, limit)
 
-    def stats(self) -> dict:
+    def stats(self) -> GrammarStats:
         """Compile counters for metrics (zeros until the first constrained request starts the compiler)."""
         st = self._compiler.stats() if self._compiler is not None else {}
-        return {
-            "grammar_compiles": st.get("compiles", 0),
-            "grammar_compile_seconds": st.get("compile_seconds", 0.0),
-            "grammar_cache_hits": st.get("cache_hits", 0),
-        }
+        return GrammarStats(
+            compiles=int(st.get("compiles", 0)),
+            compile_seconds=st.get("compile_seconds", 0.0),
+            cache_hits=int(st.get("cache_hits", 0)),
+        )
 
     def close(self) -> None:
         if self._compiler is not None:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from loraplex.engine.stats import EngineStats
 
 # (tenant, endpoint, version, role), or (endpoint id, content hash, role) without tenant labels; role: "primary"
 # (the version that answered the caller) or "shadow" (a copy of the call whose answer nobody sees)
@@ -45,7 +48,7 @@ _LATENCY_BUCKETS = (
 class Metrics:
     def __init__(
         self,
-        stats: Callable[[], dict[str, Any]],
+        stats: Callable[[], EngineStats],
         adapter_names: Callable[[list[str]], list[str]],
         *,
         block_size: int,
@@ -138,7 +141,7 @@ class EngineCollector(Collector):
     """Reads `engine.stats()` on every scrape (no background polling)."""
 
     def __init__(
-        self, stats: Callable[[], dict[str, Any]], adapter_names: Callable[[list[str]], list[str]], block_size: int
+        self, stats: Callable[[], EngineStats], adapter_names: Callable[[list[str]], list[str]], block_size: int
     ) -> None:
         self.stats = stats
         self.adapter_names = adapter_names
@@ -149,69 +152,64 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats()
+        kv, lora = s.kv_cache, s.lora
+        usage = kv.blocks_used / max(1, kv.blocks_total)
         gauges = {
-            "loraplex_num_requests_running": ("Requests in the running batch", s["num_running"]),
-            "loraplex_num_requests_waiting": ("Requests waiting to be scheduled", s["num_waiting"]),
-            "loraplex_kv_cache_blocks_used": ("KV-cache blocks allocated", s["kv_blocks_used"]),
-            "loraplex_kv_cache_blocks_total": ("KV-cache blocks in the pool", s["kv_blocks_total"]),
-            "loraplex_kv_cache_usage_ratio": (
-                "Fraction of KV-cache blocks in use",
-                s["kv_blocks_used"] / max(1, s["kv_blocks_total"]),
-            ),
-            "loraplex_lora_host_adapters": ("Adapters held in host memory", s.get("cpu_adapters", 0)),
+            "loraplex_num_requests_running": ("Requests in the running batch", s.num_running),
+            "loraplex_num_requests_waiting": ("Requests waiting to be scheduled", s.num_waiting),
+            "loraplex_kv_cache_blocks_used": ("KV-cache blocks allocated", kv.blocks_used),
+            "loraplex_kv_cache_blocks_total": ("KV-cache blocks in the pool", kv.blocks_total),
+            "loraplex_kv_cache_usage_ratio": ("Fraction of KV-cache blocks in use", usage),
+            "loraplex_lora_host_adapters": ("Adapters held in host memory", lora.cpu_adapters),
             "loraplex_lora_pinned_adapters": (
                 "Adapters a pinned endpoint keeps in host memory (never evicted)",
-                len(s.get("pinned_adapters", ())),
+                len(lora.pinned_adapters),
             ),
             "loraplex_prefix_cache_hit_rate": (
                 "Prompt tokens served from the prefix cache / prompt tokens",
-                s["prefix_cache_hit_rate"],
+                kv.prefix_cache_hit_rate,
             ),
             # The names the Gateway API Inference Extension's endpoint picker reads (its model-server
             # protocol, as vLLM exports them); gpu_cache_usage_perc is the older name of kv_cache_usage_perc.
-            "vllm:num_requests_running": ("Requests in the running batch", s["num_running"]),
-            "vllm:num_requests_waiting": ("Requests waiting to be scheduled", s["num_waiting"]),
-            "vllm:kv_cache_usage_perc": (
-                "KV-cache usage (1 = full)",
-                s["kv_blocks_used"] / max(1, s["kv_blocks_total"]),
-            ),
+            "vllm:num_requests_running": ("Requests in the running batch", s.num_running),
+            "vllm:num_requests_waiting": ("Requests waiting to be scheduled", s.num_waiting),
+            "vllm:kv_cache_usage_perc": ("KV-cache usage (1 = full)", usage),
             "vllm:gpu_cache_usage_perc": (
                 "KV-cache usage (1 = full; the older name of vllm:kv_cache_usage_perc)",
-                s["kv_blocks_used"] / max(1, s["kv_blocks_total"]),
+                usage,
             ),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=float(value))
-        # Cumulative engine counters; a key the engine does not report (e.g. no grammar support built in)
-        # is left out rather than shown as a misleading zero.
+        # Cumulative engine counters
+        spec = s.spec_decode
         counters = {
-            "loraplex_lora_loads": ("lora_loads", "Adapters loaded into a device slot"),
-            "loraplex_lora_evictions": ("lora_evictions", "Adapters evicted from a device slot"),
-            "loraplex_lora_disk_loads": ("lora_disk_loads", "Adapters read from the store into host memory"),
-            "loraplex_lora_load_failures": ("lora_load_failures", "Adapter loads that failed"),
-            "loraplex_num_preemptions": ("num_preemptions", "Sequences preempted for lack of KV blocks"),
-            "loraplex_prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
-            "loraplex_prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens served from the prefix cache"),
-            "loraplex_grammar_compile_seconds": ("grammar_compile_seconds", "Seconds spent compiling grammars"),
-            "loraplex_grammar_compiles": ("grammar_compiles", "Grammars compiled (cache misses)"),
+            "loraplex_lora_loads": (lora.loads, "Adapters loaded into a device slot"),
+            "loraplex_lora_evictions": (lora.evictions, "Adapters evicted from a device slot"),
+            "loraplex_lora_disk_loads": (lora.disk_loads, "Adapters read from the store into host memory"),
+            "loraplex_lora_load_failures": (lora.load_failures, "Adapter loads that failed"),
+            "loraplex_num_preemptions": (s.num_preemptions, "Sequences preempted for lack of KV blocks"),
+            "loraplex_prefix_cache_queries": (kv.prefix_cache_queries, "Prompt tokens looked up in the prefix cache"),
+            "loraplex_prefix_cache_hits": (kv.prefix_cache_hits, "Prompt tokens served from the prefix cache"),
+            "loraplex_grammar_compile_seconds": (s.grammar.compile_seconds, "Seconds spent compiling grammars"),
+            "loraplex_grammar_compiles": (s.grammar.compiles, "Grammars compiled (cache misses)"),
             # vLLM's spec-decode counters (n-gram drafts verified in one pass), and jump-forward's forced tokens
-            "vllm:spec_decode_num_drafts": ("spec_decode_num_drafts", "Drafts verified"),
-            "vllm:spec_decode_num_draft_tokens": ("spec_decode_num_draft_tokens", "Draft tokens verified"),
-            "vllm:spec_decode_num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
+            "vllm:spec_decode_num_drafts": (spec.num_drafts, "Drafts verified"),
+            "vllm:spec_decode_num_draft_tokens": (spec.num_draft_tokens, "Draft tokens verified"),
+            "vllm:spec_decode_num_accepted_tokens": (spec.num_accepted_tokens, "Draft tokens accepted"),
             "loraplex_spec_decode_num_forced_tokens": (
-                "spec_decode_num_forced_tokens",
+                spec.num_forced_tokens,
                 "Tokens a grammar forced, taken without sampling (jump-forward)",
             ),
         }
-        for name, (key, doc) in counters.items():
-            if key in s:
-                yield CounterMetricFamily(name, doc, value=float(s[key]))
+        for name, (value, doc) in counters.items():
+            yield CounterMetricFamily(name, doc, value=float(value))
         cache = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the KV cache's configuration (value 1)",
             labels=["block_size", "num_gpu_blocks"],
         )
-        cache.add_metric([str(self.block_size), str(s["kv_blocks_total"])], 1.0)
+        cache.add_metric([str(self.block_size), str(kv.blocks_total)], 1.0)
         yield cache
         # The picker takes the sample with the latest timestamp value; adapters by model id (`<tenant>/<name>`)
         info = GaugeMetricFamily(
@@ -221,9 +219,9 @@ class EngineCollector(Collector):
         )
         info.add_metric(
             [
-                str(s["max_loras"]),
-                ",".join(self.adapter_names(list(s["running_adapters"]))),
-                ",".join(self.adapter_names(list(s["waiting_adapters"]))),
+                str(lora.max_loras),
+                ",".join(self.adapter_names(list(lora.running_adapters))),
+                ",".join(self.adapter_names(list(lora.waiting_adapters))),
             ],
             time.time(),
         )

@@ -73,9 +73,9 @@ M = [
     ),
     (
         "min_tokens ignored",
-        "engine/llm_engine.py",
-        "            if p.min_tokens > seq.num_output_tokens:",
-        "            if False:",
+        "engine/sample/logits_processing.py",
+        "        if p.min_tokens > seq.num_output_tokens:",
+        "        if False:",
         ["tests/engine/test_sampling.py::test_min_tokens_suppresses_eos"],
     ),
     (
@@ -293,7 +293,7 @@ M = [
     ),
     (
         "rejected drafts keep their blocks",
-        "engine/llm_engine.py",
+        "engine/spec/settle.py",
         "        self.block_manager.truncate(seq)",
         "        pass",
         ["tests/engine/test_speculative.py::test_rejected_drafts_release_blocks_and_only_accepted_tokens_are_hashed"],
@@ -307,7 +307,7 @@ M = [
     ),
     (
         "drafts accepted without comparing",
-        "engine/llm_engine.py",
+        "engine/spec/settle.py",
         "if depth < len(drafts) and seq.output_token_ids[-1] == drafts[depth]:",
         "if depth < len(drafts):",
         ["tests/engine/test_speculative.py::test_rejected_drafts_release_blocks_and_only_accepted_tokens_are_hashed"],

@@ -31,6 +31,7 @@ from array import array
 from collections import OrderedDict
 
 from loraplex.engine.core.sequence import Sequence
+from loraplex.engine.stats import KVCacheStats
 
 NULL_BLOCK = -1  # a block-table entry released because no future query's window reaches it
 
@@ -106,6 +107,16 @@ class BlockManager:
 
     def hit_rate(self) -> float:
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    def stats(self) -> KVCacheStats:
+        return KVCacheStats(
+            blocks_total=self.num_blocks,
+            blocks_used=self.num_used_blocks,
+            usage=self.usage(),
+            prefix_cache_hit_rate=self.hit_rate(),
+            prefix_cache_queries=self.query_tokens,
+            prefix_cache_hits=self.hit_tokens,
+        )
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """New blocks (over all groups) for ``num_new_tokens`` more tokens, before any out-of-window release."""

@@ -24,9 +24,12 @@ from __future__ import annotations
 import bisect
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loraplex.engine.core.sequence import Sequence
+
+if TYPE_CHECKING:
+    from loraplex.engine.config import SchedulingPolicy
 
 PROMPT_COST = 1.0
 OUTPUT_COST = 2.0  # a generated token costs a decode step of its own: twice a prefill token (the paper's default)
@@ -275,8 +278,12 @@ def _arrival(seq: Sequence) -> int:
     return seq.arrival
 
 
-def make_queue(policy: str) -> RequestQueue:
-    queues: dict[str, type[RequestQueue]] = {"fcfs": FcfsQueue, "priority": PriorityQueue, "fair": FairQueue}
+def make_queue(policy: SchedulingPolicy) -> RequestQueue:
+    queues: dict[SchedulingPolicy, type[RequestQueue]] = {
+        "fcfs": FcfsQueue,
+        "priority": PriorityQueue,
+        "fair": FairQueue,
+    }
     try:
         return queues[policy]()
     except KeyError:

@@ -21,8 +21,8 @@ set another's time to first token:
   most one per step; under fair only when the newcomer's tenant stays below the other even after paying
   for its prompt, so that two tenants near parity do not trade seats);
 * while two or more tenants have had requests in the engine within ``MULTI_TENANT_MEMORY_S`` (fair), the
-  step's token budget is cut so a step takes about ``multi_tenant_step_ms`` (the engine sets
-  ``multi_tenant_token_cap`` from recent step times): on a CPU a step's time grows with its tokens, and another
+  step's token budget is cut so a step takes about ``multi_tenant_step_ms`` (the engine learns
+  its ``token_cap`` from recent step times): on a CPU a step's time grows with its tokens, and another
   tenant's newcomer waits for the step in flight;
 * a tenant that far ahead (the same test) gets a step to itself: the running work of the tenants it is ahead
   of, decodes included, sits out the step in which its prefill runs (and their newcomers are not admitted in
@@ -37,12 +37,16 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loraplex.engine.core.block_manager import BlockManager
 from loraplex.engine.core.request_queue import RequestQueue, make_queue
 from loraplex.engine.core.sequence import Sequence, SequenceStatus
 from loraplex.engine.core.share import DEFAULT_SHARE
+from loraplex.engine.core.token_cap import TokenCap
+
+if TYPE_CHECKING:
+    from loraplex.engine.config import SchedulingPolicy
 
 # how long a tenant counts for the multi-tenant cut after its last request left the engine: a tenant between
 # two requests is still there, and its next newcomer should not wait for a full-budget step of another's
@@ -73,6 +77,24 @@ class AdmissionPolicy(Protocol):
     def admitted(self, seq: Sequence) -> None: ...
 
 
+# (running sequence whose known tokens all fit this step, tokens left in the step's budget) -> draft tokens to
+# verify after them (engine.spec.speculative); they share the step's token budget
+Proposer = Callable[[Sequence, int], list[int]]
+
+
+@dataclass
+class _Step:
+    """One schedule() call's working state, handed from phase to phase."""
+
+    batch: ScheduledBatch
+    budget: int
+    head: Sequence | None = None  # the first admissible waiting request, when the queue puts it ahead
+    deferred: list[Sequence] = field(default_factory=list)  # chunks of sequences behind `head`: after admissions
+    held: list[Sequence] = field(default_factory=list)  # all work of sequences far behind `head`: not this step
+    memory_preempted: bool = False
+    admitted: list[Sequence] = field(default_factory=list)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -80,8 +102,16 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         admission: list[AdmissionPolicy] | None = None,
-        policy: str = "fcfs",
+        policy: SchedulingPolicy = "fcfs",
+        *,
+        proposer: Proposer | None = None,
+        on_preempt: Callable[[Sequence], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        token_cap: TokenCap | None = None,
     ) -> None:
+        """``token_cap``: the step's token budget while two or more tenants were seen lately (the engine learns
+        it from step times and EngineArgs.multi_tenant_step_ms); none: no cut. ``clock`` dates tenants' last
+        requests (MULTI_TENANT_MEMORY_S)."""
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -89,16 +119,12 @@ class Scheduler:
         self.waiting: RequestQueue = make_queue(policy)
         self.running: list[Sequence] = []
         self.admission = admission or []
-        self.on_preempt: Callable[[Sequence], None] | None = None
-        # drafts for a running sequence whose known tokens all fit this step: (seq, tokens left in the budget)
-        # -> draft tokens to verify after them (engine.spec.speculative); they share the step's token budget
-        self.proposer: Callable[[Sequence, int], list[int]] | None = None
+        self.on_preempt = on_preempt
+        self.proposer = proposer
+        self.clock = clock
+        self.token_cap = token_cap or TokenCap()
         self._arrivals = itertools.count(1)
         self._held_last: set[int] = set()  # ids of the sequences held last step: never twice in a row
-        # the step's token budget while two or more tenants were seen lately (LLMEngine sets it from the step
-        # times and EngineArgs.multi_tenant_step_ms); None: no cut
-        self.multi_tenant_token_cap: int | None = None
-        self.clock: Callable[[], float] = time.monotonic
         self._tenants_seen: dict[str, float] = {}  # tenant -> when it last had requests in the engine
 
     def add(self, seq: Sequence) -> None:
@@ -167,28 +193,34 @@ class Scheduler:
             self.on_preempt(seq)
 
     def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch()
-        budget = self.max_num_batched_tokens
+        """One step: running work first, then admissions, then the chunks deferred behind a newcomer."""
+        step = _Step(ScheduledBatch(), self.max_num_batched_tokens)
         for policy in self.admission:
             policy.begin_step(self.running)
+        self._schedule_running(step)
+        self._admit_waiting(step)
+        self._schedule_deferred(step)
+        return step.batch
 
-        # 1. running sequences in the policy's order; preempt from the end of it when blocks run out
+    def _schedule_running(self, step: _Step) -> None:
+        """Phase 1: running sequences in the policy's order (drafts proposed where all known tokens fit);
+        preempt from the end of that order when blocks run out."""
+        batch = step.batch
         self.running = self.waiting.running_order(self.running)
-        head = self._make_room(batch)
-        deferred: list[Sequence] = []  # chunks of sequences behind `head`: after the admissions
-        held: list[Sequence] = []  # all work of sequences far behind `head`: not this step, unless `head` waits
+        head = step.head = self._make_room(batch)
+        deferred, held = step.deferred, step.held
         holds = head is not None and any(
             id(seq) not in self._held_last and self.waiting.ahead_of(head, seq, preempt=True) for seq in self.running
         )
-        if not holds and self.multi_tenant_token_cap is not None and self._shared_recently():
+        cap = self.token_cap.value
+        if not holds and cap is not None and self._shared_recently():
             # every running sequence keeps at least one token (none is starved by the cut) and a block's worth
             # of prompt chunk is left for the others
-            budget = min(budget, max(self.multi_tenant_token_cap, len(self.running) + self.bm.block_size))
-        memory_preempted = False
+            step.budget = min(step.budget, max(cap, len(self.running) + self.bm.block_size))
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and step.budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = min(seq.num_tokens - seq.num_computed_tokens, step.budget)
             if n <= 0:
                 i += 1
                 continue
@@ -201,44 +233,46 @@ class Scheduler:
                 i += 1
                 continue
             seq.spec_token_ids = []
-            if self.proposer is not None and n == seq.num_tokens - seq.num_computed_tokens and budget > n:
-                seq.spec_token_ids = self.proposer(seq, budget - n)
+            if self.proposer is not None and n == seq.num_tokens - seq.num_computed_tokens and step.budget > n:
+                seq.spec_token_ids = self.proposer(seq, step.budget - n)
             while not self.bm.allocate(seq, n + len(seq.spec_token_ids)):
                 if seq.spec_token_ids:  # drafts are the first thing to give up
                     seq.spec_token_ids = []
                     continue
                 victim = self.running[-1]
                 self._preempt(victim, batch)
-                memory_preempted = True
+                step.memory_preempted = True
                 for skipped in (deferred, held):
                     if victim in skipped:
                         skipped.remove(victim)
                 if victim is seq:
                     break
             else:
-                self.waiting.charge(seq, n)  # drafts are charged only once accepted (LLMEngine._process)
+                self.waiting.charge(seq, n)  # drafts are charged only once accepted (engine.spec.settle)
                 n += len(seq.spec_token_ids)
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(n)
-                budget -= n
+                step.budget -= n
                 i += 1
                 continue
             break  # seq itself was preempted: it was the last, nothing after it remains
 
-        # 2. admit waiting sequences (none when this step ran out of blocks). A sequence whose first uncached
-        # block another sequence of this step computes waits for the next step, where that block is cached,
-        # rather than computing it a second time now (it keeps its place in the queue).
+    def _admit_waiting(self, step: _Step) -> None:
+        """Phase 2: admit waiting sequences (none when this step ran out of blocks). A sequence whose first
+        uncached block another sequence of this step computes waits for the next step, where that block is
+        cached, rather than computing it a second time now (it keeps its place in the queue)."""
+        batch = step.batch
         computing = {
             h
             for seq, n in zip(batch.seqs, batch.num_new_tokens)
             for h in self.bm.blocks_completed_by(seq, n - len(seq.spec_token_ids))  # drafts are not known yet
         }
-        admitted: list[Sequence] = []
-        if not memory_preempted:
+        admitted = step.admitted
+        if not step.memory_preempted:
             for seq in self.waiting.candidates():
-                if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                if step.budget <= 0 or len(self.running) >= self.max_num_seqs:
                     break
-                if held and self.waiting.ahead_of(head, seq, preempt=True):
+                if step.held and self.waiting.ahead_of(step.head, seq, preempt=True):
                     continue  # the held tenants' newcomers wait with their running work
                 if not all(policy.can_admit(seq) for policy in self.admission):
                     continue  # e.g. grammar still compiling: wait without blocking others
@@ -246,7 +280,7 @@ class Scheduler:
                     continue
                 if not seq.block_table:
                     self.bm.match_prefix(seq)
-                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                n = min(seq.num_tokens - seq.num_computed_tokens, step.budget)
                 if not self.bm.allocate(seq, n):
                     self.bm.free(seq)  # give back prefix hits; retry next step
                     break
@@ -258,27 +292,28 @@ class Scheduler:
                 self.waiting.charge(seq, n)
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(n)
-                budget -= n
+                step.budget -= n
                 computing.update(self.bm.blocks_completed_by(seq, n))
         for seq in admitted:  # the queue is not changed while its candidates are visited
             self.waiting.remove(seq)
 
-        # 3. the deferred chunks, from what is left (no preemption for them: they run next step otherwise); the
-        # held sequences too when `head` was not admitted after all (blocks, a shared block computing): a step
-        # is never given up for nothing
-        if head is not None and not any(seq is head for seq in admitted):
+    def _schedule_deferred(self, step: _Step) -> None:
+        """Phase 3: the deferred chunks, from what is left (no preemption for them: they run next step
+        otherwise); the held sequences too when `head` was not admitted after all (blocks, a shared block
+        computing): a step is never given up for nothing."""
+        deferred, held = step.deferred, step.held
+        if step.head is not None and not any(seq is step.head for seq in step.admitted):
             deferred, held = held + deferred, []
         self._held_last = {id(seq) for seq in held}
         for seq in deferred:
             seq.spec_token_ids = []  # no drafts behind a deferred chunk
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = min(seq.num_tokens - seq.num_computed_tokens, step.budget)
             if n <= 0 or seq not in self.running or not self.bm.allocate(seq, n):
                 continue
             self.waiting.charge(seq, n)
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(n)
-            budget -= n
-        return batch
+            step.batch.seqs.append(seq)
+            step.batch.num_new_tokens.append(n)
+            step.budget -= n
 
     def num_waiting(self) -> int:
         return len(self.waiting)

@@ -38,6 +38,7 @@ from loraplex.engine.lora.context import StepLoRAContext
 from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.lora.slot_table import SlotTable
 from loraplex.engine.lora.slot_weights import HostAdapter
+from loraplex.engine.stats import LoRAStats
 from loraplex.engine.threads import single_threaded_torch
 from loraplex.kernels.backend import ComputeBackend
 
@@ -338,25 +339,25 @@ class LoRAManager:
     def resident(self) -> list[str]:
         return self.slot_table.resident()
 
-    def stats(self, running: Iterable[Sequence] = (), waiting: Iterable[Sequence] = ()) -> dict:
+    def stats(self, running: Iterable[Sequence] = (), waiting: Iterable[Sequence] = ()) -> LoRAStats:
         """Counters and adapter lists (content hashes) for metrics and vLLM's lora_requests_info."""
         with self._lock:
             host, pinned = list(self._host), self._pinned
-        return {
-            "running_adapters": sorted({s.adapter_hash for s in running if s.adapter_hash}),
-            "waiting_adapters": list(dict.fromkeys(s.adapter_hash for s in waiting if s.adapter_hash)),
-            "max_loras": self.max_loras,
-            "max_cpu_loras": self.max_cpu_loras,
-            "lora_loads": self.slot_table.num_loads,
-            "lora_evictions": self.slot_table.num_evictions,
-            "lora_disk_loads": self.num_disk_loads,
-            "lora_cpu_evictions": self.num_host_evictions,
-            "lora_load_failures": self.num_load_failures,
-            "resident_adapters": self.resident(),
-            "cpu_adapters": len(host),
-            "host_adapters": host,
-            "pinned_adapters": sorted(pinned),
-        }
+        return LoRAStats(
+            max_loras=self.max_loras,
+            running_adapters=sorted({s.adapter_hash for s in running if s.adapter_hash}),
+            waiting_adapters=list(dict.fromkeys(s.adapter_hash for s in waiting if s.adapter_hash)),
+            max_cpu_loras=self.max_cpu_loras,
+            loads=self.slot_table.num_loads,
+            evictions=self.slot_table.num_evictions,
+            disk_loads=self.num_disk_loads,
+            cpu_evictions=self.num_host_evictions,
+            load_failures=self.num_load_failures,
+            resident_adapters=self.resident(),
+            cpu_adapters=len(host),
+            host_adapters=host,
+            pinned_adapters=sorted(pinned),
+        )
 
     def check_invariants(self, running: Iterable[Sequence]) -> None:
         """At most max_loras distinct adapters run, each in a device slot; the slot tables agree."""

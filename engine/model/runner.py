@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,6 +15,19 @@ from loraplex.engine.model.llama import DecoderModel, LoRAContext, load_model
 from loraplex.engine.model.shape import ModelShape
 from loraplex.kernels.attention_plan import AttentionMetadata
 from loraplex.kernels.backend import ComputeBackend, select_backend
+
+
+@dataclass
+class RunResult:
+    """What one forward pass yields. ``logits`` holds, for each sequence that samples (``sample_idx``: its index
+    in ``batch.seqs``), ``sample_counts`` consecutive rows: its last known position, then one per draft.
+    ``prompt_logits``: batch index -> (first prompt position predicted, logits rows) of the sequences asking
+    for prompt logprobs (row j predicts prompt token first + j)."""
+
+    sample_idx: list[int]
+    logits: torch.Tensor
+    sample_counts: list[int] = field(default_factory=list)
+    prompt_logits: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -43,12 +57,6 @@ class ModelRunner:
             for _ in range(self.kv_groups.layers_per_group)
         ]
         self.kv_caches = [self.kv_slots[slot] for slot in self.kv_groups.layer_slot]  # per layer
-        # after each run: batch index -> (first prompt position predicted, logits [rows, V]) of the sequences
-        # asking for prompt logprobs (row j predicts prompt token first + j)
-        self.prompt_logits: dict[int, tuple[int, torch.Tensor]] = {}
-        # after each run: per sampled sequence, its logits rows (1 + its drafts: the last known position, then
-        # one per draft position), consecutive in the returned logits
-        self.sample_counts: list[int] = []
 
     def zero_blocks(self, blocks: list[int]) -> None:
         """Overwrite these blocks' K/V with zeros in every layer. Attention masks stale slots (a partly filled
@@ -87,8 +95,8 @@ class ModelRunner:
         return n
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch, lora: LoRAContext | None = None) -> tuple[list[int], torch.Tensor]:
-        """Forward the batch; returns (indices into batch.seqs that get a token, their logits [N, V])."""
+    def run(self, batch: ScheduledBatch, lora: LoRAContext | None = None) -> RunResult:
+        """Forward the batch: the logits of the sequences that get a token, and prompt logprob rows."""
         ids: list[int] = []
         positions: list[int] = []
         q_lens: list[int] = []
@@ -121,14 +129,14 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         hidden = self.model.forward(input_ids, pos, meta, self.kv_caches, lora)
-        self.sample_counts = sample_counts
-        self.prompt_logits = {
+        prompt_logits = {
             i: (target, self.model.logits(hidden[row : row + count])) for i, (target, row, count) in prompt_rows.items()
         }
         if not sample_rows:
-            return [], hidden.new_empty((0, self.shape.vocab_size), dtype=torch.float32)
+            empty = hidden.new_empty((0, self.shape.vocab_size), dtype=torch.float32)
+            return RunResult([], empty, [], prompt_logits)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
-        return sample_seq_idx, self.model.logits(hidden[rows])
+        return RunResult(sample_seq_idx, self.model.logits(hidden[rows]), sample_counts, prompt_logits)
 
 
 def _kernel_table(table: list[int], null_block: int) -> list[int]:

@@ -74,3 +74,13 @@ def process_logits(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     """Penalties, then logit bias, on the raw logits of a step (in place)."""
     apply_penalties(logits, seqs)
     apply_logit_bias(logits, seqs)
+
+
+def suppress_stops(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: set[int]) -> None:
+    """Before min_tokens are out, EOS (unless ignore_eos) and stop token ids cannot be sampled."""
+    for r, seq in enumerate(seqs):
+        p = seq.params
+        if p.min_tokens > seq.num_output_tokens:
+            banned = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(eos_token_ids))
+            if banned:
+                logits[r, banned] = float("-inf")

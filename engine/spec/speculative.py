@@ -5,7 +5,7 @@ down to ``prompt_lookup_min``) are looked up earlier in the same context; the to
 first match are the draft (at most ``num_speculative_tokens``). A constrained request's draft is cut
 at the first token its grammar would refuse.
 
-**Verification** (``LLMEngine._process``): the scheduler computes a sequence's known tokens and its draft
+**Verification** (``engine.spec.settle.verify``): the scheduler computes a sequence's known tokens and its draft
 as one multi-token row; the logits at the last known position and at each draft position are then sampled
 *one position after another*, each with exactly what plain decoding would use there (penalties over the
 output so far, min_tokens, the grammar mask of the matcher advanced by the tokens taken, the seeded

@@ -55,7 +55,7 @@ class Warmer:
         task.add_done_callback(lambda _: self._running.pop(content_hash, None))
 
     async def _warm(self, blob: str, content_hash: str) -> None:
-        if content_hash in self.engine.stats().get("host_adapters", ()):
+        if content_hash in self.engine.stats().lora.host_adapters:
             return
         try:
             path = await asyncio.to_thread(self.store.fetch, blob)

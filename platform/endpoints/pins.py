@@ -107,7 +107,7 @@ class Pinner:
         async with self.db.session() as session:
             pinned = await pinned_adapters(session)
         self.engine.pin_adapters(content_hash for _blob, content_hash in pinned)
-        host = set(self.engine.stats().get("host_adapters", ()))
+        host = set(self.engine.stats().lora.host_adapters)
         for blob, content_hash in pinned:
             if content_hash in host:
                 continue

@@ -48,7 +48,7 @@ def test_staggered_chunked_batch_matches_hf(tiny_llama_dir, oracle):
         out = done[f"r{i}"]
         assert out.token_ids == oracle.greedy(p, len(out.token_ids)), f"request {i}"
         torch.testing.assert_close(rec.first[f"r{i}"], oracle.last_logits(p), atol=TINY_LOGITS_ATOL, rtol=1e-4)
-    assert eng.stats()["prefix_cache_hits"] > 0
+    assert eng.stats().kv_cache.prefix_cache_hits > 0
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
 
 

@@ -86,7 +86,7 @@ def test_gemma3_270m_matches_hf_generate_in_one_batch(gemma, hf_model):
     for i, p in enumerate(prompts):
         assert done[f"p{i}"].token_ids == hf_greedy(model, p, 10), f"prompt {i}"
     assert done["again"].token_ids == done[f"p{len(prompts) - 1}"].token_ids
-    assert eng.stats()["prefix_cache_hits"] > 0
+    assert eng.stats().kv_cache.prefix_cache_hits > 0
     eng.close()
 
 

@@ -126,7 +126,7 @@ def test_shared_prefix_longer_than_the_window_matches_hf(hybrid):
     arrivals[3] = [(ps[1], SamplingParams(max_tokens=12, **GREEDY), "b")]
     arrivals[40] = [(ps[2], SamplingParams(max_tokens=12, **GREEDY), "c")]
     done = run_to_completion(eng, arrivals)
-    assert eng.stats()["prefix_cache_hits"] >= 2 * 40 - 2 * BS
+    assert eng.stats().kv_cache.prefix_cache_hits >= 2 * 40 - 2 * BS
     for rid, p in zip("abc", ps):
         assert done[rid].token_ids == oracle.greedy_ignore_eos(p, 12), f"{model_type} {rid}"
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
@@ -172,7 +172,7 @@ def test_speculative_drafts_release_per_group_and_match_hf(hybrid):
     cycle = random_prompts([3], seed=8)[0] * 9  # 27 tokens repeating: the proposer always finds a draft
     done = run_to_completion(eng, {0: [(cycle, SamplingParams(max_tokens=20, **GREEDY), "s")]})
     assert done["s"].token_ids == oracle.greedy_ignore_eos(cycle, 20)
-    assert eng.stats()["spec_decode_num_draft_tokens"] > 0
+    assert eng.stats().spec_decode.num_draft_tokens > 0
     assert probe.max_released >= (27 + 20 - window(eng)) // BS - 1
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
     eng.close()

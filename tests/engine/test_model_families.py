@@ -67,7 +67,7 @@ def test_continuous_batch_matches_hf(family):
     for i, p in enumerate(ps):
         arrivals.setdefault(i * 2, []).append((p, SamplingParams(max_tokens=5 + i % 3, **GREEDY), f"r{i}"))
     done = run_to_completion(eng, arrivals)
-    assert eng.stats()["prefix_cache_hits"] > 0
+    assert eng.stats().kv_cache.prefix_cache_hits > 0
     for i, p in enumerate(ps):
         out = done[f"r{i}"]
         assert out.token_ids == oracle.greedy_ignore_eos(p, len(out.token_ids)), f"{model_type} request {i}"

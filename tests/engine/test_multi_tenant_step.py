@@ -44,7 +44,7 @@ def test_two_live_tenants_get_small_steps_with_unchanged_outputs(tiny_llama_dir)
     prompts = [torch.randint(3, 40000, (n,), generator=g).tolist() for n in (200, 50, 45)]
     eng.add_request(prompts[0], SamplingParams(max_tokens=12, **GREEDY), "a0", share=Share("A"))
     eng.step()  # alone: the whole budget
-    assert eng.last_step.num_tokens == 200 and eng.scheduler.multi_tenant_token_cap == 1
+    assert eng.last_step.num_tokens == 200 and eng.scheduler.token_cap.value == 1
     eng.add_request(prompts[1], SamplingParams(max_tokens=12, **GREEDY), "b0", share=Share("B"))
     eng.add_request(prompts[2], SamplingParams(max_tokens=12, **GREEDY), "a1", share=Share("A"))
     outputs: dict[str, list[int]] = {}
@@ -75,7 +75,7 @@ def test_internal_work_beside_one_tenant_does_not_cut_steps(tiny_llama_dir):
     eng.add_request(prompts[0], SamplingParams(max_tokens=2, **GREEDY), "warm-up")  # the default share
     while eng.has_unfinished():
         eng.step()
-    assert eng.scheduler.multi_tenant_token_cap == 1  # the cut would fall to its floor if it applied
+    assert eng.scheduler.token_cap.value == 1  # the cut would fall to its floor if it applied
     for i, prompt in enumerate(prompts[1:]):
         eng.add_request(prompt, SamplingParams(max_tokens=4, **GREEDY), f"t{i}", share=Share("T"))
     eng.step()

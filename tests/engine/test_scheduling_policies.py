@@ -340,7 +340,7 @@ def test_fcfs_and_parity_never_hold_running_work():
 
 def test_the_token_cap_applies_while_two_tenants_are_live_and_for_a_while_after():
     sim = Sim("fair", max_num_seqs=8, budget=64)
-    sim.sched.multi_tenant_token_cap = 12
+    sim.sched.token_cap.value = 12
     now = [1000.0]
     sim.sched.clock = lambda: now[0]
     a = sim.add("A", prompt_len=40, max_tokens=30)
@@ -360,7 +360,7 @@ def test_the_token_cap_applies_while_two_tenants_are_live_and_for_a_while_after(
     assert sim.step().num_new_tokens == [1, 29]
     # fcfs never cuts (no tenant is ever ahead of running work)
     fcfs = Sim("fcfs", max_num_seqs=8, budget=64)
-    fcfs.sched.multi_tenant_token_cap = 12
+    fcfs.sched.token_cap.value = 12
     fcfs.add("A", prompt_len=40)
     fcfs.add("B", prompt_len=20)
     assert fcfs.step().total_tokens == 60
@@ -368,7 +368,7 @@ def test_the_token_cap_applies_while_two_tenants_are_live_and_for_a_while_after(
 
 def test_the_token_cap_never_leaves_a_running_sequence_without_a_token():
     sim = Sim("fair", max_num_seqs=8, budget=64)
-    sim.sched.multi_tenant_token_cap = 1
+    sim.sched.token_cap.value = 1
     running = [sim.add(t, prompt_len=4, max_tokens=50) for t in "AABBCC"]
     sim.run(10)
     batch = sim.step()
@@ -378,6 +378,6 @@ def test_the_token_cap_never_leaves_a_running_sequence_without_a_token():
 def test_a_step_held_for_a_tenant_far_below_keeps_the_whole_budget():
     sim = Sim("fair", max_num_seqs=8, budget=64)
     late = _far_below(sim, prompt_len=40)
-    sim.sched.multi_tenant_token_cap = 8
+    sim.sched.token_cap.value = 8
     batch = sim.step()
     assert batch.seqs[-1] is late and batch.num_new_tokens[-1] == 40  # its whole prompt in one step

@@ -101,7 +101,7 @@ def test_shared_prefix_longer_than_the_window_matches_hf(mistral):
     arrivals[3] = [(ps[1], SamplingParams(max_tokens=12, **GREEDY), "b")]  # a still in prefill
     arrivals[40] = [(ps[2], SamplingParams(max_tokens=12, **GREEDY), "c")]  # a and b done
     done = run_to_completion(eng, arrivals)
-    assert eng.stats()["prefix_cache_hits"] >= 2 * 40 - 2 * BS
+    assert eng.stats().kv_cache.prefix_cache_hits >= 2 * 40 - 2 * BS
     for rid, p in zip("abc", ps):
         assert done[rid].token_ids == oracle.greedy_ignore_eos(p, 12), rid
     assert probe.max_released > 0
@@ -167,7 +167,7 @@ def test_speculative_drafts_with_released_blocks_match_hf(mistral):
     arrivals = {0: [(cycle, SamplingParams(max_tokens=20, **GREEDY), "s")]}
     done = run_to_completion(eng, arrivals)
     assert done["s"].token_ids == oracle.greedy_ignore_eos(cycle, 20)
-    assert eng.stats()["spec_decode_num_draft_tokens"] > 0
+    assert eng.stats().spec_decode.num_draft_tokens > 0
     assert probe.max_released >= (27 + 20 - W) // BS - 1
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
     eng.close()

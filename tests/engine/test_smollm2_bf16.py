@@ -92,7 +92,7 @@ def test_bf16_engine_within_stated_tolerance_of_hf(oracles):
             dict(prompt_token_ids=p, params=params, request_id=f"q{i}", adapter=ref if adapters[i] else None)
         )
     done = drive(eng, arrivals)
-    assert eng.stats()["prefix_cache_hits"] > 0
+    assert eng.stats().kv_cache.prefix_cache_hits > 0
     assert_no_leaks(eng)
 
     worst_32 = worst_hf16_32 = 0.0

@@ -71,7 +71,7 @@ def test_staggered_continuous_batch_matches_hf_alone(smol_dir):
         )
     done = run_to_completion(eng, arrivals)
     assert len(done) == len(prompts)
-    assert eng.stats()["prefix_cache_hits"] > 0
+    assert eng.stats().kv_cache.prefix_cache_hits > 0
     oracle = HFOracle(smol_dir)
     for i, p in enumerate(prompts):
         out = done[f"q{i}"]

@@ -125,8 +125,8 @@ def test_seeded_sampling_keeps_the_distribution_exact(small_vocab_dir):
     assert set(counts) <= set(expected)
     chi2 = sum((counts.get(cell, 0) - DRAWS * p) ** 2 / (DRAWS * p) for cell, p in expected.items())
     stats = eng.stats()
-    assert stats["spec_decode_num_draft_tokens"] >= DRAWS  # every request verified drafts
-    assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
+    assert stats.spec_decode.num_draft_tokens >= DRAWS  # every request verified drafts
+    assert 0 < stats.spec_decode.num_accepted_tokens < stats.spec_decode.num_draft_tokens
     assert chi2 < CHI2_26_LIMIT, (chi2, counts)
     eng.close()
 
@@ -155,7 +155,7 @@ def test_rejected_drafts_release_blocks_and_only_accepted_tokens_are_hashed(smal
     spec = _run(eng, _greedy_requests(6, 40), on_step=check)
     assert list(spec.values()) == list(plain.values())
     stats = eng.stats()
-    assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
+    assert 0 < stats.spec_decode.num_accepted_tokens < stats.spec_decode.num_draft_tokens
     # A new request whose prompt is an earlier request's prompt + output finds its blocks in the prefix cache:
     # the hashes registered were those of the tokens actually taken.
     prompt, _ = _greedy_requests(6, 40)[0]
@@ -183,7 +183,7 @@ def test_preemption_mid_speculation_recomputes_the_same_outputs(small_vocab_dir)
     spec = _run(eng, requests, on_step=lambda e: e.check_invariants())
     assert list(spec.values()) == list(plain.values())
     assert eng.num_preemptions > 0 and any(preempted_with_drafts)
-    assert eng.stats()["spec_decode_num_accepted_tokens"] > 0
+    assert eng.stats().spec_decode.num_accepted_tokens > 0
     eng.close()
 
 
@@ -200,7 +200,7 @@ def test_fair_policy_charges_accepted_tokens_only(small_vocab_dir):
 
     (tokens,) = _run(eng, [(prompt, params)], on_step=charged_so_far, share=Share(tenant="t", weight=2.0)).values()
     stats = eng.stats()
-    assert stats["spec_decode_num_draft_tokens"] > stats["spec_decode_num_accepted_tokens"] > 0
+    assert stats.spec_decode.num_draft_tokens > stats.spec_decode.num_accepted_tokens > 0
     assert len(tokens) == 30  # max_tokens: greedy under the bias never picks EOS
     # every prompt token once, every output token but the last (never computed) as a generated token
     charged = (PROMPT_COST * len(prompt) + OUTPUT_COST * (len(tokens) - 1)) / 2.0

@@ -47,14 +47,14 @@ async def test_a_failing_step_fails_its_requests_only(tiny_llama_dir):
             return tokens
 
         bystander = asyncio.create_task(bystander_tokens())
-        await _wait_until(lambda: engine.stats()["num_waiting"] == 1, "the bystander waits")
+        await _wait_until(lambda: engine.stats().num_waiting == 1, "the bystander waits")
         fail_next_step(engine.engine)
         outs = [o async for o in victim]
         assert outs[-1].finish_reason == "error" and "injected step failure" in outs[-1].error
         assert await bystander == oracle.greedy_ignore_eos(BYSTANDER, 6)
         assert engine.is_alive()
-        await _wait_until(lambda: engine.stats()["num_running"] == 0, "the engine is idle")
-        assert engine.stats()["kv_blocks_used"] == 0
+        await _wait_until(lambda: engine.stats().num_running == 0, "the engine is idle")
+        assert engine.stats().kv_cache.blocks_used == 0
         # the engine keeps serving: a new request after the failure gets the model's tokens
         again = [o async for o in engine.generate(VICTIM, SamplingParams(max_tokens=5, **greedy))][-1]
         assert again.token_ids == oracle.greedy_ignore_eos(VICTIM, 5)

@@ -33,7 +33,7 @@ async def _finish_order(policy: str, tiny_llama_dir) -> list[str]:
 
     try:
         flood = [asyncio.create_task(run(f"A-{i}", "A")) for i in range(60)]
-        while engine.stats()["num_running"] == 0:  # the flood is queued and running before B arrives
+        while engine.stats().num_running == 0:  # the flood is queued and running before B arrives
             await asyncio.sleep(0.005)
         await run("B-0", "B")
         await asyncio.gather(*flood)
@@ -58,11 +58,11 @@ def poison_logits_of(engine: LLMEngine, request_id: str) -> None:
     run = engine.runner.run
 
     def poisoned(batch, lora=None):
-        sample_idx, logits = run(batch, lora=lora)
-        for r, i in enumerate(sample_idx):
+        result = run(batch, lora=lora)
+        for r, i in enumerate(result.sample_idx):
             if batch.seqs[i].request_id == request_id:
-                logits[r] = torch.nan
-        return sample_idx, logits
+                result.logits[r] = torch.nan
+        return result
 
     engine.runner.run = poisoned
 
@@ -80,7 +80,7 @@ async def test_non_finite_logits_fail_only_their_request(tiny_llama_dir):
         assert "non-finite logits" in victim_outs[-1].error and victim_outs[-1].token_ids == []
         assert bystander_outs[-1].finish_reason == "length"
         assert bystander_outs[-1].token_ids == oracle.greedy_ignore_eos(bystander_prompt, 6)
-        assert engine.is_alive() and engine.stats()["kv_blocks_used"] == 0
+        assert engine.is_alive() and engine.stats().kv_cache.blocks_used == 0
     finally:
         engine.shutdown()
 

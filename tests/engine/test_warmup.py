@@ -21,7 +21,7 @@ def _engine(tiny_llama_dir: Path) -> AsyncEngine:
 
 def _idle(engine: AsyncEngine) -> bool:
     deadline = time.monotonic() + 60
-    while engine.stats().get("num_running") or engine.stats().get("num_waiting"):
+    while engine.stats().num_running or engine.stats().num_waiting:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
@@ -38,7 +38,7 @@ def test_warm_up_runs_every_batch_width_and_a_grammar(tiny_llama_dir: Path) -> N
         assert report.requests == 1 + 2 + 4 + MAX_NUM_SEQS + 1  # the waves and one JSON-schema request
         assert MAX_NUM_SEQS in widths  # the widest decode step real traffic can produce was run
         assert _idle(engine)
-        assert engine.stats()["grammar_compiles"] >= 1
+        assert engine.stats().grammar.compiles >= 1
     finally:
         engine.engine.probe = None
         engine.shutdown()

@@ -31,10 +31,10 @@ def test_llm_generate_with_refs_paths_and_base(tiny_llama_dir, tiny_adapters):
     with pytest.raises(ValueError, match="2 prompts but 3 adapters"):
         llm.generate(PROMPTS[:2], params, adapters=[None, None, None])
     # removing drops the cached copies; a later request loads it again from its path
-    loads = llm.engine.stats()["lora_disk_loads"]
-    assert llm.remove_adapter(ref) and ref.content_hash not in llm.engine.stats()["resident_adapters"]
+    loads = llm.engine.stats().lora.disk_loads
+    assert llm.remove_adapter(ref) and ref.content_hash not in llm.engine.stats().lora.resident_adapters
     assert llm.generate(PROMPTS[0], params, adapters=[ref])[0].token_ids == oracle.greedy("a9", PROMPTS[0], 5, None)
-    assert llm.engine.stats()["lora_disk_loads"] == loads + 1
+    assert llm.engine.stats().lora.disk_loads == loads + 1
     assert_no_leaks(llm.engine)
 
 
@@ -46,9 +46,9 @@ def test_add_adapter_loads_into_free_host_slots_only(tiny_llama_dir, tiny_adapte
         model=str(tiny_llama_dir), max_loras=1, max_cpu_loras=2, max_lora_rank=8, num_kv_blocks=64, block_size=8
     )
     a, b = eng.add_adapter(str(dirs["a9"])), eng.add_adapter(str(dirs["a10"]))
-    assert eng.stats()["cpu_adapters"] == 2 and eng.stats()["lora_disk_loads"] == 2
+    assert eng.stats().lora.cpu_adapters == 2 and eng.stats().lora.disk_loads == 2
     c = eng.add_adapter(str(dirs["a11"]))  # host memory full: checked and registered, not loaded
-    assert eng.stats()["cpu_adapters"] == 2 and eng.lora_manager.is_ready(a.content_hash)
+    assert eng.stats().lora.cpu_adapters == 2 and eng.lora_manager.is_ready(a.content_hash)
     assert not eng.lora_manager.is_ready(c.content_hash)
     params = SamplingParams(max_tokens=4, **GREEDY)
     done = drive(
@@ -60,9 +60,9 @@ def test_add_adapter_loads_into_free_host_slots_only(tiny_llama_dir, tiny_adapte
             ]
         },
     )
-    assert eng.stats()["lora_disk_loads"] == 2  # both served from host memory
+    assert eng.stats().lora.disk_loads == 2  # both served from host memory
     done |= drive(eng, {0: [dict(prompt_token_ids=PROMPTS[2], params=params, request_id="a11", adapter=c)]})
-    assert eng.stats()["lora_disk_loads"] == 3  # loaded on demand
+    assert eng.stats().lora.disk_loads == 3  # loaded on demand
     for i, name in enumerate(["a9", "a10", "a11"]):
         assert done[name].token_ids == oracle.greedy(name, PROMPTS[i], 4, None), name
     assert_no_leaks(eng)
@@ -121,9 +121,9 @@ async def test_async_engine_adapters(tiny_llama_dir, tiny_adapters):
             tokens += out.new_token_ids
         assert tokens == oracle.greedy("a14", PROMPTS[0], 5, None)
         stats = engine.stats()
-        for key in ("lora_loads", "lora_evictions", "max_loras", "running_adapters", "waiting_adapters"):
-            assert key in stats
-        assert stats["max_loras"] == 2 and stats["lora_loads"] == 1
+        for key in ("loads", "evictions", "max_loras", "running_adapters", "waiting_adapters"):
+            assert hasattr(stats.lora, key)
+        assert stats.lora.max_loras == 2 and stats.lora.loads == 1
         with pytest.raises(RequestError, match="AdapterRef"):
             async for _ in engine.generate(PROMPTS[0], SamplingParams(max_tokens=2), adapter="a14"):
                 pass

@@ -64,7 +64,7 @@ def test_forty_adapters_through_four_slots(tiny_llama_dir, tiny_adapters):
         diff = (rec.first[f"j{j}"] - oracle.last_logits(name, prompt)).abs().max().item()
         assert diff < TINY_LOGITS_ATOL, f"request {j} ({name}): last-position logits differ by {diff}"
     stats = eng.stats()
-    assert stats["lora_evictions"] > NUM_ADAPTERS and stats["lora_cpu_evictions"] > NUM_ADAPTERS
-    assert stats["lora_disk_loads"] > NUM_ADAPTERS  # second pass had to reload from disk
-    assert stats["lora_load_failures"] == 0 and len(stats["resident_adapters"]) == 4
+    assert stats.lora.evictions > NUM_ADAPTERS and stats.lora.cpu_evictions > NUM_ADAPTERS
+    assert stats.lora.disk_loads > NUM_ADAPTERS  # second pass had to reload from disk
+    assert stats.lora.load_failures == 0 and len(stats.lora.resident_adapters) == 4
     assert_no_leaks(eng)

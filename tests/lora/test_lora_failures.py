@@ -70,7 +70,7 @@ def test_failed_loads_fail_only_their_requests(tiny_llama_dir, tiny_adapters, tm
         else:
             assert out.error is None
             assert out.token_ids == oracle.greedy(name, PROMPTS[j % 3], 5, None), f"request {j} ({name})"
-    assert eng.stats()["lora_load_failures"] >= len(bad)
+    assert eng.stats().lora.load_failures >= len(bad)
     assert_no_leaks(eng)
 
 
@@ -100,7 +100,7 @@ def test_slow_load_waits_without_blocking_others(tiny_llama_dir, tiny_adapters):
             break
     assert {"fast", "base"} <= set(done) and "slow" not in done
     stats = eng.stats()
-    assert stats["waiting_adapters"] == [slow.content_hash] and stats["num_waiting"] == 1
+    assert stats.lora.waiting_adapters == [slow.content_hash] and stats.num_waiting == 1
     release.set()
     done.update(drive(eng, {}))
     assert done["slow"].token_ids == oracle.greedy("a7", PROMPTS[0], 6, None)
@@ -134,7 +134,7 @@ def test_requests_that_name_a_removed_adapter_finish_on_it(tiny_llama_dir, tiny_
     eng.add_request(PROMPTS[1], greedy(4), "running", adapter=doomed)
     eng.add_request(PROMPTS[2], greedy(4), "waiting", adapter=doomed)
     eng.step()
-    assert eng.stats()["running_adapters"] == [busy.content_hash]  # one slot: doomed's requests wait
+    assert eng.stats().lora.running_adapters == [busy.content_hash]  # one slot: doomed's requests wait
     assert eng.remove_adapter(doomed)
     shutil.rmtree(copy)  # the platform deletes the version's files right after
     done = {}
@@ -144,7 +144,7 @@ def test_requests_that_name_a_removed_adapter_finish_on_it(tiny_llama_dir, tiny_
         assert done[rid].error is None, done[rid].error
         assert done[rid].token_ids == oracle.greedy("a30", prompt, n, None), rid
     stats = eng.stats()  # the last request that named it took its copies with it
-    assert doomed.content_hash not in stats["host_adapters"] + stats["resident_adapters"]
+    assert doomed.content_hash not in stats.lora.host_adapters + stats.lora.resident_adapters
     eng.add_request(PROMPTS[0], greedy(2), "late", adapter=doomed)
     late = None
     while eng.has_unfinished():

@@ -82,7 +82,7 @@ def test_cancelled_streams_count_once_as_abort(start_server, tiny_engine) -> Non
         return _requests_total(httpx.get(f"{server.url}/metrics").text).get(labels, 0.0) - before.get(labels, 0.0)
 
     deadline = time.monotonic() + 60
-    while aborted() < 3 or tiny_engine.stats()["num_running"] or tiny_engine.stats()["num_waiting"]:
+    while aborted() < 3 or tiny_engine.stats().num_running or tiny_engine.stats().num_waiting:
         assert time.monotonic() < deadline, (aborted(), tiny_engine.stats())
         time.sleep(0.05)
     time.sleep(0.5)  # anything counted twice would show by now

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loraplex.engine.stats import EngineStats
 from loraplex.platform.app import build_services, create_app
 from tests.platform.conftest import settings_for
 from tests.platform.helpers import ServerThread, auth, create_tenant, error_of, upload, zip_folder
@@ -67,14 +68,14 @@ def test_pinned_endpoint_stays_in_the_host_tier(small_engine, adapter_factory, t
             upload(url, key, name, archive=zip_folder(adapter_factory(f"pin-other-{i}", seed=120 + i)))
         v1, v2 = bot[0]["sha256"], bot[1]["sha256"]
 
-        def stats() -> dict[str, Any]:
+        def stats() -> EngineStats:
             return small_engine.stats()
 
         r = httpx.post(
             f"{url}/v1/endpoints", json={"name": "extract", "adapter": "bot@1", "pinned": True}, headers=auth(key)
         )
         assert r.status_code == 201 and r.json()["pinned"] is True, r.text
-        _wait_for(lambda: stats()["pinned_adapters"] == [v1] and v1 in stats()["host_adapters"], "bot@1 is pinned")
+        _wait_for(lambda: stats().lora.pinned_adapters == [v1] and v1 in stats().lora.host_adapters, "bot@1 is pinned")
 
         # The limit counts adapter contents server-wide: another pinned version is refused and nothing is stored;
         # a second pinned endpoint on the same version adds nothing to count.
@@ -100,12 +101,12 @@ def test_pinned_endpoint_stays_in_the_host_tier(small_engine, adapter_factory, t
         assert r.status_code == 201, r.text
 
         # Requests for four other adapters cycle through the three host slots: the pinned one never leaves.
-        evictions = stats()["lora_cpu_evictions"]
+        evictions = stats().lora.cpu_evictions
         for _round in range(2):
             for name in others:
                 _chat(url, key, name)
-                assert v1 in stats()["host_adapters"]
-        assert stats()["lora_cpu_evictions"] >= evictions + 4  # the tier really was full and evicting
+                assert v1 in stats().lora.host_adapters
+        assert stats().lora.cpu_evictions >= evictions + 4  # the tier really was full and evicting
         _chat(url, key, "extract")
 
         # Deleting the twin leaves extract's pin; unpinning extract frees the version for the LRU.
@@ -113,27 +114,27 @@ def test_pinned_endpoint_stays_in_the_host_tier(small_engine, adapter_factory, t
         r = httpx.patch(f"{url}/v1/endpoints/extract", json={"pinned": False}, headers=auth(key))
         assert r.status_code == 200 and r.json()["pinned"] is False and r.json()["revision"] == 2, r.text
         assert httpx.get(f"{url}/v1/endpoints/extract", headers=auth(key)).json()["pinned"] is False
-        _wait_for(lambda: stats()["pinned_adapters"] == [], "bot@1 is unpinned")
+        _wait_for(lambda: stats().lora.pinned_adapters == [], "bot@1 is unpinned")
         for name in others:
             _chat(url, key, name)
-        assert v1 not in stats()["host_adapters"]
+        assert v1 not in stats().lora.host_adapters
 
         # Pinned again on a new version: the new version is pinned (and loaded), the old one is not.
         r = httpx.patch(f"{url}/v1/endpoints/extract", json={"pinned": True, "adapter": "bot@2"}, headers=auth(key))
         assert r.status_code == 200, r.text
-        _wait_for(lambda: stats()["pinned_adapters"] == [v2] and v2 in stats()["host_adapters"], "bot@2 is pinned")
+        _wait_for(lambda: stats().lora.pinned_adapters == [v2] and v2 in stats().lora.host_adapters, "bot@2 is pinned")
 
         # A replica starting up learns the pins from SQL (this engine forgets them first).
         small_engine.pin_adapters([])
-        _wait_for(lambda: stats()["pinned_adapters"] == [], "the engine forgot its pins")
+        _wait_for(lambda: stats().lora.pinned_adapters == [], "the engine forgot its pins")
         second = ServerThread(create_app(settings, engine=small_engine)).start()
         try:
-            _wait_for(lambda: stats()["pinned_adapters"] == [v2], "the starting replica pinned bot@2")
+            _wait_for(lambda: stats().lora.pinned_adapters == [v2], "the starting replica pinned bot@2")
         finally:
             second.stop()
 
         assert httpx.delete(f"{url}/v1/endpoints/extract", headers=auth(key)).status_code == 200
-        _wait_for(lambda: stats()["pinned_adapters"] == [], "deleting the endpoint unpinned bot@2")
+        _wait_for(lambda: stats().lora.pinned_adapters == [], "deleting the endpoint unpinned bot@2")
     finally:
         server.stop()
 

@@ -32,7 +32,7 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -
 def _copies(engine: Any, content_hash: str) -> tuple[bool, bool]:
     """(in host memory, in a device slot) for one adapter, from the engine's published stats."""
     stats = engine.stats()
-    return content_hash in stats["host_adapters"], content_hash in stats["resident_adapters"]
+    return content_hash in stats.lora.host_adapters, content_hash in stats.lora.resident_adapters
 
 
 def test_delete_and_replace_drop_the_engines_copies(server, tiny_engine, adapter_factory) -> None:
@@ -61,9 +61,9 @@ def test_weights_another_adapter_still_uses_stay_cached(server, tiny_engine, ada
     assert kept["sha256"] == gone["sha256"]
     _chat(server.url, key, "gone")
     _wait_for(lambda: _copies(tiny_engine, kept["sha256"]) == (True, True), "the weights are cached")
-    disk_loads = tiny_engine.stats()["lora_disk_loads"]
+    disk_loads = tiny_engine.stats().lora.disk_loads
     assert httpx.delete(f"{server.url}/v1/adapters/gone", headers=auth(key)).status_code == 200
     _chat(server.url, key, "kept")  # had the delete dropped the weights, this request would read them again
-    _wait_for(lambda: tiny_engine.stats()["num_running"] == 0, "the engine is idle")
-    assert tiny_engine.stats()["lora_disk_loads"] == disk_loads
+    _wait_for(lambda: tiny_engine.stats().num_running == 0, "the engine is idle")
+    assert tiny_engine.stats().lora.disk_loads == disk_loads
     assert _copies(tiny_engine, kept["sha256"]) == (True, True)

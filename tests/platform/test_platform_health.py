@@ -80,6 +80,6 @@ def test_a_failing_engine_step_is_a_500_and_the_server_goes_on(start_server, tin
     again = httpx.post(f"{server.url}/v1/completions", headers=auth(key), json=body, timeout=60)
     assert again.status_code == 200 and again.json()["choices"][0]["text"] == expected["choices"][0]["text"]
     deadline = time.monotonic() + 60
-    while tiny_engine.stats()["num_running"] or tiny_engine.stats()["kv_blocks_used"]:
+    while tiny_engine.stats().num_running or tiny_engine.stats().kv_cache.blocks_used:
         assert time.monotonic() < deadline, "KV blocks were not returned"
         time.sleep(0.02)

@@ -73,7 +73,7 @@ def test_health_ready_and_metrics(start_server, adapter_factory, tiny_engine) ->
         assert r.status_code == 200, r.text
         usage[model], finish[model] = r.json()["usage"], r.json()["choices"][0]["finish_reason"]
     deadline = time.monotonic() + 60
-    while tiny_engine.stats()["num_running"]:  # the engine publishes its gauges once its step is over
+    while tiny_engine.stats().num_running:  # the engine publishes its gauges once its step is over
         assert time.monotonic() < deadline
         time.sleep(0.02)
     after = _samples(server.url)
@@ -93,11 +93,11 @@ def test_health_ready_and_metrics(start_server, adapter_factory, tiny_engine) ->
     gauges = {k[0]: v for k, v in after.items() if not k[1]}
     assert gauges["loraplex_num_requests_running"] == gauges["vllm:num_requests_running"] == 0
     assert gauges["loraplex_num_requests_waiting"] == gauges["vllm:num_requests_waiting"] == 0
-    usage_ratio = stats["kv_blocks_used"] / stats["kv_blocks_total"]
+    usage_ratio = stats.kv_cache.blocks_used / stats.kv_cache.blocks_total
     assert gauges["loraplex_kv_cache_usage_ratio"] == gauges["vllm:kv_cache_usage_perc"] == usage_ratio
-    assert gauges["loraplex_prefix_cache_hit_rate"] == stats["prefix_cache_hit_rate"]
+    assert gauges["loraplex_prefix_cache_hit_rate"] == stats.kv_cache.prefix_cache_hit_rate
     for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
-        assert after[(f"vllm:spec_decode_{name}_total", ())] == stats[f"spec_decode_{name}"]
+        assert after[(f"vllm:spec_decode_{name}_total", ())] == getattr(stats.spec_decode, name)
     info = [labels for (name, labels) in after if name == "vllm:lora_requests_info"]
     assert [dict(labels) for labels in info] == [
         {"max_lora": "4", "running_lora_adapters": "", "waiting_lora_adapters": ""}
@@ -212,16 +212,16 @@ def test_disconnecting_streams_free_every_kv_block(start_server, tiny_engine) ->
         for line in httpx.get(f"{server.url}/metrics").text.splitlines()
         if line.startswith("loraplex_requests_total")
     ]
-    assert in_flight[0]["num_running"] + in_flight[0]["num_waiting"] == 30, (in_flight, finished)
-    assert in_flight[0]["kv_blocks_used"] > 0
+    assert in_flight[0].num_running + in_flight[0].num_waiting == 30, (in_flight, finished)
+    assert in_flight[0].kv_cache.blocks_used > 0
     deadline = time.monotonic() + 30
     stats = tiny_engine.stats()
     while time.monotonic() < deadline:
         stats = tiny_engine.stats()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["kv_blocks_used"] == 0:
+        if stats.num_running == 0 and stats.num_waiting == 0 and stats.kv_cache.blocks_used == 0:
             break
         time.sleep(0.1)
-    assert (stats["num_running"], stats["num_waiting"], stats["kv_blocks_used"]) == (0, 0, 0), stats
+    assert (stats.num_running, stats.num_waiting, stats.kv_cache.blocks_used) == (0, 0, 0), stats
 
 
 def test_prefix_cache_is_never_shared_between_tenants(start_server, tiny_engine) -> None:

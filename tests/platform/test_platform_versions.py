@@ -31,7 +31,7 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -
 
 
 def _in_host(engine: Any, content_hash: str) -> bool:
-    return content_hash in engine.stats()["host_adapters"]
+    return content_hash in engine.stats().lora.host_adapters
 
 
 def _versions(url: str, key: str, name: str) -> tuple[int, list[int]]:
@@ -160,7 +160,7 @@ def test_a_running_request_finishes_on_a_version_deleted_under_it(start_server, 
         assert r.status_code == 200
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))  # the request runs
-        assert tiny_engine.stats()["num_running"] >= 1  # 120 tokens: far from done
+        assert tiny_engine.stats().num_running >= 1  # 120 tokens: far from done
         assert httpx.delete(f"{server.url}/v1/adapters/live@1", headers=auth(key)).status_code == 200
         events = [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
     finish = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]

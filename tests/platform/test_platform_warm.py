@@ -25,19 +25,19 @@ def _chat(url: str, key: str, model: str) -> None:
 
 
 def _idle(engine: Any) -> None:
-    _wait_for(lambda: engine.stats()["num_running"] == 0 and engine.stats()["num_waiting"] == 0, "the engine idles")
+    _wait_for(lambda: engine.stats().num_running == 0 and engine.stats().num_waiting == 0, "the engine idles")
 
 
 def test_publishing_warms_the_host_tier(start_server, tiny_engine, adapter_factory) -> None:
     server = start_server()
     key = create_tenant(server.url, "warm")
     record = upload(server.url, key, "warm-bot", archive=zip_folder(adapter_factory("warm-1", seed=101))).json()
-    _wait_for(lambda: record["sha256"] in tiny_engine.stats()["host_adapters"], "the new version is in host memory")
+    _wait_for(lambda: record["sha256"] in tiny_engine.stats().lora.host_adapters, "the new version is in host memory")
     _idle(tiny_engine)
-    disk_loads = tiny_engine.stats()["lora_disk_loads"]
+    disk_loads = tiny_engine.stats().lora.disk_loads
     _chat(server.url, key, "warm-bot")
     _idle(tiny_engine)
-    assert tiny_engine.stats()["lora_disk_loads"] == disk_loads  # the first request read nothing from the store
+    assert tiny_engine.stats().lora.disk_loads == disk_loads  # the first request read nothing from the store
 
 
 def test_without_warming_the_first_request_reads_the_store(start_server, tiny_engine, adapter_factory) -> None:
@@ -45,8 +45,8 @@ def test_without_warming_the_first_request_reads_the_store(start_server, tiny_en
     key = create_tenant(server.url, "cold")
     record = upload(server.url, key, "cold-bot", archive=zip_folder(adapter_factory("warm-2", seed=102))).json()
     _idle(tiny_engine)
-    disk_loads = tiny_engine.stats()["lora_disk_loads"]
-    assert record["sha256"] not in tiny_engine.stats()["host_adapters"]
+    disk_loads = tiny_engine.stats().lora.disk_loads
+    assert record["sha256"] not in tiny_engine.stats().lora.host_adapters
     _chat(server.url, key, "cold-bot")
     _idle(tiny_engine)
-    assert tiny_engine.stats()["lora_disk_loads"] == disk_loads + 1
+    assert tiny_engine.stats().lora.disk_loads == disk_loads + 1

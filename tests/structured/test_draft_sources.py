@@ -149,13 +149,13 @@ def test_jump_forward_waits_until_few_requests_run(plain_and_prompts):
         messages("Invoice Number: INV-7\nVendor: Contoso\nCurrency: USD\nPo Number: PO-1\n", SCHEMA)
     )
     running_at_jump: list[int] = []
-    jump = llm.engine._jump_forward
+    jump = llm.engine.jump_forward.tokens
 
-    def recording(seq, reasons):
+    def recording(seq):
         running_at_jump.append(len(llm.engine.scheduler.running))
-        jump(seq, reasons)
+        return jump(seq)
 
-    llm.engine._jump_forward = recording
+    llm.engine.jump_forward.tokens = recording
     outs = llm.generate([*prompts, third], PARAMS)
     llm.engine.close()
     assert [o.token_ids for o in outs[:2]] == plain

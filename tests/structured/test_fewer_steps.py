@@ -103,7 +103,7 @@ def test_outputs_identical_to_plain_decoding(adapter_dirs):
             # the same positions computed in differently shaped batches: equal up to float32 summation order
             assert [lp.logprob for lp in f.logprobs] == pytest.approx([lp.logprob for lp in p.logprobs], abs=1e-4)
             assert [[t for t, _, _ in lp.top] for lp in f.logprobs] == [[t for t, _, _ in lp.top] for lp in p.logprobs]
-    assert stats["spec_decode_num_forced_tokens"] > 0
-    assert 0 < stats["spec_decode_num_accepted_tokens"] <= stats["spec_decode_num_draft_tokens"]
-    assert sum(o.num_accepted_tokens for o in fast) == stats["spec_decode_num_accepted_tokens"]
-    assert sum(o.num_forced_tokens for o in fast) == stats["spec_decode_num_forced_tokens"]
+    assert stats.spec_decode.num_forced_tokens > 0
+    assert 0 < stats.spec_decode.num_accepted_tokens <= stats.spec_decode.num_draft_tokens
+    assert sum(o.num_accepted_tokens for o in fast) == stats.spec_decode.num_accepted_tokens
+    assert sum(o.num_forced_tokens for o in fast) == stats.spec_decode.num_forced_tokens

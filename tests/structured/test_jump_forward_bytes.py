@@ -107,4 +107,4 @@ def test_valid_outputs_in_fewer_steps_in_a_mixed_batch(adapter_dirs):
         assert f.num_forced_tokens > 0, f.text
         assert f_steps == len(f.token_ids) - f.num_forced_tokens
         assert f_steps < p_steps, (f.text, p.text)
-    assert sum(o.num_forced_tokens for o in fast) == stats["spec_decode_num_forced_tokens"]
+    assert sum(o.num_forced_tokens for o in fast) == stats.spec_decode.num_forced_tokens
