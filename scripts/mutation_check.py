@@ -146,7 +146,7 @@ M = [
     ),
     (
         "generation tokens counted per output",
-        "platform/generation.py",
+        "platform/generation/run.py",
         "self.metrics.generation_tokens.inc(len(out.new_token_ids))",
         "self.metrics.generation_tokens.inc(len(out.token_ids))",
         ["tests/platform/test_platform_operations.py::test_health_ready_and_metrics"],

@@ -32,7 +32,7 @@ from loraplex.platform.container import Services
 from loraplex.platform.endpoints.defaults import apply_defaults
 from loraplex.platform.endpoints.service import EndpointRecord
 from loraplex.platform.errors import ApiError, error_responses
-from loraplex.platform.generation import Generation
+from loraplex.platform.generation.run import Generation
 from loraplex.platform.json_body import BODY_TYPE, IGNORED_STATE
 from loraplex.platform.metrics import EndpointLabels
 from loraplex.platform.model_ids import adapter_id

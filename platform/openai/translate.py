@@ -10,7 +10,7 @@ from loraplex.adapters.json_depth import DEFAULT_MAX_JSON_DEPTH, exceeds_depth
 from loraplex.engine import RequestError, SamplingParams
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.platform.errors import ApiError, bad_request, engine_error
-from loraplex.platform.generation import ChoiceInput
+from loraplex.platform.generation.run import ChoiceInput
 from loraplex.platform.json_body import too_deep
 from loraplex.platform.openai import tool_prompt
 from loraplex.platform.openai.schemas import (
