@@ -1,4 +1,4 @@
-"""Running one batch line through the generation routes' own code path (`controller.generate`): the same
+"""Running one batch line through the generation routes' own code path (`generation.service.generate`): the same
 decoding, refusals, adapter resolution, structured output and limits as an HTTP request, at background
 priority. A refusal becomes the line's result (its status and OpenAI error body), as the route answers it."""
 
@@ -16,7 +16,7 @@ from loraplex.platform.batch.schemas import CHAT
 from loraplex.platform.container import Services
 from loraplex.platform.db.models import Tenant
 from loraplex.platform.errors import ApiError, error_body
-from loraplex.platform.openai.controller import generate
+from loraplex.platform.generation.service import Answer, generate
 from loraplex.platform.openai.schemas import ChatCompletionRequest, CompletionRequest
 from loraplex.platform.tenants.service import Principal
 
@@ -53,8 +53,9 @@ async def run_line(services: Services, principal: Principal, endpoint: str, body
     while True:
         try:
             data = _decode(endpoint, body)
-            response = await generate(data, principal, services, background_priority=services.settings.batch_priority)
-            content = msgspec.to_builtins(response.content)
+            result = await generate(data, principal, services, background_priority=services.settings.batch_priority)
+            assert isinstance(result, Answer)  # a batch line never streams (jsonl refuses body.stream)
+            content = msgspec.to_builtins(result.body)
             return LineResult(200, str(content.get("id", fallback_id)), content)
         except ApiError as exc:
             if exc.status == 429:
