@@ -15,7 +15,8 @@ import msgspec
 from loraplex.platform.batch.schemas import CHAT
 from loraplex.platform.container import Services
 from loraplex.platform.db.models import Tenant
-from loraplex.platform.errors import ApiError, error_body
+from loraplex.platform.domain_errors import DomainError
+from loraplex.platform.errors import ApiError, api_error, error_body
 from loraplex.platform.generation.service import Answer, generate
 from loraplex.platform.openai.schemas import ChatCompletionRequest, CompletionRequest
 from loraplex.platform.tenants.service import Principal
@@ -57,7 +58,8 @@ async def run_line(services: Services, principal: Principal, endpoint: str, body
             assert isinstance(result, Answer)  # a batch line never streams (jsonl refuses body.stream)
             content = msgspec.to_builtins(result.body)
             return LineResult(200, str(content.get("id", fallback_id)), content)
-        except ApiError as exc:
+        except (ApiError, DomainError) as caught:
+            exc = api_error(caught) if isinstance(caught, DomainError) else caught  # as the route answers it
             if exc.status == 429:
                 await asyncio.sleep(float(exc.headers.get("Retry-After", RETRY_S)))
                 continue

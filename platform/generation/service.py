@@ -17,7 +17,7 @@ import msgspec
 
 from loraplex.engine import AdapterRef, RequestOutput, Share
 from loraplex.platform.container import Services
-from loraplex.platform.errors import ApiError
+from loraplex.platform.domain_errors import Failed, NotFound
 from loraplex.platform.endpoints.defaults import apply_defaults
 from loraplex.platform.endpoints.service import EndpointRecord
 from loraplex.platform.generation.run import Generation
@@ -81,7 +81,7 @@ def _metric_model(adapter: AdapterRef | None, model: str) -> str:
 def _engine_failure(results: dict[int, list[RequestOutput]]) -> None:
     for outputs in results.values():
         if outputs and outputs[-1].finish_reason == "error":
-            raise ApiError(500, outputs[-1].error or "the engine failed this request", code="engine_error")
+            raise Failed(outputs[-1].error or "the engine failed this request", code="engine_error")
 
 
 async def generate(
@@ -156,7 +156,7 @@ async def submit_shadow(
     async def run() -> None:
         if record is None:  # deleted since the endpoint named it
             services.metrics.endpoint_requests.labels(*labels, "error").inc()
-            raise ApiError(404, f"shadow version {ref} no longer exists", code="adapter_not_found")
+            raise NotFound(f"shadow version {ref} no longer exists", code="adapter_not_found")
         try:
             gen, *_ = await start(
                 copy, principal, services, background, time.perf_counter(), target, labels, admit=False
