@@ -4,15 +4,18 @@ place that maps each kind to a status and renders it in OpenAI's error body."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from loraplex.adapters.errors import AdapterError
 from loraplex.engine.errors import EngineError
 from loraplex.grammar.spec import GrammarError
+from loraplex.platform.error_codes import ErrorCode
 
 
 class DomainError(Exception):
     """A refusal by a service: `message` for people, `code` for programs, `param` the field it is about."""
 
-    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
+    def __init__(self, message: str, *, code: ErrorCode | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
@@ -42,7 +45,7 @@ class TooLarge(DomainError):
 class RateLimited(DomainError):
     """Over a running limit: retry after `retry_after_s` seconds."""
 
-    def __init__(self, message: str, *, code: str, retry_after_s: int | float, param: str | None = None) -> None:
+    def __init__(self, message: str, *, code: ErrorCode, retry_after_s: int | float, param: str | None = None) -> None:
         super().__init__(message, code=code, param=param)
         self.retry_after_s = retry_after_s
 
@@ -58,7 +61,7 @@ _TOO_LARGE_CODES = frozenset({"archive_too_large", "adapter_too_large"})  # adap
 def refused(exc: EngineError | GrammarError | AdapterError, param: str | None = None) -> DomainError:
     """The domain error for a refusal by the engine, the grammar compiler or the adapter checks: its kind and
     `code` come from the refusal's own code, never from its message."""
-    code = exc.code
+    code = cast(ErrorCode, exc.code)  # the lower layers' codes are strings; each is registered in error_codes
     if isinstance(exc, GrammarError):
         return Invalid(f"invalid structured-output constraint: {exc}", param=param, code=code)
     if isinstance(exc, AdapterError):

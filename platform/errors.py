@@ -21,6 +21,7 @@ from loraplex.platform.domain_errors import (
     RateLimited,
     TooLarge,
 )
+from loraplex.platform.error_codes import ErrorCode
 
 log = logging.getLogger("loraplex.platform")
 
@@ -48,7 +49,7 @@ class ApiError(Exception):
         message: str,
         *,
         param: str | None = None,
-        code: str | None = None,
+        code: ErrorCode | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -59,7 +60,7 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+def bad_request(message: str, param: str | None = None, code: ErrorCode | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
@@ -82,7 +83,7 @@ def api_error(exc: DomainError) -> ApiError:
     return ApiError(status, exc.message, param=exc.param, code=exc.code, headers=headers)
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(status: int, message: str, param: str | None = None, code: ErrorCode | None = None) -> dict[str, Any]:
     return {
         "error": {
             "message": message,
@@ -97,7 +98,7 @@ def _response(
     status: int,
     message: str,
     param: str | None = None,
-    code: str | None = None,
+    code: ErrorCode | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response[dict[str, Any]]:
     return Response(
@@ -167,7 +168,7 @@ def handle_http_exception(_: Request, exc: HTTPException) -> Response[dict[str, 
         param = _param_of(exc)
         message = _message_of(exc)
         return _response(400, f"{param}: {message}" if param else message, param, "invalid_request")
-    codes: dict[int, str] = {
+    codes: dict[int, ErrorCode] = {
         401: "invalid_api_key",
         404: "not_found",
         405: "method_not_allowed",
