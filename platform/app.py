@@ -35,12 +35,12 @@ from loraplex.platform.endpoints.defaults import compile_defaults
 from loraplex.platform.endpoints.pins import Pinner
 from loraplex.platform.endpoints.service import EndpointService
 from loraplex.platform.errors import EXCEPTION_HANDLERS
+from loraplex.platform.generation.token_texts import TokenTexts
 from loraplex.platform.health import HealthController
 from loraplex.platform.json_body import depth_limited_request
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.model_resolution import ModelResolver
 from loraplex.platform.openai.controller import OpenAIController
-from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.openai.tokenize import TokenizeController
 from loraplex.platform.settings import Settings
 from loraplex.platform.storage.blobstore import BlobStore

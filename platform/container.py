@@ -14,9 +14,9 @@ from loraplex.platform.db.session import Database
 from loraplex.platform.endpoints.pins import Pinner
 from loraplex.platform.endpoints.service import EndpointService
 from loraplex.platform.endpoints.shadow import ShadowTraffic
+from loraplex.platform.generation.token_texts import TokenTexts
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.model_resolution import ModelResolver
-from loraplex.platform.openai.responses import TokenTexts
 from loraplex.platform.settings import Settings
 from loraplex.platform.storage.blobstore import BlobStore
 from loraplex.platform.storage.cache import RegistryCache

@@ -11,9 +11,17 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import ResponseSpec
 
-from loraplex.adapters.errors import AdapterError
-from loraplex.engine.errors import EngineError
-from loraplex.grammar.spec import GrammarError
+from loraplex.platform.domain_errors import (
+    Conflict,
+    DomainError,
+    Failed,
+    Forbidden,
+    Invalid,
+    NotFound,
+    RateLimited,
+    TooLarge,
+)
+from loraplex.platform.error_codes import ErrorCode
 
 log = logging.getLogger("loraplex.platform")
 
@@ -41,7 +49,7 @@ class ApiError(Exception):
         message: str,
         *,
         param: str | None = None,
-        code: str | None = None,
+        code: ErrorCode | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -52,33 +60,30 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+def bad_request(message: str, param: str | None = None, code: ErrorCode | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
-def not_found(message: str, code: str = "not_found") -> ApiError:
-    return ApiError(404, message, code=code)
+# The one mapping from a service's refusal to HTTP: each kind of domain error has its status.
+_STATUS_OF: dict[type[DomainError], int] = {
+    Invalid: 400,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    TooLarge: 413,
+    RateLimited: 429,
+    Failed: 500,
+}
 
 
-# Adapter refusals that are about size map to 413, every other refusal to 400.
-_TOO_LARGE_CODES = frozenset({"archive_too_large", "adapter_too_large"})
+def api_error(exc: DomainError) -> ApiError:
+    """The HTTP error of a service's refusal: its status by kind, its message, code and param unchanged."""
+    status = next(s for kind, s in _STATUS_OF.items() if isinstance(exc, kind))
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, RateLimited) else None
+    return ApiError(status, exc.message, param=exc.param, code=exc.code, headers=headers)
 
 
-def engine_error(exc: EngineError | GrammarError | AdapterError, param: str | None = None) -> ApiError:
-    """The API error for a refusal by the engine, the grammar compiler or the adapter checks: status and
-    `code` come from the error's own code, never from its message."""
-    if isinstance(exc, GrammarError):
-        return ApiError(400, f"invalid structured-output constraint: {exc}", param=param, code=exc.code)
-    if isinstance(exc, AdapterError):
-        status = 413 if exc.code in _TOO_LARGE_CODES else 400
-        return ApiError(status, f"adapter refused: {exc}", param=param or "file", code=exc.code)
-    return ApiError(400, str(exc), param=param, code=exc.code)
-
-
-REFUSALS = (EngineError, GrammarError, AdapterError)  # what engine_error maps
-
-
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(status: int, message: str, param: str | None = None, code: ErrorCode | None = None) -> dict[str, Any]:
     return {
         "error": {
             "message": message,
@@ -90,7 +95,11 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 def _response(
-    status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: ErrorCode | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Response[dict[str, Any]]:
     return Response(
         error_body(status, message, param, code), status_code=status, headers=headers, media_type=MediaType.JSON
@@ -149,13 +158,17 @@ def handle_api_error(_: Request, exc: ApiError) -> Response[dict[str, Any]]:
     return _response(exc.status, exc.message, exc.param, exc.code, exc.headers)
 
 
+def handle_domain_error(request: Request, exc: DomainError) -> Response[dict[str, Any]]:
+    return handle_api_error(request, api_error(exc))
+
+
 def handle_http_exception(_: Request, exc: HTTPException) -> Response[dict[str, Any]]:
     status = exc.status_code
     if isinstance(exc, ValidationException):
         param = _param_of(exc)
         message = _message_of(exc)
         return _response(400, f"{param}: {message}" if param else message, param, "invalid_request")
-    codes = {
+    codes: dict[int, ErrorCode] = {
         401: "invalid_api_key",
         404: "not_found",
         405: "method_not_allowed",
@@ -178,6 +191,7 @@ def handle_internal_error(request: Request, exc: Exception) -> Response[dict[str
 
 EXCEPTION_HANDLERS = {
     ApiError: handle_api_error,
+    DomainError: handle_domain_error,
     HTTPException: handle_http_exception,
     Exception: handle_internal_error,
 }

@@ -10,8 +10,8 @@ import random
 from dataclasses import dataclass
 
 from loraplex.platform.adapters.service import AdapterRecord, AdapterService
+from loraplex.platform.domain_errors import NotFound
 from loraplex.platform.endpoints.service import EndpointRecord, EndpointService
-from loraplex.platform.errors import ApiError
 from loraplex.platform.model_ids import short_name
 
 STICKY_HEADER = "x-loraplex-sticky-key"  # the caller's end-user key for canary stickiness (beside `user`)
@@ -31,8 +31,8 @@ class Target:
         return f"{self.adapter.name}@{self.adapter.version}" if self.adapter else "base"
 
 
-def model_not_found(model: str) -> ApiError:
-    return ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+def model_not_found(model: str) -> NotFound:
+    return NotFound(f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
 
 def canary_share(endpoint_id: str, sticky_key: str) -> float:

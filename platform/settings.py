@@ -16,12 +16,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from loraplex.envvars import data_dir as default_data_dir
 from loraplex.envvars import setting, setting_variable
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
+
+
+def parse_blob_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/prefix` -> (bucket, prefix without slashes at either end)."""
+    parsed = urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc or parsed.query or parsed.fragment:
+        raise ValueError(f"blob_url must look like s3://bucket/prefix, got {url!r}")
+    return parsed.netloc, parsed.path.strip("/")
 
 
 @dataclass
@@ -118,8 +127,6 @@ class Settings:
         if not self.batch_lease_ttl_s > 0 or abs(self.batch_priority) > 1 << 31:
             raise ValueError("batch_lease_ttl_s must be > 0 and batch_priority in [-2^31, 2^31]")
         if self.blob_url is not None:
-            from loraplex.platform.storage.s3_blobstore import parse_blob_url
-
             parse_blob_url(self.blob_url)  # a ValueError naming the setting
         if self.database_schema is not None and not self.database_schema.isidentifier():
             raise ValueError(f"database_schema must be a plain identifier, got {self.database_schema!r}")

@@ -31,7 +31,7 @@ M = [
     ),
     (
         "endpoint defaults ignored",
-        "platform/openai/controller.py",
+        "platform/generation/service.py",
         "        data = apply_defaults(data, target.endpoint)",
         "        pass",
         ["tests/platform/test_platform_endpoints.py::test_defaults_apply_and_forbidden_overrides_are_refused"],
@@ -111,7 +111,7 @@ M = [
     ),
     (
         "adapter requests served by the base model",
-        "platform/openai/controller.py",
+        "platform/generation/service.py",
         "        adapter = await services.engine_adapters.ref(target.adapter, principal.tenant_name)",
         "        adapter = None",
         ["tests/platform/test_platform_openai.py::test_adapter_by_model_name"],
@@ -146,7 +146,7 @@ M = [
     ),
     (
         "generation tokens counted per output",
-        "platform/generation.py",
+        "platform/generation/run.py",
         "self.metrics.generation_tokens.inc(len(out.new_token_ids))",
         "self.metrics.generation_tokens.inc(len(out.token_ids))",
         ["tests/platform/test_platform_operations.py::test_health_ready_and_metrics"],
@@ -249,7 +249,7 @@ M = [
     ),
     (
         "one cache salt for every tenant",
-        "platform/openai/controller.py",
+        "platform/generation/service.py",
         "salt=principal.tenant_id,",
         'salt="",',
         ["tests/platform/test_platform_operations.py::test_prefix_cache_is_never_shared_between_tenants"],

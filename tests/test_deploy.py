@@ -15,8 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from loraplex.platform.settings import Settings
-from loraplex.platform.storage.s3_blobstore import parse_blob_url
+from loraplex.platform.settings import Settings, parse_blob_url
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 K8S_VERSION = "1.33.0"

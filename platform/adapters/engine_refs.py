@@ -11,7 +11,7 @@ from collections import OrderedDict
 
 from loraplex.engine import AdapterRef
 from loraplex.platform.adapters.service import AdapterRecord
-from loraplex.platform.errors import ApiError
+from loraplex.platform.domain_errors import Failed
 from loraplex.platform.model_ids import adapter_id
 from loraplex.platform.storage.blobstore import BlobStore
 from loraplex.platform.storage.s3_blobstore import BlobCorrupt
@@ -35,8 +35,8 @@ class EngineAdapters:
             path = await asyncio.to_thread(self.store.fetch, record.blob)
         except BlobCorrupt as exc:
             log.error("%s", exc)
-            raise ApiError(
-                500, f"the stored weights of {record.name}@{record.version} failed verification", code="blob_corrupt"
+            raise Failed(
+                f"the stored weights of {record.name}@{record.version} failed verification", code="blob_corrupt"
             ) from None
         model_id = adapter_id(tenant, record.name)
         ids = self._ids.setdefault(record.sha256, {})

@@ -28,7 +28,7 @@ from loraplex.adapters import (
 from loraplex.engine.threads import single_threaded_torch
 from loraplex.platform.db.models import Adapter, AdapterCurrent, Endpoint, Tenant, as_utc, utcnow
 from loraplex.platform.db.session import Database
-from loraplex.platform.errors import ApiError, bad_request, engine_error, not_found
+from loraplex.platform.domain_errors import Conflict, Forbidden, Invalid, NotFound, refused
 from loraplex.platform.multipart import UploadedForm
 from loraplex.platform.storage.blobstore import BlobStore
 from loraplex.platform.storage.cache import RegistryCache
@@ -121,9 +121,9 @@ class AdapterService:
         versions past the tenant's retention are retired in the same transaction."""
         name = check_name(form.fields.get("name", ""), "adapter name") if "name" in form.fields else None
         if name is None:
-            raise bad_request("missing form field 'name' (the model name clients will use)", param="name")
+            raise Invalid("missing form field 'name' (the model name clients will use)", param="name")
         if name == self.base_model_name:
-            raise bad_request(f"adapter name {name!r} is the base model's name; choose another", param="name")
+            raise Invalid(f"adapter name {name!r} is the base model's name; choose another", param="name")
         info, files = await asyncio.to_thread(self._validated_files, form, workdir)
         blob = await asyncio.to_thread(self.store.put, files)
         try:
@@ -147,7 +147,7 @@ class AdapterService:
         if parts == {"file"}:
             upload = form.files["file"]
             if upload.filename.lower().endswith(PICKLE_SUFFIXES):
-                raise engine_error(
+                raise refused(
                     AdapterError(
                         f"{upload.filename!r} is a pickled checkpoint; pickled weights are never loaded: upload "
                         f"a .zip or .tar.gz of the adapter folder with {WEIGHTS_NAME}",
@@ -159,13 +159,13 @@ class AdapterService:
             try:  # extracted once, into this upload's folder; then checked like a folder
                 root = extract_archive(archive, workdir / "extracted", self.limits)
             except AdapterError as exc:
-                raise engine_error(exc) from None
+                raise refused(exc) from None
             archive.unlink()
             info = self._inspect(root)
         elif parts == {"adapter_config", "adapter_model"}:
             model_name = form.files["adapter_model"].filename.lower()
             if model_name.endswith(PICKLE_SUFFIXES):
-                raise engine_error(
+                raise refused(
                     AdapterError(
                         f"adapter_model {form.files['adapter_model'].filename!r} is a pickled checkpoint; "
                         f"upload {WEIGHTS_NAME} (pickled weights are never loaded)",
@@ -178,7 +178,7 @@ class AdapterService:
             form.files["adapter_model"].path.rename(root / WEIGHTS_NAME)
             info = self._inspect(root)
         else:
-            raise bad_request(
+            raise Invalid(
                 "upload either one 'file' (a .zip or .tar.gz of the PEFT adapter folder) or the "
                 f"two files 'adapter_config' ({CONFIG_NAME}) and 'adapter_model' ({WEIGHTS_NAME}); "
                 f"got {', '.join(sorted(parts)) or 'no file'}",
@@ -190,7 +190,7 @@ class AdapterService:
         try:
             return inspect_adapter(source, self.base, max_lora_rank=self.max_lora_rank, limits=self.limits)
         except AdapterError as exc:
-            raise engine_error(exc) from None
+            raise refused(exc) from None
 
     async def _commit(
         self, principal: Principal, name: str, info: AdapterInfo, blob: str
@@ -201,10 +201,10 @@ class AdapterService:
             # Serialises concurrent uploads, endpoint changes and deletions of one tenant on PostgreSQL.
             tenant = await session.scalar(select(Tenant).where(Tenant.id == tenant_id).with_for_update())
             if tenant is None:
-                raise not_found("tenant no longer exists", code="tenant_not_found")
+                raise NotFound("tenant no longer exists", code="tenant_not_found")
             if await session.scalar(select(Endpoint.id).where(Endpoint.tenant_id == tenant_id, Endpoint.name == name)):
-                raise ApiError(
-                    409, f"{name!r} is the name of one of your endpoints; choose another", param="name", code="conflict"
+                raise Conflict(
+                    f"{name!r} is the name of one of your endpoints; choose another", param="name", code="conflict"
                 )
             live = (
                 await session.scalars(
@@ -243,8 +243,8 @@ class AdapterService:
             try:
                 await session.commit()
             except IntegrityError:
-                raise ApiError(
-                    409, f"adapter {name!r} was uploaded concurrently; retry the upload", param="name", code="conflict"
+                raise Conflict(
+                    f"adapter {name!r} was uploaded concurrently; retry the upload", param="name", code="conflict"
                 ) from None
         return AdapterRecord.from_row(row), list(retired)
 
@@ -274,16 +274,14 @@ class AdapterService:
         )
         if endpoint is not None:
             used = endpoint.adapter_version if endpoint.adapter_version in versions else endpoint.canary_version
-            raise ApiError(
-                409,
+            raise Conflict(
                 f"{action} {name}@{used}, which endpoint {endpoint.name!r} serves; change or delete the endpoint first",
                 param="name",
                 code="version_in_use",
             )
         current = await session.get(AdapterCurrent, (tenant_id, name)) if protect_current else None
         if current is not None and current.version in versions:
-            raise ApiError(
-                409,
+            raise Conflict(
                 f"{action} {name}@{current.version}, which is marked current; mark another version current first",
                 param="name",
                 code="version_in_use",
@@ -295,16 +293,14 @@ class AdapterService:
         max_bytes = tenant.max_adapter_bytes if tenant.max_adapter_bytes is not None else self.quotas.max_adapter_bytes
         others = {a.name for a in kept if a.name != name}
         if len(others) + 1 > max_count:
-            raise ApiError(
-                403,
+            raise Forbidden(
                 f"adapter quota exceeded: tenant {tenant.name!r} may keep {max_count} adapters "
                 f"and has {len(others)}; delete one first",
                 code="adapter_quota_exceeded",
             )
         used = sum(a.size_bytes for a in kept)
         if used + info.size_bytes > max_bytes:
-            raise ApiError(
-                403,
+            raise Forbidden(
                 f"storage quota exceeded: this adapter has {info.size_bytes} bytes of weights, "
                 f"tenant {tenant.name!r} uses {used} of {max_bytes} bytes (every kept version counts)",
                 code="storage_quota_exceeded",
@@ -340,7 +336,7 @@ class AdapterService:
                 )
             ).all()
         if not rows:
-            raise not_found(f"adapter {name!r} not found", code="adapter_not_found")
+            raise NotFound(f"adapter {name!r} not found", code="adapter_not_found")
         current = await self.resolve(principal.tenant_id, name)
         return [AdapterRecord.from_row(r) for r in rows], current.version if current else rows[-1].version
 
@@ -378,7 +374,7 @@ class AdapterService:
     async def get(self, principal: Principal, model: str) -> AdapterRecord:
         record = await self.resolve(principal.tenant_id, model)
         if record is None:
-            raise not_found(f"adapter {model!r} not found", code="adapter_not_found")
+            raise NotFound(f"adapter {model!r} not found", code="adapter_not_found")
         return record
 
     async def set_current(self, principal: Principal, name: str, version: int | None) -> AdapterRecord:
@@ -387,7 +383,7 @@ class AdapterService:
         async with self.db.session() as session:
             await session.scalar(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
             if version is not None and await self._load(session, tenant_id, name, version) is None:
-                raise not_found(f"adapter {name}@{version} not found", code="adapter_not_found")
+                raise NotFound(f"adapter {name}@{version} not found", code="adapter_not_found")
             marked = await session.get(AdapterCurrent, (tenant_id, name))
             if version is None:
                 if marked is not None:
@@ -399,7 +395,7 @@ class AdapterService:
             await session.flush()
             row = await self._load(session, tenant_id, name, None)
             if row is None:
-                raise not_found(f"adapter {name!r} not found", code="adapter_not_found")
+                raise NotFound(f"adapter {name!r} not found", code="adapter_not_found")
             await session.commit()
         await self.cache.invalidate(cache_key(principal.tenant_id, name))
         return AdapterRecord.from_row(row)
@@ -412,14 +408,14 @@ class AdapterService:
         Returns the current version before the deletion (`name`) or the deleted version (`name@N`)."""
         ref = parse_ref(model)
         if ref is None:
-            raise not_found(f"adapter {model!r} not found", code="adapter_not_found")
+            raise NotFound(f"adapter {model!r} not found", code="adapter_not_found")
         name, version = ref
         tid = uuid.UUID(tenant_id)
         async with self.db.session() as session:
             await session.scalar(select(Tenant.id).where(Tenant.id == tid).with_for_update())
             shown = await self._load(session, tid, name, version)
             if shown is None:
-                raise not_found(f"adapter {model!r} not found", code="adapter_not_found")
+                raise NotFound(f"adapter {model!r} not found", code="adapter_not_found")
             query = self._live(tenant_id).where(Adapter.name == name)
             doomed = list(
                 (await session.scalars(query if version is None else query.where(Adapter.version == version))).all()

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from loraplex.platform.errors import ApiError
+from loraplex.platform.domain_errors import RateLimited
 from loraplex.platform.tenants.service import Principal
 
 RETRY_AFTER_S = 5  # a small upload takes about this long
@@ -54,10 +54,9 @@ class UploadSlots:
                 del self._by_tenant[tenant]
 
 
-def _busy(detail: str) -> ApiError:
-    return ApiError(
-        429,
+def _busy(detail: str) -> RateLimited:
+    return RateLimited(
         f"too many concurrent uploads: {detail}; retry when one has finished",
         code="too_many_uploads",
-        headers={"Retry-After": str(RETRY_AFTER_S)},
+        retry_after_s=RETRY_AFTER_S,
     )

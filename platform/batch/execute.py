@@ -1,4 +1,4 @@
-"""Running one batch line through the generation routes' own code path (`controller.generate`): the same
+"""Running one batch line through the generation routes' own code path (`generation.service.generate`): the same
 decoding, refusals, adapter resolution, structured output and limits as an HTTP request, at background
 priority. A refusal becomes the line's result (its status and OpenAI error body), as the route answers it."""
 
@@ -15,8 +15,9 @@ import msgspec
 from loraplex.platform.batch.schemas import CHAT
 from loraplex.platform.container import Services
 from loraplex.platform.db.models import Tenant
-from loraplex.platform.errors import ApiError, error_body
-from loraplex.platform.openai.controller import generate
+from loraplex.platform.domain_errors import DomainError
+from loraplex.platform.errors import ApiError, api_error, error_body
+from loraplex.platform.generation.service import Answer, generate
 from loraplex.platform.openai.schemas import ChatCompletionRequest, CompletionRequest
 from loraplex.platform.tenants.service import Principal
 
@@ -53,10 +54,12 @@ async def run_line(services: Services, principal: Principal, endpoint: str, body
     while True:
         try:
             data = _decode(endpoint, body)
-            response = await generate(data, principal, services, background_priority=services.settings.batch_priority)
-            content = msgspec.to_builtins(response.content)
+            result = await generate(data, principal, services, background_priority=services.settings.batch_priority)
+            assert isinstance(result, Answer)  # a batch line never streams (jsonl refuses body.stream)
+            content = msgspec.to_builtins(result.body)
             return LineResult(200, str(content.get("id", fallback_id)), content)
-        except ApiError as exc:
+        except (ApiError, DomainError) as caught:
+            exc = api_error(caught) if isinstance(caught, DomainError) else caught  # as the route answers it
             if exc.status == 429:
                 await asyncio.sleep(float(exc.headers.get("Retry-After", RETRY_S)))
                 continue

@@ -14,15 +14,15 @@ from loraplex.platform.batch.jsonl import InputLine, read_lines
 from loraplex.platform.batch.schemas import FileObject
 from loraplex.platform.db.models import BatchFile, as_utc
 from loraplex.platform.db.session import Database
-from loraplex.platform.errors import ApiError
+from loraplex.platform.domain_errors import NotFound
 from loraplex.platform.storage.blobstore import BlobStore
 
 CONTENT = "content.jsonl"
 INPUT, OUTPUT = "batch", "batch_output"
 
 
-def file_not_found(file_id: str, param: str | None = None) -> ApiError:
-    return ApiError(404, f"No such file: {file_id}", param=param, code="file_not_found")
+def file_not_found(file_id: str, param: str | None = None) -> NotFound:
+    return NotFound(f"No such file: {file_id}", param=param, code="file_not_found")
 
 
 def file_object(row: BatchFile) -> FileObject:

@@ -15,7 +15,7 @@ from loraplex.platform.batch.jsonl import line_error
 from loraplex.platform.batch.schemas import ENDPOINTS, BatchCreate, BatchObject, RequestCounts
 from loraplex.platform.db.models import Batch, BatchLine, as_utc, utcnow
 from loraplex.platform.db.session import Database
-from loraplex.platform.errors import ApiError, bad_request
+from loraplex.platform.domain_errors import Invalid, NotFound
 
 WINDOWS = {"24h": timedelta(hours=24)}
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -30,8 +30,8 @@ _COMPLETED = _lines_counted((BatchLine.status_code >= 200) & (BatchLine.status_c
 _FAILED = _lines_counted(BatchLine.status_code >= 300)
 
 
-def batch_not_found(batch_id: str) -> ApiError:
-    return ApiError(404, f"No such batch: {batch_id}", code="batch_not_found")
+def batch_not_found(batch_id: str) -> NotFound:
+    return NotFound(f"No such batch: {batch_id}", code="batch_not_found")
 
 
 def _ts(value: datetime | None) -> int | None:
@@ -68,15 +68,15 @@ class BatchService:
 
     async def create(self, tenant_id: str, req: BatchCreate) -> Batch:
         if req.endpoint not in ENDPOINTS:
-            raise bad_request(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {req.endpoint!r}", param="endpoint")
+            raise Invalid(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {req.endpoint!r}", param="endpoint")
         if req.completion_window not in WINDOWS:
-            raise bad_request(
+            raise Invalid(
                 f"completion_window must be one of {', '.join(WINDOWS)}, got {req.completion_window!r}",
                 param="completion_window",
             )
         source = await self.files.get(tenant_id, req.input_file_id, param="input_file_id")
         if source.purpose != INPUT:
-            raise bad_request(
+            raise Invalid(
                 f"file {req.input_file_id} has purpose {source.purpose!r}; a batch reads a file of purpose 'batch'",
                 param="input_file_id",
             )
@@ -84,7 +84,7 @@ class BatchService:
         for line in lines:
             if line.url != req.endpoint:
                 error = line_error(line.line_no, f"url {line.url} differs from the batch's endpoint {req.endpoint}")
-                raise ApiError(400, error.message, param="input_file_id", code=error.code)
+                raise Invalid(error.message, param="input_file_id", code=error.code)
         now = utcnow()
         batch = Batch(
             id=uuid.uuid4(),
@@ -165,9 +165,7 @@ class BatchService:
             await session.commit()
         row = await self.get(tenant_id, batch_id)
         if result.rowcount == 0 and row.status not in ("cancelling", "cancelled"):  # type: ignore[attr-defined]
-            raise ApiError(
-                400, f"batch {batch_id} is {row.status} and cannot be cancelled", code="batch_not_cancellable"
-            )
+            raise Invalid(f"batch {batch_id} is {row.status} and cannot be cancelled", code="batch_not_cancellable")
         return row
 
     async def counts(self, batches: Iterable[Batch]) -> dict[uuid.UUID, RequestCounts]:

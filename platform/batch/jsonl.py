@@ -9,7 +9,7 @@ from typing import Any
 
 from loraplex.adapters.json_depth import exceeds_depth
 from loraplex.platform.batch.schemas import ENDPOINTS
-from loraplex.platform.errors import ApiError
+from loraplex.platform.domain_errors import Invalid
 
 MAX_CUSTOM_ID = 512
 _KEYS = {"custom_id", "method", "url", "body"}
@@ -23,8 +23,8 @@ class InputLine:
     body: dict[str, Any]
 
 
-def line_error(line_no: int, message: str, param: str = "file") -> ApiError:
-    return ApiError(400, f"line {line_no}: {message}", param=param, code="invalid_batch_line")
+def line_error(line_no: int, message: str, param: str = "file") -> Invalid:
+    return Invalid(f"line {line_no}: {message}", param=param, code="invalid_batch_line")
 
 
 def parse_line(line_no: int, raw: bytes, max_json_depth: int) -> InputLine:
@@ -70,14 +70,12 @@ def read_lines(path: Path, max_json_depth: int, max_lines: int) -> list[InputLin
             if not raw.strip():
                 raise line_error(line_no, "empty line")
             if line_no > max_lines:
-                raise ApiError(
-                    400, f"more than {max_lines} lines (max_batch_lines)", param="file", code="too_many_lines"
-                )
+                raise Invalid(f"more than {max_lines} lines (max_batch_lines)", param="file", code="too_many_lines")
             line = parse_line(line_no, raw, max_json_depth)
             if line.custom_id in seen:
                 raise line_error(line_no, f"custom_id {line.custom_id!r} repeats line {seen[line.custom_id]}")
             seen[line.custom_id] = line_no
             lines.append(line)
     if not lines:
-        raise ApiError(400, "the file has no lines", param="file", code="empty_file")
+        raise Invalid("the file has no lines", param="file", code="empty_file")
     return lines

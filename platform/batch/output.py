@@ -10,8 +10,9 @@ from typing import IO, Any
 
 from loraplex.platform.batch import ids
 from loraplex.platform.db.models import BatchLine
+from loraplex.platform.error_codes import ErrorCode
 
-UNRUN = {
+UNRUN: dict[str, tuple[ErrorCode, str]] = {
     "cancelled": ("batch_cancelled", "the batch was cancelled before this request ran"),
     "expired": ("batch_expired", "the batch's completion window ended before this request ran"),
 }

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, TypeVar
 import msgspec
 
 from loraplex.grammar.spec import GrammarError
+from loraplex.platform.domain_errors import DomainError, Invalid, refused
 from loraplex.platform.endpoints.schemas import EndpointDefaults
 from loraplex.platform.endpoints.service import EndpointRecord
-from loraplex.platform.errors import ApiError, bad_request, engine_error
+from loraplex.platform.errors import ApiError
 from loraplex.platform.openai.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 from loraplex.platform.openai.translate import structured_request, structured_spec
 
@@ -34,7 +35,7 @@ _STRUCTURED = (
 
 
 def _forbidden(endpoint: EndpointRecord, param: str, what: str) -> Exception:
-    return bad_request(
+    return Invalid(
         f"endpoint {endpoint.name!r} sets {what} and does not let requests override it (overridable: "
         f"{', '.join(sorted(endpoint.overridable)) or 'nothing'})",
         param=param,
@@ -64,7 +65,7 @@ def apply_defaults(data: Req, endpoint: EndpointRecord) -> Req:
         changes.update(_capped(data, endpoint, defaults.max_tokens))
     if defaults.system_prompt is not None:
         if isinstance(data, CompletionRequest):
-            raise bad_request(
+            raise Invalid(
                 f"endpoint {endpoint.name!r} has a system prompt: call it through /v1/chat/completions",
                 param="model",
             )
@@ -82,7 +83,7 @@ def _capped(data: CompletionRequest | ChatCompletionRequest, endpoint: EndpointR
     if requested is None:
         return {"max_tokens": cap}
     if requested > cap and "max_tokens" not in endpoint.overridable:
-        raise bad_request(
+        raise Invalid(
             f"endpoint {endpoint.name!r} caps {param} at {cap}; got {requested}",
             param=param,
             code="override_not_allowed",
@@ -101,12 +102,12 @@ async def compile_defaults(engine: AsyncEngine, defaults: EndpointDefaults, max_
     param = "defaults.response_format"
     try:
         structured = structured_request(probe, max_json_depth)
-    except ApiError as exc:
-        raise bad_request(exc.message, param=param, code=exc.code) from None
+    except (ApiError, DomainError) as exc:  # the translation's refusal, named after the endpoint's field
+        raise Invalid(exc.message, param=param, code=exc.code) from None
     spec = structured_spec(structured) if structured is not None else None
     if spec is None:
         return
     try:
         await asyncio.wrap_future(engine.compile_grammar(spec))
     except GrammarError as exc:
-        raise engine_error(exc, param=param) from None
+        raise refused(exc, param=param) from None

@@ -20,7 +20,7 @@ from loraplex.engine import AsyncEngine
 from loraplex.engine.threads import single_threaded_torch
 from loraplex.platform.db.models import Adapter, Endpoint
 from loraplex.platform.db.session import Database
-from loraplex.platform.errors import ApiError
+from loraplex.platform.domain_errors import Conflict
 from loraplex.platform.storage.blobstore import BlobStore
 from loraplex.platform.storage.cache import RegistryCache
 
@@ -60,8 +60,7 @@ async def check_pin_limit(session: AsyncSession, limit: int) -> None:
     the change is in the session (it is flushed by the query) and before the commit."""
     count = len(await pinned_adapters(session))
     if count > limit:
-        raise ApiError(
-            409,
+        raise Conflict(
             f"pinning would keep {count} adapter versions in the host tier; the server allows "
             f"max_pinned_adapters = {limit} (unpin another endpoint first)",
             param="pinned",

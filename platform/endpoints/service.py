@@ -20,9 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from loraplex.platform.adapters.service import AdapterService, parse_ref
 from loraplex.platform.db.models import Adapter, Endpoint, Tenant, as_utc, utcnow
 from loraplex.platform.db.session import Database
+from loraplex.platform.domain_errors import Conflict, Invalid, NotFound
 from loraplex.platform.endpoints.pins import check_pin_limit, lock_pins
 from loraplex.platform.endpoints.schemas import Canary, EndpointCreate, EndpointDefaults, EndpointUpdate, Shadow
-from loraplex.platform.errors import ApiError, bad_request, not_found
 from loraplex.platform.storage.cache import RegistryCache
 from loraplex.platform.tenants.service import Principal, check_name
 
@@ -120,7 +120,7 @@ class EndpointService:
     async def create(self, principal: Principal, body: EndpointCreate) -> EndpointRecord:
         name = check_name(body.name, "endpoint name")
         if name == self.adapters.base_model_name:
-            raise bad_request(f"endpoint name {name!r} is the base model's name; choose another", param="name")
+            raise Invalid(f"endpoint name {name!r} is the base model's name; choose another", param="name")
         await self.compile_defaults(body.defaults)  # a refused schema is a 400 before anything is written
         tenant_id = uuid.UUID(principal.tenant_id)
         async with self.db.session() as session:
@@ -129,7 +129,7 @@ class EndpointService:
                 Adapter.tenant_id == tenant_id, Adapter.name == name, Adapter.deleted_at.is_(None)
             )
             if await session.scalar(adapter_named.limit(1)):
-                raise ApiError(409, f"{name!r} is the name of one of your adapters", param="name", code="conflict")
+                raise Conflict(f"{name!r} is the name of one of your adapters", param="name", code="conflict")
             adapter_name, version = await self._adapter_version(session, principal, body.adapter)
             await self._check_canary(session, tenant_id, adapter_name, version, body.canary)
             await self._check_shadow(session, tenant_id, adapter_name, version, body.shadow)
@@ -154,7 +154,7 @@ class EndpointService:
             try:
                 await session.commit()
             except IntegrityError:
-                raise ApiError(409, f"endpoint {name!r} already exists", param="name", code="endpoint_exists") from None
+                raise Conflict(f"endpoint {name!r} already exists", param="name", code="endpoint_exists") from None
         await self.cache.invalidate(endpoint_cache_key(principal.tenant_id, name))
         record = EndpointRecord.from_row(row)
         await self._publish(record)
@@ -166,7 +166,7 @@ class EndpointService:
         """A pinned endpoint serves an adapter, and under the pin lock the pinned set with this change must fit
         `max_pinned_adapters` (else 409)."""
         if row.adapter_name is None:
-            raise bad_request("the endpoint serves the base model: it has no adapter to pin", "pinned")
+            raise Invalid("the endpoint serves the base model: it has no adapter to pin", param="pinned")
         await lock_pins(session)
         await check_pin_limit(session, self.max_pinned_adapters)
 
@@ -205,7 +205,7 @@ class EndpointService:
 
         def change(row: Endpoint) -> None:
             if row.canary_version is None:
-                raise ApiError(409, f"endpoint {name!r} has no canary to promote", code="no_canary")
+                raise Conflict(f"endpoint {name!r} has no canary to promote", code="no_canary")
             row.adapter_version, row.canary_version, row.canary_weight = row.canary_version, None, None
 
         return await self._change(principal, name, change)
@@ -215,7 +215,7 @@ class EndpointService:
 
         def change(row: Endpoint) -> None:
             if row.canary_version is None:
-                raise ApiError(409, f"endpoint {name!r} has no canary to roll back", code="no_canary")
+                raise Conflict(f"endpoint {name!r} has no canary to roll back", code="no_canary")
             row.canary_version, row.canary_weight = None, None
 
         return await self._change(principal, name, change)
@@ -290,7 +290,7 @@ class EndpointService:
     async def get(self, principal: Principal, name: str) -> EndpointRecord:
         record = await self.resolve(principal.tenant_id, name)
         if record is None:
-            raise not_found(f"endpoint {name!r} not found", code="endpoint_not_found")
+            raise NotFound(f"endpoint {name!r} not found", code="endpoint_not_found")
         return record
 
     async def resolve(self, tenant_id: str, name: str) -> EndpointRecord | None:
@@ -311,7 +311,7 @@ class EndpointService:
     async def _row(self, session: AsyncSession, tenant_id: uuid.UUID, name: str) -> Endpoint:
         row = await session.scalar(select(Endpoint).where(Endpoint.tenant_id == tenant_id, Endpoint.name == name))
         if row is None:
-            raise not_found(f"endpoint {name!r} not found", code="endpoint_not_found")
+            raise NotFound(f"endpoint {name!r} not found", code="endpoint_not_found")
         return row
 
     async def _adapter_version(
@@ -322,7 +322,7 @@ class EndpointService:
             return None, None
         record = await self.adapters.resolve(principal.tenant_id, adapter)
         if record is None:
-            raise ApiError(404, f"adapter {adapter!r} not found", param="adapter", code="adapter_not_found")
+            raise NotFound(f"adapter {adapter!r} not found", param="adapter", code="adapter_not_found")
         return record.name, record.version
 
     async def _check_canary(
@@ -339,9 +339,7 @@ class EndpointService:
             Adapter.tenant_id == tenant_id, Adapter.name == adapter_name, Adapter.deleted_at.is_(None)
         )
         if adapter_name is not None and await session.scalar(live.where(Adapter.version == version)) is None:
-            raise ApiError(
-                404, f"adapter {adapter_name}@{version} not found", param="adapter", code="adapter_not_found"
-            )
+            raise NotFound(f"adapter {adapter_name}@{version} not found", param="adapter", code="adapter_not_found")
         if canary is not None:
             await _check_other_version(session, tenant_id, adapter_name, version, canary.version, "canary")
 
@@ -369,9 +367,9 @@ async def _check_other_version(
 ) -> None:
     """A canary's or shadow's version (`role`) is another live version of the endpoint's adapter."""
     if adapter_name is None:
-        raise bad_request(f"a {role} needs an adapter: it is another version of the endpoint's adapter", role)
+        raise Invalid(f"a {role} needs an adapter: it is another version of the endpoint's adapter", param=role)
     if other == version:
-        raise bad_request(f"the {role} is the endpoint's own version {adapter_name}@{version}", f"{role}.version")
+        raise Invalid(f"the {role} is the endpoint's own version {adapter_name}@{version}", param=f"{role}.version")
     live = select(Adapter.id).where(
         Adapter.tenant_id == tenant_id,
         Adapter.name == adapter_name,
@@ -379,11 +377,9 @@ async def _check_other_version(
         Adapter.deleted_at.is_(None),
     )
     if await session.scalar(live) is None:
-        raise ApiError(
-            404, f"adapter {adapter_name}@{other} not found", param=f"{role}.version", code="adapter_not_found"
-        )
+        raise NotFound(f"adapter {adapter_name}@{other} not found", param=f"{role}.version", code="adapter_not_found")
 
 
 async def _lock_tenant(session: AsyncSession, tenant_id: uuid.UUID) -> None:
     if await session.scalar(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update()) is None:
-        raise not_found("tenant no longer exists", code="tenant_not_found")
+        raise NotFound("tenant no longer exists", code="tenant_not_found")

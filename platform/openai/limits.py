@@ -7,7 +7,7 @@ from typing import Any
 
 from loraplex.engine import Share
 from loraplex.platform.errors import ApiError, bad_request
-from loraplex.platform.generation import ChoiceInput
+from loraplex.platform.generation.run import ChoiceInput
 from loraplex.platform.openai.schemas import ChatCompletionRequest, CompletionRequest
 from loraplex.platform.settings import Settings
 from loraplex.platform.tenants.service import Principal

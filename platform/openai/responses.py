@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncGenerator, Sequence
-from typing import Any
 
 import msgspec
 
 from loraplex.engine import RequestOutput, TokenLogprob
 from loraplex.platform.errors import error_body
-from loraplex.platform.generation import Generation
+from loraplex.platform.generation.run import Generation
+from loraplex.platform.generation.token_texts import TokenTexts
 from loraplex.platform.openai.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -52,18 +51,6 @@ def usage(prompt_lens: Sequence[int], completion_tokens: int, cached: int) -> Us
         total_tokens=prompt + completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
     )
-
-
-class TokenTexts:
-    """Token id -> the text it decodes to (OpenAI reports text, not the vocabulary's byte-level form)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._text = functools.lru_cache(maxsize=65536)(
-            lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)
-        )
-
-    def __call__(self, token_id: int) -> str:
-        return self._text(token_id)  # type: ignore[no-any-return]
 
 
 def _bytes(token: str) -> list[int]:

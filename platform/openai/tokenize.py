@@ -14,8 +14,9 @@ from msgspec import Meta, Struct
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.container import Services
 from loraplex.platform.errors import bad_request, error_responses
+from loraplex.platform.generation.service import resolve_adapter
 from loraplex.platform.json_body import BODY_TYPE
-from loraplex.platform.openai.controller import ignored_fields, resolve_adapter
+from loraplex.platform.openai.controller import ignored_fields
 from loraplex.platform.openai.schemas import REQUEST, ChatMessage, Int64
 from loraplex.platform.openai.translate import chat_template_ids
 from loraplex.platform.tenants.service import Principal

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from loraplex.grammar.spec import GrammarError, StructuredSpec
-from loraplex.platform.errors import bad_request, engine_error
+from loraplex.platform.domain_errors import refused
+from loraplex.platform.errors import bad_request
 from loraplex.platform.openai.schemas import ChatCompletionRequest, FunctionDef, NamedToolChoice
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
@@ -124,4 +125,4 @@ def tool_spec(mode: ToolMode, allow_narrowing: bool, answer: dict[str, Any] | No
             return StructuredSpec(tagged_json=tagged, allow_narrowing=allow_narrowing)
         return StructuredSpec(json=schema, allow_narrowing=allow_narrowing)
     except GrammarError as exc:
-        raise engine_error(exc, param="tools") from None
+        raise refused(exc, param="tools") from None

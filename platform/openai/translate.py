@@ -9,8 +9,9 @@ from typing import Any
 from loraplex.adapters.json_depth import DEFAULT_MAX_JSON_DEPTH, exceeds_depth
 from loraplex.engine import RequestError, SamplingParams
 from loraplex.grammar.spec import GrammarError, StructuredSpec
-from loraplex.platform.errors import ApiError, bad_request, engine_error
-from loraplex.platform.generation import ChoiceInput
+from loraplex.platform.domain_errors import refused
+from loraplex.platform.errors import ApiError, bad_request
+from loraplex.platform.generation.run import ChoiceInput
 from loraplex.platform.json_body import too_deep
 from loraplex.platform.openai import tool_prompt
 from loraplex.platform.openai.schemas import (
@@ -253,7 +254,7 @@ def sampling_params(
                 )
             )
         except RequestError as exc:
-            raise engine_error(exc) from None
+            raise refused(exc) from None
     return params
 
 
@@ -346,4 +347,4 @@ def structured_spec(structured: dict[str, Any] | None, allow_narrowing: bool = T
     try:
         return StructuredSpec(**{structured["kind"]: structured["value"]}, allow_narrowing=allow_narrowing)
     except GrammarError as exc:
-        raise engine_error(exc, param=structured["field"]) from None
+        raise refused(exc, param=structured["field"]) from None

@@ -19,8 +19,8 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
+from loraplex.platform.settings import parse_blob_url
 from loraplex.platform.storage.blobstore import BlobStore, _fsync_dir
 
 _CHUNK = 1 << 20
@@ -29,14 +29,6 @@ _DIGEST_CHARS = 40
 
 class BlobCorrupt(RuntimeError):
     """A downloaded blob's files do not hash to its name."""
-
-
-def parse_blob_url(url: str) -> tuple[str, str]:
-    """`s3://bucket/prefix` -> (bucket, prefix without slashes at either end)."""
-    parsed = urlparse(url)
-    if parsed.scheme != "s3" or not parsed.netloc or parsed.query or parsed.fragment:
-        raise ValueError(f"blob_url must look like s3://bucket/prefix, got {url!r}")
-    return parsed.netloc, parsed.path.strip("/")
 
 
 def content_digest(files: Mapping[str, Path]) -> str:

@@ -10,7 +10,8 @@ from litestar.params import FromPath, JSONBody
 from loraplex.platform.auth import Caller, provide_caller, require_admin
 from loraplex.platform.container import Services
 from loraplex.platform.db.models import ApiKey, Tenant, as_utc
-from loraplex.platform.errors import error_responses, not_found
+from loraplex.platform.domain_errors import NotFound
+from loraplex.platform.errors import error_responses
 from loraplex.platform.tenants.limits import tenant_quota
 from loraplex.platform.tenants.schemas import (
     ApiKeyList,
@@ -125,7 +126,7 @@ class TenantUsageController(Controller):
 def _check_access(caller: Caller, tenant: str) -> None:
     # Another tenant's name answers exactly like a missing one.
     if not caller.may_manage(tenant):
-        raise not_found(f"tenant {tenant!r} not found", code="tenant_not_found")
+        raise NotFound(f"tenant {tenant!r} not found", code="tenant_not_found")
 
 
 class ApiKeyController(Controller):

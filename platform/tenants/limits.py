@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from loraplex.platform.background import stop_task
+from loraplex.platform.error_codes import ErrorCode
 from loraplex.platform.errors import ApiError
 from loraplex.platform.settings import Settings
 from loraplex.platform.storage.redis_link import RedisLink
@@ -321,6 +322,13 @@ def _refuse_never_fitting(tenant_name: str, quota: TenantQuota, sequences: int, 
         )
 
 
+_EXCEEDED: dict[str, ErrorCode] = {  # the code of a 429, by the limit it is over
+    "max_queued_requests": "max_queued_requests_exceeded",
+    "max_concurrent_sequences": "max_concurrent_sequences_exceeded",
+    "tokens_per_minute": "tokens_per_minute_exceeded",
+}
+
+
 def _over_limit(
     tenant_name: str, quota: TenantQuota, limit: str, current: int, sequences: int, tokens: int, retry_s: int
 ) -> ApiError:
@@ -343,6 +351,6 @@ def _over_limit(
     return ApiError(
         429,
         f"{detail}; retry in {retry}s",
-        code=f"{limit}_exceeded",
+        code=_EXCEEDED[limit],
         headers={"Retry-After": str(retry)},
     )

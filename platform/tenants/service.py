@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from loraplex.platform.db.models import AdminKey, ApiKey, Tenant, utcnow
 from loraplex.platform.db.session import Database
-from loraplex.platform.errors import ApiError, bad_request, not_found
+from loraplex.platform.domain_errors import Conflict, Invalid, NotFound
 from loraplex.platform.storage.cache import RegistryCache
 from loraplex.platform.tenants import keys
 
@@ -24,7 +24,7 @@ NAME_RULE = "1-64 characters: letters, digits, '.', '_' or '-', starting with a 
 
 def check_name(value: str, what: str) -> str:
     if not isinstance(value, str) or not NAME_RE.match(value):
-        raise bad_request(f"invalid {what} {value!r}: use {NAME_RULE}", param="name")
+        raise Invalid(f"invalid {what} {value!r}: use {NAME_RULE}", param="name")
     return value
 
 
@@ -87,18 +87,18 @@ def check_quotas(values: Mapping[str, Any]) -> None:
             continue
         if field == "weight":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise bad_request(f"weight must be a finite number in (0, {MAX_WEIGHT:g}], got {value!r}", param=field)
+                raise Invalid(f"weight must be a finite number in (0, {MAX_WEIGHT:g}], got {value!r}", param=field)
             if not 0 < value <= MAX_WEIGHT:
-                raise bad_request(f"weight must be in (0, {MAX_WEIGHT:g}], got {value!r}", param=field)
+                raise Invalid(f"weight must be in (0, {MAX_WEIGHT:g}], got {value!r}", param=field)
         elif isinstance(value, bool) or not isinstance(value, int):
-            raise bad_request(f"{field} must be an integer, got {value!r}", param=field)
+            raise Invalid(f"{field} must be an integer, got {value!r}", param=field)
         elif field == "priority":
             if abs(value) > MAX_PRIORITY:
-                raise bad_request(f"priority must be in [-2^31, 2^31], got {value}", param=field)
+                raise Invalid(f"priority must be in [-2^31, 2^31], got {value}", param=field)
         elif value < 0:
-            raise bad_request(f"{field} must be >= 0, got {value}", param=field)
+            raise Invalid(f"{field} must be >= 0, got {value}", param=field)
         elif field == "adapter_versions_kept" and value < 1:
-            raise bad_request(f"adapter_versions_kept must be >= 1 (the current version), got {value}", param=field)
+            raise Invalid(f"adapter_versions_kept must be >= 1 (the current version), got {value}", param=field)
 
 
 class TenantService:
@@ -125,7 +125,7 @@ class TenantService:
                 session.add(key)
                 await session.commit()
             except IntegrityError:
-                raise ApiError(409, f"tenant {name!r} already exists", param="name", code="tenant_exists") from None
+                raise Conflict(f"tenant {name!r} already exists", param="name", code="tenant_exists") from None
         return tenant, key, new.secret_key
 
     async def list_tenants(self) -> list[Tenant]:
@@ -136,7 +136,7 @@ class TenantService:
         async with self.db.session() as session:
             tenant = await session.scalar(select(Tenant).where(Tenant.name == name))
         if tenant is None:
-            raise not_found(f"tenant {name!r} not found", code="tenant_not_found")
+            raise NotFound(f"tenant {name!r} not found", code="tenant_not_found")
         return tenant
 
     async def update_tenant(self, name: str, changes: Mapping[str, Any]) -> Tenant:
@@ -144,12 +144,12 @@ class TenantService:
         cached principals are dropped on every replica, so the next request sees the new values."""
         unknown = set(changes) - {f.name for f in fields(Quotas)}
         if unknown:
-            raise bad_request(f"unknown tenant field {sorted(unknown)[0]!r}", param=sorted(unknown)[0])
+            raise Invalid(f"unknown tenant field {sorted(unknown)[0]!r}", param=sorted(unknown)[0])
         check_quotas(changes)
         async with self.db.session() as session:
             tenant = await session.scalar(select(Tenant).where(Tenant.name == name))
             if tenant is None:
-                raise not_found(f"tenant {name!r} not found", code="tenant_not_found")
+                raise NotFound(f"tenant {name!r} not found", code="tenant_not_found")
             for field, value in changes.items():
                 setattr(tenant, field, value)
             await session.commit()
@@ -188,7 +188,7 @@ class TenantService:
             query = query.where(ApiKey.id == parsed) if parsed else query.where(ApiKey.prefix == key_id)
             key = await session.scalar(query)
             if key is None:
-                raise not_found(f"key {key_id!r} not found for tenant {tenant_name!r}", code="key_not_found")
+                raise NotFound(f"key {key_id!r} not found for tenant {tenant_name!r}", code="key_not_found")
             if key.revoked_at is None:
                 key.revoked_at = utcnow()
                 await session.commit()

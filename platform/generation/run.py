@@ -22,7 +22,7 @@ import anyio
 from loraplex.engine import AdapterRef, RequestOutput, SamplingParams, Share
 from loraplex.engine.core.share import DEFAULT_SHARE
 from loraplex.grammar.spec import GrammarError
-from loraplex.platform.errors import REFUSALS, ApiError, engine_error
+from loraplex.platform.domain_errors import REFUSALS, Failed, refused
 from loraplex.platform.metrics import EndpointLabels, Metrics
 
 if TYPE_CHECKING:
@@ -101,9 +101,9 @@ class Generation:
             if errors:
                 error = errors[0]
                 if isinstance(error, REFUSALS):
-                    raise engine_error(error, structured_param if isinstance(error, GrammarError) else None)
+                    raise refused(error, structured_param if isinstance(error, GrammarError) else None)
                 raise error
-            raise ApiError(500, failed[0].error or "the engine failed this request", code="engine_error")
+            raise Failed(failed[0].error or "the engine failed this request", code="engine_error")
         now = time.perf_counter()
         choices = [_Choice(c.index, s, f, now) for c, s, f in zip(inputs, streams, firsts)]  # type: ignore[misc]
         for ch in choices:
