@@ -17,7 +17,7 @@ M = [
     ),
     (
         "the C decode kernel ignores the sliding window",
-        "kernels/csrc/paged_decode_attention.c",
+        "kernels/csrc/paged_decode_attention_impl.h",
         "const int64_t start = window > 0 && len > window ? len - window : 0;",
         "const int64_t start = 0;",
         ["tests/kernels/test_cpu_decode_attention.py::test_window_and_softcap_match_reference"],
