@@ -7,11 +7,14 @@ be one, so a stop string never leaks into what was already streamed.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tokenizers.decoders import DecodeStream
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stop: list[str], skip_special_tokens: bool = True) -> None:
+    # tokenizer: a transformers tokenizer (its Rust `_tokenizer` is used) or a `tokenizers.Tokenizer`
+    def __init__(self, tokenizer: Any, stop: list[str], skip_special_tokens: bool = True) -> None:
         self._tok = tokenizer._tokenizer if hasattr(tokenizer, "_tokenizer") else tokenizer
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self.stop = stop

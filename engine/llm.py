@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence as Seq
+from typing import Any, cast
 
 from tqdm import tqdm
 
@@ -14,11 +15,11 @@ from loraplex.engine.outputs import RequestOutput
 from loraplex.engine.sample.sampling_params import SamplingParams
 
 Prompt = str | list[int]
-Adapter = AdapterRef | str | os.PathLike | None
+Adapter = AdapterRef | str | os.PathLike[str] | None
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **engine_args) -> None:
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
 
@@ -27,8 +28,9 @@ class LLM:
             return self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
         return list(prompt)
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+        # a token-id list, or a BatchEncoding (newer transformers): the stubs' return union has no BatchEncoding
+        ids: Any = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def generate(
@@ -45,9 +47,12 @@ class LLM:
         (checked like ``add_adapter``), or None for the base model.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+            prompts = [cast(Prompt, prompts)]  # one prompt (text, or token ids): mypy cannot narrow on prompts[0]
+        prompts = cast("Seq[Prompt]", prompts)  # a list of prompts by now (see above)
         params = sampling_params or SamplingParams()
-        param_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        param_list: list[SamplingParams] = (
+            list(params) if isinstance(params, (list, tuple)) else [cast(SamplingParams, params)] * len(prompts)
+        )  # anything but a list/tuple is one SamplingParams for every prompt
         if len(param_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(param_list)} sampling params")
         adapter_list = self._adapter_list(adapters, len(prompts))
@@ -66,9 +71,10 @@ class LLM:
                     results[order[out.request_id]] = out
                     bar.update(1)
         bar.close()
-        return results  # type: ignore[return-value]
+        # every request finished with an output (has_unfinished() is False): no slot is None any more
+        return cast(list[RequestOutput], results)
 
-    def add_adapter(self, path: str | os.PathLike, name: str | None = None) -> AdapterRef:
+    def add_adapter(self, path: str | os.PathLike[str], name: str | None = None) -> AdapterRef:
         """Check a PEFT adapter (folder or archive) against the base model; raises AdapterError if refused.
 
         Like vLLM's ``add_lora``, this also loads it into host memory while ``max_cpu_loras`` has room, so

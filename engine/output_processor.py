@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -40,7 +41,7 @@ class RequestState:
 
 class OutputProcessor:
     def __init__(
-        self, tokenizer, eos_token_ids: set[int], max_model_len: int, structured: StructuredOutputManager
+        self, tokenizer: Any, eos_token_ids: set[int], max_model_len: int, structured: StructuredOutputManager
     ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -64,13 +65,15 @@ class OutputProcessor:
         return self.requests[request_id].detok.text
 
     def token_str(self, token: int) -> str:
-        return self.tokenizer.convert_ids_to_tokens(token)
+        text: str = self.tokenizer.convert_ids_to_tokens(token)  # one id in: one token string out
+        return text
 
     def record_logprobs(self, seq: Sequence, token: int, result: SampleResult, row: int) -> None:
         """The sampled token's logprob and the top ones (``result``'s ``row``), if the request asks for them."""
         req = self.requests[seq.request_id]
         if req.logprobs is not None:
             top = [(t, self.token_str(t), lp) for t, lp in (result.top[row] if result.top else [])]
+            assert result.logprobs is not None  # a request asking for logprobs makes the sampler compute them
             req.logprobs.append(TokenLogprob(token, self.token_str(token), result.logprobs[row], top))
 
     def record_prompt_logprobs(self, seq: Sequence, first: int, logits: torch.Tensor) -> None:

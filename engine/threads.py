@@ -15,13 +15,14 @@ Instead this thread's own OpenMP setting is changed, after torch has initialised
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
 
 
 @lru_cache(maxsize=1)
-def _omp_set_num_threads():
+def _omp_set_num_threads() -> Callable[[int], object] | None:
     try:
         return ctypes.CDLL("libgomp.so.1").omp_set_num_threads  # the copy torch loaded (same soname)
     except (OSError, AttributeError):

@@ -8,6 +8,7 @@ One decoder implementation (``engine.model.llama``) serves every family; this ta
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from loraplex.adapters.spec import DEFAULT_ARCHITECTURES
 
@@ -74,7 +75,7 @@ def supported() -> str:
     return ", ".join(f"{f.architecture} ({f.model_type})" for f in FAMILIES.values())
 
 
-def family_of(config: dict) -> Family:
+def family_of(config: dict[str, Any]) -> Family:
     """The family of a config.json; ValueError listing what is supported otherwise."""
     model_type = config.get("model_type")
     archs = config.get("architectures") or []

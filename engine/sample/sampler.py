@@ -63,7 +63,8 @@ class Sampler:
             sampled = self._apply_check(keys, sampled, check)
 
         token_ids = sampled.tolist()
-        lp = top = None
+        lp: list[float] | None = None
+        top: list[list[tuple[int, float]]] | None = None
         if raw_logprobs is not None:
             lp = raw_logprobs.gather(1, sampled.view(-1, 1)).view(-1).tolist()
             k = max(p.logprobs or 0 for p in params)
