@@ -10,6 +10,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from loraplex.engine.spec.speculative import SpeculativeConfig
+from loraplex.grammar.backend_types import GRAMMAR_BACKENDS, GrammarBackend
 from loraplex.kernels.cpu_features import require_native_bf16
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
@@ -21,7 +22,7 @@ SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = get_args(SchedulingPolicy)
 
 @dataclass
 class EngineArgs:
-    model: str | os.PathLike | None = None  # None: the bundled SmolLM2-135M-Instruct
+    model: str | os.PathLike[str] | None = None  # None: the bundled SmolLM2-135M-Instruct
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: min(model's max_position_embeddings, 8192)
@@ -53,6 +54,10 @@ class EngineArgs:
     grammar_compile_timeout_s: float = 10.0
     grammar_cache_size: int = 256
     grammar_workers: int = 1
+    # what serves a constraint (vLLM's structured-outputs backend): "auto" (a token automaton where one is small
+    # enough, else llguidance, upgraded in the background), or always "outlines" / "llguidance". The choice never
+    # changes an output: the backends enforce one language and close it alike (grammar/budget.py)
+    grammar_backend: GrammarBackend = "auto"
     # Fewer decode steps (engine/spec/speculative.py), both lossless: vLLM's speculative_config for n-gram drafts
     # ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": .., "prompt_lookup_max": ..,
     # "disable_by_batch_size": ..}; a JSON string from a flag), and jump-forward over the tokens a grammar forces
@@ -87,6 +92,10 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be > 0, got {self.max_model_len}")
         if self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(
+                f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {self.grammar_backend!r}"
+            )
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}"
@@ -132,7 +141,7 @@ class EngineArgs:
         if not self.lora_dtype or self.lora_dtype == "auto":
             return model_dtype
         dt = getattr(torch, self.lora_dtype, None)
-        if dt not in (torch.float32, torch.bfloat16, torch.float16):
+        if not isinstance(dt, torch.dtype) or dt not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(
                 f"lora_dtype must be float32, bfloat16 or float16 (or unset: the model's dtype), "
                 f"got {self.lora_dtype!r}"

@@ -7,7 +7,7 @@ import logging
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoTokenizer
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, args: EngineArgs | None = None, **kwargs) -> None:
+    def __init__(self, args: EngineArgs | None = None, **kwargs: Any) -> None:
         args = args or EngineArgs(**kwargs)
         self.args = args
         model_dir = resolve_model_dir(args.model)
@@ -103,6 +103,7 @@ class LLMEngine:
             args.grammar_compile_timeout_s,
             args.grammar_cache_size,
             args.grammar_workers,
+            args.grammar_backend,
         )
         self.sampler = Sampler(self.runner.device)
         self.output = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len, self.structured)
@@ -211,7 +212,7 @@ class LLMEngine:
             done: Future[CompiledGrammar | None] = Future()
             done.set_result(None)
             return done
-        return self.structured.precheck(params.structured, params.max_tokens)  # type: ignore[return-value]
+        return self.structured.precheck(params.structured, params.max_tokens)
 
     def add_request(
         self,
@@ -273,9 +274,12 @@ class LLMEngine:
         """Finish the waiting requests whose adapter failed to load; nothing else is touched."""
         failed = self.lora_manager.take_failures()
         outs = []
-        for seq in [s for s in self.scheduler.waiting if s.adapter_hash in failed]:
+        for seq in list(self.scheduler.waiting):
+            why = failed.get(seq.adapter_hash) if seq.adapter_hash is not None else None
+            if why is None:
+                continue
             req = self.requests[seq.request_id]
-            req.error = f"cannot load LoRA adapter {seq.adapter_hash}: {failed[seq.adapter_hash]}"
+            req.error = f"cannot load LoRA adapter {seq.adapter_hash}: {why}"
             outs.append(self._finish(req, "error"))
         return outs
 
@@ -368,8 +372,8 @@ class LLMEngine:
             failed = seq.request_id not in self.requests  # non-finite logits: finished, blocks freed
             if seq.spec_token_ids:
                 self.settler.settle(seq, max(0, taken[j] - 1), failed)
-            if seq.draft_state is not None and not failed:
-                self.drafter.observe(seq)  # type: ignore[union-attr]
+            if seq.draft_state is not None and not failed and self.drafter is not None:
+                self.drafter.observe(seq)
             if failed or not jump:
                 continue
             for enabled, forward in (

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,7 @@ from loraplex.kernels.bitmask import apply_token_bitmask
 
 if TYPE_CHECKING:
     from loraplex.grammar import CompiledGrammar, GrammarCompiler, StructuredSpec
+    from loraplex.grammar.backend_types import GrammarBackend, GrammarMatcher
     from loraplex.grammar.forced_bytes import ByteTable
 
 
@@ -48,9 +49,17 @@ class StructuredOutputManager:
     """Owns the grammar compiler, gates admission on compiled grammars, fills and applies bitmasks."""
 
     def __init__(
-        self, tokenizer, eos_token_ids: list[int], vocab_size: int, timeout_s: float, cache_size: int, workers: int
+        self,
+        tokenizer: Any,
+        eos_token_ids: list[int],
+        vocab_size: int,
+        timeout_s: float,
+        cache_size: int,
+        workers: int,
+        backend: GrammarBackend = "auto",
     ) -> None:
         self._tokenizer = tokenizer
+        self._backend: GrammarBackend = backend
         self._eos = eos_token_ids
         self.vocab_size = vocab_size
         self._timeout = timeout_s
@@ -75,6 +84,7 @@ class StructuredOutputManager:
                     timeout_s=self._timeout,
                     cache_size=self._cache_size,
                     max_workers=self._workers,
+                    backend=self._backend,
                 )
             return self._compiler
 
@@ -92,6 +102,7 @@ class StructuredOutputManager:
             from loraplex.grammar.forced_bytes import ByteTable
 
             self._byte_table = ByteTable(self.compiler.vocab)
+        assert seq.grammar is not None  # (asked for constrained sequences only)
         return self._byte_table.forced(seq.grammar, limit)
 
     def stats(self) -> GrammarStats:
@@ -107,10 +118,11 @@ class StructuredOutputManager:
         if self._compiler is not None:
             self._compiler.close()
 
-    def precheck(self, spec: StructuredSpec, max_tokens: int | None) -> Future[CompiledGrammar]:
+    def precheck(self, spec: StructuredSpec, max_tokens: int | None) -> Future[CompiledGrammar | None]:
         """Compile ``spec`` (or hit the cache) and check that ``max_tokens`` holds its shortest output; the
-        future fails with GrammarError or RequestError. Thread-safe: the server calls it before queueing."""
-        checked: Future[CompiledGrammar] = Future()
+        future fails with GrammarError or RequestError. Thread-safe: the server calls it before queueing. (Typed
+        as the engine's precheck, whose unconstrained requests get None.)"""
+        checked: Future[CompiledGrammar | None] = Future()
 
         def finish(compiled: Future[CompiledGrammar]) -> None:
             try:
@@ -183,9 +195,11 @@ class StructuredOutputManager:
         timings = self.probe.mask_seconds if self.probe is not None and self.probe.time_structured else None
         for j, i in enumerate(rows):
             seq = seqs[i]
-            remaining = seq.remaining_tokens if seq.params.structured.close_within_budget else None
+            m, spec = seq.grammar, seq.params.structured
+            assert m is not None and spec is not None  # (a constrained row)
+            remaining = seq.remaining_tokens if spec.close_within_budget else None
             t = time.perf_counter() if timings is not None else 0.0
-            seq.grammar.fill_bitmask(bitmask[j], remaining)
+            m.fill_bitmask(bitmask[j], remaining)
             if timings is not None:
                 timings.append(time.perf_counter() - t)
         apply_token_bitmask(
@@ -199,8 +213,8 @@ class StructuredOutputManager:
         rows = [i for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.needs_budget_check()]
         if not rows:
             return None
-        timed = self.probe is not None and self.probe.time_structured
-        return BudgetCheck(seqs, rows, self.probe.check_seconds if timed else None)  # type: ignore[union-attr]
+        probe = self.probe
+        return BudgetCheck(seqs, rows, probe.check_seconds if probe is not None and probe.time_structured else None)
 
     @staticmethod
     def advance(seq: Sequence, token: int) -> FinishReason | None:
@@ -227,14 +241,19 @@ class BudgetCheck:
         self.rows = rows
         self._seconds = seconds
 
-    def fits(self, row: int, token: int) -> bool:
+    def _matcher(self, row: int) -> tuple[GrammarMatcher, int]:
         seq = self._seqs[row]
+        assert seq.grammar is not None and seq.remaining_tokens is not None  # (only rows whose matcher asked)
+        return seq.grammar, seq.remaining_tokens
+
+    def fits(self, row: int, token: int) -> bool:
+        m, remaining = self._matcher(row)
         if self._seconds is None:
-            return seq.grammar.fits_budget(token, seq.remaining_tokens - 1)
+            return m.fits_budget(token, remaining - 1)
         t = time.perf_counter()
-        ok = seq.grammar.fits_budget(token, seq.remaining_tokens - 1)
+        ok = m.fits_budget(token, remaining - 1)
         self._seconds.append(time.perf_counter() - t)
         return ok
 
     def fallback(self, row: int) -> int:
-        return self._seqs[row].grammar.budget_fallback()
+        return self._matcher(row)[0].budget_fallback()

@@ -88,6 +88,8 @@ class GrammarCompiler:
         self._ll_tokenizer: Any = None
         self._search: Any = None
         self._rows: Any = None
+        self._automaton_search: Any = None
+        self._byte_tables: Any = None
         self._ll_lock = threading.Lock()  # building the llguidance tokenizer is slow: not under _lock
         # llguidance matchers built here from the grammar text a worker sent ahead (llguidance releases the GIL
         # while it builds), while the worker builds its own and plans: per cache key, (text, template future)
@@ -249,18 +251,31 @@ class GrammarCompiler:
         if isinstance(artifact, AutomatonArtifact):
             from loraplex.grammar.backend_outlines.grammar import AutomatonGrammar
 
-            grammar = AutomatonGrammar(artifact.data, self.vocab.eos_ids, close_within_budget)
+            search, tables = self._automaton_parts()
+            grammar = AutomatonGrammar(
+                artifact.data, self.vocab.eos_ids, close_within_budget, search, tables, artifact.plan
+            )
         else:
             from loraplex.grammar.backend_llguidance.grammar import LLGuidanceGrammar
 
             ll_tokenizer, search, rows = self._llguidance_parts()
+            if artifact.automaton_language:
+                search = self._automaton_parts()[0]
             plan = artifact.plan
             template = None
             if prebuilt is not None and prebuilt[0] == artifact.grammar:
                 with contextlib.suppress(Exception):  # else built below, with its own error
                     template = prebuilt[1].result()
             grammar = LLGuidanceGrammar(
-                artifact.grammar, ll_tokenizer, rows, search, len(plan), plan, close_within_budget, template
+                artifact.grammar,
+                ll_tokenizer,
+                rows,
+                search,
+                len(plan),
+                plan,
+                close_within_budget,
+                template,
+                automaton_language=artifact.automaton_language,
             )
         grammar.narrowing = narrowing
         return grammar
@@ -272,13 +287,25 @@ class GrammarCompiler:
                 from llguidance import LLTokenizer
 
                 from loraplex.grammar.backend_llguidance.grammar import VocabRows
-                from loraplex.grammar.backend_llguidance.search import CompletionSearch
+                from loraplex.grammar.search import CompletionSearch
 
                 v = self.vocab
                 self._ll_tokenizer = LLTokenizer(v.tokenizer_json, n_vocab=v.vocab_size, eos_token=list(v.eos_ids))
                 self._search = CompletionSearch(v)
                 self._rows = VocabRows.of(v)
             return self._ll_tokenizer, self._search, self._rows
+
+    def _automaton_parts(self) -> tuple[Any, Any]:
+        """(CompletionSearch of the automaton's language, ByteTables): built once, shared by every grammar that
+        serves an exact regex (automata, and llguidance before their build)."""
+        with self._ll_lock:
+            if self._automaton_search is None:
+                from loraplex.grammar.backend_outlines.node import ByteTables
+                from loraplex.grammar.search import CompletionSearch
+
+                self._automaton_search = CompletionSearch(self.vocab, automaton_language=True)
+                self._byte_tables = ByteTables.of(self.vocab)
+            return self._automaton_search, self._byte_tables
 
     def _schedule_upgrade(
         self, key: tuple[str, str], regex: str, close_within_budget: bool, narrowing: tuple[str, ...]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from loraplex.grammar.backend_outlines.node import ByteTables
 from loraplex.grammar.backend_types import GrammarMatcher
 from loraplex.grammar.vocab import VocabInfo
 
@@ -27,19 +28,8 @@ class ByteTable:
 
     def __init__(self, info: VocabInfo) -> None:
         self.words = info.words
-        first = np.full(self.words * 32, -1, dtype=np.int16)
-        single = np.full(256, -1, dtype=np.int64)
-        for token, data in enumerate(info.token_bytes):
-            if data:
-                first[token] = data[0]
-                if len(data) == 1:
-                    single[data[0]] = token
-        self.first_byte = first
-        self.byte_token = single
-        others = np.empty((256, self.words), dtype=np.uint32)
-        for b in range(256):
-            others[b] = np.packbits(first != b, bitorder="little").view("<u4")
-        self.not_starting_with = others
+        self.tables = ByteTables.of(info)
+        self.byte_token = self.tables.byte_token
 
     def forced(self, matcher: GrammarMatcher, limit: int = DEFAULT_LIMIT) -> tuple[bytes, bool]:
         """The bytes forced from the matcher's state (at most ``limit``), and whether the output is then complete
@@ -66,13 +56,9 @@ class ByteTable:
         out = bytearray()
         while len(out) < limit and not scratch.is_terminated():
             scratch.fill_bitmask(buf)
-            nz = np.flatnonzero(words)
-            if len(nz) == 0:
-                break
-            w = int(words[nz[0]])
-            b = int(self.first_byte[32 * int(nz[0]) + (w & -w).bit_length() - 1])
-            if b < 0 or (words & self.not_starting_with[b]).any():
-                break  # EOS or a special token allowed, or tokens of more than one first byte
+            b = self.tables.forced_byte(words)
+            if b is None:
+                break  # nothing, EOS or a special token allowed, or tokens of more than one first byte
             token = int(self.byte_token[b])
             if token < 0 or not scratch.accept_token(token):
                 break

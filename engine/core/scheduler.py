@@ -224,7 +224,12 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            if holds and id(seq) not in self._held_last and self.waiting.ahead_of(head, seq, preempt=True):
+            if (
+                holds
+                and head is not None
+                and id(seq) not in self._held_last
+                and self.waiting.ahead_of(head, seq, preempt=True)
+            ):
                 held.append(seq)
                 i += 1
                 continue
@@ -272,7 +277,7 @@ class Scheduler:
             for seq in self.waiting.candidates():
                 if step.budget <= 0 or len(self.running) >= self.max_num_seqs:
                     break
-                if step.held and self.waiting.ahead_of(step.head, seq, preempt=True):
+                if step.held and step.head is not None and self.waiting.ahead_of(step.head, seq, preempt=True):
                     continue  # the held tenants' newcomers wait with their running work
                 if not all(policy.can_admit(seq) for policy in self.admission):
                     continue  # e.g. grammar still compiling: wait without blocking others

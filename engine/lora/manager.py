@@ -22,6 +22,7 @@ failure tables are shared with the loader threads under one lock.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -29,6 +30,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -206,7 +208,7 @@ class LoRAManager:
         them are pinned; room for a new load comes from free host slots or from evicting the least
         recently used unpinned entry. ``keep``: adapters of running sequences (their paths are kept).
         """
-        self.drop_retired(set(wanted) | keep)
+        self.drop_retired({*wanted, *keep})
         start: list[str] = []
         with self._lock:
             pinned: set[str] = set()
@@ -238,7 +240,7 @@ class LoRAManager:
         # Submitted outside the lock: a callback of an already finished future runs in this thread.
         for h in start:
             fut = self._pool.submit(self._load, h, self._paths[h])
-            fut.add_done_callback(lambda f, h=h: self._on_loaded(h, f))
+            fut.add_done_callback(functools.partial(self._on_loaded, h))
         for h in [h for h in self._paths if h not in live]:
             del self._paths[h]
 
@@ -277,7 +279,7 @@ class LoRAManager:
         self._host[host.content_hash] = host
         self.num_disk_loads += 1
 
-    def _on_loaded(self, content_hash: str, fut: Future) -> None:
+    def _on_loaded(self, content_hash: str, fut: Future[Any]) -> None:
         with self._loaded:
             self._loading.discard(content_hash)
             self._loaded.notify_all()

@@ -56,7 +56,9 @@ class SlotTable:
                 f"(the scheduler admitted more than max_loras adapters)"
             )
         slot = min(idle, key=lambda i: self._last_used[i])
-        self.release(self._holder[slot])  # type: ignore[arg-type]
+        holder = self._holder[slot]
+        assert holder is not None  # (an idle slot is not free: it holds an adapter no running sequence uses)
+        self.release(holder)
         self.num_evictions += 1
         return slot
 

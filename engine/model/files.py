@@ -103,7 +103,7 @@ def convert_gguf(gguf: Path, target: Path) -> Path:
     return target
 
 
-def resolve_model_dir(model: str | os.PathLike | None) -> Path:
+def resolve_model_dir(model: str | os.PathLike[str] | None) -> Path:
     """The directory to load: the prepared default for None / the default's name, else the given path
     (``check_model_dir`` checks it)."""
     if model is None or str(model) in (DEFAULT_MODEL_NAME, "default"):
@@ -124,7 +124,7 @@ def check_model_dir(path: Path) -> dict[str, Any]:
     if not cfg_path.is_file():
         raise ModelLoadError(f"{path} has no config.json (not a Hugging Face model directory)")
     try:
-        config = json.loads(cfg_path.read_text())
+        config: dict[str, Any] = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as exc:
         raise ModelLoadError(f"{cfg_path} is not valid JSON: {exc}") from exc
     try:

@@ -10,6 +10,7 @@ and wherever oneDNN is missing or fails a first-use probe, ``F.linear`` on the p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 
 import torch
@@ -25,7 +26,8 @@ def onednn_linear_available(dtype: torch.dtype) -> bool:
     """oneDNN's packed linear works here for `dtype` (a small probe against F.linear, once per dtype)."""
     if not env.onednn_enabled() or dtype not in (torch.float32, torch.bfloat16):
         return False
-    if not torch.backends.mkldnn.is_available():
+    mkldnn_available: Callable[[], bool] = torch.backends.mkldnn.is_available  # (untyped in torch's stubs)
+    if not mkldnn_available():
         return False
     try:
         w = torch.randn(24, 40, generator=torch.Generator().manual_seed(0)).to(dtype)
@@ -56,7 +58,9 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is None:
+            assert self._weight is not None  # (one of the two is kept)
             return F.linear(x, self._weight, self.bias)
         if x.shape[0] == 0:
             return x.new_empty((0, self.out_features))
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        return out

@@ -14,7 +14,7 @@ through the per-step metadata, and an optional per-step LoRA context adds adapte
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -191,7 +191,7 @@ def load_model(
     are full attention and run as such."""
     family = shape.family
     index = _open_weights(model_dir)
-    handles: dict[Path, object] = {}
+    handles: dict[Path, Any] = {}  # safetensors' safe_open handles (typed as object in its stubs)
 
     def get(name: str) -> torch.Tensor:
         for key in (name, "model." + name if not name.startswith("lm_head") else name):
@@ -200,7 +200,7 @@ def load_model(
                 if f not in handles:
                     handles[f] = safe_open(str(f), framework="pt")
                 try:
-                    t = handles[f].get_tensor(real)  # type: ignore[attr-defined]
+                    t: torch.Tensor = handles[f].get_tensor(real)
                 except Exception as exc:
                     raise ModelLoadError(f"cannot read tensor {real} from {f.name}: {exc}") from exc
                 return t

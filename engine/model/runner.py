@@ -52,8 +52,11 @@ class ModelRunner:
         # [num_blocks + 1, block_size, kv_heads, head_dim] per layer of a group (engine.core.kv_groups), zeroed so
         # never-written slots are finite; the i-th layer of every group shares the i-th pair.
         cache_shape = (self.num_blocks + 1, self.block_size, shape.num_kv_heads, shape.head_dim)
-        self.kv_slots = [
-            tuple(torch.zeros(cache_shape, device=self.device, dtype=self.dtype) for _ in ("k", "v"))
+        self.kv_slots: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (
+                torch.zeros(cache_shape, device=self.device, dtype=self.dtype),
+                torch.zeros(cache_shape, device=self.device, dtype=self.dtype),
+            )
             for _ in range(self.kv_groups.layers_per_group)
         ]
         self.kv_caches = [self.kv_slots[slot] for slot in self.kv_groups.layer_slot]  # per layer

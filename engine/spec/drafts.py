@@ -43,7 +43,7 @@ class DraftState:
 
     prompt_text: str
     # (output position, forced bytes, (tenant, adapter hash), the tokenizer's tokens of the forced text)
-    forced: tuple[int, bytes, tuple, list[int]] | None = None
+    forced: tuple[int, bytes, tuple[Any, ...], list[int]] | None = None
 
 
 class Drafter:
@@ -51,7 +51,7 @@ class Drafter:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.structured = structured
-        self._learned: OrderedDict[tuple, list[int]] = OrderedDict()
+        self._learned: OrderedDict[tuple[Any, ...], list[int]] = OrderedDict()
 
     def propose(self, seq: Sequence, output_text: str, k: int) -> list[int]:
         """Up to ``k`` draft tokens for ``seq``, whose output so far decodes to ``output_text``."""
@@ -138,7 +138,7 @@ class Drafter:
                 self._learn((*owner, token), written[starts[offset] : starts[end]])
             offset = end
 
-    def _learn(self, key: tuple, tokens: list[int]) -> None:
+    def _learn(self, key: tuple[Any, ...], tokens: list[int]) -> None:
         self._learned[key] = tokens
         self._learned.move_to_end(key)
         while len(self._learned) > LEARNED_TOKENIZATIONS:

@@ -21,6 +21,7 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ TakeForced = Callable[[Sequence, int], FinishReason | None]
 class JumpForward:
     def __init__(
         self,
-        tokenizer,
+        tokenizer: Any,
         structured: StructuredOutputManager,
         eos_token_ids: set[int],
         vocab_size: int,
@@ -53,7 +54,7 @@ class JumpForward:
         """Append the tokens the grammar forces after the last taken one."""
         m = seq.grammar
         p = seq.params
-        if m is None or p.logprobs is not None:
+        if m is None or p.logprobs is not None or p.structured is None:
             return None
         budget = p.structured.close_within_budget
         while True:
@@ -83,7 +84,7 @@ class JumpForward:
         tokens = tokens[: m.valid_prefix(tokens)]
         if not tokens:
             return None
-        budget = p.structured.close_within_budget and seq.remaining_tokens is not None
+        budget = p.structured is not None and p.structured.close_within_budget and seq.remaining_tokens is not None
         row = torch.empty(m.bitmask_words(), dtype=torch.int32) if budget else None
         for token in tokens:
             if token in self.eos_token_ids or token in p.stop_token_ids:
@@ -101,6 +102,7 @@ def fits_budget(seq: Sequence, row: torch.Tensor, token: int) -> bool:
     the matcher asks for the check, the output still closes within max_tokens after it."""
     m = seq.grammar
     remaining = seq.remaining_tokens
+    assert m is not None and remaining is not None  # (a constrained sequence under a budget)
     m.fill_bitmask(row, remaining)
     if not (int(row[token // 32]) >> (token % 32)) & 1:
         return False

@@ -92,14 +92,15 @@ class SpeculativeConfig:
         lo = hi if lo is None else lo
         hi = lo if hi is None else hi
         batch = raw.get("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE)
-        for name, value in (
-            ("num_speculative_tokens", k),
-            ("prompt_lookup_min", lo),
-            ("prompt_lookup_max", hi),
-            ("disable_by_batch_size", batch),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"speculative_config: {name} must be a positive integer, got {value!r}")
+        k, lo, hi, batch = (
+            _positive_int(name, value)
+            for name, value in (
+                ("num_speculative_tokens", k),
+                ("prompt_lookup_min", lo),
+                ("prompt_lookup_max", hi),
+                ("disable_by_batch_size", batch),
+            )
+        )
         if lo > hi:
             raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) exceeds prompt_lookup_max ({hi})")
         flags = {name: raw.get(name, True) for name in ("grammar_drafts", "text_lookup")}
@@ -107,6 +108,12 @@ class SpeculativeConfig:
             if not isinstance(value, bool):
                 raise ValueError(f"speculative_config: {name} must be true or false, got {value!r}")
         return cls(k, lo, hi, batch, **flags)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"speculative_config: {name} must be a positive integer, got {value!r}")
+    return value
 
 
 def ngram_propose(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -123,5 +130,5 @@ def ngram_propose(context: list[int], min_n: int, max_n: int, k: int) -> list[in
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if len(hits):
             start = int(hits[0]) + n
-            return arr[start : start + k].tolist()
+            return [int(t) for t in arr[start : start + k]]
     return []

@@ -1,18 +1,9 @@
-"""CompiledGrammar/GrammarMatcher over llguidance (Lark grammars, and constraints whose token
-automaton would be too large to build quickly).
+"""CompiledGrammar/GrammarMatcher over llguidance (Lark grammars, JSON schemas without an exact regex, and regexes
+whose token automaton is not built yet or would be too large).
 
-Masks are computed by llguidance each step. Distances come from CompletionSearch as a plan (a
-token path to acceptance); budget mode follows the plan token by token, so the promised number
-of tokens is exactly what it takes. Under a budget, a freely sampled token must also pass
-`fits_budget` (the engine's sampler takes the next runner-up otherwise): one token can commit the
-output to a long required part (an optional key whose value is a date-time: +20 tokens), so
-"distance grows slowly" is not assumed anywhere. The check keeps the invariant that a completion of
-at most the remaining budget is known, which makes the plan the always-safe fallback.
-
-Planning before the budget is near is skipped: after a plan of length d at position p, the distance
-at position q is estimated as d + GROWTH * (q - p), and a new plan is made once the budget comes
-within MARGIN of that. That estimate only decides when to start following the plan; correctness
-rests on the per-token check.
+Masks are computed by llguidance each step; budget mode is grammar/budget.py's, shared with the automaton. A
+grammar in the automaton's language (``automaton_language``: our regex, grammar/workers/job.py) never allows a
+token holding byte 0xF4, as the automaton cannot (backend_outlines.automaton), so the two serve one language.
 """
 
 from __future__ import annotations
@@ -24,17 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from loraplex.grammar.backend_llguidance.search import CompletionSearch
 from loraplex.grammar.backend_outlines.automaton import token_row
-from loraplex.grammar.backend_types import CompiledGrammar, GrammarMatcher
+from loraplex.grammar.backend_types import CompiledGrammar
+from loraplex.grammar.budget import PlannedMatcher
+from loraplex.grammar.search import CompletionSearch
 from loraplex.grammar.spec import GrammarError
 from loraplex.grammar.vocab import VocabInfo
 
 log = logging.getLogger(__name__)
-
-GROWTH = 4
-MARGIN = 8
-ENGAGE_SLACK = 4
 
 
 @dataclass(frozen=True)
@@ -45,18 +33,25 @@ class VocabRows:
     words: int
     eos_ids: frozenset[int]
     special: frozenset[int]  # ids without bytes that are not EOS: never allowed
+    with_f4: frozenset[int]  # ids whose bytes hold 0xF4: never allowed in the automaton's language
     allowed_row: torch.Tensor  # int32 [words]: every token with bytes
+    automaton_row: torch.Tensor  # int32 [words]: every token with bytes, none holding 0xF4
     eos_row: torch.Tensor  # int32 [words]: the EOS ids
 
     @classmethod
     def of(cls, info: VocabInfo) -> VocabRows:
         eos_ids = frozenset(info.eos_ids)
-        real = np.asarray([t for t, b in enumerate(info.token_bytes) if b is not None], dtype=np.int64)
+        real = [t for t, b in enumerate(info.token_bytes) if b is not None]
+        with_f4 = frozenset(t for t in real if 0xF4 in (info.token_bytes[t] or b""))
         return cls(
             words=info.words,
             eos_ids=eos_ids,
             special=frozenset(t for t, b in enumerate(info.token_bytes) if b is None) - eos_ids,
-            allowed_row=torch.from_numpy(token_row(real, info.words)),
+            with_f4=with_f4,
+            allowed_row=torch.from_numpy(token_row(np.asarray(real, dtype=np.int64), info.words)),
+            automaton_row=torch.from_numpy(
+                token_row(np.asarray([t for t in real if t not in with_f4], dtype=np.int64), info.words)
+            ),
             eos_row=torch.from_numpy(token_row(np.asarray(sorted(eos_ids)), info.words)),
         )
 
@@ -74,9 +69,11 @@ class LLGuidanceGrammar(CompiledGrammar):
         plan: list[int],
         close_within_budget: bool,
         template: Any = None,
+        automaton_language: bool = False,
     ) -> None:
         """``template``: a fresh LLMatcher of ``grammar`` already built (the compiler builds it while the
-        worker plans), else it is built here."""
+        worker plans), else it is built here. ``search`` must be the one of the grammar's language
+        (``CompletionSearch.automaton_language``)."""
         from llguidance import LLMatcher
 
         if template is None:
@@ -89,32 +86,28 @@ class LLGuidanceGrammar(CompiledGrammar):
         self.min_tokens = min_tokens
         self.plan = list(plan)
         self.close_within_budget = close_within_budget
+        if search.automaton_language != automaton_language:
+            raise ValueError("the completion search must be the one of the grammar's language")
+        self.automaton_language = automaton_language
         self.eos_ids = rows.eos_ids
         self.words = rows.words
-        self.allowed_row = rows.allowed_row
+        self.allowed_row = rows.automaton_row if automaton_language else rows.allowed_row
         self.eos_row = rows.eos_row
-        self.special = rows.special
+        self.never = rows.special | rows.with_f4 if automaton_language else rows.special
 
     def new_matcher(self) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self, self._template.deep_copy())
 
 
-class LLGuidanceMatcher(GrammarMatcher):
+class LLGuidanceMatcher(PlannedMatcher):
     def __init__(self, grammar: LLGuidanceGrammar, matcher: Any) -> None:
         self._g = grammar
         self._m = matcher
-        self._pos = 0
         self._terminated = False
-        self._plan: list[int] | None = list(grammar.plan)
-        self._plan_pos = 0
-        self._known: tuple[int, int] = (0, grammar.min_tokens)  # (position, distance) of the last plan
         self._buf = torch.zeros(grammar.words, dtype=torch.int32)
-        self._check = False  # the last mask was free under a budget: the sampled token needs fits_budget
-        # what fits_budget found after each token it was asked about, since the last mask: (completion bytes, plan
-        # or None); the token then accepted hands its entry to _found, so the next plan is not searched again
-        self._after: dict[int, tuple[bytes, list[int] | None]] = {}
-        self._found: tuple[int, bytes, list[int] | None] | None = None  # (position, bytes, plan or None)
-        self._search_failed_at = -1  # a position where a budget check's search ran out (see fits_budget)
+        self._init_plan(
+            grammar.search, grammar.plan, grammar.close_within_budget, grammar.words, grammar.eos_row, grammar.never
+        )
 
     # ---- state -----------------------------------------------------------------------------------
     def accept_token(self, token_id: int) -> bool:
@@ -126,7 +119,7 @@ class LLGuidanceMatcher(GrammarMatcher):
                 self._terminated = True
                 return True
             return False
-        if token_id in g.special or self._m.validate_tokens([token_id]) != 1:
+        if token_id in g.never or self._m.validate_tokens([token_id]) != 1:
             return False
         if not self._m.consume_token(token_id):
             # validate_tokens said yes, but llguidance's lexer can still give up on a long document ("too many
@@ -135,15 +128,7 @@ class LLGuidanceMatcher(GrammarMatcher):
             self.failure = f"llguidance matcher failed: {self._m.get_error().splitlines()[0]}"
             log.warning("%s", self.failure)
             return False
-        plan = self._current_plan()
-        self._pos += 1
-        if plan and plan[0] == token_id:
-            self._plan, self._plan_pos = plan[1:], self._pos
-        else:
-            self._plan = None
-            found = self._after.get(token_id)
-            self._found = None if found is None else (self._pos, *found)
-        self._after = {}
+        self._advanced(token_id)
         return True
 
     def is_accepting(self) -> bool:
@@ -157,8 +142,8 @@ class LLGuidanceMatcher(GrammarMatcher):
             return 0
         g = self._g
         plain = []
-        for token in token_ids:  # llguidance's count up to the first EOS or special token
-            if token in g.eos_ids or token in g.special:
+        for token in token_ids:  # llguidance's count up to the first EOS or never-allowed token
+            if token in g.eos_ids or token in g.never:
                 break
             plain.append(token)
         n = int(self._m.validate_tokens(plain)) if plain else 0
@@ -173,101 +158,29 @@ class LLGuidanceMatcher(GrammarMatcher):
 
     def fork(self) -> LLGuidanceMatcher:
         copy = LLGuidanceMatcher(self._g, self._m.deep_copy())
-        copy._pos, copy._terminated, copy._known = self._pos, self._terminated, self._known
+        copy._terminated = self._terminated
         copy.failure = self.failure
-        copy._plan_pos = self._plan_pos
-        copy._plan = None if self._plan is None else list(self._plan)
+        self._copy_plan_to(copy)
         return copy
 
     def bitmask_words(self) -> int:
         return self._g.words
 
-    # ---- distances -------------------------------------------------------------------------------
-    def _current_plan(self) -> list[int] | None:
-        return self._plan if self._plan is not None and self._plan_pos == self._pos else None
+    # ---- what PlannedMatcher asks ----------------------------------------------------------------
+    def _node(self) -> Any:
+        return self._m
 
-    def _make_plan(self) -> list[int]:
-        plan = self._current_plan()
-        if plan is None:
-            found = self._found if self._found is not None and self._found[0] == self._pos else None
-            if found is not None:  # fits_budget searched from this very state (the search is deterministic)
-                plan = found[2] if found[2] is not None else self._g.search.tokenize(self._m, found[1])
-            else:
-                plan = self._g.search.plan(self._m)
-            if plan is None:
-                raise GrammarError("no completion found within the search bounds")
-            self._plan, self._plan_pos = plan, self._pos
-            self._known = (self._pos, len(plan))
-        return plan
+    def _accepting(self) -> bool:
+        return bool(self._m.is_accepting())
 
-    def min_tokens_to_accept(self) -> int:
-        if self.is_accepting():
-            return 0
-        return len(self._make_plan())
+    def _terminated_flag(self) -> bool:
+        return self._terminated
 
-    def _near_budget(self, remaining: int) -> bool:
-        # The plan is a greedy upper bound, not the true distance: a free token taken with only a token
-        # or two of slack can land where the next greedy plan no longer fits. So the plan is followed
-        # once the budget comes within ENGAGE_SLACK of its length, leaving room for that overestimate.
-        plan = self._current_plan()
-        if plan is not None:
-            return remaining <= len(plan) + ENGAGE_SLACK
-        pos, dist = self._known
-        if remaining > dist + GROWTH * (self._pos - pos) + MARGIN + ENGAGE_SLACK:
-            return False
-        return remaining <= len(self._make_plan()) + ENGAGE_SLACK
+    def _eos_ids(self) -> frozenset[int]:
+        return self._g.eos_ids
 
-    def needs_budget_check(self) -> bool:
-        return self._check
-
-    def fits_budget(self, token_id: int, remaining_after: int) -> bool:
+    def _fill_plain(self, out: torch.Tensor) -> None:
         g = self._g
-        if token_id in g.eos_ids:
-            return bool(self._m.is_accepting())
-        if remaining_after < 0 or token_id in g.special:
-            return False
-        plan = self._current_plan()
-        trial = self._m.deep_copy()  # a token that errors the parser (too complex) leaves this matcher as it was
-        if not trial.consume_token(token_id) or trial.is_error():
-            return False
-        if plan and plan[0] == token_id:
-            return len(plan) - 1 <= remaining_after
-        if trial.is_accepting():
-            return True
-        if self._search_failed_at == self._pos:
-            # one bounded search already ran out at this position: the sampler's other candidates are passed
-            # over without another (a step pays for at most one), and the budget fallback follows the plan
-            return False
-        fits, path, tokens = g.search.check(trial, remaining_after)
-        if path is not None:
-            self._after[token_id] = (path, tokens)
-        else:
-            self._search_failed_at = self._pos
-        return fits
-
-    def budget_fallback(self) -> int:
-        return self._make_plan()[0]
-
-    # ---- masks -----------------------------------------------------------------------------------
-    def fill_bitmask(self, out: torch.Tensor, remaining_tokens: int | None = None) -> None:
-        g = self._g
-        self._check = False
-        self._after = {}
-        if self._terminated:
-            out.copy_(g.eos_row)
-            return
-        if (
-            remaining_tokens is not None
-            and g.close_within_budget
-            and not self._m.is_accepting()
-            and self._near_budget(remaining_tokens)
-        ):
-            out.copy_(torch.from_numpy(token_row(np.asarray(self._make_plan()[:1]), g.words)))
-            return
-        if remaining_tokens is not None and g.close_within_budget and remaining_tokens <= 0:
-            out.copy_(g.eos_row)
-            return
-        self._check = remaining_tokens is not None and g.close_within_budget
         buf = self._buf
         self._m.unsafe_compute_mask_ptr(buf.data_ptr(), g.words * 4)
         buf.bitwise_and_(g.allowed_row)

@@ -155,6 +155,19 @@ def regex_grammar(regex: str) -> str:
     return LLMatcher.grammar_from_regex(regex)
 
 
+def automaton_language_grammar(regex: str) -> str:
+    """llguidance grammar serving `regex` token for token as its token automaton does: every token whose bytes keep
+    the text a prefix of a match is allowed. (By default llguidance allows only the first token of the canonical
+    tokenization where the grammar forces bytes; ``no_forcing`` turns that off. The 0xF4 tokens the automaton
+    cannot hold are masked by the grammar object: LLGuidanceGrammar's ``automaton_language``.)"""
+    import json
+
+    grammar = json.loads(regex_grammar(regex))
+    lark = grammar["grammars"][0]["lark_grammar"]
+    grammar["grammars"][0]["lark_grammar"] = '%llguidance {"no_forcing": true}\n' + lark
+    return json.dumps(grammar)
+
+
 def lark_grammar(text: str) -> str:
     from llguidance import LLMatcher
 

@@ -16,6 +16,9 @@ and narrowings (a subset, said so):
 * a ``oneOf`` whose complements would exceed MAX_COMPLEMENT characters -> its branches held to the types
   where they are proven apart (a value of another type that matches one branch is not generated);
 * a number bound at +-2**63 (Java's Long limits), which llguidance cannot build -> +-SAFE_BOUND;
+* a number or integer without a bound on a side -> kept within +-10**16 there (at most 16 integer digits, what a
+  double carries exactly), so a value cannot run to digits until the budget closes it (as runaway whitespace
+  cannot); bounded numbers are written without an exponent;
 * a complement that cannot be written whole (``not {pattern: ...}``) keeps only the part that can;
 * ``uniqueItems`` -> at most one item, or for a few enumerated values, distinct values in their listed order;
 * ``contains`` -> the first items match; ``minProperties``/``maxProperties`` on declared properties ->
@@ -63,6 +66,8 @@ NARROWED_FORMATS = {
     "iri": ("uri", "ASCII URIs only"),
     "iri-reference": ("uri-reference", "ASCII URI references only"),
 }
+_BOUND_KEYS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+DIGITS_BOUND = 10**16  # |x| below it: at most 16 integer digits, the digits a double carries exactly
 SAFE_BOUND = 2**63 - 1024  # the widest number bound llguidance builds (2**63 - 1 rounds to 2**63 as a double)
 MAX_COMPLEMENT = 20_000  # characters of complements a oneOf may add before it is narrowed instead
 SAFE_REGEX = "^[A-Za-z0-9 _,:;=@#%&'\"<>!~`-]*$"  # strings of these characters are valid regexes, literally
@@ -190,6 +195,7 @@ class _Narrower:
         if "oneOf" in node:
             self._one_of(node, path)
         self._huge_bounds(node, path)
+        self._runaway_numbers(node, path)
         if "multipleOf" in node:
             self._multiple_of(node, path)
         if "propertyNames" in node:
@@ -335,6 +341,22 @@ class _Narrower:
             tighter = max if sign < 0 else min
             node[bound] = tighter(node.get(bound, sign * SAFE_BOUND), sign * SAFE_BOUND)
             self.note(key, path, f"{value} is out of reach: {bound} {node[bound]} is generated instead")
+
+    def _runaway_numbers(self, node: dict[str, Any], path: list[Any]) -> None:
+        """A number or integer with no bound on a side is kept within DIGITS_BOUND there (exclusive): the text of a
+        value is then at most 16 integer digits, not a run of digits that only the token budget ends."""
+        types = _type_set(node.get("type"))
+        if types is None or not types & {"number", "integer"}:
+            return
+        given: dict[str, float] = {k: node[k] for k in _BOUND_KEYS if _is_number(node.get(k))}
+        for sign, keys, others in ((-1, _BOUND_KEYS[:2], _BOUND_KEYS[2:]), (1, _BOUND_KEYS[2:], _BOUND_KEYS[:2])):
+            if any(k in given for k in keys):
+                continue
+            if any(sign * given[k] >= DIGITS_BOUND for k in others if k in given):
+                continue  # the bound on the other side is already past 16 digits: this side stays as written
+            node[keys[1]] = sign * DIGITS_BOUND
+            side = "below 10^16" if sign > 0 else "above -10^16"
+            self.note(keys[1], path, f"no bound given: values are kept {side} (at most 16 integer digits)")
 
     def _multiple_of(self, node: dict[str, Any], path: list[Any]) -> None:
         """A divisor without an exact binary value or with too many digits for an automaton, narrowed to
@@ -635,6 +657,10 @@ def _valid_name(names: Any, name: str) -> bool:
 
 def _asserts(schema: dict[str, Any]) -> bool:
     return bool(set(schema) - {"title", "description", "$comment", "examples", "default"})
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _type_set(t: Any) -> set[str] | None:

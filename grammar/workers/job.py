@@ -9,6 +9,12 @@ count (found cheaply with a 256-byte probe vocabulary, time-boxed) is small enou
 compile's budget; otherwise, and for
 Lark grammars, llguidance serves it, and the automaton may be built later by a background worker
 to replace the cache entry. Both backends are exact: nothing is ever widened to make it compile.
+
+One language whichever serves: where a constraint has an exact regex, llguidance serves that regex (token for
+token as the automaton does, `automaton_language_grammar`), not its own JSON compiler, so a schema's first
+requests (llguidance) and later ones (the automaton built in the background, or built inline on another replica)
+allow the same tokens; both close the output by the same search (grammar/budget.py). llguidance's JSON compiler
+serves only what has no exact regex (recursion, free-form nesting cut, tagged JSON), where nothing else can.
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from loraplex.grammar.backend_llguidance import text as llg_text
-from loraplex.grammar.backend_llguidance.search import CompletionSearch
-from loraplex.grammar.backend_outlines.automaton import OutlinesVocab, build_automaton, count_states
+from loraplex.grammar.backend_outlines.automaton import AutomatonData, OutlinesVocab, build_automaton, count_states
+from loraplex.grammar.backend_outlines.node import AutomatonStates, ByteTables
 from loraplex.grammar.schema.check import check_schema
 from loraplex.grammar.schema.dialect import to_internal
 from loraplex.grammar.schema.json_text import alt, rx_escape
@@ -28,6 +34,7 @@ from loraplex.grammar.schema.narrow import COMPLEMENTED_ONE_OF, narrow
 from loraplex.grammar.schema.normalize import NotRegular
 from loraplex.grammar.schema.strict import close_schema
 from loraplex.grammar.schema.to_regex import SchemaRegex
+from loraplex.grammar.search import CompletionSearch
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import VocabInfo
 from loraplex.grammar.workers.messages import (
@@ -68,6 +75,11 @@ class Translation:
     # what the regex leaves out (recursion, free-form nesting cut at their bounds); llguidance is exact there
     regex_narrowing: list[str] = field(default_factory=list)
 
+    @property
+    def automaton_language(self) -> bool:
+        """`llg` serves the regex itself (the language of its automaton)."""
+        return self.regex is not None and not self.regex_narrowing
+
 
 class WorkerContext:
     """Per-process tokenizer state for both backends."""
@@ -79,7 +91,9 @@ class WorkerContext:
         self.options = options
         self.outlines = OutlinesVocab(info)
         self.ll_tokenizer = LLTokenizer(info.tokenizer_json, n_vocab=info.vocab_size, eos_token=list(info.eos_ids))
-        self.search = CompletionSearch(info)
+        self.search = CompletionSearch(info)  # for llguidance's own languages
+        self.automaton_search = CompletionSearch(info, automaton_language=True)  # for exact regexes, either backend
+        self.byte_tables = ByteTables.of(info)
         # tells the parent what it can start on before the job ends (set per job by the worker loop)
         self.notify: Callable[[PrebuildHint], None] = lambda body: None
 
@@ -95,7 +109,10 @@ def translate(
     if kind in ("json", "json_object"):
         schema: Any = {"type": "object"} if kind == "json_object" else spec.schema()
         schema, narrowing, rx, why, cuts = _schema_parts(schema, spec, options, drop_pattern_properties, small_one_of)
-        llg = llg_text.json_schema_grammar(schema, root_as_definition)
+        if rx is not None and not cuts:
+            llg = llg_text.automaton_language_grammar(rx)
+        else:
+            llg = llg_text.json_schema_grammar(schema, root_as_definition)
         return Translation(rx, why, llg, "schema cannot be enforced", narrowing, cuts)
     if kind == "tagged_json":
         tagged = spec.tagged_json
@@ -121,11 +138,11 @@ def translate(
         if err:
             raise GrammarError(f"invalid regex: {err}")
         rx = _strip_anchors(spec.regex)
-        return Translation(rx, "", llg_text.regex_grammar(rx), "invalid regex")
+        return Translation(rx, "", llg_text.automaton_language_grammar(rx), "invalid regex")
     if kind == "choice":
         assert spec.choice is not None
         rx = alt([rx_escape(c) for c in spec.choice])
-        return Translation(rx, "", llg_text.regex_grammar(rx), "invalid choice")
+        return Translation(rx, "", llg_text.automaton_language_grammar(rx), "invalid choice")
     assert spec.grammar is not None
     return Translation(None, "context-free grammar", llg_text.lark_grammar(spec.grammar), "grammar syntax error")
 
@@ -201,13 +218,25 @@ def _llguidance(ctx: WorkerContext, tr: Translation) -> LLGuidanceArtifact:
         if tr.why_not_regex and tr.llg_error_label.startswith("schema"):
             raise GrammarError(f"schema cannot be enforced: {tr.why_not_regex} ({error})", code="unsupported_schema")
         raise GrammarError(error)
-    plan = ctx.search.plan(matcher)
+    search = ctx.automaton_search if tr.automaton_language else ctx.search
+    return LLGuidanceArtifact(tr.llg, _plan(search, matcher), automaton_language=tr.automaton_language)
+
+
+def _plan(search: CompletionSearch, node: Any) -> list[int]:
+    plan = search.plan(node)
     if plan is None:
         raise GrammarError(
             "no complete output was found within the search bounds (is the constraint satisfiable?)",
             code="unsatisfiable_schema",
         )
-    return LLGuidanceArtifact(tr.llg, plan)
+    return plan
+
+
+def _automaton(ctx: WorkerContext, regex: str, states: int | None = None) -> AutomatonArtifact:
+    """The token automaton of `regex`, with the completion the shared budget logic starts from."""
+    data: AutomatonData = build_automaton(regex, ctx.outlines)
+    plan = _plan(ctx.automaton_search, AutomatonStates(data, ctx.byte_tables).node(0))
+    return AutomatonArtifact(data, plan, states)
 
 
 def _count_states_bounded(regex: str, ctx: WorkerContext) -> int | None:
@@ -286,7 +315,7 @@ def _build(ctx: WorkerContext, tr: Translation) -> JobResult:
         if tr.regex is None:
             raise GrammarError(f"cannot be compiled into a token automaton: {tr.why_not_regex}")
         # (the artifact's narrowing then includes what the regex leaves out)
-        return JobResult(AutomatonArtifact(build_automaton(tr.regex, ctx.outlines)))
+        return JobResult(_automaton(ctx, tr.regex))
     if opts.backend == "llguidance" or tr.regex is None:
         return JobResult(_llguidance(ctx, tr))
     if tr.regex_narrowing:  # llguidance holds recursion and free-form values exactly: the regex only if it cannot
@@ -296,17 +325,17 @@ def _build(ctx: WorkerContext, tr: Translation) -> JobResult:
             states = _count_states_bounded(tr.regex, ctx) if len(tr.regex) <= opts.probe_max_chars else None
             if states is None or states > opts.fallback_states:
                 raise
-            return JobResult(AutomatonArtifact(build_automaton(tr.regex, ctx.outlines), states))
+            return JobResult(_automaton(ctx, tr.regex, states))
     states = _count_states_bounded(tr.regex, ctx) if len(tr.regex) <= opts.probe_max_chars else None
     if states is not None and states <= opts.inline_states:
-        return JobResult(AutomatonArtifact(build_automaton(tr.regex, ctx.outlines), states))
+        return JobResult(_automaton(ctx, tr.regex, states))
     try:
         out = _llguidance(ctx, tr)
     except GrammarError:
         if states is None or states > opts.fallback_states:
             raise
         # llguidance cannot serve it (it finds a required pattern-only key unsatisfiable, say), the regex is exact
-        return JobResult(AutomatonArtifact(build_automaton(tr.regex, ctx.outlines), states))
+        return JobResult(_automaton(ctx, tr.regex, states))
     out = replace(out, states=states)
     probed = len(tr.regex) <= opts.probe_max_chars
     if probed and states is None:
@@ -322,5 +351,5 @@ def run_job(ctx: WorkerContext, kind: str, payload: Any) -> JobResult:
     if kind == "automaton":  # background upgrade: only automata of a bounded size
         if count_states(payload, ctx.outlines) > ctx.options.max_states:
             raise GrammarError("automaton too large")
-        return JobResult(AutomatonArtifact(build_automaton(payload, ctx.outlines)))
+        return JobResult(_automaton(ctx, payload))
     raise GrammarError(f"unknown job kind {kind!r}")

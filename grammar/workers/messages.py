@@ -22,9 +22,10 @@ WorkerInit: TypeAlias = tuple["VocabInfo", "CompileOptions", int]
 
 @dataclass(frozen=True)
 class AutomatonArtifact:
-    """A token automaton (served by the outlines backend)."""
+    """A token automaton (served by the outlines backend) and the completion search's plan from its start."""
 
     data: AutomatonData
+    plan: list[int]  # tokens from the start to a complete output (grammar/budget.py)
     states: int | None = None  # the state count when it was probed before the build
     narrowing: tuple[str, ...] = ()  # how the constraint was narrowed (the regex's cuts included)
 
@@ -38,6 +39,7 @@ class LLGuidanceArtifact:
     states: int | None = None  # the automaton's state count when it was probed (None: not counted)
     upgrade: str | None = None  # a regex whose automaton may replace this grammar in the background
     narrowing: tuple[str, ...] = ()
+    automaton_language: bool = False  # the grammar is an exact regex, served as its automaton would be
 
 
 Artifact: TypeAlias = AutomatonArtifact | LLGuidanceArtifact

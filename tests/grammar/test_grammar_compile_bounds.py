@@ -12,7 +12,7 @@ import pytest
 from jsonschema.validators import validator_for
 
 from loraplex.grammar import StructuredSpec
-from loraplex.grammar.backend_llguidance import search as search_module
+from loraplex.grammar import search as search_module
 from loraplex.grammar.schema.metaschema import fast_metaschema_validator, metaschema_validator
 from loraplex.grammar.schema.normalize import MAX_TERMS, Ctx, Normalizer, NotRegular
 from tests.grammar.helpers import REPO, load_suite, walks_validate

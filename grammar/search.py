@@ -1,6 +1,8 @@
-"""Bounded search for a short completion from an llguidance matcher's state.
+"""Bounded search for a short completion from a matcher's state: the budget logic of both backends.
 
-llguidance exposes no states, so distances cannot be precomputed. Over byte strings (every byte
+llguidance exposes no states, so distances cannot be precomputed there; the token automaton could, but both
+backends must close an output the same way (grammar/budget.py says why), so both run this search over the
+same `SearchNode` operations. Over byte strings (every byte
 has a one-byte token) we walk greedily to acceptance: forced bytes, else the first allowed byte
 of CLOSING_ORDER. Only if that fails, a bounded uniform-cost search runs (shortest first, forced
 bytes in one jump, per length one matcher per distinct next-token mask, at most `beam` per length);
@@ -12,7 +14,7 @@ achievable and short, an upper bound on the true distance (not always the minimu
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -33,20 +35,79 @@ CLOSING_ORDER = (
 )
 
 
+class SearchNode(Protocol):
+    """What the search asks of a matcher state: llguidance's LLMatcher has these methods, and the token automaton's
+    `AutomatonNode` mirrors them. The search only copies nodes; the caller's node is never advanced."""
+
+    def deep_copy(self) -> SearchNode: ...
+
+    def consume_token(self, token: int) -> bool: ...
+
+    def compute_ff_bytes(self) -> bytes: ...
+
+    def is_accepting(self) -> bool: ...
+
+    def is_error(self) -> bool: ...
+
+    def unsafe_compute_mask_ptr(self, ptr: int, nbytes: int) -> None: ...
+
+    def validate_tokens(self, tokens: list[int]) -> int: ...
+
+
+class StateMemo:
+    """What the search found from each state of a grammar with numbered states (the token automaton): the search is a
+    function of the state, so each state's completion is computed once per grammar instead of once per step."""
+
+    def __init__(self) -> None:
+        self.paths: dict[int, tuple[bytes | None, int]] = {}  # state -> (completion bytes, masks it took)
+        self.out_of_masks: set[int] = set()  # states whose bounded run ran out (an unbounded run may still succeed)
+        self.tokens: dict[int, list[int]] = {}  # state -> its completion bytes tokenized
+
+
 class _OutOfMasks(Exception):
     """A bounded search computed its allowance of masks."""
 
 
+def token_filter(info: VocabInfo, automaton_language: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, eos) int32 bitmask rows: the tokens a mask may hold (tokens with bytes; in the automaton's language
+    none holding byte 0xF4, see backend_outlines.automaton) and the EOS ids."""
+    kept = np.zeros(info.words * 32, dtype=bool)
+    for tid, data in enumerate(info.token_bytes):
+        if data is not None and not (automaton_language and 0xF4 in data):
+            kept[tid] = True
+    eos = np.zeros(info.words * 32, dtype=bool)
+    eos[list(info.eos_ids)] = True
+    return _pack(kept), _pack(eos)
+
+
+def _pack(bits: np.ndarray) -> np.ndarray:
+    return np.packbits(bits, bitorder="little").view("<i4").copy()
+
+
 class CompletionSearch:
-    def __init__(self, info: VocabInfo, *, max_expansions: int = 120, beam: int = 16, max_bytes: int = 2048) -> None:
+    """One per vocabulary and language (``automaton_language``: a regex both backends serve, where tokens holding
+    byte 0xF4 are never allowed). Masks are normalised before the search reads them (kept tokens only, EOS bits
+    exactly where the node accepts), so two backends with the same language see the same masks."""
+
+    def __init__(
+        self,
+        info: VocabInfo,
+        *,
+        automaton_language: bool = False,
+        max_expansions: int = 120,
+        beam: int = 16,
+        max_bytes: int = 2048,
+    ) -> None:
         self.words = info.words
+        self.automaton_language = automaton_language
+        self._kept, self._eos = token_filter(info, automaton_language)
         self.max_expansions = max_expansions
         self.beam = beam
         self.max_bytes = max_bytes
         self.byte_token = np.full(256, -1, dtype=np.int64)
         self.by_bytes: dict[bytes, int] = {}
         for tid, data in enumerate(info.token_bytes):
-            if data is None or len(data) > MAX_TOKEN_BYTES:
+            if data is None or len(data) > MAX_TOKEN_BYTES or (automaton_language and 0xF4 in data):
                 continue
             self.by_bytes.setdefault(data, tid)
             if len(data) == 1 and self.byte_token[data[0]] < 0:
@@ -57,13 +118,20 @@ class CompletionSearch:
         self._buf = np.zeros(self.words, dtype=np.int32)
         self._order = [ord(c) for c in CLOSING_ORDER] + [b for b in range(256) if chr(b) not in CLOSING_ORDER]
         self._masks_left: int | None = None  # None: unbounded
+        self.masks_computed = 0  # masks computed by the last completion_bytes (a bounded run fails above the bound)
 
     def _mask(self, m: Any) -> np.ndarray:
         if self._masks_left is not None:
             if self._masks_left <= 0:
                 raise _OutOfMasks()
             self._masks_left -= 1
+        self.masks_computed += 1
         m.unsafe_compute_mask_ptr(self._buf.ctypes.data, self.words * 4)
+        np.bitwise_and(self._buf, self._kept, out=self._buf)
+        if m.is_accepting():
+            np.bitwise_or(self._buf, self._eos, out=self._buf)
+        else:
+            np.bitwise_and(self._buf, ~self._eos, out=self._buf)
         return self._buf
 
     def plan(self, matcher: Any) -> list[int] | None:
@@ -100,7 +168,28 @@ class CompletionSearch:
     def completion_bytes(self, matcher: Any) -> bytes | None:
         """The byte string `plan` tokenizes: the greedy walk, else the bounded search, else the greedy walk
         without its bound on loop exits (a walk that keeps looking for ways out of loops is usually failing, and
-        slowly, where the search finds a completion at once: bench/README.md)."""
+        slowly, where the search finds a completion at once: bench/README.md). A node with a ``memo`` (and a
+        ``state``) gets the memoised answer, bounded runs failing exactly where a fresh run would."""
+        memo: StateMemo | None = getattr(matcher, "memo", None)
+        if memo is None:
+            return self._completion_bytes(matcher)
+        state = matcher.state
+        hit = memo.paths.get(state)
+        if hit is None:
+            if self._masks_left is not None and state in memo.out_of_masks:
+                raise _OutOfMasks()
+            try:
+                path = self._completion_bytes(matcher)
+            except _OutOfMasks:
+                memo.out_of_masks.add(state)
+                raise
+            hit = memo.paths[state] = (path, self.masks_computed)
+        if self._masks_left is not None and hit[1] > self._masks_left:
+            raise _OutOfMasks()
+        return hit[0]
+
+    def _completion_bytes(self, matcher: Any) -> bytes | None:
+        self.masks_computed = 0
         path = self._greedy(matcher, GREEDY_LOOP_EXITS)
         if path is None:
             path = self._shortest(matcher, self.max_bytes)
@@ -224,7 +313,17 @@ class CompletionSearch:
 
         llguidance judges bytes, so any spelling of an allowed byte string is usually allowed: the fewest
         tokens over the vocabulary alone are checked once, and only when the matcher refuses them does the
-        search ask it at every position (a deep copy per byte, costly on long plans: bench/README.md)."""
+        search ask it at every position (a deep copy per byte, costly on long plans: bench/README.md). A node with
+        a ``memo`` is only asked for its own completion's bytes, so the tokens are memoised by its state."""
+        memo: StateMemo | None = getattr(matcher, "memo", None)
+        if memo is not None:
+            hit = memo.tokens.get(matcher.state)
+            if hit is None:
+                hit = memo.tokens[matcher.state] = self._tokenize(matcher, data)
+            return list(hit)
+        return self._tokenize(matcher, data)
+
+    def _tokenize(self, matcher: Any, data: bytes) -> list[int]:
         tokens = self._fewest_tokens(data, None)
         if matcher.deep_copy().validate_tokens(tokens) == len(tokens):
             return tokens
