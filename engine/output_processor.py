@@ -21,6 +21,7 @@ import torch
 
 from loraplex.engine.core.sequence import Sequence
 from loraplex.engine.detokenizer import IncrementalDetokenizer
+from loraplex.engine.field_logprobs import FieldLogprob, field_logprobs
 from loraplex.engine.outputs import FinishReason, RequestOutput, TokenLogprob
 from loraplex.engine.sample.sampler import SampleResult
 from loraplex.engine.structured import StructuredOutputManager
@@ -54,7 +55,7 @@ class OutputProcessor:
         state = RequestState(
             seq,
             IncrementalDetokenizer(self.tokenizer, p.stop, p.skip_special_tokens),
-            [] if p.logprobs is not None else None,
+            [] if p.wants_token_logprobs else None,
             [None] * seq.num_prompt_tokens if p.prompt_logprobs is not None else None,
         )
         self.requests[seq.request_id] = state
@@ -94,6 +95,19 @@ class OutputProcessor:
         for j, token in enumerate(targets_l):
             top = [(t, self.token_str(t), v) for t, v in zip(tops_i[j], tops_v[j])]
             req.prompt_logprobs[first + j] = TokenLogprob(token, self.token_str(token), chosen_l[j], top, ranks_l[j])
+
+    def _field_logprobs(self, req: RequestState) -> dict[str, FieldLogprob] | None:
+        """Per leaf of the finished JSON output, its tokens' logprobs; None when not asked for, or when the output is
+        not one JSON value (cut short by an abort or an error)."""
+        seq = req.seq
+        if not seq.params.field_logprobs or req.logprobs is None:
+            return None
+        token_bytes = self.structured.compiler.vocab.token_bytes
+        tokens = [(token_bytes[lp.token_id] or b"", lp.logprob) for lp in req.logprobs]
+        try:
+            return field_logprobs([t for t, _ in tokens], [lp for _, lp in tokens])
+        except ValueError:
+            return None
 
     def check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
         """Detokenize and advance the grammar by the token just appended; the reason it finishes the request."""
@@ -138,6 +152,7 @@ class OutputProcessor:
             error=req.error,
             narrowing=seq.narrowing,
             prompt_logprobs=req.prompt_logprobs,
+            field_logprobs=self._field_logprobs(req) if reason else None,
             num_draft_tokens=seq.num_draft_tokens,
             num_accepted_tokens=seq.num_accepted_tokens,
             num_forced_tokens=seq.num_forced_tokens,

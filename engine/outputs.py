@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from loraplex.engine.field_logprobs import FieldLogprob
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -39,6 +42,8 @@ class RequestOutput:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_forced_tokens: int = 0
+    # with field_logprobs, once finished: per leaf of the JSON output (by JSON pointer), its tokens' logprobs
+    field_logprobs: dict[str, FieldLogprob] | None = None
 
     def then(self, later: RequestOutput) -> RequestOutput:
         """This output followed by `later` of the same request, as one output (what a consumer that did not

@@ -134,12 +134,22 @@ class CompletionSearch:
             np.bitwise_and(self._buf, ~self._eos, out=self._buf)
         return self._buf
 
-    def plan(self, matcher: Any) -> list[int] | None:
-        """Tokens from `matcher`'s state to an accepting one, or None if none found in bounds."""
+    def plan(self, matcher: Any, thorough: bool = False) -> list[int] | None:
+        """Tokens from `matcher`'s state to an accepting one, or None if none found in bounds. ``thorough`` (a
+        grammar's first plan, made once at compile time, whose length is the shortest budget a request may have):
+        the bounded uniform-cost search runs too and the shorter plan wins, so `{}` is found where the greedy walk
+        opens a key first."""
         if matcher.is_accepting():
             return []
         path = self.completion_bytes(matcher)
-        return None if path is None else self.tokenize(matcher, path)
+        best = None if path is None else self.tokenize(matcher, path)
+        if thorough:
+            short = self._shortest(matcher, self.max_bytes if path is None else len(path) + 1)
+            if short is not None and short != path:
+                tokens = self._tokenize(matcher, short)  # (not memoised: a state's memo holds its greedy completion)
+                if best is None or len(tokens) < len(best):
+                    best = tokens
+        return best
 
     def fits(self, matcher: Any, budget: int) -> bool:
         """Whether `plan(matcher)` would be at most `budget` tokens."""

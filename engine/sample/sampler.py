@@ -53,7 +53,7 @@ class Sampler:
     ) -> SampleResult:
         """logits: [N, V] float32, already grammar-masked; one params/generator per row."""
         n = logits.shape[0]
-        want_logprobs = any(p.logprobs is not None for p in params)
+        want_logprobs = any(p.wants_token_logprobs for p in params)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
 
         greedy = [p.greedy for p in params]

@@ -35,6 +35,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # tokens of prompt or output: positive logits divided, negative multiplied
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     prompt_logprobs: int | None = None  # logprobs of the prompt's tokens (and this many top ones per position)
+    # per leaf of a JSON constraint's output, its tokens' logprobs (engine/field_logprobs.py); every token is then
+    # sampled (no jump-forward), as with logprobs
+    field_logprobs: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -46,6 +49,11 @@ class SamplingParams:
     @property
     def needs_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def wants_token_logprobs(self) -> bool:
+        """The sampled tokens' logprobs are recorded (asked for, or needed for field_logprobs)."""
+        return self.logprobs is not None or self.field_logprobs
 
     @property
     def greedy(self) -> bool:
@@ -67,6 +75,11 @@ class SamplingParams:
             raise bad(f"min_p must be in [0, 1], got {self.min_p}")
         if self.logprobs is not None and not (0 <= self.logprobs <= 20):
             raise bad(f"logprobs must be between 0 and 20, got {self.logprobs}")
+        if self.field_logprobs and (self.structured is None or self.structured.kind not in ("json", "json_object")):
+            raise bad(
+                "field_logprobs needs a JSON constraint (response_format json_schema or json_object, guided_json, "
+                "or tools with tool_choice required or a named function)"
+            )
         if self.prompt_logprobs is not None and not (0 <= self.prompt_logprobs <= 20):
             raise bad(f"prompt_logprobs must be between 0 and 20, got {self.prompt_logprobs}")
         for name in ("presence_penalty", "frequency_penalty"):

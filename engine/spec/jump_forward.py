@@ -54,7 +54,7 @@ class JumpForward:
         """Append the tokens the grammar forces after the last taken one."""
         m = seq.grammar
         p = seq.params
-        if m is None or p.logprobs is not None or p.structured is None:
+        if m is None or p.wants_token_logprobs or p.structured is None:
             return None
         budget = p.structured.close_within_budget
         while True:
@@ -73,7 +73,7 @@ class JumpForward:
         """Append the tokenization of the text the grammar forces next (see the module's rules)."""
         m = seq.grammar
         p = seq.params
-        if m is None or p.logprobs is not None:
+        if m is None or p.wants_token_logprobs:
             return None
         text, complete = self.structured.forced_text(seq)
         if not text:

@@ -223,7 +223,7 @@ def _llguidance(ctx: WorkerContext, tr: Translation) -> LLGuidanceArtifact:
 
 
 def _plan(search: CompletionSearch, node: Any) -> list[int]:
-    plan = search.plan(node)
+    plan = search.plan(node, thorough=True)
     if plan is None:
         raise GrammarError(
             "no complete output was found within the search bounds (is the constraint satisfiable?)",

@@ -24,6 +24,8 @@ from loraplex.platform.openai.schemas import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
+    FieldLogprobEntry,
+    FieldLogprobs,
     PromptLogprob,
     PromptLogprobs,
     PromptTokensDetails,
@@ -119,6 +121,16 @@ def _final(outputs: list[RequestOutput]) -> RequestOutput:
     return outputs[-1]
 
 
+def field_logprobs(out: RequestOutput) -> FieldLogprobs | None:
+    """A finished choice's `field_logprobs` (asked for with the request field of that name)."""
+    if out.field_logprobs is None:
+        return None
+    return {
+        pointer: FieldLogprobEntry(logprob=f.logprob, min_logprob=f.min_logprob, tokens=f.tokens)
+        for pointer, f in out.field_logprobs.items()
+    }
+
+
 def _all_logprobs(outputs: list[RequestOutput]) -> list[TokenLogprob]:
     return [lp for o in outputs for lp in (o.new_logprobs or [])]
 
@@ -150,6 +162,7 @@ def chat_completion(
                 finish_reason=finish_reason,
                 logprobs=chat_logprobs(_all_logprobs(results[index]), text) if want_logprobs else None,
                 prompt_logprobs=prompt_logprobs(final.prompt_logprobs, text) if want_prompt_logprobs else None,
+                field_logprobs=field_logprobs(final),
             )
         )
     return ChatCompletion(
@@ -187,6 +200,7 @@ def completion(
                 finish_reason=final.finish_reason,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs(final.prompt_logprobs, text) if want_prompt_logprobs else None,
+                field_logprobs=field_logprobs(final),
             )
         )
     return Completion(
@@ -251,6 +265,7 @@ async def chat_stream(
                                 delta=delta,
                                 finish_reason=finish_reason if last else None,
                                 logprobs=logprobs if last else None,
+                                field_logprobs=field_logprobs(out) if last else None,
                             )
                         ],
                         usage=(
@@ -318,7 +333,11 @@ async def completion_stream(
                     model=model,
                     choices=[
                         CompletionChoice(
-                            index=index, text=head + out.new_text, finish_reason=out.finish_reason, logprobs=logprobs
+                            index=index,
+                            text=head + out.new_text,
+                            finish_reason=out.finish_reason,
+                            logprobs=logprobs,
+                            field_logprobs=field_logprobs(out),
                         )
                     ],
                     usage=(

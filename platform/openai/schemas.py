@@ -102,6 +102,8 @@ class SamplingFields(Struct, **REQUEST):
     priority: Annotated[int, Meta(ge=-(2**31), le=2**31)] | None = None
     # loraplex: "refuse" turns a schema that can only be enforced narrowed into a 400 instead
     schema_narrowing: Literal["allow", "refuse"] = "allow"
+    # loraplex: per leaf of a JSON constraint's output, its tokens' logprobs (each choice's `field_logprobs`)
+    field_logprobs: bool = False
 
 
 class CompletionRequest(SamplingFields, **REQUEST):
@@ -251,12 +253,25 @@ class ToolCallDelta(Struct, kw_only=True, omit_defaults=True):
     function: FunctionDelta | None = None
 
 
+class FieldLogprobEntry(Struct, kw_only=True):
+    """One leaf of a constrained JSON output: the sum and the lowest of its tokens' logprobs, and their count."""
+
+    logprob: float
+    min_logprob: float
+    tokens: int
+
+
+# by JSON pointer of each leaf value ("" for a scalar root), with `field_logprobs`
+FieldLogprobs = dict[str, FieldLogprobEntry]
+
+
 class ChatChoice(Struct, kw_only=True):
     index: int
     message: AssistantMessage
     finish_reason: str | None
     logprobs: ChatLogprobs | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    field_logprobs: FieldLogprobs | None = None
 
 
 class ChatCompletion(Struct, kw_only=True):
@@ -280,6 +295,7 @@ class ChatChunkChoice(Struct, kw_only=True):
     delta: ChatDelta
     finish_reason: str | None = None
     logprobs: ChatLogprobs | None = None
+    field_logprobs: FieldLogprobs | None = None  # in the choice's last chunk
 
 
 class ChatCompletionChunk(Struct, kw_only=True):
@@ -299,6 +315,7 @@ class CompletionChoice(Struct, kw_only=True):
     finish_reason: str | None
     logprobs: CompletionLogprobs | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    field_logprobs: FieldLogprobs | None = None
 
 
 class Completion(Struct, kw_only=True):

@@ -13,7 +13,8 @@ LINKED = {
     "$defs": {
         "node": {
             "type": "object",
-            "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+            # (bounded: an unbounded integer is itself a narrowing, test_grammar_number_bounds.py)
+            "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9}, "next": {"$ref": "#/$defs/node"}},
             "required": ["v"],
             "additionalProperties": False,
         }

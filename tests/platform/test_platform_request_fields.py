@@ -187,6 +187,50 @@ def _choice(**fields: Any) -> Callable[[Api, str], None]:
     return check
 
 
+NESTED = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer"},
+        # ASCII only: a completion's logprobs name tokens by their text, which is then their bytes
+        "b": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,4}$"}, "minItems": 2, "maxItems": 2},
+    },
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+
+
+def _field_logprobs(a: Api, r: str) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": NESTED}}
+    logprobs = {"logprobs": True} if r == CHAT else {"logprobs": 0}
+    out = a.call(r, max_tokens=60, response_format=fmt, field_logprobs=True, **logprobs)["choices"][0]
+    doc = text({"choices": [out]})
+    value = json.loads(doc)
+    a_text, b0, b1 = (json.dumps(v, ensure_ascii=False) for v in (value["a"], *value["b"]))
+    assert doc == '{"a":' + a_text + ',"b":[' + b0 + "," + b1 + "]}"  # compact, in the schema's order
+    leaves = {}  # each leaf's byte span, from the layout above
+    at = len('{"a":')
+    for pointer, leaf, gap in (("/a", a_text, ',"b":['), ("/b/0", b0, ","), ("/b/1", b1, "]}")):
+        leaves[pointer] = (at, at + len(leaf.encode()))
+        at += len(leaf.encode()) + len(gap)
+    fields = out["field_logprobs"]
+    assert set(fields) == set(leaves)
+    if r == CHAT:
+        tokens = [(bytes(t["bytes"]), t["logprob"]) for t in out["logprobs"]["content"]]
+    else:
+        tokens = [(t.encode(), lp) for t, lp in zip(out["logprobs"]["tokens"], out["logprobs"]["token_logprobs"])]
+    assert b"".join(t for t, _ in tokens) == doc.encode()
+    offsets = [sum(len(t) for t, _ in tokens[:i]) for i in range(len(tokens))]
+    for pointer, (start, end) in leaves.items():  # the tokens overlapping each leaf
+        mine = [lp for (t, lp), o in zip(tokens, offsets) if o < end and o + len(t) > start]
+        assert fields[pointer]["tokens"] == len(mine) >= 1
+        assert fields[pointer]["logprob"] == pytest.approx(sum(mine), abs=1e-6)
+        assert fields[pointer]["min_logprob"] == pytest.approx(min(mine), abs=1e-6)
+    without = a.call(r, max_tokens=60, response_format=fmt, field_logprobs=True)["choices"][0]
+    assert without["field_logprobs"] == fields and without.get("logprobs") is None  # the same greedy tokens
+    assert a.refused(r, field_logprobs=True)["param"] == "field_logprobs"  # no JSON constraint
+    assert a.refused(r, field_logprobs=True, guided_regex="[0-9]{3}")["param"] == "field_logprobs"
+
+
 def _priority(a: Api, r: str) -> None:
     a.call(r, priority=3)  # less urgent than the tenant's class 0: taken
     assert a.refused(r, priority=-1)["param"] == "priority"
@@ -313,6 +357,7 @@ HONOURED: list[tuple[tuple[str, ...], str, Callable[[Api, str], None]]] = [
     (BOTH, "guided_grammar", _choice(guided_grammar='start: "yes" | "no"')),
     (BOTH, "priority", _priority),
     (BOTH, "schema_narrowing", _schema_narrowing),
+    (BOTH, "field_logprobs", _field_logprobs),
     (BOTH, "stream", _stream),
     (BOTH, "stream_options.include_usage", _include_usage),
     (BOTH, "stream_options.continuous_usage_stats", _continuous_usage),
