@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from loraplex.platform.background import stop_task
+from loraplex.platform.domain_errors import Invalid, RateLimited
 from loraplex.platform.error_codes import ErrorCode
-from loraplex.platform.errors import ApiError
 from loraplex.platform.settings import Settings
 from loraplex.platform.storage.redis_link import RedisLink
 
@@ -305,16 +305,14 @@ class Usage:
 def _refuse_never_fitting(tenant_name: str, quota: TenantQuota, sequences: int, tokens: int) -> None:
     """A request larger than a limit of its tenant could never be admitted: 400, not a 429 to retry."""
     if quota.max_concurrent_sequences and sequences > quota.max_concurrent_sequences:
-        raise ApiError(
-            400,
+        raise Invalid(
             f"this request asks for {sequences} sequences (prompts * n); tenant {tenant_name!r} may run "
             f"{quota.max_concurrent_sequences} at once (max_concurrent_sequences)",
             param="n",
             code="request_too_large",
         )
     if quota.tokens_per_minute and tokens > quota.tokens_per_minute:
-        raise ApiError(
-            400,
+        raise Invalid(
             f"this request asks for {tokens} tokens (prompt tokens + max_tokens of every sequence); tenant "
             f"{tenant_name!r} may use {quota.tokens_per_minute} per minute (tokens_per_minute)",
             param="max_tokens",
@@ -331,7 +329,7 @@ _EXCEEDED: dict[str, ErrorCode] = {  # the code of a 429, by the limit it is ove
 
 def _over_limit(
     tenant_name: str, quota: TenantQuota, limit: str, current: int, sequences: int, tokens: int, retry_s: int
-) -> ApiError:
+) -> RateLimited:
     if limit == "max_queued_requests":
         detail = (
             f"tenant {tenant_name!r} has {current} requests queued or running; its limit is "
@@ -348,9 +346,4 @@ def _over_limit(
             f"{tokens}; its limit is {quota.tokens_per_minute} (tokens_per_minute)"
         )
     retry = max(retry_s, CONCURRENCY_RETRY_S)
-    return ApiError(
-        429,
-        f"{detail}; retry in {retry}s",
-        code=_EXCEEDED[limit],
-        headers={"Retry-After": str(retry)},
-    )
+    return RateLimited(f"{detail}; retry in {retry}s", code=_EXCEEDED[limit], retry_after_s=retry)

@@ -3,7 +3,9 @@ model step simulated: every scheduled sequence computes its tokens and a decode 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -20,9 +22,19 @@ class Sim:
     """A scheduler over a small KV cache; ``step`` plays the model: computes what was scheduled, gives every
     sequence that reached the end of its tokens one output token, and finishes those at ``max_tokens``."""
 
-    def __init__(self, policy: str, *, blocks: int = 256, max_num_seqs: int = 4, budget: int = 64) -> None:
+    def __init__(
+        self,
+        policy: str,
+        *,
+        blocks: int = 256,
+        max_num_seqs: int = 4,
+        budget: int = 64,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.bm = BlockManager(blocks, 4)
-        self.sched = Scheduler(self.bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, policy=policy)
+        self.sched = Scheduler(
+            self.bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, policy=policy, clock=clock
+        )
         self.finished: list[str] = []
         self.tokens: Counter[str] = Counter()  # computed tokens per tenant
         self._n = 0
@@ -339,10 +351,9 @@ def test_fcfs_and_parity_never_hold_running_work():
 
 
 def test_the_token_cap_applies_while_two_tenants_are_live_and_for_a_while_after():
-    sim = Sim("fair", max_num_seqs=8, budget=64)
-    sim.sched.token_cap.value = 12
     now = [1000.0]
-    sim.sched.clock = lambda: now[0]
+    sim = Sim("fair", max_num_seqs=8, budget=64, clock=lambda: now[0])
+    sim.sched.token_cap.value = 12
     a = sim.add("A", prompt_len=40, max_tokens=30)
     assert sim.step().num_new_tokens == [40]  # one tenant: the whole budget
     b = sim.add("B", prompt_len=40, max_tokens=30)

@@ -9,6 +9,7 @@ import pytest
 from loraplex.engine import LLM, SamplingParams
 from loraplex.engine.config import EngineArgs
 from loraplex.engine.core.share import Share
+from loraplex.engine.spec.settle import DraftProposer
 from loraplex.engine.spec.speculative import SpeculativeConfig
 from loraplex.grammar.spec import StructuredSpec
 from tests.structured.schemas import messages
@@ -82,19 +83,19 @@ def test_grammar_drafts_and_text_lookup_take_fewer_steps_with_the_same_outputs(p
     assert steps_o < steps_v < plain_steps
 
 
-def test_the_model_tokenization_of_forced_text_is_learned_per_tenant(plain_and_prompts):
+def test_the_model_tokenization_of_forced_text_is_learned_per_tenant(plain_and_prompts, monkeypatch):
     plain, _, prompts = plain_and_prompts
     llm = _llm(speculative_config=SPEC)
     tok = llm.tokenizer
     drafts: list[tuple[str, list[int]]] = []
-    propose = llm.engine.scheduler.proposer
+    propose = DraftProposer.__call__
 
-    def recording(seq, budget):
-        out = propose(seq, budget)
+    def recording(self, seq, budget):
+        out = propose(self, seq, budget)
         drafts.append((seq.share.tenant, out))
         return out
 
-    llm.engine.scheduler.proposer = recording
+    monkeypatch.setattr(DraftProposer, "__call__", recording)  # (the scheduler got its proposer at construction)
     assert _run(llm, prompts[:1], tenant="acme")[0] == plain[:1]
     # SmolLM2 writes `":` then `"` after a key where its tokenizer has the one token `":"`; drafted canonically
     # at first, then as the model wrote it: the later keys of the same request already draft `":`, `"`
