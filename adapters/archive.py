@@ -321,7 +321,7 @@ class _BoundedReader(io.RawIOBase):
             raise AdapterError("archive decompresses to more data than its size limits allow", code="archive_too_large")
         return data
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]  # (io's is WriteableBuffer)
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)

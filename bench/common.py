@@ -36,7 +36,7 @@ def load_workload(bench_dir: Path | None = None):
         sys.exit(f"no workload.py in {path.parent}")
     spec = importlib.util.spec_from_file_location("workload_a", path)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]  # (a file location always has a loader)
     return mod
 
 
@@ -154,7 +154,7 @@ def run_vllm_peer(
         watchdog = threading.Timer(PEER_TIMEOUT_S, lambda: os.killpg(proc.pid, signal.SIGKILL))
         watchdog.start()
         try:
-            for line in proc.stdout:  # type: ignore[union-attr]
+            for line in proc.stdout:  # type: ignore[union-attr]  # (started with stdout=PIPE)
                 if line.startswith("{"):
                     result = json.loads(line)
                     break

@@ -41,11 +41,11 @@ def run(model: str, prompts: list[list[int]], max_tokens: int, engine_args: dict
 
     real = model_runner.KVGroups.from_windows
     if not grouped:
-        model_runner.KVGroups.from_windows = staticmethod(one_table)  # type: ignore[method-assign]
+        model_runner.KVGroups.from_windows = staticmethod(one_table)  # type: ignore[method-assign]  # (the baseline run)
     try:
         llm = LLM(model=model, **engine_args)
     finally:
-        model_runner.KVGroups.from_windows = real  # type: ignore[method-assign]
+        model_runner.KVGroups.from_windows = real  # type: ignore[method-assign]  # (restored)
     eng = llm.engine
     runner, bm = eng.runner, eng.block_manager
     peak = {"blocks": 0, "decode": 0, "running": 0}

@@ -187,7 +187,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
                 await asyncio.to_thread(services.engine.shutdown)
 
     def provide_services(state: State) -> Services:
-        return state.services  # type: ignore[no-any-return]
+        return state.services  # type: ignore[no-any-return]  # (Litestar's State holds Any)
 
     drain = Drain(settings.drain_retry_after_s)
     app = Litestar(
@@ -207,8 +207,9 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
         lifespan=[lifespan],
         middleware=[drain.middleware],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
-        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]  # (handlers of subclasses: Litestar's alias)
         request_max_body_size=settings.max_request_bytes,
+        # (a Request subclass made at run time: Litestar's parameter is typed type[Request[Any, Any, Any]])
         request_class=depth_limited_request(settings.max_json_depth, settings.unknown_fields),  # type: ignore[arg-type]
         openapi_config=OpenAPIConfig(
             title="loraplex",

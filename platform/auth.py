@@ -27,7 +27,7 @@ def _invalid_key() -> ApiError:
 
 
 def services_of(connection: ASGIConnection) -> Services:
-    return connection.app.state.services  # type: ignore[no-any-return]
+    return connection.app.state.services  # type: ignore[no-any-return]  # (Litestar's State holds Any)
 
 
 async def provide_principal(request: Request) -> Principal:

@@ -100,7 +100,7 @@ class _FormCollector:
     def _part_data(self, data: bytes, start: int, end: int) -> None:
         if self._file is not None:
             self._file.write(data[start:end])
-            self.form.files[self._name].size += end - start  # type: ignore[index]
+            self.form.files[self._name].size += end - start  # type: ignore[index]  # (_name is set with _file)
         elif self._buffer is not None:
             self._buffer += data[start:end]
             if len(self._buffer) > MAX_FIELD_BYTES:
@@ -136,7 +136,7 @@ async def receive_form(
     if announced is not None and announced.isdigit() and int(announced) > max_bytes:
         raise too_large(max_bytes)
     collector = _FormCollector(dest, fields, files)
-    parser = MultipartParser(options[b"boundary"], collector.callbacks())  # type: ignore[arg-type]
+    parser = MultipartParser(options[b"boundary"], collector.callbacks())  # type: ignore[arg-type]  # (typed there as a TypedDict)
     received = 0
     try:
         async for chunk in request.stream():

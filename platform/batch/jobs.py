@@ -164,6 +164,7 @@ class BatchService:
             )
             await session.commit()
         row = await self.get(tenant_id, batch_id)
+        # (an UPDATE's result is a CursorResult, which has rowcount; SQLAlchemy types execute() as Result)
         if result.rowcount == 0 and row.status not in ("cancelling", "cancelled"):  # type: ignore[attr-defined]
             raise Invalid(f"batch {batch_id} is {row.status} and cannot be cancelled", code="batch_not_cancellable")
         return row

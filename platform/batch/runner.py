@@ -33,6 +33,7 @@ from loraplex.platform.batch.files import OUTPUT, FileService
 from loraplex.platform.batch.output import JsonlWriter, output_line
 from loraplex.platform.container import Services
 from loraplex.platform.db.models import Batch, BatchLine, Tenant, utcnow
+from loraplex.platform.tenants.service import Principal
 
 log = logging.getLogger("loraplex.platform.batch")
 POLL_S = 0.5  # how often an idle runner looks for new work (a batch created here wakes it at once)
@@ -214,10 +215,10 @@ class BatchRunner:
             task = asyncio.create_task(self._run_line(c.id, c.endpoint, c.body, principal))
             self._running[c.id] = _Running(c.batch_id, task)
 
-    async def _run_line(self, line_id: uuid.UUID, endpoint: str, body: dict, principal: object) -> None:
+    async def _run_line(self, line_id: uuid.UUID, endpoint: str, body: dict, principal: Principal) -> None:
         """Run one line and leave its result for the runner's next commit (which this wakes)."""
         try:
-            result = await run_line(self.services, principal, endpoint, body)  # type: ignore[arg-type]
+            result = await run_line(self.services, principal, endpoint, body)
             self._finished[line_id] = _Finished(result, utcnow())
         finally:
             self._running.pop(line_id, None)
@@ -288,7 +289,7 @@ class BatchRunner:
                 .values(**values)
             )
             await session.commit()
-        return result.rowcount == 1  # type: ignore[attr-defined]
+        return result.rowcount == 1  # type: ignore[attr-defined]  # (an UPDATE's CursorResult: see jobs.py)
 
     async def _finalize(self, batch_id: uuid.UUID) -> None:
         async with self.db.session() as session:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 from sqlalchemy import or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -117,9 +118,9 @@ class Pinner:
                 log.warning("loading pinned adapter %s (blob %s) failed: %s", content_hash, blob, exc)
         return [content_hash for _blob, content_hash in pinned]
 
-    def _load(self, path: object) -> None:
+    def _load(self, path: Path) -> None:
         single_threaded_torch()
-        self.engine.add_adapter(path)  # type: ignore[arg-type]
+        self.engine.add_adapter(path)
 
     async def close(self) -> None:
         if self._task is not None:

@@ -105,6 +105,7 @@ class Generation:
                 raise error
             raise Failed(failed[0].error or "the engine failed this request", code="engine_error")
         now = time.perf_counter()
+        # (firsts holds no exception once the loop above raised the first failure: mypy cannot narrow a zip)
         choices = [_Choice(c.index, s, f, now) for c, s, f in zip(inputs, streams, firsts)]  # type: ignore[misc]
         for ch in choices:
             metrics.ttft.observe(now - arrival)
@@ -222,4 +223,4 @@ class Generation:
 async def _close_all(streams: list[AsyncIterator[RequestOutput]]) -> None:
     for stream in streams:
         with contextlib.suppress(Exception):
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()  # type: ignore[attr-defined]  # (an async generator: AsyncIterator lacks aclose)

@@ -201,8 +201,8 @@ async def start(
     structured = translate.structured_request(data, services.settings.max_json_depth)
     calls = tools.tool_mode(data) if isinstance(data, ChatCompletionRequest) else None
     allow_narrowing = data.schema_narrowing == "allow"
-    if calls is not None:  # every call is held to its tool's parameters schema
-        tools.refuse_conflicts(data, calls, structured)  # type: ignore[arg-type]
+    if calls is not None and isinstance(data, ChatCompletionRequest):  # every call is held to its tool's schema
+        tools.refuse_conflicts(data, calls, structured)
         spec = tools.tool_spec(calls, allow_narrowing, structured)
         structured = {"field": "tools"}  # compile errors name the tools (a JSON answer's schema is beside them)
     else:

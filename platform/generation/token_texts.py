@@ -15,4 +15,4 @@ class TokenTexts:
         )
 
     def __call__(self, token_id: int) -> str:
-        return self._text(token_id)  # type: ignore[no-any-return]
+        return self._text(token_id)  # type: ignore[no-any-return]  # (the tokenizer's decode is untyped)

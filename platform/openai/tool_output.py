@@ -214,6 +214,7 @@ def tool_message(text: str, finish_reason: str | None, mode: ToolMode) -> tuple[
         return AssistantMessage(content=text), finish_reason
     content = scan(text, mode, final=True).content
     tool_calls = [
+        # (a complete call has its name: CallText keeps it None only until the name's string is closed)
         ToolCall(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))  # type: ignore[arg-type]
         for c in calls
     ]

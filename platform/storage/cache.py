@@ -207,6 +207,7 @@ class RegistryCache:
         if got is not None and self.trusted():
             # Tagged with the version and epoch read before the load: an invalidation meanwhile voids it.
             payload = json.dumps({"v": version, "e": epoch, "value": value})
+            # (self.redis is set whenever trusted() is true)
             await self.redis.call(lambda r: r.set(_ENTRY + key, payload, ex=max(1, int(self.ttl_s))))  # type: ignore[union-attr]
         if self.trusted():
             self.local.put(key, value, local_version)
@@ -229,7 +230,7 @@ class RegistryCache:
             for key in keys:
                 queue_invalidation(pipe, key, self.ttl_s)
                 pipe.publish(CHANNEL, key)
-            return await pipe.execute()  # type: ignore[no-any-return]
+            return await pipe.execute()  # type: ignore[no-any-return]  # (redis-py's pipeline is untyped)
 
     def _outage(self, why: str) -> None:
         """Something may have been missed: forget L1, and trust nothing until the epoch is bumped."""

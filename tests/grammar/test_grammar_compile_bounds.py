@@ -108,7 +108,7 @@ def test_dnf_stops_at_its_bound_before_expanding_a_product():
         calls += 1
         return conjoin(*args)
 
-    norm._conjoin = counted  # type: ignore[method-assign]
+    norm._conjoin = counted  # type: ignore[method-assign]  # (a counting wrapper, for this test)
     with pytest.raises(NotRegular, match=f"more than {MAX_TERMS} alternatives"):
         norm.dnf([({"allOf": factors}, "")], Ctx())
     assert calls < 4 * MAX_TERMS * 8, calls

@@ -98,7 +98,7 @@ async def test_tenant_limits_close_ends_a_heartbeat_cancelled_mid_refresh() -> N
         except asyncio.CancelledError as exc:
             raise RedisTimeout("Timeout reading from socket") from exc
 
-    limits.refresh = refresh_that_hangs  # type: ignore[method-assign]
+    limits.refresh = refresh_that_hangs  # type: ignore[method-assign]  # (the fault, on this instance only)
     try:
         await limits.start()
         await asyncio.wait_for(in_refresh.wait(), timeout=5)

@@ -38,7 +38,7 @@ class Api:
         return {**start, **extra}
 
     def call(self, route: str, **extra: Any) -> dict[str, Any]:
-        return self.client.post(route, body=self.body(route, extra), cast_to=object)  # type: ignore[return-value]
+        return self.client.post(route, body=self.body(route, extra), cast_to=object)  # type: ignore[return-value]  # (JSON)
 
     def raw(self, route: str, **extra: Any) -> httpx.Response:
         return self.client.post(route, body=self.body(route, extra), cast_to=httpx.Response)
@@ -53,7 +53,7 @@ class Api:
         with pytest.raises(openai.BadRequestError) as err:
             self.call(route, **extra)
         assert err.value.status_code == 400
-        return err.value.body  # type: ignore[return-value]
+        return err.value.body  # type: ignore[return-value]  # (the error body: a JSON object)
 
     def token(self, text: str) -> int:
         return self.tokenizer.encode(text, add_special_tokens=False)[0]
