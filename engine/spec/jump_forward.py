@@ -5,8 +5,8 @@ Rules:
 
 * Only while the batch is small (``EngineArgs.jump_forward_max_running``): a compute-bound batch computes the
   forced tokens either way, as a chunk instead of one per step.
-* Never for a request asking for logprobs: a forced token's logprobs are the sampler's to report, so such
-  requests sample every token.
+* Never for a request asking for logprobs or field_logprobs: a forced token's logprob is the sampler's to report,
+  so such requests sample every token.
 * Never across EOS or a stop token id: those end the request the sampler's way.
 * Token level (``tokens``, lossless): each token is the only one its mask allows, so the sampler could take
   no other. A seeded sampled request's generator draws what plain sampling would have drawn for each, so its
