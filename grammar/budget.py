@@ -37,7 +37,8 @@ MARGIN = 8
 class PlannedMatcher(GrammarMatcher):
     """A matcher whose budget mode follows the completion search. Subclasses hold the state and give the search a
     node of it (`_node`), the plain mask (`_fill_plain`) and whether the text so far is complete (`_accepting`);
-    they call `_advanced(token)` after every accepted token that is not EOS."""
+    they call `_advanced(token)` after every accepted token that is not EOS, and set `_terminated` when they accept
+    EOS."""
 
     def _init_plan(
         self,
@@ -45,12 +46,15 @@ class PlannedMatcher(GrammarMatcher):
         plan: list[int],
         close_within_budget: bool,
         words: int,
+        eos_ids: frozenset[int],
         eos_row: torch.Tensor,
         never: frozenset[int],
     ) -> None:
+        self._terminated = False  # EOS was accepted
         self._search = search
         self._close = close_within_budget
         self._words = words
+        self._eos_ids = eos_ids
         self._eos_row = eos_row
         self._never = never  # ids never allowed (special tokens; in the automaton's language, byte 0xF4)
         self._pos = 0
@@ -76,10 +80,6 @@ class PlannedMatcher(GrammarMatcher):
     @abstractmethod
     def _fill_plain(self, out: torch.Tensor) -> None:
         """The constraint's own mask, EOS bits where accepting."""
-
-    @abstractmethod
-    def _terminated_flag(self) -> bool:
-        """EOS was accepted."""
 
     # ---- bookkeeping -----------------------------------------------------------------------------
     def _advanced(self, token_id: int) -> None:
@@ -137,7 +137,7 @@ class PlannedMatcher(GrammarMatcher):
         return self._check
 
     def fits_budget(self, token_id: int, remaining_after: int) -> bool:
-        if token_id in self._eos_ids():
+        if token_id in self._eos_ids:
             return self._accepting()
         if remaining_after < 0 or token_id in self._never:
             return False
@@ -163,16 +163,13 @@ class PlannedMatcher(GrammarMatcher):
     def budget_fallback(self) -> int:
         return self._make_plan()[0]
 
-    @abstractmethod
-    def _eos_ids(self) -> frozenset[int]: ...
-
     # ---- masks -----------------------------------------------------------------------------------
     def _budget_mask(self, remaining_tokens: int | None) -> torch.Tensor | None:
         """The mask the budget imposes here (None: the plain one), and whether the sampled token is then checked;
         `fill_bitmask` and `forced_token` both start here, so they leave the same state behind."""
         self._check = False
         self._after = {}
-        if self._terminated_flag():
+        if self._terminated:
             return self._eos_row
         if remaining_tokens is None or not self._close:
             return None

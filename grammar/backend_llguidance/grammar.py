@@ -12,13 +12,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from loraplex.grammar.backend_outlines.automaton import token_row
 from loraplex.grammar.backend_types import CompiledGrammar
 from loraplex.grammar.budget import PlannedMatcher
-from loraplex.grammar.search import CompletionSearch
+from loraplex.grammar.search import CompletionSearch, token_filter
 from loraplex.grammar.spec import GrammarError
 from loraplex.grammar.vocab import VocabInfo
 
@@ -41,18 +39,16 @@ class VocabRows:
     @classmethod
     def of(cls, info: VocabInfo) -> VocabRows:
         eos_ids = frozenset(info.eos_ids)
-        real = [t for t, b in enumerate(info.token_bytes) if b is not None]
-        with_f4 = frozenset(t for t in real if 0xF4 in (info.token_bytes[t] or b""))
+        allowed, eos = token_filter(info, automaton_language=False)
+        automaton, _ = token_filter(info, automaton_language=True)
         return cls(
             words=info.words,
             eos_ids=eos_ids,
             special=frozenset(t for t, b in enumerate(info.token_bytes) if b is None) - eos_ids,
-            with_f4=with_f4,
-            allowed_row=torch.from_numpy(token_row(np.asarray(real, dtype=np.int64), info.words)),
-            automaton_row=torch.from_numpy(
-                token_row(np.asarray([t for t in real if t not in with_f4], dtype=np.int64), info.words)
-            ),
-            eos_row=torch.from_numpy(token_row(np.asarray(sorted(eos_ids)), info.words)),
+            with_f4=frozenset(t for t, b in enumerate(info.token_bytes) if b is not None and 0xF4 in b),
+            allowed_row=torch.from_numpy(allowed),
+            automaton_row=torch.from_numpy(automaton),
+            eos_row=torch.from_numpy(eos),
         )
 
 
@@ -103,11 +99,9 @@ class LLGuidanceMatcher(PlannedMatcher):
     def __init__(self, grammar: LLGuidanceGrammar, matcher: Any) -> None:
         self._g = grammar
         self._m = matcher
-        self._terminated = False
         self._buf = torch.zeros(grammar.words, dtype=torch.int32)
-        self._init_plan(
-            grammar.search, grammar.plan, grammar.close_within_budget, grammar.words, grammar.eos_row, grammar.never
-        )
+        g = grammar
+        self._init_plan(g.search, g.plan, g.close_within_budget, g.words, g.eos_ids, g.eos_row, g.never)
 
     # ---- state -----------------------------------------------------------------------------------
     def accept_token(self, token_id: int) -> bool:
@@ -172,12 +166,6 @@ class LLGuidanceMatcher(PlannedMatcher):
 
     def _accepting(self) -> bool:
         return bool(self._m.is_accepting())
-
-    def _terminated_flag(self) -> bool:
-        return self._terminated
-
-    def _eos_ids(self) -> frozenset[int]:
-        return self._g.eos_ids
 
     def _fill_plain(self, out: torch.Tensor) -> None:
         g = self._g

@@ -67,9 +67,8 @@ class AutomatonMatcher(PlannedMatcher):
     def __init__(self, grammar: AutomatonGrammar) -> None:
         self._g = grammar
         self.state = 0
-        self._terminated = False
         g = grammar
-        self._init_plan(g.search, g.plan, g.close_within_budget, g.words, g.eos_row, frozenset())
+        self._init_plan(g.search, g.plan, g.close_within_budget, g.words, g.eos_ids, g.eos_row, frozenset())
 
     def accept_token(self, token_id: int) -> bool:
         g = self._g
@@ -130,12 +129,6 @@ class AutomatonMatcher(PlannedMatcher):
 
     def _accepting(self) -> bool:
         return self._g.states.accepting[self.state]
-
-    def _terminated_flag(self) -> bool:
-        return self._terminated
-
-    def _eos_ids(self) -> frozenset[int]:
-        return self._g.eos_ids
 
     def _fill_plain(self, out: torch.Tensor) -> None:
         out.copy_(self._g.rows[self.state])
