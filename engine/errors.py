@@ -9,9 +9,10 @@ class EngineError(ValueError):
 
     default_code = "engine_error"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None, field: str | None = None) -> None:
         super().__init__(message)
         self.code = code or self.default_code
+        self.field = field  # the request field it is about, where it is one the HTTP API names alike
 
 
 class RequestError(EngineError):

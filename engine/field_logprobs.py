@@ -12,6 +12,7 @@ with its own logprob; n-gram drafts the model accepted count as the sampled toke
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 _WHITESPACE = b" \t\n\r"
@@ -102,8 +103,6 @@ class _Leaves:
 
 
 def _unescape(quoted: bytes) -> str:
-    import json
-
     key: str = json.loads(quoted)
     return key
 

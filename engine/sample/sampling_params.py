@@ -76,9 +76,10 @@ class SamplingParams:
         if self.logprobs is not None and not (0 <= self.logprobs <= 20):
             raise bad(f"logprobs must be between 0 and 20, got {self.logprobs}")
         if self.field_logprobs and (self.structured is None or self.structured.kind not in ("json", "json_object")):
-            raise bad(
-                "field_logprobs needs a JSON constraint (response_format json_schema or json_object, guided_json, "
-                "or tools with tool_choice required or a named function)"
+            raise RequestError(
+                "field_logprobs needs a JSON constraint: response_format json_schema or json_object, guided_json, "
+                "or tools with tool_choice required or a named function",
+                field="field_logprobs",
             )
         if self.prompt_logprobs is not None and not (0 <= self.prompt_logprobs <= 20):
             raise bad(f"prompt_logprobs must be between 0 and 20, got {self.prompt_logprobs}")

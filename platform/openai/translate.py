@@ -224,13 +224,6 @@ def sampling_params(
     bias: dict[int, float] | None = None,
 ) -> list[SamplingParams]:
     """One SamplingParams per choice (n); with a seed, choice i uses seed + i so choices differ."""
-    if req.field_logprobs and (structured is None or structured.kind not in ("json", "json_object")):
-        raise bad_request(
-            "field_logprobs needs a JSON constraint: response_format json_schema or json_object, guided_json, or "
-            "tools with tool_choice required or a named function",
-            param="field_logprobs",
-            code="invalid_request",
-        )
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     prompt_logprobs = req.prompt_logprobs
     if isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None:
@@ -262,7 +255,7 @@ def sampling_params(
                 )
             )
         except RequestError as exc:
-            raise refused(exc) from None
+            raise refused(exc, param=exc.field) from None
     return params
 
 
