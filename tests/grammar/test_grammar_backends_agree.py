@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 
+import msgspec
 import pytest
 import torch
 
@@ -16,7 +17,10 @@ from loraplex.grammar import StructuredSpec
 from loraplex.grammar.backend_llguidance import text as llg_text
 from loraplex.grammar.backend_llguidance.grammar import LLGuidanceGrammar
 from loraplex.grammar.workers.job import CompileOptions, translate
+from loraplex.platform.openai.schemas import ChatCompletionRequest as ChatRequest
+from loraplex.platform.openai.tools import call_schema, tool_mode
 from tests.grammar.helpers import EOS, REPO, VOCAB, allowed_ids
+from tests.platform.test_platform_tools import TOOLS, USER
 
 DEV_SET = REPO.parent / "shared" / "schemas" / "schemastore-dev"
 # dev-set schemas with an exact regex of at most ~5,000 characters (s3-bucket-cors: its automaton does not fit the
@@ -45,47 +49,11 @@ DEV_IDS = [
     "heloisa-marketplace",
     "partial-pdm-dockerize",
 ]
-TOOL_CALLS = {  # what platform/openai/tools.py makes of three tools with tool_choice "required"
-    "type": "array",
-    "minItems": 1,
-    "items": {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": "get_weather"},
-                    "arguments": {
-                        "type": "object",
-                        "properties": {
-                            "city": {"type": "string", "minLength": 1, "maxLength": 30},
-                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                        },
-                        "required": ["city", "unit"],
-                    },
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            },
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": "book_table"},
-                    "arguments": {
-                        "type": "object",
-                        "properties": {
-                            "guests": {"type": "integer", "minimum": 1, "maximum": 8},
-                            "date": {"type": "string", "format": "date"},
-                            "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3},
-                        },
-                        "required": ["guests", "date"],
-                    },
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            },
-        ]
-    },
-}
+# what platform/openai/tools.py makes of the tool-calling tests' three tools with tool_choice "required" (the request
+# whose streamed and whole answers once differed when the background build took over)
+TOOL_CALLS = call_schema(
+    tool_mode(msgspec.convert({"model": "m", "messages": USER, "tools": TOOLS, "tool_choice": "required"}, ChatRequest))
+)
 SPECS = {
     "tool_calls": StructuredSpec(json=TOOL_CALLS),
     "regex": StructuredSpec(regex=r"[A-Z][a-z]{2,8}( [A-Z][a-z]{2,8}){0,2}\."),
