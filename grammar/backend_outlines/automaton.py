@@ -7,9 +7,9 @@ before the sentinel, every token is indexed, and "accepting" is "the sentinel le
 state". Real tokens containing byte 0xF4 (the sentinel's lead byte; U+100000..U+10FFFF, private
 use) are left out of the vocabulary.
 
-From the Index we keep: a transition table over token classes, which states accept, each
-state's distance in tokens to acceptance (backwards BFS), and one int32 bitmask row per state, so
-a mask fill is a row copy. Tokens into states that cannot reach acceptance are dropped.
+From the Index we keep: a transition table over token classes, which states accept, and one int32 bitmask row per
+state, so a mask fill is a row copy. Tokens into states that cannot reach acceptance (found by a backwards BFS of
+distances) are dropped; how an output closes within a budget is grammar/budget.py's, the same for both backends.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ class AutomatonData:
     token_class: np.ndarray  # int32 [vocab_size]
     table: np.ndarray  # int32 [S, C]
     accepting: np.ndarray  # bool [S]
-    dist: np.ndarray  # int32 [S]: fewest tokens to an accepting state
     rows: np.ndarray  # int32 [S, words]: allowed tokens (EOS bits set where accepting)
 
 
@@ -139,7 +138,7 @@ def build_automaton(regex: str, vocab: OutlinesVocab) -> AutomatonData:
             token_class = np.arange(vocab_size, dtype=np.int32)
             table = np.stack([dense(j) for j in range(n)]).astype(np.int32)
             break
-    return AutomatonData(token_class, table, accepting, dist.astype(np.int32), rows)
+    return AutomatonData(token_class, table, accepting, rows)
 
 
 def _distances(n: int, succ: list[list[int]], accepting: np.ndarray) -> np.ndarray:
