@@ -212,7 +212,7 @@ class LLMEngine:
             done: Future[CompiledGrammar | None] = Future()
             done.set_result(None)
             return done
-        return self.structured.precheck(params.structured, params.max_tokens)
+        return self.structured.precheck(params.structured, params.max_tokens, params.grounding_sources)
 
     def add_request(
         self,

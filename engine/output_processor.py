@@ -153,6 +153,7 @@ class OutputProcessor:
             narrowing=seq.narrowing,
             prompt_logprobs=req.prompt_logprobs,
             field_logprobs=self._field_logprobs(req) if reason else None,
+            grounded_values=seq.grounding.locate(req.detok.text) if reason and seq.grounding is not None else None,
             num_draft_tokens=seq.num_draft_tokens,
             num_accepted_tokens=seq.num_accepted_tokens,
             num_forced_tokens=seq.num_forced_tokens,

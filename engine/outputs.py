@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from loraplex.engine.field_logprobs import FieldLogprob
+    from loraplex.grammar.grounding import GroundedValue
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -44,6 +45,8 @@ class RequestOutput:
     num_forced_tokens: int = 0
     # with field_logprobs, once finished: per leaf of the JSON output (by JSON pointer), its tokens' logprobs
     field_logprobs: dict[str, FieldLogprob] | None = None
+    # with grounded values (x-loraplex-grounded), once finished: where each came from in the source text
+    grounded_values: list[GroundedValue] | None = None
 
     def then(self, later: RequestOutput) -> RequestOutput:
         """This output followed by `later` of the same request, as one output (what a consumer that did not

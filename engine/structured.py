@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from loraplex.grammar import CompiledGrammar, GrammarCompiler, StructuredSpec
     from loraplex.grammar.backend_types import GrammarBackend, GrammarMatcher
     from loraplex.grammar.forced_bytes import ByteTable
+    from loraplex.grammar.grounding import SourceText
 
 
 FORCED_TEXT_LIMIT = 64  # bytes of forced text one jump-forward or grammar draft covers at most
@@ -118,7 +119,9 @@ class StructuredOutputManager:
         if self._compiler is not None:
             self._compiler.close()
 
-    def precheck(self, spec: StructuredSpec, max_tokens: int | None) -> Future[CompiledGrammar | None]:
+    def precheck(
+        self, spec: StructuredSpec, max_tokens: int | None, sources: tuple[SourceText, ...] | None = None
+    ) -> Future[CompiledGrammar | None]:
         """Compile ``spec`` (or hit the cache) and check that ``max_tokens`` holds its shortest output; the
         future fails with GrammarError or RequestError. Thread-safe: the server calls it before queueing. (Typed
         as the engine's precheck, whose unconstrained requests get None.)"""
@@ -133,7 +136,7 @@ class StructuredOutputManager:
             else:
                 checked.set_result(grammar)
 
-        self.compiler.submit(spec).add_done_callback(finish)
+        self.compiler.submit(spec, sources).add_done_callback(finish)
         return checked
 
     def attach(self, seq: Sequence, grammar: CompiledGrammar | None) -> None:
@@ -143,10 +146,15 @@ class StructuredOutputManager:
         if spec is None:
             return
         if grammar is not None:
-            seq.grammar = grammar.new_matcher()
-            seq.narrowing = grammar.narrowing
+            self._start(seq, grammar)
         else:
-            seq.grammar_future = self.compiler.submit(spec)
+            seq.grammar_future = self.compiler.submit(spec, seq.params.grounding_sources)
+
+    @staticmethod
+    def _start(seq: Sequence, grammar: CompiledGrammar) -> None:
+        seq.grammar = grammar.new_matcher()
+        seq.narrowing = grammar.narrowing
+        seq.grounding = grammar.grounding
 
     @staticmethod
     def check_budget(compiled: CompiledGrammar, max_tokens: int | None) -> None:
@@ -173,8 +181,7 @@ class StructuredOutputManager:
         except Exception as exc:  # GrammarError, RequestError, timeout: that request only
             self._failed[seq.request_id] = str(exc)
             return False
-        seq.grammar = compiled.new_matcher()
-        seq.narrowing = compiled.narrowing
+        self._start(seq, compiled)
         return True
 
     def admitted(self, seq: Sequence) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Literal, TypeAlias, get_args
+from typing import TYPE_CHECKING, Literal, TypeAlias, get_args
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from loraplex.grammar.backend_llguidance.grounded import Grounding
 
 # What serves a compiled grammar: a token automaton (outlines_core's Index) or llguidance.
 ServingBackend: TypeAlias = Literal["outlines", "llguidance"]
@@ -118,6 +121,8 @@ class CompiledGrammar(ABC):
     backend: ServingBackend
     # How the constraint was narrowed to be enforceable ("keyword at pointer: how"); empty: enforced exactly.
     narrowing: tuple[str, ...] = ()
+    # a grammar bound to a request's source text (x-loraplex-grounded): finds where its values came from
+    grounding: Grounding | None = None
 
     @abstractmethod
     def new_matcher(self) -> GrammarMatcher:

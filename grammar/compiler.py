@@ -20,14 +20,23 @@ import contextlib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from loraplex.grammar.backend_llguidance.grounded import GroundedTemplate
 from loraplex.grammar.backend_types import GRAMMAR_BACKENDS, CompiledGrammar, GrammarBackend
+from loraplex.grammar.grounding import SourceText
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import vocab_from_hf
 from loraplex.grammar.workers.job import CompileOptions
-from loraplex.grammar.workers.messages import Artifact, AutomatonArtifact, LLGuidanceArtifact, PrebuildHint
+from loraplex.grammar.workers.messages import (
+    Artifact,
+    AutomatonArtifact,
+    GroundedArtifact,
+    LLGuidanceArtifact,
+    PrebuildHint,
+)
 from loraplex.grammar.workers.pool import JobFailed, WorkerPool
 
 UPGRADE_TIMEOUT_S = 120.0
@@ -84,6 +93,8 @@ class GrammarCompiler:
             "outlines": 0,
             "llguidance": 0,
             "upgrades": 0,
+            "grounded_binds": 0,
+            "grounded_bind_seconds": 0.0,
         }
         self._ll_tokenizer: Any = None
         self._search: Any = None
@@ -95,12 +106,55 @@ class GrammarCompiler:
         # while it builds), while the worker builds its own and plans: per cache key, (text, template future)
         self._prebuilder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-llg-build")
         self._prebuilt: dict[tuple[str, str], tuple[str, Future[Any]]] = {}
+        # binds grounded schemas to each request's source text (llguidance builds its span automaton without the GIL)
+        self._binder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-grounding")
         self._closed = False
         threading.Thread(target=self._llguidance_parts, name="grammar-llg-init", daemon=True).start()
 
     # ---- public API ------------------------------------------------------------------------------
-    def submit(self, spec: StructuredSpec) -> Future[CompiledGrammar]:
-        """A future of the compiled grammar; fails with GrammarError (refusal or timeout)."""
+    def submit(self, spec: StructuredSpec, sources: Sequence[SourceText] | None = None) -> Future[CompiledGrammar]:
+        """A future of the compiled grammar; fails with GrammarError (refusal or timeout). ``sources``: the request's
+        source text, which a schema with grounded values is bound to (per request, off the caller's thread; the
+        schema's template is what is cached)."""
+        base = self._submit(spec)
+        if base.done() and base.exception() is None and not isinstance(base.result(), GroundedTemplate):
+            return base
+        out: Future[CompiledGrammar] = Future()
+        out.set_running_or_notify_cancel()
+
+        def bind(template: GroundedTemplate) -> None:
+            started = time.perf_counter()
+            try:
+                if sources is None:
+                    template.new_matcher()  # (refuses by name)
+                    raise AssertionError("unreachable")
+                grammar = template.bind(sources)
+            except BaseException as e:  # GrammarError; anything else fails this request only
+                out.set_exception(e)
+                return
+            with self._lock:
+                self._stats["grounded_binds"] += 1
+                self._stats["grounded_bind_seconds"] += time.perf_counter() - started
+            out.set_result(grammar)
+
+        def compiled(fut: Future[CompiledGrammar]) -> None:
+            error = fut.exception()
+            if error is not None:
+                out.set_exception(error)
+                return
+            grammar = fut.result()
+            if not isinstance(grammar, GroundedTemplate):
+                out.set_result(grammar)
+                return
+            try:
+                self._binder.submit(bind, grammar)
+            except RuntimeError:  # shut down meanwhile
+                out.set_exception(GrammarError("grammar compiler is closed"))
+
+        base.add_done_callback(compiled)
+        return out
+
+    def _submit(self, spec: StructuredSpec) -> Future[CompiledGrammar]:
         try:
             key = (self.vocab.identity, spec.cache_key())
         except GrammarError as e:
@@ -144,9 +198,9 @@ class GrammarCompiler:
         )
         return fut
 
-    def compile(self, spec: StructuredSpec) -> CompiledGrammar:
-        """Blocking convenience: submit(spec).result()."""
-        return self.submit(spec).result()
+    def compile(self, spec: StructuredSpec, sources: Sequence[SourceText] | None = None) -> CompiledGrammar:
+        """Blocking convenience: submit(spec, sources).result()."""
+        return self.submit(spec, sources).result()
 
     def wait_for_upgrades(self, timeout_s: float | None = None) -> bool:
         """Block until no background automaton build is pending (benchmarks and warm-up measure the steady
@@ -166,6 +220,7 @@ class GrammarCompiler:
         if self._upgrade_pool is not None:
             self._upgrade_pool.close()
         self._prebuilder.shutdown(wait=False, cancel_futures=True)
+        self._binder.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> GrammarCompiler:
         return self
@@ -248,7 +303,24 @@ class GrammarCompiler:
         prebuilt: tuple[str, Future[Any]] | None = None,
     ) -> CompiledGrammar:
         grammar: CompiledGrammar
-        if isinstance(artifact, AutomatonArtifact):
+        if isinstance(artifact, GroundedArtifact):
+            import json
+
+            ll_tokenizer, search, rows = self._llguidance_parts()
+            if artifact.automaton_language:
+                search = self._automaton_parts()[0]
+            grammar = GroundedTemplate(
+                artifact.template,
+                artifact.slots,
+                json.loads(artifact.schema),
+                ll_tokenizer,
+                rows,
+                search,
+                close_within_budget,
+                artifact.automaton_language,
+                artifact.tags,
+            )
+        elif isinstance(artifact, AutomatonArtifact):
             from loraplex.grammar.backend_outlines.grammar import AutomatonGrammar
 
             search, tables = self._automaton_parts()

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from loraplex.grammar import CompiledGrammar, GrammarMatcher
+    from loraplex.grammar.backend_llguidance.grounded import Grounding
 
 
 class SequenceStatus(enum.Enum):
@@ -49,6 +50,7 @@ class Sequence:
     # structured output / adapter plumbing, filled by the engine
     grammar: GrammarMatcher | None = None  # once compiled
     narrowing: tuple[str, ...] | None = None  # how the constraint was narrowed (empty: exact; None: no constraint)
+    grounding: Grounding | None = None  # a grounded grammar's: finds where the output's values came from
     grammar_future: Future[CompiledGrammar] | None = None  # while compiling (requests added without precheck)
     generator: torch.Generator | None = None  # for seeded sampling
     first_token_time: float | None = None

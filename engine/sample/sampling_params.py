@@ -11,6 +11,7 @@ from loraplex.engine.errors import RequestError
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 if TYPE_CHECKING:
+    from loraplex.grammar.grounding import SourceText
     from loraplex.grammar.spec import StructuredSpec
 
 
@@ -38,6 +39,9 @@ class SamplingParams:
     # per leaf of a JSON constraint's output, its tokens' logprobs (engine/field_logprobs.py); every token is then
     # sampled (no jump-forward), as with logprobs
     field_logprobs: bool = False
+    # the request's source text: a schema's x-loraplex-grounded strings may only be spans of it (grammar/grounding.py);
+    # the platform passes the user messages' text (each with its index in the request), or the prompt
+    grounding_sources: tuple[SourceText, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -133,13 +133,21 @@ def tagged_json_grammar(schema: Any, open_tag: str, close_tag: str, parallel: bo
             f"call: %json {json.dumps(inner)} {close}\n"
         )
         return LLMatcher.grammar_from_lark(lark)
-    lark = (
+    return LLMatcher.grammar_from_lark(tagged_lark(f"%json {json.dumps(inner)}", open_tag, close_tag, parallel))
+
+
+def tagged_lark(call: str, open_tag: str, close_tag: str, parallel: bool) -> str:
+    """The Lark text of free text or tagged calls, each call being ``call`` (a %json value, or a terminal)."""
+    import json
+
+    tag, close = json.dumps(open_tag), json.dumps(close_tag)
+    more = f' ("\\n" {tag} call)*' if parallel else ""
+    return (
         f"start: TEXT | HEAD call{more}\n"
         f"TEXT: /(?s:.*)/ & ~/(?s:.*){_rx(open_tag)}(?s:.*)/\n"
         f"HEAD: /(?s:.*){_rx(open_tag)}/ & ~/(?s:.*){_rx(open_tag)}(?s:.+)/\n"
-        f"call: %json {json.dumps(inner)} {close}\n"
+        f"call: {call} {close}\n"
     )
-    return LLMatcher.grammar_from_lark(lark)
 
 
 def _rx(literal: str) -> str:

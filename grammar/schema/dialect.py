@@ -380,6 +380,8 @@ class _Rewriter:
                 or (key in ASSERTIONS and not _before(self.draft, INTRODUCED_IN.get(key, "draft-04")))
             ):
                 out[key] = value
+            elif key.startswith(LORAPLEX_PREFIX):
+                out[key] = _loraplex_keyword(key, value, path)
             elif self._holds_target(path + [key]):  # an unknown keyword that references point into
                 out[key] = self._kept(value, path + [key], new_path + [key], base)
         if "$ref" in out:
@@ -422,6 +424,24 @@ class _Rewriter:
                 node["dependentSchemas"] = {**node.get("dependentSchemas", {}), **schemas}
                 renames.update({("dependentSchemas", k): ("dependencies", k) for k in schemas})
         return renames
+
+
+LORAPLEX_PREFIX = "x-loraplex-"
+# Our own keywords a request may write (every draft leaves x- keywords to their users). Any other name with our
+# prefix is refused: a misspelt "x-loraplex-grounded" must not pass as an annotation and generate ungrounded text.
+REQUEST_KEYWORDS = frozenset({"x-loraplex-grounded"})
+
+
+def _loraplex_keyword(key: str, value: Any, path: list[Any]) -> Any:
+    where = pointer(path + [key])
+    if key not in REQUEST_KEYWORDS:
+        raise GrammarError(
+            f"unknown keyword {key!r} at {where}: the x-loraplex- keywords are {', '.join(sorted(REQUEST_KEYWORDS))}",
+            code="unsupported_schema",
+        )
+    if not isinstance(value, bool):
+        raise GrammarError(f"{key} at {where} must be true or false, not {value!r}")
+    return value
 
 
 def _set(node: dict[str, Any], rel: list[Any], value: Any) -> None:

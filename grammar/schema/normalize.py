@@ -25,6 +25,7 @@ from loraplex.grammar.schema.check import ANNOTATIONS, LLGUIDANCE_ONLY, resolve_
 
 APPLICATORS = frozenset({"$ref", "allOf", "anyOf", "oneOf"})
 _NOT_ASSERTIONS = ANNOTATIONS | {"$defs", "definitions"}
+GROUNDED = "x-loraplex-grounded"  # our keyword: a string value must be a span of the source text (grammar/grounding.py)
 KINDS = frozenset({"null", "boolean", "integer", "fraction", "string", "array", "object"})
 MAX_TERMS = 64
 
@@ -79,6 +80,7 @@ class Node:
     keys: list[tuple[str, list[Sub], bool]] = field(default_factory=list)
     extra: list[Sub] = field(default_factory=list)
     values: list[Any] = field(default_factory=list)
+    grounded: bool = False  # a string (or string const) whose value must be a span of the request's source text
 
 
 def json_key(v: Any) -> Any:
@@ -112,7 +114,13 @@ def _dec(v: Any) -> Decimal:
 
 
 def _has_assertions(part: dict[str, Any]) -> bool:
-    return any(k not in _NOT_ASSERTIONS and not k.startswith("x-") for k in part)
+    return any(
+        (k not in _NOT_ASSERTIONS and not k.startswith("x-")) or (k == GROUNDED and part[k] is True) for k in part
+    )
+
+
+def is_grounded(part: dict[str, Any]) -> bool:
+    return part.get(GROUNDED) is True
 
 
 def _esc(name: Any) -> str:
@@ -209,7 +217,8 @@ class Normalizer:
             for v in values:
                 if json_key(v) not in kept and all(self.valid(v, q) for q in rest):
                     kept[json_key(v)] = v
-            return [Node("const", term, values=list(kept.values()))] if kept else []
+            grounded = any(is_grounded(p) for p in parts)
+            return [Node("const", term, values=list(kept.values()), grounded=grounded)] if kept else []
         out = []
         if "null" in kinds:
             out.append(Node("null", term))
@@ -249,7 +258,7 @@ class Normalizer:
 
     @staticmethod
     def _string(term: Term, parts: list[dict[str, Any]]) -> Node:
-        node = Node("string", term)
+        node = Node("string", term, grounded=any(is_grounded(p) for p in parts))
         for p in parts:
             if "minLength" in p:
                 node.min_len = max(node.min_len, int(p["minLength"]))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loraplex.grammar.grounding import GroundedSlot, placeholder
 from loraplex.grammar.schema import json_text as jt
 from loraplex.grammar.schema.ecma_pattern import pattern_to_content_regex
 from loraplex.grammar.schema.formats import FORMATS
@@ -59,6 +60,9 @@ class SchemaRegex:
         self.any_depth = any_depth
         self._memo: dict[Any, str | None] = {}
         self._any: dict[int, str] = {}
+        # grounded strings (x-loraplex-grounded): the regex holds grounding.placeholder(k) for slot k's content
+        self.grounded: list[GroundedSlot] = []
+        self._slots: dict[tuple[str, tuple[str, ...]], int] = {}
 
     @property
     def narrowing(self) -> list[str]:
@@ -122,6 +126,11 @@ class SchemaRegex:
         if kind == "boolean":
             return jt.BOOLEAN
         if kind == "const":
+            if node.grounded and any(isinstance(v, str) for v in node.values):
+                strings = [v for v in node.values if isinstance(v, str)]
+                content = jt.alt([jt.string_literal(v)[1:-1] for v in strings])
+                rest = [const_regex(v) for v in node.values if not isinstance(v, str)]
+                return jt.alt([f'"{self._slot(node, (content,))}"', *rest])
             return jt.alt([const_regex(v) for v in node.values])
         if kind == "number":
             return self._number(node)
@@ -149,8 +158,30 @@ class SchemaRegex:
             return jt.NUMBER
         return decimal_range(node.lo, node.lo_strict, node.hi, node.hi_strict)
 
+    def _slot(self, node: Node, content: tuple[str, ...]) -> str:
+        """The placeholder of a grounded string's content (one slot per place and content regexes)."""
+        ptr = node.term.parts[-1][1] if node.term.parts else ""
+        key = (ptr, content)
+        if key not in self._slots:
+            self._slots[key] = len(self.grounded)
+            self.grounded.append(GroundedSlot(ptr or "/", content))
+        return placeholder(self._slots[key])
+
+    def _string(self, node: Node) -> str | None:
+        if node.grounded:  # each keyword its own regex: the span terminal intersects them all (grounding.py)
+            if node.max_len is not None and node.min_len > node.max_len:
+                return None
+            content = [FORMATS[f] for f in node.formats]
+            content += [pattern_to_content_regex(p, agreeing=True) for p in node.patterns]
+            if node.min_len > 0 or node.max_len is not None:
+                hi = "" if node.max_len is None else str(node.max_len)
+                content.append(f"{jt.UNIT}{{{node.min_len},{hi}}}")
+            return f'"{self._slot(node, tuple(content))}"'
+        body = self._string_content(node)
+        return None if body is None else f'"{body}"'
+
     @staticmethod
-    def _string(node: Node) -> str | None:
+    def _string_content(node: Node) -> str | None:
         ptr = node.term.parts[-1][1] if node.term.parts else ""
         lengths = node.min_len > 0 or node.max_len is not None
         if node.max_len is not None and node.min_len > node.max_len:
@@ -168,7 +199,7 @@ class SchemaRegex:
         else:
             hi = "" if node.max_len is None else str(node.max_len)
             body = f"{jt.UNIT}{{{node.min_len},{hi}}}"
-        return f'"{body}"'
+        return body
 
     # ---- containers ----------------------------------------------------------------------------
     def _array(self, node: Node) -> str | None:

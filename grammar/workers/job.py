@@ -19,19 +19,22 @@ serves only what has no exact regex (recursion, free-form nesting cut, tagged JS
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from loraplex.grammar import grounding
 from loraplex.grammar.backend_llguidance import text as llg_text
 from loraplex.grammar.backend_outlines.automaton import AutomatonData, OutlinesVocab, build_automaton, count_states
 from loraplex.grammar.backend_outlines.node import AutomatonStates, ByteTables
+from loraplex.grammar.grounding import GroundedSlot, SourceText
 from loraplex.grammar.schema.check import check_schema
 from loraplex.grammar.schema.dialect import to_internal
 from loraplex.grammar.schema.json_text import alt, rx_escape
 from loraplex.grammar.schema.narrow import COMPLEMENTED_ONE_OF, narrow
-from loraplex.grammar.schema.normalize import NotRegular
+from loraplex.grammar.schema.normalize import GROUNDED, NotRegular
 from loraplex.grammar.schema.strict import close_schema
 from loraplex.grammar.schema.to_regex import SchemaRegex
 from loraplex.grammar.search import CompletionSearch
@@ -39,6 +42,7 @@ from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import VocabInfo
 from loraplex.grammar.workers.messages import (
     AutomatonArtifact,
+    GroundedArtifact,
     JobResult,
     LLGuidanceArtifact,
     PrebuildHint,
@@ -74,6 +78,10 @@ class Translation:
     narrowing: list[str] = field(default_factory=list)  # how a schema was narrowed (empty: exact)
     # what the regex leaves out (recursion, free-form nesting cut at their bounds); llguidance is exact there
     regex_narrowing: list[str] = field(default_factory=list)
+    # grounded strings (grammar/grounding.py): `llg` is then a Lark template the request's sources complete
+    grounded: list[GroundedSlot] = field(default_factory=list)
+    grounded_schema: Any = None  # the internal schema (local references only) `grounding.locate` walks
+    grounded_tags: tuple[str, str] | None = None  # tool calls: the open and close tags around each value
 
     @property
     def automaton_language(self) -> bool:
@@ -108,7 +116,14 @@ def translate(
     kind = spec.kind
     if kind in ("json", "json_object"):
         schema: Any = {"type": "object"} if kind == "json_object" else spec.schema()
-        schema, narrowing, rx, why, cuts = _schema_parts(schema, spec, options, drop_pattern_properties, small_one_of)
+        parts = _schema_parts(schema, spec, options, drop_pattern_properties, small_one_of)
+        schema, narrowing, rx, why, cuts = parts[:5]
+        if parts[5]:
+            template = grounding.template_lark(_grounded_regex(rx, why, cuts, parts[5]), parts[5])
+            why = "grounded values are built per request"
+            return Translation(
+                None, why, template, "schema cannot be enforced", narrowing, grounded=parts[5], grounded_schema=schema
+            )
         if rx is not None and not cuts:
             llg = llg_text.automaton_language_grammar(rx)
         else:
@@ -118,10 +133,10 @@ def translate(
         tagged = spec.tagged_json
         assert tagged is not None  # (its kind: the one constraint set)
         flags = (drop_pattern_properties, small_one_of)
-        schema, narrowing, _rx, _why, _cuts = _schema_parts(spec.schema(), spec, options, *flags)
+        schema, narrowing, rx, why, cuts, slots = _schema_parts(spec.schema(), spec, options, *flags)
         text = None
         if "text" in tagged:
-            text, text_narrowing, _rx, _why, _cuts = _schema_parts(
+            text, text_narrowing, _rx, _why, _cuts, text_slots = _schema_parts(
                 tagged["text"],
                 spec,
                 options,
@@ -129,6 +144,26 @@ def translate(
                 small_one_of,
             )
             narrowing += [f"{n} (of the answer)" for n in text_narrowing]
+            if text_slots:
+                raise GrammarError(
+                    f"x-loraplex-grounded at {text_slots[0].pointer} of the answer beside tool calls: grounded values "
+                    "are enforced in tool-call arguments and in answers without tools, not in an answer beside tools",
+                    code="unsupported_schema",
+                )
+        if slots:
+            calls = _grounded_regex(rx, why, cuts, slots)
+            template = grounding.tagged_template_lark(calls, slots, tagged["open"], tagged["close"], tagged["parallel"])
+            why = "grounded values are built per request"
+            return Translation(
+                None,
+                why,
+                template,
+                "tagged JSON cannot be enforced",
+                narrowing,
+                grounded=slots,
+                grounded_schema=schema,
+                grounded_tags=(tagged["open"], tagged["close"]),
+            )
         llg = llg_text.tagged_json_grammar(schema, tagged["open"], tagged["close"], tagged["parallel"], text)
         why = "free text beside tagged JSON needs a complement (text without the tag), which only llguidance holds"
         return Translation(None, why, llg, "tagged JSON cannot be enforced", narrowing)
@@ -147,11 +182,25 @@ def translate(
     return Translation(None, "context-free grammar", llg_text.lark_grammar(spec.grammar), "grammar syntax error")
 
 
+def _grounded_regex(rx: str | None, why: str, cuts: list[str], slots: list[GroundedSlot]) -> str:
+    """The regex of a schema with grounded values; refused by name where it is not exact (the spans are only
+    enforced inside our regex's grammar, never by llguidance's JSON compiler, which would ignore them)."""
+    if rx is None or cuts:
+        reason = why if rx is None else "; ".join(cuts)
+        raise GrammarError(
+            f"x-loraplex-grounded at {slots[0].pointer}: grounded values need a schema with an exact regular form, "
+            f"and this one has none ({reason})",
+            code="unsupported_schema",
+        )
+    return rx
+
+
 def _schema_parts(
     schema: Any, spec: StructuredSpec, options: CompileOptions, drop_pattern_properties: bool, small_one_of: bool
-) -> tuple[Any, list[str], str | None, str, list[str]]:
+) -> tuple[Any, list[str], str | None, str, list[str], list[GroundedSlot]]:
     """A schema checked, narrowed and closed: (schema, narrowing, regex or None, why not a regex, what the regex
-    leaves out). A regex that leaves something out is not offered when the request refuses narrowing."""
+    leaves out, its grounded strings). A regex that leaves something out is not offered when the request refuses
+    narrowing."""
     schema, _draft = to_internal(schema)  # validated under its own draft, in one internal form
     if schema is False:
         raise GrammarError("the schema is false: no value is valid", code="unsatisfiable_schema")
@@ -183,7 +232,24 @@ def _schema_parts(
         raise _with_narrowing(e, narrowing) from None
     if cuts and not spec.allow_narrowing:
         rx, why, cuts = None, f"the regex would narrow: {'; '.join(cuts)}", []
-    return schema, narrowing, rx, why, cuts
+    slots = regex.grounded if rx is not None else _grounded_anywhere(schema)
+    return schema, narrowing, rx, why, cuts, slots
+
+
+def _grounded_anywhere(schema: Any) -> list[GroundedSlot]:
+    """Where a schema without a regex asks for grounded values (so that it is refused by name, not served
+    without them)."""
+    found: list[GroundedSlot] = []
+    todo: list[tuple[Any, str]] = [(schema, "")]
+    while todo and not found:
+        node, ptr = todo.pop()
+        if isinstance(node, dict):
+            if node.get(GROUNDED) is True:
+                found.append(GroundedSlot(ptr or "/"))
+            todo += [(v, f"{ptr}/{k}") for k, v in node.items()]
+        elif isinstance(node, list):
+            todo += [(v, f"{ptr}/{i}") for i, v in enumerate(node)]
+    return found
 
 
 def _with_narrowing(error: GrammarError, narrowing: list[str]) -> GrammarError:
@@ -309,8 +375,34 @@ def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> JobResult:
     return replace(result, artifact=replace(result.artifact, narrowing=narrowing))
 
 
+def _grounded(ctx: WorkerContext, tr: Translation) -> GroundedArtifact:
+    """A grounded schema's template, checked by binding it to a one-character source (each request binds its own)."""
+    from llguidance import LLMatcher
+
+    if ctx.options.backend == "outlines":
+        raise GrammarError(
+            f"x-loraplex-grounded at {tr.grounded[0].pointer}: grounded values are enforced by llguidance, and this "
+            "server's grammar backend is outlines only",
+            code="unsupported_schema",
+        )
+    checked = LLMatcher(
+        ctx.ll_tokenizer, LLMatcher.grammar_from_lark(grounding.bind_lark(tr.llg, [SourceText(0, "x")]))
+    )
+    if checked.is_error():
+        raise GrammarError(f"{tr.llg_error_label}: {checked.get_error().strip()}")
+    return GroundedArtifact(
+        tr.llg,
+        tuple(tr.grounded),
+        json.dumps(tr.grounded_schema),
+        automaton_language=tr.grounded_tags is None,
+        tags=tr.grounded_tags,
+    )
+
+
 def _build(ctx: WorkerContext, tr: Translation) -> JobResult:
     opts = ctx.options
+    if tr.grounded:
+        return JobResult(_grounded(ctx, tr))
     if opts.backend == "outlines":
         if tr.regex is None:
             raise GrammarError(f"cannot be compiled into a token automaton: {tr.why_not_regex}")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
     from loraplex.grammar.backend_outlines.automaton import AutomatonData
+    from loraplex.grammar.grounding import GroundedSlot
     from loraplex.grammar.vocab import VocabInfo
     from loraplex.grammar.workers.job import CompileOptions
 
@@ -42,7 +43,20 @@ class LLGuidanceArtifact:
     automaton_language: bool = False  # the grammar is an exact regex, served as its automaton would be
 
 
-Artifact: TypeAlias = AutomatonArtifact | LLGuidanceArtifact
+@dataclass(frozen=True)
+class GroundedArtifact:
+    """A schema with grounded values (grammar/grounding.py): the Lark template each request completes with its
+    source text, and what finding the values' spans afterwards needs."""
+
+    template: str
+    slots: tuple[GroundedSlot, ...]
+    schema: str  # the internal schema's JSON text (grounding.locate walks it)
+    automaton_language: bool  # a response-format document (not tool calls): served as the automaton's language
+    tags: tuple[str, str] | None = None  # tool calls: open and close tags around each call
+    narrowing: tuple[str, ...] = ()
+
+
+Artifact: TypeAlias = AutomatonArtifact | LLGuidanceArtifact | GroundedArtifact
 
 
 @dataclass(frozen=True)

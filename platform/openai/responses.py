@@ -26,6 +26,7 @@ from loraplex.platform.openai.schemas import (
     CompletionRequest,
     FieldLogprobEntry,
     FieldLogprobs,
+    GroundedValueEntry,
     PromptLogprob,
     PromptLogprobs,
     PromptTokensDetails,
@@ -131,6 +132,15 @@ def field_logprobs(out: RequestOutput) -> FieldLogprobs | None:
     }
 
 
+def grounded_values(out: RequestOutput) -> list[GroundedValueEntry] | None:
+    """A finished choice's `grounded_values` (its schema has x-loraplex-grounded strings)."""
+    if out.grounded_values is None:
+        return None
+    return [
+        GroundedValueEntry(pointer=v.pointer, message=v.message, start=v.start, end=v.end) for v in out.grounded_values
+    ]
+
+
 def _all_logprobs(outputs: list[RequestOutput]) -> list[TokenLogprob]:
     return [lp for o in outputs for lp in (o.new_logprobs or [])]
 
@@ -163,6 +173,7 @@ def chat_completion(
                 logprobs=chat_logprobs(_all_logprobs(results[index]), text) if want_logprobs else None,
                 prompt_logprobs=prompt_logprobs(final.prompt_logprobs, text) if want_prompt_logprobs else None,
                 field_logprobs=field_logprobs(final),
+                grounded_values=grounded_values(final),
             )
         )
     return ChatCompletion(
@@ -201,6 +212,7 @@ def completion(
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs(final.prompt_logprobs, text) if want_prompt_logprobs else None,
                 field_logprobs=field_logprobs(final),
+                grounded_values=grounded_values(final),
             )
         )
     return Completion(
@@ -266,6 +278,7 @@ async def chat_stream(
                                 finish_reason=finish_reason if last else None,
                                 logprobs=logprobs if last else None,
                                 field_logprobs=field_logprobs(out) if last else None,
+                                grounded_values=grounded_values(out) if last else None,
                             )
                         ],
                         usage=(
@@ -338,6 +351,7 @@ async def completion_stream(
                             finish_reason=out.finish_reason,
                             logprobs=logprobs,
                             field_logprobs=field_logprobs(out),
+                            grounded_values=grounded_values(out),
                         )
                     ],
                     usage=(

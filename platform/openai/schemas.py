@@ -265,6 +265,17 @@ class FieldLogprobEntry(Struct, kw_only=True):
 FieldLogprobs = dict[str, FieldLogprobEntry]
 
 
+class GroundedValueEntry(Struct, kw_only=True):
+    """Where an x-loraplex-grounded value of the output came from: its JSON pointer (for tool calls, prefixed by
+    the call's index), the index in `messages` of the user message it copies (0 for a completion's prompt), and
+    the character offsets of the span (`text[start:end]` is the value; its first occurrence)."""
+
+    pointer: str
+    message: int
+    start: int
+    end: int
+
+
 class ChatChoice(Struct, kw_only=True):
     index: int
     message: AssistantMessage
@@ -272,6 +283,7 @@ class ChatChoice(Struct, kw_only=True):
     logprobs: ChatLogprobs | None = None
     prompt_logprobs: PromptLogprobs | None = None
     field_logprobs: FieldLogprobs | None = None
+    grounded_values: list[GroundedValueEntry] | None = None
 
 
 class ChatCompletion(Struct, kw_only=True):
@@ -296,6 +308,7 @@ class ChatChunkChoice(Struct, kw_only=True):
     finish_reason: str | None = None
     logprobs: ChatLogprobs | None = None
     field_logprobs: FieldLogprobs | None = None  # in the choice's last chunk
+    grounded_values: list[GroundedValueEntry] | None = None  # in the choice's last chunk
 
 
 class ChatCompletionChunk(Struct, kw_only=True):
@@ -316,6 +329,7 @@ class CompletionChoice(Struct, kw_only=True):
     logprobs: CompletionLogprobs | None = None
     prompt_logprobs: PromptLogprobs | None = None
     field_logprobs: FieldLogprobs | None = None
+    grounded_values: list[GroundedValueEntry] | None = None
 
 
 class Completion(Struct, kw_only=True):

@@ -8,6 +8,7 @@ from typing import Any
 
 from loraplex.adapters.json_depth import DEFAULT_MAX_JSON_DEPTH, exceeds_depth
 from loraplex.engine import RequestError, SamplingParams
+from loraplex.grammar.grounding import SourceText
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.platform.domain_errors import refused
 from loraplex.platform.errors import ApiError, bad_request
@@ -102,6 +103,21 @@ def echo_texts(tokenizer: Any, req: CompletionRequest) -> list[str] | None:
     if all(isinstance(t, int) for t in prompts):  # one prompt of token ids
         prompts = [prompts]
     return [p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+
+
+def chat_sources(chat: list[ChatMessage]) -> tuple[SourceText, ...]:
+    """What grounded values may copy from in a chat: each user message's text (its text parts joined, as the
+    template gets them), with its index in ``messages``."""
+    sources = []
+    for i, m in enumerate(chat):
+        if m.role != "user":
+            continue
+        if isinstance(m.content, list):
+            text = "".join(part.text or "" for part in m.content if part.type == "text")
+        else:
+            text = m.content or ""
+        sources.append(SourceText(i, text))
+    return tuple(sources)
 
 
 def completion_prompts(tokenizer: Any, prompt: Any) -> list[list[int]]:
@@ -222,6 +238,7 @@ def sampling_params(
     logprobs: int | None,
     structured: StructuredSpec | None,
     bias: dict[int, float] | None = None,
+    sources: tuple[SourceText, ...] | None = None,
 ) -> list[SamplingParams]:
     """One SamplingParams per choice (n); with a seed, choice i uses seed + i so choices differ."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -252,6 +269,7 @@ def sampling_params(
                     logit_bias=bias,
                     prompt_logprobs=prompt_logprobs,
                     field_logprobs=req.field_logprobs,
+                    grounding_sources=sources,
                 )
             )
         except RequestError as exc:
@@ -278,14 +296,17 @@ def choice_inputs(
         )
         max_tokens = resolve_max_tokens(len(prompt_ids), requested, None, max_model_len, param)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = sampling_params(req, max_tokens, logprobs, spec, bias)
+        params = sampling_params(req, max_tokens, logprobs, spec, bias, chat_sources(req.messages))
         return [ChoiceInput(i, prompt_ids, p) for i, p in enumerate(params)]
     inputs: list[ChoiceInput] = []
     for p, ids in enumerate(completion_prompts(tokenizer, req.prompt)):
         max_tokens = resolve_max_tokens(
             len(ids), req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, max_model_len, "max_tokens"
         )
-        for i, params in enumerate(sampling_params(req, max_tokens, req.logprobs, spec, bias)):
+        prompt = req.prompt[p] if isinstance(req.prompt, list) and isinstance(req.prompt[p], str) else req.prompt
+        text = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
+        sources = (SourceText(0, text),)
+        for i, params in enumerate(sampling_params(req, max_tokens, req.logprobs, spec, bias, sources)):
             inputs.append(ChoiceInput(p * req.n + i, ids, params))
     return inputs
 

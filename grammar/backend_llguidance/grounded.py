@@ -1,0 +1,160 @@
+"""A schema with grounded values (grammar/grounding.py): compiled once as a template, bound to each request's
+source text as an ordinary llguidance grammar.
+
+The template is what the compiler caches; it serves no request itself (``new_matcher`` refuses). ``bind`` builds
+the request's grammar (the span terminal of its sources: llguidance's suffix automaton), plans its shortest
+completion (the budget logic of grammar/budget.py, as for every llguidance grammar), and finds the grounded
+strings no span of this source can satisfy: where that leaves no output the request is refused by name, else the
+values are narrowed and said so. The compiler runs ``bind`` off the engine loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from loraplex.grammar import grounding
+from loraplex.grammar.backend_llguidance.grammar import LLGuidanceGrammar, VocabRows
+from loraplex.grammar.backend_types import CompiledGrammar, GrammarMatcher
+from loraplex.grammar.grounding import GroundedSlot, GroundedValue, SourceText
+from loraplex.grammar.search import CompletionSearch
+from loraplex.grammar.spec import GrammarError
+
+
+class Grounding:
+    """What a bound grammar's output needs to say where its grounded values came from."""
+
+    def __init__(self, schema: Any, tags: tuple[str, str] | None, sources: Sequence[SourceText]) -> None:
+        self.schema = schema
+        self.tags = tags
+        self.sources = tuple(sources)
+
+    def locate(self, text: str) -> list[GroundedValue]:
+        """The grounded values of a complete output; for tool calls, each call's pointers start with its index."""
+        if self.tags is None:
+            return grounding.locate(self.schema, text, self.sources)
+        open_tag, close_tag = self.tags
+        found: list[GroundedValue] = []
+        for i, block in enumerate(text.split(open_tag)[1:]):
+            call = block.split(close_tag, 1)[0]
+            for v in grounding.locate(self.schema, call, self.sources):
+                found.append(GroundedValue(f"/{i}{v.pointer}", v.message, v.start, v.end))
+        return found
+
+
+class GroundedTemplate(CompiledGrammar):
+    backend = "llguidance"
+    min_tokens = 0  # (known per request only: the bound grammar's budget is checked)
+
+    def __init__(
+        self,
+        template: str,
+        slots: Sequence[GroundedSlot],
+        schema: Any,
+        ll_tokenizer: Any,
+        rows: VocabRows,
+        search: CompletionSearch,
+        close_within_budget: bool,
+        automaton_language: bool,
+        tags: tuple[str, str] | None,
+    ) -> None:
+        self.template = template
+        self.slots = tuple(slots)
+        self.schema = schema
+        self._tokenizer = ll_tokenizer
+        self._rows = rows
+        self._search = search
+        self._close = close_within_budget
+        self.automaton_language = automaton_language
+        self._tags = tags
+
+    def new_matcher(self) -> GrammarMatcher:
+        raise GrammarError(
+            f"x-loraplex-grounded at {self.slots[0].pointer}: a grounded value needs the request's source text, and "
+            "none was given",
+            code="unsatisfiable_schema",
+        )
+
+    def bind(self, sources: Sequence[SourceText]) -> LLGuidanceGrammar:
+        """The grammar of one request: its grounded values are spans of ``sources``."""
+        from llguidance import LLMatcher
+
+        span = grounding.span_definition(sources)
+        limits = _limits(sum(len(s.text) for s in sources))
+        text = LLMatcher.grammar_from_lark(self.template + span)
+        matcher = LLMatcher(self._tokenizer, text, log_level=0, limits=limits)
+        _check(matcher)
+        empty = self._empty_slots(span, limits)
+        plan = self._search.plan(matcher, thorough=True)
+        if plan is None:
+            named = "; ".join(f"{s.pointer} (with its other keywords)" for s in empty) or "the grounded values"
+            raise GrammarError(
+                "no output can satisfy the schema with this request's source text: no span of it fits the grounded "
+                f"string at {named}",
+                code="unsatisfiable_schema",
+            )
+        grammar = LLGuidanceGrammar(
+            text,
+            self._tokenizer,
+            self._rows,
+            self._search,
+            len(plan),
+            plan,
+            self._close,
+            matcher,
+            automaton_language=self.automaton_language,
+        )
+        grammar.narrowing = self.narrowing + tuple(
+            f"x-loraplex-grounded at {s.pointer}: no span of the source text satisfies the string's other keywords, "
+            "so it is never written"
+            for s in empty
+        )
+        grammar.grounding = Grounding(self.schema, self._tags, sources)
+        return grammar
+
+    def _empty_slots(self, span: str, limits: Any) -> list[GroundedSlot]:
+        """The grounded strings with other keywords that no span of this source satisfies (a slot without them
+        always has the empty span)."""
+        from llguidance import LLMatcher
+
+        checked = [k for k, s in enumerate(self.slots) if s.content]
+        if not checked:
+            return []
+        tag = {k: f"@{k}@" for k in checked}
+        lines = self.template.split("\n")
+        slot_lines = "\n".join(line for line in lines if line.startswith("GROUNDED_"))
+        start = "start: " + " | ".join(f'"{tag[k]}" GROUNDED_{k}' for k in checked)
+        header = lines[0] if lines[0].startswith("%llguidance") else ""
+        text = LLMatcher.grammar_from_lark(f"{header}\n{start}\n{slot_lines}\n{span}")
+        probe = LLMatcher(self._tokenizer, text, log_level=0, limits=limits)
+        _check(probe)
+        empty = []
+        for k in checked:
+            trial = probe.deep_copy()
+            if not trial.consume_tokens(self._tokenizer.tokenize_str(tag[k])):
+                raise GrammarError(f"internal: the slot probe refused its own tag {tag[k]!r}")
+            if not trial.is_accepting() and self._search.plan(trial) is None:
+                empty.append(self.slots[k])
+        return empty
+
+
+# llguidance's default budget for analysing a grammar's lexemes at build time (its LLParserLimits), and what a
+# span automaton needs on top of it per character of source text (measured: 100,000 characters of text under a
+# pattern need about 4 million)
+_INITIAL_LEXER_FUEL = 1_000_000
+_FUEL_PER_CHARACTER = 60
+
+
+def _limits(characters: int) -> Any:
+    """The request's limits: lexer fuel for its source's size, and errors that never quote the grammar (it holds
+    the tenant's text; the messages stay out of logs and other responses)."""
+    from llguidance import LLParserLimits
+
+    fuel = max(_INITIAL_LEXER_FUEL, _FUEL_PER_CHARACTER * characters)
+    return LLParserLimits(initial_lexer_fuel=fuel, verbose_errors=False)
+
+
+def _check(matcher: Any) -> None:
+    if matcher.is_error():
+        first = matcher.get_error().strip().splitlines()[0]
+        raise GrammarError(f"llguidance rejected the grounded grammar: {first}", code="unsupported_schema")
