@@ -319,6 +319,7 @@ class GrammarCompiler:
                 close_within_budget,
                 artifact.automaton_language,
                 artifact.tags,
+                artifact.plan,
             )
         elif isinstance(artifact, AutomatonArtifact):
             from loraplex.grammar.backend_outlines.grammar import AutomatonGrammar

@@ -118,9 +118,22 @@ def span_definition(sources: Sequence[SourceText]) -> str:
     return f"{SPAN_TERMINAL}: " + " | ".join(alternatives) + "\n"
 
 
-def bind_lark(template: str, sources: Sequence[SourceText]) -> str:
-    """The whole grammar of one request: the schema's template and the span terminal of its sources."""
-    return template + span_definition(sources)
+DOCUMENT_TAG = "@m@"  # what a bound grammar's matcher consumes first: the output proper starts after it
+_START = re.compile(r"^start:", re.MULTILINE)
+
+
+def slot_tag(k: int) -> str:
+    """The tag before grounded string ``k`` alone (checking whether any span satisfies it)."""
+    return f"@{k}@"
+
+
+def request_lark(template: str, checked: Sequence[int], sources: Sequence[SourceText]) -> str:
+    """One request's grammar: the schema's document after ``DOCUMENT_TAG``, or grounded string ``k`` of
+    ``checked`` alone after ``slot_tag(k)`` (one llguidance build, one span automaton, serves the request and the
+    checks of its strings), with the span terminal of ``sources``."""
+    starts = [f'"{DOCUMENT_TAG}" loraplex_document', *(f'"{slot_tag(k)}" GROUNDED_{k}' for k in checked)]
+    lark = _START.sub("loraplex_document:", template, count=1)
+    return f"{lark}start: {' | '.join(starts)}\n{span_definition(sources)}"
 
 
 def _lark_regex(regex: str) -> str:

@@ -57,6 +57,7 @@ class GroundedTemplate(CompiledGrammar):
         close_within_budget: bool,
         automaton_language: bool,
         tags: tuple[str, str] | None,
+        plan: Sequence[int] | None = None,
     ) -> None:
         self.template = template
         self.slots = tuple(slots)
@@ -67,6 +68,9 @@ class GroundedTemplate(CompiledGrammar):
         self._close = close_within_budget
         self.automaton_language = automaton_language
         self._tags = tags
+        # a completion valid whatever the source (through empty spans; grammar/workers/job.py), else None: then each
+        # request searches its own
+        self.plan = None if plan is None else list(plan)
 
     def new_matcher(self) -> GrammarMatcher:
         raise GrammarError(
@@ -76,16 +80,23 @@ class GroundedTemplate(CompiledGrammar):
         )
 
     def bind(self, sources: Sequence[SourceText]) -> LLGuidanceGrammar:
-        """The grammar of one request: its grounded values are spans of ``sources``."""
+        """The grammar of one request: its grounded values are spans of ``sources``.
+
+        One llguidance build serves both the request and the check of its grounded strings with other keywords:
+        the grammar's start is the document after a tag, or one such string after its own tag, so the span
+        automaton is built once; the request's matcher is the copy that consumed the document's tag."""
         from llguidance import LLMatcher
 
-        span = grounding.span_definition(sources)
         limits = _limits(sum(len(s.text) for s in sources))
-        text = LLMatcher.grammar_from_lark(self.template + span)
-        matcher = LLMatcher(self._tokenizer, text, log_level=0, limits=limits)
-        _check(matcher)
-        empty = self._empty_slots(span, limits)
-        plan = self._search.plan(matcher, thorough=True)
+        checked = [k for k, slot in enumerate(self.slots) if slot.content]
+        text = LLMatcher.grammar_from_lark(grounding.request_lark(self.template, checked, sources))
+        built = LLMatcher(self._tokenizer, text, log_level=0, limits=limits)
+        _check(built)
+        empty = [self.slots[k] for k in checked if self._empty(built, grounding.slot_tag(k))]
+        matcher = built.deep_copy()
+        if not matcher.consume_tokens(self._tokenizer.tokenize_str(grounding.DOCUMENT_TAG)):
+            raise GrammarError("internal: the grounded grammar refused its own start tag")
+        plan = self.plan if self.plan is not None else self._search.plan(matcher)
         if plan is None:
             named = "; ".join(f"{s.pointer} (with its other keywords)" for s in empty) or "the grounded values"
             raise GrammarError(
@@ -112,30 +123,12 @@ class GroundedTemplate(CompiledGrammar):
         grammar.grounding = Grounding(self.schema, self._tags, sources)
         return grammar
 
-    def _empty_slots(self, span: str, limits: Any) -> list[GroundedSlot]:
-        """The grounded strings with other keywords that no span of this source satisfies (a slot without them
-        always has the empty span)."""
-        from llguidance import LLMatcher
-
-        checked = [k for k, s in enumerate(self.slots) if s.content]
-        if not checked:
-            return []
-        tag = {k: f"@{k}@" for k in checked}
-        lines = self.template.split("\n")
-        slot_lines = "\n".join(line for line in lines if line.startswith("GROUNDED_"))
-        start = "start: " + " | ".join(f'"{tag[k]}" GROUNDED_{k}' for k in checked)
-        header = lines[0] if lines[0].startswith("%llguidance") else ""
-        text = LLMatcher.grammar_from_lark(f"{header}\n{start}\n{slot_lines}\n{span}")
-        probe = LLMatcher(self._tokenizer, text, log_level=0, limits=limits)
-        _check(probe)
-        empty = []
-        for k in checked:
-            trial = probe.deep_copy()
-            if not trial.consume_tokens(self._tokenizer.tokenize_str(tag[k])):
-                raise GrammarError(f"internal: the slot probe refused its own tag {tag[k]!r}")
-            if not trial.is_accepting() and self._search.plan(trial) is None:
-                empty.append(self.slots[k])
-        return empty
+    def _empty(self, built: Any, tag: str) -> bool:
+        """Whether no span satisfies the grounded string behind ``tag`` (with its other keywords)."""
+        trial = built.deep_copy()
+        if not trial.consume_tokens(self._tokenizer.tokenize_str(tag)):
+            raise GrammarError(f"internal: the grounded grammar refused its own tag {tag!r}")
+        return not trial.is_accepting() and self._search.plan(trial) is None
 
 
 # llguidance's default budget for analysing a grammar's lexemes at build time (its LLParserLimits), and what a

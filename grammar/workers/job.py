@@ -29,7 +29,7 @@ from loraplex.grammar import grounding
 from loraplex.grammar.backend_llguidance import text as llg_text
 from loraplex.grammar.backend_outlines.automaton import AutomatonData, OutlinesVocab, build_automaton, count_states
 from loraplex.grammar.backend_outlines.node import AutomatonStates, ByteTables
-from loraplex.grammar.grounding import GroundedSlot, SourceText
+from loraplex.grammar.grounding import GroundedSlot
 from loraplex.grammar.schema.check import check_schema
 from loraplex.grammar.schema.dialect import to_internal
 from loraplex.grammar.schema.json_text import alt, rx_escape
@@ -385,17 +385,24 @@ def _grounded(ctx: WorkerContext, tr: Translation) -> GroundedArtifact:
             "server's grammar backend is outlines only",
             code="unsupported_schema",
         )
-    checked = LLMatcher(
-        ctx.ll_tokenizer, LLMatcher.grammar_from_lark(grounding.bind_lark(tr.llg, [SourceText(0, "x")]))
-    )
+    # bound to no text (only empty spans): the check of the template, and, where that still has an output, a
+    # completion every request can take (the empty span is a span of any source). Tool calls (llguidance's forcing
+    # on) plan per request: a forced run's canonical tokens depend on the source.
+    lark = grounding.request_lark(tr.llg, [], [])
+    checked = LLMatcher(ctx.ll_tokenizer, LLMatcher.grammar_from_lark(lark), log_level=0)
     if checked.is_error():
-        raise GrammarError(f"{tr.llg_error_label}: {checked.get_error().strip()}")
+        raise GrammarError(f"{tr.llg_error_label}: {checked.get_error().strip().splitlines()[0]}")
+    automaton_language = tr.grounded_tags is None
+    plan = None
+    if automaton_language and checked.consume_tokens(ctx.ll_tokenizer.tokenize_str(grounding.DOCUMENT_TAG)):
+        plan = ctx.automaton_search.plan(checked, thorough=True)
     return GroundedArtifact(
         tr.llg,
         tuple(tr.grounded),
         json.dumps(tr.grounded_schema),
-        automaton_language=tr.grounded_tags is None,
+        automaton_language=automaton_language,
         tags=tr.grounded_tags,
+        plan=plan,
     )
 
 

@@ -53,6 +53,7 @@ class GroundedArtifact:
     schema: str  # the internal schema's JSON text (grounding.locate walks it)
     automaton_language: bool  # a response-format document (not tool calls): served as the automaton's language
     tags: tuple[str, str] | None = None  # tool calls: open and close tags around each call
+    plan: list[int] | None = None  # a completion through empty spans (valid whatever the source), if there is one
     narrowing: tuple[str, ...] = ()
 
 

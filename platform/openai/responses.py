@@ -132,10 +132,16 @@ def field_logprobs(out: RequestOutput) -> FieldLogprobs | None:
     }
 
 
-def grounded_values(out: RequestOutput) -> list[GroundedValueEntry] | None:
-    """A finished choice's `grounded_values` (its schema has x-loraplex-grounded strings)."""
+def grounded_values(out: RequestOutput, tools: ToolMode | None = None) -> list[GroundedValueEntry] | None:
+    """A finished choice's `grounded_values` (its schema has x-loraplex-grounded strings). Tool calls' pointers
+    always start with the call's index (``/0/arguments/city``), whichever form the calls were generated in."""
     if out.grounded_values is None:
         return None
+    if tools is not None and tools.kind != "auto" and not tools.json_array:  # one call, generated as an object
+        return [
+            GroundedValueEntry(pointer="/0" + v.pointer, message=v.message, start=v.start, end=v.end)
+            for v in out.grounded_values
+        ]
     return [
         GroundedValueEntry(pointer=v.pointer, message=v.message, start=v.start, end=v.end) for v in out.grounded_values
     ]
@@ -173,7 +179,7 @@ def chat_completion(
                 logprobs=chat_logprobs(_all_logprobs(results[index]), text) if want_logprobs else None,
                 prompt_logprobs=prompt_logprobs(final.prompt_logprobs, text) if want_prompt_logprobs else None,
                 field_logprobs=field_logprobs(final),
-                grounded_values=grounded_values(final),
+                grounded_values=grounded_values(final, tools),
             )
         )
     return ChatCompletion(
@@ -278,7 +284,7 @@ async def chat_stream(
                                 finish_reason=finish_reason if last else None,
                                 logprobs=logprobs if last else None,
                                 field_logprobs=field_logprobs(out) if last else None,
-                                grounded_values=grounded_values(out) if last else None,
+                                grounded_values=grounded_values(out, tools) if last else None,
                             )
                         ],
                         usage=(

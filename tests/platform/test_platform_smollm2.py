@@ -178,3 +178,110 @@ def test_a_flood_is_refused_while_another_tenant_is_served(smol) -> None:
     assert "8000 sequences" in refused.body["message"] and "the limit is 256" in refused.body["message"]
     assert out.usage.completion_tokens <= 4 and out.choices[0].message.content
     assert elapsed < 5, f"the neighbour's chat took {elapsed:.1f}s"
+
+
+INVOICE_TEXT = (
+    'Invoice INV-2024-0173 from Acme "Widgets" GmbH\\Berlin.\n'
+    "Bill to: Dana O'Connor <dana.oconnor@example.org>\n"
+    "Total due: EUR 1,234.50 by 2024-03-31."
+)
+GROUNDED_INVOICE = {
+    "type": "object",
+    "properties": {
+        "invoice_number": {"type": "string", "x-loraplex-grounded": True, "pattern": "^INV-[0-9-]+$"},
+        "vendor": {"type": "string", "x-loraplex-grounded": True, "minLength": 3},
+        "customer_email": {"type": "string", "x-loraplex-grounded": True, "format": "email"},
+        "total": {"type": "number"},
+        "items": {"type": "array", "items": {"type": "string", "x-loraplex-grounded": True}, "maxItems": 2},
+    },
+    "required": ["invoice_number", "vendor", "customer_email", "total", "items"],
+    "additionalProperties": False,
+}
+
+
+def _grounded_chat(client: openai.OpenAI, model: str, **extra: Any) -> dict[str, Any]:
+    messages = [
+        {"role": "system", "content": "Extract the invoice fields as JSON. Vendor: Nobody Inc (not in the text)."},
+        {"role": "user", "content": INVOICE_TEXT},
+    ]
+    fmt = {"type": "json_schema", "json_schema": {"name": "invoice", "schema": GROUNDED_INVOICE}}
+    body = {"model": model, "messages": messages, "temperature": 0, "max_tokens": 120, "response_format": fmt}
+    return client.post("/chat/completions", body={**body, **extra}, cast_to=object)  # type: ignore[return-value]  # (JSON)
+
+
+def _pointer(value: Any, pointer: str) -> Any:
+    for part in pointer.split("/")[1:]:
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return value
+
+
+def test_grounded_values_are_spans_of_the_user_message_and_say_where(smol) -> None:
+    _, _, client, engine = smol
+    out = _grounded_chat(client, engine.model_name)
+    choice = out["choices"][0]
+    value = json.loads(choice["message"]["content"])
+    jsonschema.validate(value, GROUNDED_INVOICE)
+    grounded = {"/invoice_number", "/vendor", "/customer_email"} | {f"/items/{i}" for i in range(len(value["items"]))}
+    where = {g["pointer"]: g for g in choice["grounded_values"]}
+    assert set(where) == grounded
+    for pointer, g in where.items():
+        assert g["message"] == 1  # the user message, never the system one
+        assert INVOICE_TEXT[g["start"] : g["end"]] == _pointer(value, pointer)
+    streamed = client.chat.completions.create(
+        model=engine.model_name,
+        messages=[
+            {"role": "system", "content": "Extract the invoice fields as JSON. Vendor: Nobody Inc (not in the text)."},
+            {"role": "user", "content": INVOICE_TEXT},
+        ],
+        temperature=0,
+        max_tokens=120,
+        response_format={"type": "json_schema", "json_schema": {"name": "invoice", "schema": GROUNDED_INVOICE}},
+        stream=True,
+    )
+    chunks = [c.model_dump() for c in streamed]
+    assert (
+        "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks if c["choices"])
+        == choice["message"]["content"]
+    )
+    last = [c["choices"][0] for c in chunks if c["choices"]][-1]
+    assert last["grounded_values"] == choice["grounded_values"]
+
+
+def test_grounded_values_on_completions_copy_the_prompt(smol) -> None:
+    _, _, client, engine = smol
+    prompt = f"{INVOICE_TEXT}\n\nThe customer's email address, as JSON:"
+    schema = {
+        "type": "object",
+        "properties": {"email": {"type": "string", "x-loraplex-grounded": True}},
+        "required": ["email"],
+        "additionalProperties": False,
+    }
+    out = client.completions.create(
+        model=engine.model_name,
+        prompt=prompt,
+        max_tokens=40,
+        temperature=0,
+        extra_body={"response_format": {"type": "json_schema", "json_schema": {"name": "e", "schema": schema}}},
+    ).model_dump()
+    choice = out["choices"][0]
+    email = json.loads(choice["text"])["email"]
+    assert email in prompt
+    (g,) = choice["grounded_values"]
+    assert g["pointer"] == "/email" and g["message"] == 0 and prompt[g["start"] : g["end"]] == email
+
+
+def test_a_grounded_value_no_span_can_satisfy_is_refused_by_name(smol) -> None:
+    _, _, client, engine = smol
+    schema = {
+        **GROUNDED_INVOICE,
+        "properties": {
+            **GROUNDED_INVOICE["properties"],
+            "vendor": {"type": "string", "x-loraplex-grounded": True, "minLength": 500},
+        },
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "invoice", "schema": schema}}
+    with pytest.raises(openai.BadRequestError) as err:
+        _grounded_chat(client, engine.model_name, response_format=fmt)
+    body = err.value.body
+    assert body["code"] == "unsatisfiable_schema" and "/properties/vendor" in body["message"]
+    assert INVOICE_TEXT[:20] not in body["message"]  # the tenant's text is never quoted back in errors

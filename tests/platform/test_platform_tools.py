@@ -112,6 +112,44 @@ def test_tight_budget_closes_the_call(tenant) -> None:
         assert out.usage.completion_tokens <= 4 * budget
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "lookup"}}])
+def test_grounded_arguments_copy_the_user_message(tenant, choice) -> None:
+    _, _, client, base = tenant
+    text = 'Weather for "São Paulo"\\Rio, please'
+    lookup = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "x-loraplex-grounded": True, "minLength": 2}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": lookup}}]
+    messages = [{"role": "system", "content": "Berlin Tokyo Lagos"}, {"role": "user", "content": text}]
+    out = client.post(
+        "/chat/completions",
+        body={
+            "model": base,
+            "messages": messages,
+            "tools": tools,
+            "tool_choice": choice,
+            "n": 8,
+            "temperature": 1.0,
+            "seed": 5,
+            "max_tokens": 40,
+        },
+        cast_to=object,
+    )
+    calls = 0
+    for ch in out["choices"]:  # type: ignore[index]  # (JSON)
+        where = {g["pointer"]: g for g in ch["grounded_values"]}
+        for i, call in enumerate(ch["message"].get("tool_calls") or []):
+            calls += 1
+            city = json.loads(call["function"]["arguments"])["city"]
+            assert city in text and len(city) >= 2  # a random model, held to spans of the user message
+            g = where[f"/{i}/arguments/city"]
+            assert g["message"] == 1 and text[g["start"] : g["end"]] == city
+    assert calls > 0
+
+
 def test_auto_answers_text_or_a_valid_call(tenant) -> None:
     _, _, client, base = tenant
     out = client.chat.completions.create(

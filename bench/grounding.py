@@ -1,0 +1,143 @@
+"""What grounded values cost: `python -P -m bench.grounding`.
+
+For source texts of 1,000 to 100,000 characters (prose with quotes, backslashes and newlines, the fields to
+extract planted in it) and an extraction schema with three grounded strings, one grounded array and a number:
+
+* build: the per-request part (GroundedTemplate.bind: llguidance's span automaton, the completion plan, the check of
+  strings with other keywords), median of 3, and per 10,000 characters;
+* masks: the same token paths (random walks of the grounded language, which the ungrounded one also allows) replayed
+  through the grounded matcher and through the same schema without the keyword, served by llguidance (a schema's
+  first requests) and by the token automaton (after the background build); p50 and p99 of `fill_bitmask`, and the
+  grounded p99 over each ungrounded p99.
+
+The vocabulary is SmolLM2's (the bundled model); no model runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from loraplex.grammar.compiler import GrammarCompiler
+from loraplex.grammar.grounding import SourceText
+from loraplex.grammar.spec import StructuredSpec
+
+WORDS = ["the", "order", "shipped", "to", "our", "customer", "on", "time", "and", "in", "full", ",", "with"]
+WORDS += ["thanks", ";", "see", "note", "4", "below"]
+PLANTED = (
+    'Invoice INV-2024-0173 from Acme "Widgets" GmbH\\Berlin.\nContact: dana.oconnor@example.org, total 1,234.50 EUR'
+)
+
+
+def schema(grounded: bool) -> dict[str, Any]:
+    g = {"x-loraplex-grounded": True} if grounded else {}
+    return {
+        "type": "object",
+        "properties": {
+            "invoice": {"type": "string", "pattern": "^INV-[0-9-]+$", **g},
+            "vendor": {"type": "string", "maxLength": 60, **g},
+            "email": {"type": "string", "format": "email", **g},
+            "notes": {"type": "array", "items": {"type": "string", "maxLength": 40, **g}, "maxItems": 3},
+            "total": {"type": "number", "minimum": 0, "maximum": 1e9},
+        },
+        "required": ["invoice", "vendor", "email", "notes", "total"],
+        "additionalProperties": False,
+    }
+
+
+def source(chars: int, rng: random.Random) -> str:
+    words: list[str] = []
+    size = 0
+    while size < chars - len(PLANTED):
+        w = rng.choice(WORDS) + ("\n" if rng.random() < 0.05 else "")
+        words.append(w)
+        size += len(w) + 1
+    cut = rng.randrange(len(words) + 1)
+    return " ".join(words[:cut] + [PLANTED] + words[cut:])[:chars]
+
+
+def walk(grammar: Any, rng: random.Random, steps: int) -> list[int]:
+    m = grammar.new_matcher()
+    mask = torch.zeros(m.bitmask_words(), dtype=torch.int32)
+    path: list[int] = []
+    for step in range(steps):
+        m.fill_bitmask(mask, steps - step)
+        bits = (mask.unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1
+        ids = torch.nonzero(bits.flatten()).flatten().tolist()
+        token = rng.choice(ids)
+        if not m.accept_token(token) or m.is_terminated():
+            break
+        path.append(token)
+    return path
+
+
+def mask_times(grammar: Any, paths: list[list[int]], budget: int) -> list[float]:
+    times: list[float] = []
+    for path in paths:
+        m = grammar.new_matcher()
+        mask = torch.zeros(m.bitmask_words(), dtype=torch.int32)
+        for step, token in enumerate(path):
+            t = time.perf_counter()
+            m.fill_bitmask(mask, budget - step)
+            times.append(time.perf_counter() - t)
+            assert m.accept_token(token), "an ungrounded matcher refused a grounded path"
+    return times
+
+
+def p(times: list[float], q: float) -> float:
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,10000,100000")
+    ap.add_argument("--walks", type=int, default=20)
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    from loraplex.engine.model.files import default_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    rng = random.Random(0)
+    budget = 120
+    with (
+        GrammarCompiler(tokenizer, eos_token_ids=eos, vocab_size=49152) as auto,
+        GrammarCompiler(tokenizer, eos_token_ids=eos, vocab_size=49152, backend="llguidance") as llg,
+    ):
+        plain_llg = llg.compile(StructuredSpec(json=schema(False)))
+        auto.compile(StructuredSpec(json=schema(False)))
+        auto.wait_for_upgrades(300)
+        plain_automaton = auto.compile(StructuredSpec(json=schema(False)))
+        template = auto.compile(StructuredSpec(json=schema(True)), [SourceText(0, PLANTED)])  # compiles the template
+        print(f"ungrounded served by: {plain_llg.backend} and {plain_automaton.backend}; grounded: {template.backend}")
+        print(
+            "| source chars | build ms (median of 3) | ms per 10k chars | grounded mask p50 / p99 ms | "
+            "ungrounded llguidance p50 / p99 | automaton p50 / p99 | p99 ratio vs llguidance / automaton |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for chars in (int(s) for s in args.sizes.split(",")):
+            text = source(chars, rng)
+            builds = []
+            for _ in range(3):
+                t = time.perf_counter()
+                grammar = auto.compile(StructuredSpec(json=schema(True)), [SourceText(1, text)])
+                builds.append(time.perf_counter() - t)
+            build = statistics.median(builds) * 1e3
+            paths = [walk(grammar, rng, budget) for _ in range(args.walks)]
+            g, u, a = (mask_times(x, paths, budget) for x in (grammar, plain_llg, plain_automaton))
+            print(
+                f"| {len(text)} | {build:.1f} | {build / len(text) * 1e4:.1f} | {p(g, 0.5):.3f} / {p(g, 0.99):.3f} | "
+                f"{p(u, 0.5):.3f} / {p(u, 0.99):.3f} | {p(a, 0.5):.3f} / {p(a, 0.99):.3f} | "
+                f"{p(g, 0.99) / p(u, 0.99):.2f}x / {p(g, 0.99) / p(a, 0.99):.2f}x |"
+            )
+
+
+if __name__ == "__main__":
+    main()
