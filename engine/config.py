@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from loraplex.engine.reasoning import REASONING_PARSERS, ReasoningParserName
 from loraplex.engine.spec.speculative import SpeculativeConfig
 from loraplex.grammar.backend_types import GRAMMAR_BACKENDS, GrammarBackend
 from loraplex.kernels.cpu_features import require_native_bf16
@@ -72,6 +73,9 @@ class EngineArgs:
     # differ from plain decoding (the model may have tokenized the text differently).
     jump_forward_bytes: bool = False
     speculative_config: dict[str, Any] | str | None = None
+    # vLLM's --reasoning-parser: "qwen3" or "deepseek_r1" (engine/reasoning.py): chat outputs are split into
+    # reasoning and content, and a constrained answer comes after the reasoning within the same max_tokens
+    reasoning_parser: ReasoningParserName | None = None
     device: str | None = None  # None: cuda if available else cpu
     dtype: str | None = None  # None: the checkpoint's dtype on CUDA (bf16 for fp32), float32 on CPU
     seed: int = 0
@@ -106,6 +110,10 @@ class EngineArgs:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.jump_forward_max_running is not None and self.jump_forward_max_running < 1:
             raise ValueError(f"jump_forward_max_running must be >= 1, got {self.jump_forward_max_running}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}"
+            )
         self.resolved_speculative_config()  # refuses a bad one by name
 
     def resolved_speculative_config(self) -> SpeculativeConfig | None:

@@ -29,6 +29,7 @@ from loraplex.engine.model.shape import ModelShape
 from loraplex.engine.output_processor import OutputProcessor, RequestState
 from loraplex.engine.outputs import FinishReason, RequestOutput
 from loraplex.engine.probe import EngineProbe
+from loraplex.engine.reasoning import Phase, ReasoningFormat
 from loraplex.engine.sample.logits_processing import process_logits, suppress_stops
 from loraplex.engine.sample.non_finite import non_finite_error, non_finite_rows
 from loraplex.engine.sample.sampler import Sampler
@@ -105,6 +106,8 @@ class LLMEngine:
             args.grammar_workers,
             args.grammar_backend,
         )
+        self.reasoning = ReasoningFormat.of(args.reasoning_parser, self.tokenizer) if args.reasoning_parser else None
+        self.structured.reasoning = self.reasoning
         self.sampler = Sampler(self.runner.device)
         self.output = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len, self.structured)
         self.spec_config = args.resolved_speculative_config()
@@ -198,6 +201,15 @@ class LLMEngine:
         outside = [t for t in params.logit_bias or {} if t >= vocab]
         if outside:
             raise RequestError(f"logit_bias token id {outside[0]} is outside the vocabulary [0, {vocab})")
+        if params.reasoning and self.reasoning is None:
+            raise RequestError("reasoning needs an engine started with a reasoning_parser", field="reasoning")
+
+    def reasoning_phase(self, prompt_token_ids: list[int], params: SamplingParams) -> Phase | None:
+        """Where a reasoning request's output starts, read from its prompt's tail; None for other requests."""
+        if not params.reasoning or self.reasoning is None:
+            return None
+        tail = self.tokenizer.decode(prompt_token_ids[-64:])
+        return self.reasoning.initial_phase(str(tail))
 
     def precheck(self, prompt_token_ids: list[int], params: SamplingParams) -> Future[CompiledGrammar | None]:
         """Everything that can refuse a request before it is queued; thread-safe (the server calls it on its
@@ -212,7 +224,8 @@ class LLMEngine:
             done: Future[CompiledGrammar | None] = Future()
             done.set_result(None)
             return done
-        return self.structured.precheck(params.structured, params.max_tokens, params.grounding_sources)
+        phase = self.reasoning_phase(prompt_token_ids, params)
+        return self.structured.precheck(params.structured, params.max_tokens, params.grounding_sources, phase)
 
     def add_request(
         self,
@@ -242,6 +255,7 @@ class LLMEngine:
         )
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        seq.reasoning_phase = self.reasoning_phase(prompt_token_ids, params)
         self.output.add(seq)
         self.structured.attach(seq, grammar)
         if adapter is not None:

@@ -23,6 +23,7 @@ from loraplex.engine.core.sequence import Sequence
 from loraplex.engine.detokenizer import IncrementalDetokenizer
 from loraplex.engine.field_logprobs import FieldLogprob, field_logprobs
 from loraplex.engine.outputs import FinishReason, RequestOutput, TokenLogprob
+from loraplex.engine.reasoning import ReasoningSplitter
 from loraplex.engine.sample.sampler import SampleResult
 from loraplex.engine.structured import StructuredOutputManager
 
@@ -38,6 +39,7 @@ class RequestState:
     sent_tokens: int = 0
     sent_logprobs: int = 0
     error: str | None = None
+    splitter: ReasoningSplitter | None = None  # a reasoning request's: reasoning and content apart
 
 
 class OutputProcessor:
@@ -58,6 +60,8 @@ class OutputProcessor:
             [] if p.wants_token_logprobs else None,
             [None] * seq.num_prompt_tokens if p.prompt_logprobs is not None else None,
         )
+        if seq.reasoning_phase is not None and self.structured.reasoning is not None:
+            state.splitter = ReasoningSplitter(self.structured.reasoning, seq.reasoning_phase)
         self.requests[seq.request_id] = state
         return state
 
@@ -103,7 +107,8 @@ class OutputProcessor:
         if not seq.params.field_logprobs or req.logprobs is None:
             return None
         token_bytes = self.structured.compiler.vocab.token_bytes
-        tokens = [(token_bytes[lp.token_id] or b"", lp.logprob) for lp in req.logprobs]
+        answer = seq.grammar.answer_start if seq.grammar is not None else 0  # (after any reasoning)
+        tokens = [(token_bytes[lp.token_id] or b"", lp.logprob) for lp in req.logprobs[answer:]]
         try:
             return field_logprobs([t for t, _ in tokens], [lp for _, lp in tokens])
         except ValueError:
@@ -138,12 +143,21 @@ class OutputProcessor:
         if req.logprobs is not None:
             new_lp = req.logprobs[req.sent_logprobs :]
             req.sent_logprobs = len(req.logprobs)
+        text = req.detok.text if reason else req.detok.text[: req.detok.emitted]
+        new_text = req.detok.release(final=reason is not None)
+        reasoning, new_reasoning = None, ""
+        if req.splitter is not None:  # text and new_text: the content only
+            new_reasoning, new_text = req.splitter.feed(new_text, final=reason is not None)
+            text = req.splitter.content
+            reasoning = req.splitter.reasoning if req.splitter.reasoned else None
         return RequestOutput(
             request_id=seq.request_id,
             prompt_token_ids=seq.prompt_token_ids,
-            text=req.detok.text if reason else req.detok.text[: req.detok.emitted],
+            text=text,
             token_ids=list(seq.output_token_ids),
-            new_text=req.detok.release(final=reason is not None),
+            new_text=new_text,
+            reasoning=reasoning,
+            new_reasoning=new_reasoning,
             new_token_ids=new_tokens,
             finish_reason=reason,
             logprobs=req.logprobs,
@@ -153,7 +167,7 @@ class OutputProcessor:
             narrowing=seq.narrowing,
             prompt_logprobs=req.prompt_logprobs,
             field_logprobs=self._field_logprobs(req) if reason else None,
-            grounded_values=seq.grounding.locate(req.detok.text) if reason and seq.grounding is not None else None,
+            grounded_values=seq.grounding.locate(text) if reason and seq.grounding is not None else None,
             num_draft_tokens=seq.num_draft_tokens,
             num_accepted_tokens=seq.num_accepted_tokens,
             num_forced_tokens=seq.num_forced_tokens,

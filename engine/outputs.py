@@ -47,6 +47,9 @@ class RequestOutput:
     field_logprobs: dict[str, FieldLogprob] | None = None
     # with grounded values (x-loraplex-grounded), once finished: where each came from in the source text
     grounded_values: list[GroundedValue] | None = None
+    # a reasoning request's reasoning so far (its text and new_text are then the content only); None: none
+    reasoning: str | None = None
+    new_reasoning: str = ""
 
     def then(self, later: RequestOutput) -> RequestOutput:
         """This output followed by `later` of the same request, as one output (what a consumer that did not
@@ -54,6 +57,7 @@ class RequestOutput:
         return replace(
             later,
             new_text=self.new_text + later.new_text,
+            new_reasoning=self.new_reasoning + later.new_reasoning,
             new_token_ids=self.new_token_ids + later.new_token_ids,
             new_logprobs=None
             if self.new_logprobs is None and later.new_logprobs is None

@@ -23,6 +23,7 @@ from loraplex.engine.core.sequence import Sequence
 from loraplex.engine.errors import RequestError
 from loraplex.engine.outputs import FinishReason
 from loraplex.engine.probe import EngineProbe
+from loraplex.engine.reasoning import Phase, ReasoningFormat
 from loraplex.engine.stats import GrammarStats
 from loraplex.kernels.bitmask import apply_token_bitmask
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from loraplex.grammar.backend_types import GrammarBackend, GrammarMatcher
     from loraplex.grammar.forced_bytes import ByteTable
     from loraplex.grammar.grounding import SourceText
+    from loraplex.grammar.reasoning import ReasoningVocab
 
 
 FORCED_TEXT_LIMIT = 64  # bytes of forced text one jump-forward or grammar draft covers at most
@@ -71,6 +73,8 @@ class StructuredOutputManager:
         self._failed: dict[str, str] = {}  # request id -> error message
         self.probe: EngineProbe | None = None  # set through LLMEngine.probe
         self._byte_table: ByteTable | None = None  # byte-level jump-forward's tables, built on first use
+        self.reasoning: ReasoningFormat | None = None  # the engine's reasoning parser (set by the engine)
+        self._reasoning_vocab: ReasoningVocab | None = None  # built on the first constrained reasoning request
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -120,7 +124,11 @@ class StructuredOutputManager:
             self._compiler.close()
 
     def precheck(
-        self, spec: StructuredSpec, max_tokens: int | None, sources: tuple[SourceText, ...] | None = None
+        self,
+        spec: StructuredSpec,
+        max_tokens: int | None,
+        sources: tuple[SourceText, ...] | None = None,
+        phase: Phase | None = None,
     ) -> Future[CompiledGrammar | None]:
         """Compile ``spec`` (or hit the cache) and check that ``max_tokens`` holds its shortest output; the
         future fails with GrammarError or RequestError. Thread-safe: the server calls it before queueing. (Typed
@@ -130,7 +138,7 @@ class StructuredOutputManager:
         def finish(compiled: Future[CompiledGrammar]) -> None:
             try:
                 grammar = compiled.result()
-                self.check_budget(grammar, max_tokens)
+                self.check_budget(grammar, max_tokens, self._closing_tokens(phase))
             except Exception as exc:  # GrammarError, RequestError, timeout
                 checked.set_exception(exc)
             else:
@@ -150,19 +158,37 @@ class StructuredOutputManager:
         else:
             seq.grammar_future = self.compiler.submit(spec, seq.params.grounding_sources)
 
-    @staticmethod
-    def _start(seq: Sequence, grammar: CompiledGrammar) -> None:
-        seq.grammar = grammar.new_matcher()
+    def _start(self, seq: Sequence, grammar: CompiledGrammar) -> None:
+        matcher = grammar.new_matcher()
+        phase = seq.reasoning_phase
+        if phase is not None and phase != Phase.ANSWER:  # the constraint applies after the reasoning
+            from loraplex.grammar.reasoning import ReasoningMatcher, ReasoningVocab
+
+            assert self.reasoning is not None  # (a phase is only set on an engine with a parser)
+            if self._reasoning_vocab is None:
+                v = self.compiler.vocab
+                eos = frozenset(self._eos)
+                self._reasoning_vocab = ReasoningVocab.of(self.reasoning, v.token_bytes, eos, matcher.bitmask_words())
+            matcher = ReasoningMatcher(matcher, self._reasoning_vocab, phase)
+        seq.grammar = matcher
         seq.narrowing = grammar.narrowing
         seq.grounding = grammar.grounding
 
+    def _closing_tokens(self, phase: Phase | None) -> int:
+        """Tokens an output starting in ``phase`` spends before its answer at the least (the closing marker)."""
+        if phase != Phase.REASONING or self.reasoning is None:
+            return 0
+        return len(self.reasoning.end_ids)
+
     @staticmethod
-    def check_budget(compiled: CompiledGrammar, max_tokens: int | None) -> None:
-        """Refuse a request whose max_tokens cannot hold even the shortest valid output."""
-        if max_tokens is not None and compiled.min_tokens > max_tokens:
+    def check_budget(compiled: CompiledGrammar, max_tokens: int | None, before: int = 0) -> None:
+        """Refuse a request whose max_tokens cannot hold even the shortest valid output (after ``before`` tokens
+        that must come first: the closing marker of a reasoning that the prompt opened)."""
+        if max_tokens is not None and compiled.min_tokens + before > max_tokens:
+            after = f" after the {before} tokens that end the reasoning" if before else ""
             raise RequestError(
                 f"max_tokens={max_tokens} is too small for this structured output: the shortest "
-                f"valid output needs {compiled.min_tokens} tokens"
+                f"valid output needs {compiled.min_tokens} tokens{after}"
             )
 
     # ---------------------------------------------------------------- AdmissionPolicy
@@ -177,7 +203,7 @@ class StructuredOutputManager:
             return False
         try:
             compiled = fut.result()
-            self.check_budget(compiled, seq.params.max_tokens)
+            self.check_budget(compiled, seq.params.max_tokens, self._closing_tokens(seq.reasoning_phase))
         except Exception as exc:  # GrammarError, RequestError, timeout: that request only
             self._failed[seq.request_id] = str(exc)
             return False

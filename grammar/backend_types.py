@@ -22,6 +22,7 @@ class GrammarMatcher(ABC):
     """Where one sequence is inside its constraint. Used from one thread (the engine loop)."""
 
     failure: str | None = None  # why the backend gave up mid-output (it then refuses every token); None while working
+    answer_start: int = 0  # output tokens before the constrained text (a reasoning that came first)
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:

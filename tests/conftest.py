@@ -80,6 +80,55 @@ def tiny_llama_dir(tmp_path_factory, smol_dir) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smol_dir)
 
 
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def make_tiny_qwen3(dest: Path, tokenizer_src: Path) -> Path:
+    """A random Qwen3 checkpoint (q/k norms, explicit head_dim) with SmolLM2's tokenizer plus Qwen3's two added
+    tokens ``<think>`` and ``</think>`` (added, not special, as Qwen3 has them), and a chat template written to
+    Qwen3's documented format (the model opens its own block; ``enable_thinking=False`` writes an empty one)."""
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_src)
+    tok.add_tokens(["<think>", "</think>"])
+    tok.chat_template = QWEN3_CHAT_TEMPLATE
+    tok.save_pretrained(dest)
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+    model.save_pretrained(dest, safe_serialization=True)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory, smol_dir) -> Path:
+    return make_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), smol_dir)
+
+
 @pytest.fixture(autouse=True)
 def _float32_engines_on_gpu(monkeypatch):
     """On a GPU test run (LORAPLEX_TEST_DEVICE=cuda), engines that name no dtype run in float32, as they do on

@@ -14,6 +14,7 @@ from loraplex.engine.sample.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from loraplex.engine.reasoning import Phase
     from loraplex.grammar import CompiledGrammar, GrammarMatcher
     from loraplex.grammar.backend_llguidance.grounded import Grounding
 
@@ -51,6 +52,7 @@ class Sequence:
     grammar: GrammarMatcher | None = None  # once compiled
     narrowing: tuple[str, ...] | None = None  # how the constraint was narrowed (empty: exact; None: no constraint)
     grounding: Grounding | None = None  # a grounded grammar's: finds where the output's values came from
+    reasoning_phase: Phase | None = None  # where a reasoning request's output starts (engine/reasoning.py)
     grammar_future: Future[CompiledGrammar] | None = None  # while compiling (requests added without precheck)
     generator: torch.Generator | None = None  # for seeded sampling
     first_token_time: float | None = None

@@ -42,6 +42,9 @@ class SamplingParams:
     # the request's source text: a schema's x-loraplex-grounded strings may only be spans of it (grammar/grounding.py);
     # the platform passes the user messages' text (each with its index in the request), or the prompt
     grounding_sources: tuple[SourceText, ...] | None = None
+    # the output may reason first (a chat request on an engine with a reasoning parser: engine/reasoning.py): it is
+    # split into reasoning and content, and a constraint applies to the content
+    reasoning: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -52,7 +52,7 @@ from loraplex.grammar.schema.ecma_pattern import describe_ranges, key_restrictio
 from loraplex.grammar.schema.exclusive import Exclusivity
 from loraplex.grammar.schema.multiple_of import NON_NUMBERS, narrowed_multiple
 from loraplex.grammar.schema.negate import Negation, Negator
-from loraplex.grammar.schema.normalize import json_key, kind_of
+from loraplex.grammar.schema.normalize import FRACTION_DIGITS_KEY, json_key, kind_of
 from loraplex.grammar.schema.strict import FRAGMENT
 from loraplex.grammar.schema.subschemas import SUB_LISTS, SUB_MAPS, SUB_ONE
 from loraplex.grammar.schema.unevaluated import UnevaluatedRewriter
@@ -68,6 +68,7 @@ NARROWED_FORMATS = {
 }
 _BOUND_KEYS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
 DIGITS_BOUND = 10**16  # |x| below it: at most 16 integer digits, the digits a double carries exactly
+FRACTION_DIGITS = 17  # a number's fraction is written with at most this many digits (a double's significant digits)
 SAFE_BOUND = 2**63 - 1024  # the widest number bound llguidance builds (2**63 - 1 rounds to 2**63 as a double)
 MAX_COMPLEMENT = 20_000  # characters of complements a oneOf may add before it is narrowed instead
 SAFE_REGEX = "^[A-Za-z0-9 _,:;=@#%&'\"<>!~`-]*$"  # strings of these characters are valid regexes, literally
@@ -357,6 +358,10 @@ class _Narrower:
             node[keys[1]] = sign * DIGITS_BOUND
             side = "below 10^16" if sign > 0 else "above -10^16"
             self.note(keys[1], path, f"no bound given: values are kept {side} (at most 16 integer digits)")
+        written = node.get("type")
+        if "number" in ([written] if isinstance(written, str) else written) and node.get(FRACTION_DIGITS_KEY) is None:
+            node[FRACTION_DIGITS_KEY] = FRACTION_DIGITS
+            self.note("type", path, f"number: a fraction is written with at most {FRACTION_DIGITS} digits (a double's)")
 
     def _multiple_of(self, node: dict[str, Any], path: list[Any]) -> None:
         """A divisor without an exact binary value or with too many digits for an automaton, narrowed to

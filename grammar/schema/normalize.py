@@ -26,6 +26,9 @@ from loraplex.grammar.schema.check import ANNOTATIONS, LLGUIDANCE_ONLY, resolve_
 APPLICATORS = frozenset({"$ref", "allOf", "anyOf", "oneOf"})
 _NOT_ASSERTIONS = ANNOTATIONS | {"$defs", "definitions"}
 GROUNDED = "x-loraplex-grounded"  # our keyword: a string value must be a span of the source text (grammar/grounding.py)
+FRACTION_DIGITS_KEY = (
+    "x-loraplex-fraction-digits"  # internal (narrow.py): most digits a number's fraction is written with
+)
 KINDS = frozenset({"null", "boolean", "integer", "fraction", "string", "array", "object"})
 MAX_TERMS = 64
 
@@ -81,6 +84,7 @@ class Node:
     extra: list[Sub] = field(default_factory=list)
     values: list[Any] = field(default_factory=list)
     grounded: bool = False  # a string (or string const) whose value must be a span of the request's source text
+    fraction_digits: int | None = None  # a number's fraction is written with at most this many digits
 
 
 def json_key(v: Any) -> Any:
@@ -244,6 +248,9 @@ class Normalizer:
     def _number(term: Term, parts: list[dict[str, Any]], integer_only: bool) -> Node:
         node = Node("number", term, integer_only=integer_only)
         for p in parts:
+            cap = p.get(FRACTION_DIGITS_KEY)
+            if isinstance(cap, int):
+                node.fraction_digits = cap if node.fraction_digits is None else min(cap, node.fraction_digits)
             for key, strict in (("minimum", False), ("exclusiveMinimum", True)):
                 if key in p:
                     v = _dec(p[key])

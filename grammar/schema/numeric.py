@@ -108,6 +108,34 @@ class _Digits:
     nonempty: str | None
 
 
+class _Fraction:
+    """Regex pieces for fraction digits, at most ``cap`` of them in all (None: any number). Each piece is asked
+    for with ``used``, the digits already fixed before it; a piece that cannot fit is None."""
+
+    def __init__(self, cap: int | None) -> None:
+        self.cap = cap
+
+    def room(self, used: int) -> int | None:
+        return None if self.cap is None else self.cap - used
+
+    def run(self, digit: str, used: int, least: int = 0) -> str | None:
+        """``least`` or more of ``digit`` (a regex atom), within the cap."""
+        room = self.room(used)
+        if room is None:
+            return digit + ("*" if least == 0 else "+" if least == 1 else f"{{{least},}}")
+        if room < least:
+            return None
+        return digit + f"{{{least},{room}}}" if room else ("" if least == 0 else None)
+
+    def nonzero(self, used: int) -> str | None:
+        """Digit strings holding a digit other than 0."""
+        room = self.room(used)
+        if room is None:
+            return "[0-9]*[1-9][0-9]*"
+        parts = [f"0{{{j}}}[1-9]" + (self.run("[0-9]", used + j + 1) or "") for j in range(room)]
+        return alt([p.replace("0{0}", "") for p in parts]) if parts else None
+
+
 def _after(digit: str, rest: _Digits) -> str | None:
     """Regex for `digit` followed by a member of `rest`."""
     if rest.nonempty is None:
@@ -115,46 +143,69 @@ def _after(digit: str, rest: _Digits) -> str | None:
     return digit + (f"(?:{rest.nonempty})?" if rest.empty_ok else rest.nonempty)
 
 
-def _ge(f: str, strict: bool) -> _Digits:
+def _fits(fr: _Fraction, text: str, used: int) -> bool:
+    room = fr.room(used)
+    return room is None or len(text) <= room
+
+
+def _ge(f: str, strict: bool, fr: _Fraction, used: int = 0) -> _Digits:
     """Fractions d with 0.d >= 0.f (> when strict); f has no trailing zeros."""
     if not f:
-        return _Digits(not strict, "[0-9]*[1-9][0-9]*" if strict else "[0-9]+")
-    parts = [f"{f[:i]}[{int(ch) + 1}-9][0-9]*" for i, ch in enumerate(f) if ch != "9"]
-    parts.append(f + ("[0-9]*[1-9][0-9]*" if strict else "[0-9]*"))
-    return _Digits(False, alt(parts))
+        return _Digits(not strict, fr.nonzero(used) if strict else fr.run("[0-9]", used, 1))
+    parts: list[str | None] = []
+    for i, ch in enumerate(f):
+        if ch != "9" and _fits(fr, f[:i] + "x", used):
+            tail = fr.run("[0-9]", used + i + 1)
+            parts.append(None if tail is None else f"{f[:i]}[{int(ch) + 1}-9]{tail}")
+    if _fits(fr, f, used):
+        tail = fr.nonzero(used + len(f)) if strict else fr.run("[0-9]", used + len(f))
+        parts.append(None if tail is None else f + tail)
+    kept = [p for p in parts if p is not None]
+    return _Digits(False, alt(kept) if kept else None)
 
 
-def _le(f: str, strict: bool) -> _Digits:
+def _le(f: str, strict: bool, fr: _Fraction, used: int = 0) -> _Digits:
     """Fractions d with 0.d <= 0.f (< when strict); f has no trailing zeros."""
     if not f:
-        return _Digits(not strict, None if strict else "0+")
-    parts = [f"{f[:i]}[0-{int(ch) - 1}][0-9]*" for i, ch in enumerate(f) if ch != "0"]
-    parts += [f"{f[:k]}0*" for k in range(1, len(f))]
-    if not strict:
-        parts.append(f + "0*")
-    return _Digits(True, alt(parts))
+        return _Digits(not strict, None if strict else fr.run("0", used, 1))
+    parts: list[str | None] = []
+    for i, ch in enumerate(f):
+        if ch != "0" and _fits(fr, f[:i] + "x", used):
+            tail = fr.run("[0-9]", used + i + 1)
+            parts.append(None if tail is None else f"{f[:i]}[0-{int(ch) - 1}]{tail}")
+    for k in range(1, len(f)):
+        if _fits(fr, f[:k], used):
+            tail = fr.run("0", used + k)
+            parts.append(None if tail is None else f"{f[:k]}{tail}")
+    if not strict and _fits(fr, f, used):
+        tail = fr.run("0", used + len(f))
+        parts.append(None if tail is None else f + tail)
+    kept = [p for p in parts if p]
+    return _Digits(True, alt(kept) if kept else None)
 
 
-def _window(a: str, a_strict: bool, b: str, b_strict: bool) -> _Digits:
+def _window(a: str, a_strict: bool, b: str, b_strict: bool, fr: _Fraction, used: int = 0) -> _Digits:
     """Fractions d with 0.a <=(<) 0.d <=(<) 0.b, where 0.a < 0.b (no trailing zeros)."""
+    if not _fits(fr, "x", used):
+        return _Digits(not a and not a_strict, None)
     if a and a[0] == b[0]:
-        return _Digits(False, _after(a[0], _window(a[1:], a_strict, b[1:], b_strict)))
+        return _Digits(False, _after(a[0], _window(a[1:], a_strict, b[1:], b_strict, fr, used + 1)))
     if not a and b[0] == "0":
-        inner = _window("", a_strict, b[1:], b_strict)
+        inner = _window("", a_strict, b[1:], b_strict, fr, used + 1)
         return _Digits(not a_strict, _after("0", inner))
     parts = []
     if a:
         first = int(a[0])
-        parts.append(_after(a[0], _ge(a[1:], a_strict)))
+        parts.append(_after(a[0], _ge(a[1:], a_strict, fr, used + 1)))
         empty_ok = False
     else:
         first = 0
-        parts.append(_after("0", _ge("", a_strict)))
+        parts.append(_after("0", _ge("", a_strict, fr, used + 1)))
         empty_ok = not a_strict
     last = int(b[0])
     if first + 1 <= last - 1:
-        parts.append(f"[{first + 1}-{last - 1}][0-9]*")
-    parts.append(_after(b[0], _le(b[1:], b_strict)))
+        parts.append(f"[{first + 1}-{last - 1}]{fr.run('[0-9]', used + 1)}")
+    parts.append(_after(b[0], _le(b[1:], b_strict, fr, used + 1)))
     kept = [p for p in parts if p is not None]
     return _Digits(empty_ok, alt(kept) if kept else None)
 
@@ -166,7 +217,7 @@ def _with_fraction(whole: str, digits: _Digits) -> str | None:
     return whole + (f"(?:{frac})?" if digits.empty_ok else frac)
 
 
-def _nonneg_decimal(lo: Decimal, lo_strict: bool, hi: Decimal | None, hi_strict: bool) -> str | None:
+def _nonneg_decimal(lo: Decimal, lo_strict: bool, hi: Decimal | None, hi_strict: bool, fr: _Fraction) -> str | None:
     """Decimals x >= 0 with lo <=(<) x <=(<) hi, spelled without exponent."""
     if hi is not None and (lo > hi or (lo == hi and (lo_strict or hi_strict))):
         return None
@@ -174,27 +225,35 @@ def _nonneg_decimal(lo: Decimal, lo_strict: bool, hi: Decimal | None, hi_strict:
     if hi is not None:
         hi_i, hi_f = _split(hi)
         if lo == hi:
-            return _with_fraction(str(lo_i), _Digits(not lo_f, lo_f + "0*" if lo_f else "0+"))
+            if not _fits(fr, lo_f, 0):
+                return None
+            zeros = fr.run("0", len(lo_f), 0 if lo_f else 1)
+            return _with_fraction(str(lo_i), _Digits(not lo_f, None if zeros is None else lo_f + zeros))
         if lo_i == hi_i:
-            return _with_fraction(str(lo_i), _window(lo_f, lo_strict, hi_f, hi_strict))
-    parts = [_with_fraction(str(lo_i), _ge(lo_f, lo_strict))]
+            return _with_fraction(str(lo_i), _window(lo_f, lo_strict, hi_f, hi_strict, fr))
+    parts = [_with_fraction(str(lo_i), _ge(lo_f, lo_strict, fr))]
     middle = _natural_range(lo_i + 1, None if hi is None else hi_i - 1)
     if middle is not None:
-        parts.append(middle + r"(?:\.[0-9]+)?")
+        digits = fr.run("[0-9]", 0, 1)
+        parts.append(middle + (rf"(?:\.{digits})?" if digits else ""))
     if hi is not None:
-        parts.append(_with_fraction(str(hi_i), _le(hi_f, hi_strict)))
+        parts.append(_with_fraction(str(hi_i), _le(hi_f, hi_strict, fr)))
     kept = [p for p in parts if p is not None]
     return alt(kept) if kept else None
 
 
-def decimal_range(lo: Decimal | None, lo_strict: bool, hi: Decimal | None, hi_strict: bool) -> str | None:
-    """JSON numbers (no exponent) x with lo <=(<) x <=(<) hi; None bounds are open."""
+def decimal_range(
+    lo: Decimal | None, lo_strict: bool, hi: Decimal | None, hi_strict: bool, fraction_digits: int | None = None
+) -> str | None:
+    """JSON numbers (no exponent) x with lo <=(<) x <=(<) hi, with at most ``fraction_digits`` fraction digits
+    (None: any); None bounds are open."""
+    fr = _Fraction(fraction_digits)
     if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_strict or hi_strict))):
         return None
     parts = []
     if hi is None or hi > 0 or (hi == 0 and not hi_strict):
         nn_lo, nn_strict = (lo, lo_strict) if lo is not None and lo >= 0 else (Decimal(0), False)
-        r = _nonneg_decimal(nn_lo, nn_strict, hi, hi_strict)
+        r = _nonneg_decimal(nn_lo, nn_strict, hi, hi_strict, fr)
         if r is not None:
             parts.append(r)
     if lo is None or lo < 0:
@@ -204,7 +263,7 @@ def decimal_range(lo: Decimal | None, lo_strict: bool, hi: Decimal | None, hi_st
         else:
             m_lo, m_lo_strict = Decimal(0), True
         m_hi, m_hi_strict = (None, False) if lo is None else (-lo, lo_strict)
-        r = _nonneg_decimal(m_lo, m_lo_strict, m_hi, m_hi_strict)
+        r = _nonneg_decimal(m_lo, m_lo_strict, m_hi, m_hi_strict, fr)
         if r is not None:
             parts.append(f"-(?:{r})")
     return alt(parts) if parts else None

@@ -156,7 +156,7 @@ class SchemaRegex:
             return integer_range(lo, hi)
         if not bounded:
             return jt.NUMBER
-        return decimal_range(node.lo, node.lo_strict, node.hi, node.hi_strict)
+        return decimal_range(node.lo, node.lo_strict, node.hi, node.hi_strict, node.fraction_digits)
 
     def _slot(self, node: Node, content: tuple[str, ...]) -> str:
         """The placeholder of a grounded string's content (one slot per place and content regexes)."""

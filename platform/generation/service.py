@@ -207,7 +207,10 @@ async def start(
         structured = {"field": "tools"}  # compile errors name the tools (a JSON answer's schema is beside them)
     else:
         spec = translate.structured_spec(structured, allow_narrowing=allow_narrowing)
-    inputs = translate.choice_inputs(engine.tokenizer, engine.max_model_len, data, spec, engine.base_spec.vocab_size)
+    reasoning = isinstance(data, ChatCompletionRequest) and engine.args.reasoning_parser is not None
+    inputs = translate.choice_inputs(
+        engine.tokenizer, engine.max_model_len, data, spec, engine.base_spec.vocab_size, reasoning
+    )
     echo = translate.echo_texts(engine.tokenizer, data) if isinstance(data, CompletionRequest) else None
     tokens = limits.check_tokens(data, inputs, services.settings)
     lease = (

@@ -171,6 +171,7 @@ def chat_completion(
             if tools is not None
             else (AssistantMessage(content=final.text), final.finish_reason)
         )
+        message.reasoning = final.reasoning
         choices.append(
             ChatChoice(
                 index=index,
@@ -261,13 +262,15 @@ async def chat_stream(
                 return
             tokens[index] = len(out.token_ids)
             prompt_len, cached = out.num_prompt_tokens, max(cached, out.num_cached_tokens)
-            if not out.new_text and not out.finished:
+            if not out.new_text and not out.new_reasoning and not out.finished:
                 continue
             logprobs = chat_logprobs(out.new_logprobs or [], text) if want_logprobs else None
             if index in streamers:
                 deltas, finish_reason = streamers[index].feed(out.new_text, out.finish_reason)
             else:
                 deltas, finish_reason = [ChatDelta(content=out.new_text)], out.finish_reason
+            if out.new_reasoning:
+                deltas.insert(0, ChatDelta(reasoning=out.new_reasoning))
             if not deltas and (finish_reason is not None or logprobs is not None):
                 deltas = [ChatDelta()]
             for k, delta in enumerate(deltas):  # one tool-call delta per chunk, as OpenAI sends them

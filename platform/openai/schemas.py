@@ -236,6 +236,8 @@ class AssistantMessage(Struct, kw_only=True):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
+    # with a reasoning parser (vLLM's name; it was reasoning_content): the text of the <think> block
+    reasoning: str | None = None
 
 
 class FunctionDelta(Struct, kw_only=True, omit_defaults=True):
@@ -298,6 +300,7 @@ class ChatCompletion(Struct, kw_only=True):
 
 class ChatDelta(Struct, kw_only=True, omit_defaults=True):
     role: Literal["assistant"] | None = None
+    reasoning: str | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 

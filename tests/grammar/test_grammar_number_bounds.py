@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -14,14 +15,16 @@ from loraplex.grammar.fuzz import random_walk
 
 ABOVE = "no bound given: values are kept above -10^16 (at most 16 integer digits)"
 BELOW = "no bound given: values are kept below 10^16 (at most 16 integer digits)"
+FRACTION = "type at /: number: a fraction is written with at most 17 digits (a double's)"
 
 
 @pytest.mark.parametrize(
     ("schema", "expected"),
     [
         ({"type": "integer"}, [f"exclusiveMinimum at /: {ABOVE}", f"exclusiveMaximum at /: {BELOW}"]),
-        ({"type": "number", "minimum": 0}, [f"exclusiveMaximum at /: {BELOW}"]),
-        ({"type": ["number", "null"], "exclusiveMaximum": 5}, [f"exclusiveMinimum at /: {ABOVE}"]),
+        ({"type": "number", "minimum": 0}, [f"exclusiveMaximum at /: {BELOW}", FRACTION]),
+        ({"type": ["number", "null"], "exclusiveMaximum": 5}, [f"exclusiveMinimum at /: {ABOVE}", FRACTION]),
+        ({"type": "number", "minimum": 0, "maximum": 1}, [FRACTION]),  # bounded, yet 0.333... could run on
         (
             {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}},
             [f"exclusiveMinimum at /properties/n: {ABOVE}"],
@@ -43,16 +46,20 @@ def test_a_request_refusing_narrowing_is_refused_by_name(compiler) -> None:
 
 
 @pytest.mark.parametrize("backend", ["dfa_compiler", "llg_compiler"])
-def test_walks_never_write_more_than_16_integer_digits(request, backend) -> None:
+def test_walks_never_write_more_than_16_integer_or_17_fraction_digits(request, backend) -> None:
     schema = {"type": "array", "items": {"type": "number"}, "minItems": 3, "maxItems": 3}
     compiler = request.getfixturevalue(backend)
     grammar = compiler.compile(StructuredSpec(json=schema))
     rng = random.Random(backend)
-    longest = 0
+    longest = longest_fraction = 0
     for _ in range(12):
         walk = random_walk(grammar, compiler.vocab, rng, 400)
         assert walk.closed and walk.text is not None
         for value in json.loads(walk.text):
             assert -(10**16) < value < 10**16
             longest = max(longest, len(str(abs(int(value)))))
+        for fraction in re.findall(r"\.([0-9]+)", walk.text):  # (the text as written: no exponents either)
+            longest_fraction = max(longest_fraction, len(fraction))
+        assert not re.search("[eE]", walk.text)
     assert longest > 8  # (the walks do write long numbers: the bound is what stops them)
+    assert 8 < longest_fraction <= 17
