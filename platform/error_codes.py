@@ -11,6 +11,7 @@ from typing import Literal, get_args
 ErrorCode = Literal[
     # requests
     "invalid_request",
+    "unsupported_parameter",
     "invalid_json",
     "json_too_deep",
     "unknown_field",
@@ -97,10 +98,16 @@ ErrorCode = Literal[
     "model_load_error",
     "internal_error",
     "draining",
+    # a dependency down (platform/faults.py)
+    "database_unavailable",
+    "blob_store_unavailable",
+    "insufficient_storage",
+    "adapter_blob_missing",
 ]
 
 MEANINGS: dict[ErrorCode, str] = {
     "invalid_request": "a field's value cannot be served (the field is in `param`)",
+    "unsupported_parameter": "a known request field this server does not honour (named in `param`): leave it out",
     "invalid_json": "the body is not valid JSON",
     "json_too_deep": "a JSON value nests deeper than `max_json_depth`",
     "unknown_field": "a field the server does not know (`unknown_fields = refuse`)",
@@ -180,6 +187,10 @@ MEANINGS: dict[ErrorCode, str] = {
     "model_load_error": "the engine could not load the model",
     "internal_error": "an unexpected server error",
     "draining": "the replica is draining (see Retry-After)",
+    "database_unavailable": "503: the database is unreachable (restarting, refusing connections); see Retry-After",
+    "blob_store_unavailable": "503: the adapter blob store (S3) is unreachable; see Retry-After",
+    "insufficient_storage": "507: the server's disk is full; nothing was stored",
+    "adapter_blob_missing": "an adapter version's stored files are gone from the blob store: upload it again",
 }
 
 CODES: frozenset[str] = frozenset(get_args(ErrorCode))

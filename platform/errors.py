@@ -60,7 +60,8 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def bad_request(message: str, param: str | None = None, code: ErrorCode | None = None) -> ApiError:
+def bad_request(message: str, param: str | None = None, code: ErrorCode = "invalid_request") -> ApiError:
+    """A 400; every refusal carries a code (``invalid_request`` unless a more precise one is given)."""
     return ApiError(400, message, param=param, code=code)
 
 
@@ -185,6 +186,12 @@ def handle_http_exception(_: Request, exc: HTTPException) -> Response[dict[str, 
 
 
 def handle_internal_error(request: Request, exc: Exception) -> Response[dict[str, Any]]:
+    from loraplex.platform.faults import dependency_error  # (it names this module's ApiError)
+
+    known = dependency_error(exc)
+    if known is not None:  # a dependency down: the answer says which, and when to retry
+        log.warning("%s %s: %s (%s: %s)", request.method, request.url.path, known.code, type(exc).__name__, exc)
+        return handle_api_error(request, known)
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return _response(500, f"internal server error ({type(exc).__name__})", None, "internal_error")
 

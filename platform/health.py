@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 import msgspec
@@ -19,6 +20,9 @@ class Health(Struct, kw_only=True):
     detail: dict[str, str] = msgspec.field(default_factory=dict)
 
 
+BLOB_CHECK_TIMEOUT_S = 5.0  # a blob store that does not answer in this long is reported unavailable
+
+
 class HealthController(Controller):
     tags = ["operations"]
 
@@ -27,7 +31,10 @@ class HealthController(Controller):
         alive = services.engine.is_alive()
         return Response(Health(status="ok" if alive else "engine_dead"), status_code=200 if alive else 503)
 
-    @get("/ready", summary="Readiness: model loaded, database reachable (Redis is optional), not draining")
+    @get(
+        "/ready",
+        summary="Readiness: model loaded, database reachable (Redis and the blob store are reported), not draining",
+    )
     async def ready(self, request: Request, services: NamedDependency[Services]) -> Response[Health]:
         if request.app.state.drain.draining:  # shutting down: the load balancer should stop sending here
             return Response(Health(status="not_ready", detail={"drain": "draining"}), status_code=503)
@@ -39,6 +46,11 @@ class HealthController(Controller):
             detail["database"] = f"{type(exc).__name__}: {exc}"
         if services.redis is not None:
             detail["redis"] = "ok" if await services.redis.ping() else "unavailable (serving from the database)"
+        try:  # optional like Redis: the base model is still served without it; adapter uploads and loads get 503s
+            await asyncio.wait_for(asyncio.to_thread(services.store.check), BLOB_CHECK_TIMEOUT_S)
+            detail["blob_store"] = "ok"
+        except Exception as exc:
+            detail["blob_store"] = f"unavailable ({type(exc).__name__}): adapter uploads and loads answer 503"
         ready = detail["engine"] == "ok" and detail["database"] == "ok"
         return Response(
             Health(status="ready" if ready else "not_ready", detail=detail), status_code=200 if ready else 503

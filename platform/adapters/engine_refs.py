@@ -13,7 +13,7 @@ from loraplex.engine import AdapterRef
 from loraplex.platform.adapters.service import AdapterRecord
 from loraplex.platform.domain_errors import Failed
 from loraplex.platform.model_ids import adapter_id
-from loraplex.platform.storage.blobstore import BlobStore
+from loraplex.platform.storage.blobstore import BlobMissing, BlobStore
 from loraplex.platform.storage.s3_blobstore import BlobCorrupt
 
 _MAX_NAMES = 4096
@@ -37,6 +37,13 @@ class EngineAdapters:
             log.error("%s", exc)
             raise Failed(
                 f"the stored weights of {record.name}@{record.version} failed verification", code="blob_corrupt"
+            ) from None
+        except BlobMissing as exc:
+            log.error("%s", exc)
+            raise Failed(
+                f"the stored weights of adapter {record.name}@{record.version} are missing from the blob store; "
+                "upload this version again",
+                code="adapter_blob_missing",
             ) from None
         model_id = adapter_id(tenant, record.name)
         ids = self._ids.setdefault(record.sha256, {})

@@ -48,7 +48,9 @@ _REFUSED_STRUCTURED = (
 
 
 def _refused(param: str, what: str) -> ApiError:
-    return bad_request(f"{param} ({what}) is not supported by this server; leave it out", param=param)
+    return bad_request(
+        f"{param} ({what}) is not supported by this server; leave it out", param=param, code="unsupported_parameter"
+    )
 
 
 def refuse_unsupported(req: SamplingFields) -> None:
@@ -239,6 +241,7 @@ def sampling_params(
     structured: StructuredSpec | None,
     bias: dict[int, float] | None = None,
     sources: tuple[SourceText, ...] | None = None,
+    reasoning: bool = False,
 ) -> list[SamplingParams]:
     """One SamplingParams per choice (n); with a seed, choice i uses seed + i so choices differ."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -270,6 +273,7 @@ def sampling_params(
                     prompt_logprobs=prompt_logprobs,
                     field_logprobs=req.field_logprobs,
                     grounding_sources=sources,
+                    reasoning=reasoning,
                 )
             )
         except RequestError as exc:
@@ -283,6 +287,7 @@ def choice_inputs(
     req: CompletionRequest | ChatCompletionRequest,
     spec: StructuredSpec | None,
     vocab_size: int | None = None,
+    reasoning: bool = False,
 ) -> list[ChoiceInput]:
     """One engine input per choice: ``n`` per prompt (a completion request may carry several prompts).
     ``vocab_size``: logit_bias token ids are checked against it here (else by the engine, without `param`)."""
@@ -296,7 +301,7 @@ def choice_inputs(
         )
         max_tokens = resolve_max_tokens(len(prompt_ids), requested, None, max_model_len, param)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = sampling_params(req, max_tokens, logprobs, spec, bias, chat_sources(req.messages))
+        params = sampling_params(req, max_tokens, logprobs, spec, bias, chat_sources(req.messages), reasoning)
         return [ChoiceInput(i, prompt_ids, p) for i, p in enumerate(params)]
     inputs: list[ChoiceInput] = []
     for p, ids in enumerate(completion_prompts(tokenizer, req.prompt)):

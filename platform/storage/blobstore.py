@@ -23,6 +23,15 @@ _CHUNK = 1 << 20
 _LEGACY_PREFIXES = ("upload-", "blob-", "deleted-")
 
 
+class BlobMissing(FileNotFoundError):
+    """A blob that the database names is gone from the store (deleted behind our back); platform/faults.py answers
+    it with a named code."""
+
+    def __init__(self, blob: str, where: str) -> None:
+        super().__init__(f"stored files {blob} are missing from {where}")
+        self.blob = blob
+
+
 class BlobStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -39,9 +48,18 @@ class BlobStore:
     def exists(self, blob: str) -> bool:
         return self.path(blob).is_dir()
 
+    def check(self) -> None:
+        """Raise if the store cannot be reached (readiness). Blocking."""
+        if not self.blobs.is_dir():
+            raise FileNotFoundError(f"the blob folder {self.blobs} is gone")
+
     def fetch(self, blob: str) -> Path:
-        """The blob's local folder, ready to read (here it is the store itself; see S3BlobStore). Blocking."""
-        return self.path(blob)
+        """The blob's local folder, ready to read (here it is the store itself; see S3BlobStore). Blocking;
+        BlobMissing if it is gone."""
+        path = self.path(blob)
+        if not path.is_dir():
+            raise BlobMissing(blob, "the data directory's blob store")
+        return path
 
     def evict(self, blob: str) -> None:
         """Drop a local copy of a blob deleted elsewhere (nothing to do: the folder is the store)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from loraplex.platform.settings import parse_blob_url
-from loraplex.platform.storage.blobstore import BlobStore, _fsync_dir
+from loraplex.platform.storage.blobstore import BlobMissing, BlobStore, _fsync_dir
 
 _CHUNK = 1 << 20
 _DIGEST_CHARS = 40
@@ -75,6 +75,9 @@ class S3BlobStore(BlobStore):
             raise
         return blob
 
+    def check(self) -> None:
+        self.client.head_bucket(Bucket=self.bucket)
+
     def exists(self, blob: str) -> bool:
         listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._key(blob) + "/", MaxKeys=1)
         return bool(listed.get("KeyCount"))
@@ -109,7 +112,7 @@ class S3BlobStore(BlobStore):
                 self.client.download_file(self.bucket, item["Key"], str(into / name))
                 files[name] = into / name
         if not files:
-            raise FileNotFoundError(f"blob {blob} is not in s3://{self.bucket}/{self.prefix}")
+            raise BlobMissing(blob, f"s3://{self.bucket}/{self.prefix}")
         return files
 
     def delete(self, blob: str) -> None:

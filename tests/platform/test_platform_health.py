@@ -30,7 +30,7 @@ def test_engine_down_is_503_on_health_and_ready(tiny_llama_dir: Path, tmp_path: 
         r = httpx.get(f"{server.url}/health")
         assert r.status_code == 503 and r.json()["status"] == "engine_dead"
         r = httpx.get(f"{server.url}/ready")
-        assert r.status_code == 503 and r.json()["detail"] == {"engine": "dead", "database": "ok"}
+        assert r.status_code == 503 and r.json()["detail"] == {"engine": "dead", "database": "ok", "blob_store": "ok"}
     finally:
         server.stop()
 
@@ -54,7 +54,7 @@ def test_database_down_is_503_on_ready_only(tiny_engine, tmp_path: Path) -> None
     server = ServerThread(create_app(settings, engine=tiny_engine)).start()
     try:
         r = httpx.get(f"{server.url}/ready")
-        assert r.status_code == 200 and r.json()["detail"] == {"engine": "ok", "database": "ok"}
+        assert r.status_code == 200 and r.json()["detail"] == {"engine": "ok", "database": "ok", "blob_store": "ok"}
         asyncio.run(admin(f'DROP DATABASE "{name}" WITH (FORCE)'))
         r = httpx.get(f"{server.url}/ready")
         assert r.status_code == 503 and r.json()["status"] == "not_ready"

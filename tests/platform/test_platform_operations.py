@@ -28,7 +28,7 @@ def test_health_ready_and_metrics(start_server, adapter_factory, tiny_engine) ->
     server = start_server("sqlite", warm_adapters=False)
     assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
     ready = httpx.get(f"{server.url}/ready")
-    assert ready.status_code == 200 and ready.json()["detail"] == {"engine": "ok", "database": "ok"}
+    assert ready.status_code == 200 and ready.json()["detail"] == {"engine": "ok", "database": "ok", "blob_store": "ok"}
     key = create_tenant(server.url, "metered")
     folder = adapter_factory("metered", seed=47)  # weights no other test loads: this test's loads are its own
     assert upload(server.url, key, "m-lora", archive=zip_folder(folder)).status_code == 201

@@ -1,0 +1,120 @@
+"""A dependency down is an answer, not a 500 (platform/faults.py), each fault injected into the real part:
+PostgreSQL refusing connections and dropping the server's (as during a restart), the S3 server (moto) killed, an
+adapter's blob deleted from the store behind the registry's back, and the kernel's own ENOSPC (from /dev/full).
+After each, service recovers without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loraplex.platform.faults import dependency_error
+from tests.platform.helpers import S3Server, auth, create_tenant, error_of, stored_blobs, upload, zip_folder
+
+ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+async def _pg(*statements: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(ADMIN_DSN)
+    try:
+        for sql in statements:
+            await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@contextmanager
+def database_refusing_connections() -> Iterator[None]:
+    """New connections to `test` refused, open ones terminated (what a PostgreSQL restart does to a client)."""
+    asyncio.run(
+        _pg(
+            "ALTER DATABASE test ALLOW_CONNECTIONS false",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'test' AND pid <> pg_backend_pid()",
+        )
+    )
+    try:
+        yield
+    finally:
+        asyncio.run(_pg("ALTER DATABASE test ALLOW_CONNECTIONS true"))
+
+
+@pytest.mark.services
+def test_database_down_is_a_503_with_retry_after_and_service_recovers(start_server) -> None:
+    server = start_server("postgres+redis")
+    key = create_tenant(server.url, "faults-db")
+    assert httpx.get(f"{server.url}/v1/adapters", headers=auth(key)).status_code == 200
+    with database_refusing_connections():
+        r = httpx.get(f"{server.url}/v1/adapters", headers=auth(key), timeout=60)
+        assert r.status_code == 503, r.text
+        assert error_of(r)["code"] == "database_unavailable" and int(r.headers["Retry-After"]) > 0
+        ready = httpx.get(f"{server.url}/ready", timeout=60)
+        assert ready.status_code == 503 and ready.json()["detail"]["database"] != "ok"
+    r = httpx.get(f"{server.url}/v1/adapters", headers=auth(key), timeout=60)
+    assert r.status_code == 200, r.text  # the pool reconnects: no restart needed
+    assert httpx.get(f"{server.url}/ready", timeout=60).status_code == 200
+
+
+@pytest.mark.services
+def test_blob_store_down_is_a_503_and_ready_names_it(
+    start_server, adapter_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s3 = S3Server(tmp_path / "moto.log")
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")  # (boto3's retries: the answer comes in seconds)
+    try:
+        server = start_server("sqlite", blob_url=f"s3://{s3.bucket}/adapters", warm_adapters=False)
+        key = create_tenant(server.url, "faults-s3")
+        archive = zip_folder(adapter_factory("faults-s3", seed=31))
+        assert upload(server.url, key, "first", archive=archive).status_code == 201
+    finally:
+        s3.stop()  # the object store goes away
+    r = upload(server.url, key, "second", archive=archive)
+    assert r.status_code == 503, r.text
+    assert error_of(r)["code"] == "blob_store_unavailable" and "Retry-After" in r.headers
+    ready = httpx.get(f"{server.url}/ready", timeout=60)
+    assert ready.status_code == 200  # the base model is still served
+    assert ready.json()["detail"]["blob_store"].startswith("unavailable")
+    names = [a["name"] for a in httpx.get(f"{server.url}/v1/adapters", headers=auth(key)).json()["data"]]
+    assert names == ["first"]  # nothing registered for the refused upload
+
+
+def test_a_missing_blob_is_named_and_other_requests_are_served(start_server, adapter_factory) -> None:
+    server = start_server("sqlite", warm_adapters=False)
+    key = create_tenant(server.url, "faults-blob")
+    assert (
+        upload(server.url, key, "gone", archive=zip_folder(adapter_factory("faults-blob", seed=32))).status_code == 201
+    )
+    [blob] = stored_blobs(server.settings.data_dir)
+    shutil.rmtree(server.settings.data_dir / "adapters" / "blobs" / blob)  # deleted behind the registry's back
+    body = {"model": "gone", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=auth(key), timeout=60)
+    assert r.status_code == 500 and error_of(r)["code"] == "adapter_blob_missing", r.text
+    assert "gone@1" in error_of(r)["message"]
+    base = httpx.get(f"{server.url}/v1/models", headers=auth(key)).json()["data"][0]["id"]
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "model": base}, headers=auth(key), timeout=60)
+    assert r.status_code == 200
+
+
+def test_the_kernels_enospc_is_a_507() -> None:
+    """A disk-full write as the kernel reports it (writing to /dev/full), raised through a wrapper as the stores'
+    writes raise it, is the 507 answer."""
+    try:
+        with open("/dev/full", "wb") as f:
+            f.write(b"x" * 4096)
+            f.flush()
+    except OSError as disk_full:
+        try:
+            raise RuntimeError("while storing an upload") from disk_full
+        except RuntimeError as wrapped:
+            answer = dependency_error(wrapped)
+    assert answer is not None and answer.status == 507 and answer.code == "insufficient_storage"
+    assert dependency_error(ValueError("a bug")) is None  # anything else stays a 500
