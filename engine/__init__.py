@@ -1,5 +1,6 @@
 """loraplex.engine: the serving core (model, paged KV cache, scheduler, sampler, engines)."""
 
+import loraplex.envvars.openmp  # noqa: F401  # first: OpenMP's barrier waits, before torch loads libgomp
 from loraplex.engine.async_engine import AsyncEngine
 from loraplex.engine.config import EngineArgs
 from loraplex.engine.core.share import Share

@@ -26,6 +26,7 @@ from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.model.files import DEFAULT_MODEL_NAME, check_model_dir, resolve_model_dir
 from loraplex.engine.model.runner import ModelRunner, RunResult
 from loraplex.engine.model.shape import ModelShape
+from loraplex.engine.openmp import size_threads
 from loraplex.engine.output_processor import OutputProcessor, RequestState
 from loraplex.engine.outputs import FinishReason, RequestOutput
 from loraplex.engine.probe import EngineProbe
@@ -51,6 +52,7 @@ class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, **kwargs: Any) -> None:
         args = args or EngineArgs(**kwargs)
         self.args = args
+        self.threads = size_threads()  # the CPUs this process may use (affinity, cgroup quota): engine/openmp.py
         model_dir = resolve_model_dir(args.model)
         config = check_model_dir(model_dir)  # the one read of config.json
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import loraplex.envvars.openmp  # noqa: F401  # OpenMP's barrier waits, before a command loads torch
+
 
 def _cmd_prepare_model(args: argparse.Namespace) -> int:
     from loraplex.engine.model.files import prepare_default_model

@@ -312,6 +312,34 @@ M = [
         "if depth < len(drafts):",
         ["tests/engine/test_speculative.py::test_rejected_drafts_release_blocks_and_only_accepted_tokens_are_hashed"],
     ),
+    (
+        "grounded values any text, not spans of the source",
+        "grammar/grounding.py",
+        '    return f"{SPAN_TERMINAL}: " + " | ".join(alternatives) + "\\n"',
+        '    return f"{SPAN_TERMINAL}: /[a-zA-Z @.]*/\\n"',
+        ["tests/grammar/test_grammar_grounded.py"],
+    ),
+    (
+        "grounded spans cut inside an escape (a chunk per byte of the escaped text)",
+        "grammar/grounding.py",
+        "[[escaped.get(c, c) for c in piece]",
+        "[list(''.join(escaped.get(c, c) for c in piece))",
+        ["tests/grammar/test_grammar_grounded.py"],
+    ),
+    (
+        "the reasoning's closing marker never forced",
+        "grammar/reasoning.py",
+        "remaining_tokens <= self._closing_cost():",
+        "remaining_tokens < 0:",
+        ["tests/structured/test_reasoning.py::test_a_model_that_keeps_thinking_still_answers_within_max_tokens"],
+    ),
+    (
+        "a dependency down answers 500",
+        "platform/errors.py",
+        "    known = dependency_error(exc)",
+        "    known = None",
+        ["tests/platform/test_platform_faults.py"],
+    ),
 ]
 only = set(sys.argv[1:])
 

@@ -359,7 +359,8 @@ class _Narrower:
             side = "below 10^16" if sign > 0 else "above -10^16"
             self.note(keys[1], path, f"no bound given: values are kept {side} (at most 16 integer digits)")
         written = node.get("type")
-        if "number" in ([written] if isinstance(written, str) else written) and node.get(FRACTION_DIGITS_KEY) is None:
+        names = [written] if isinstance(written, str) else list(written or [])
+        if "number" in names and node.get(FRACTION_DIGITS_KEY) is None:
             node[FRACTION_DIGITS_KEY] = FRACTION_DIGITS
             self.note("type", path, f"number: a fraction is written with at most {FRACTION_DIGITS} digits (a double's)")
 
