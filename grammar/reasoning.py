@@ -234,6 +234,10 @@ class ReasoningMatcher(GrammarMatcher):
         return self._inner.native_forced_bytes()
 
     def valid_prefix(self, token_ids: list[int]) -> int:
+        """Drafts run only in the answer: while thinking, when to force the closing marker depends on the budget,
+        which a draft cannot see (an accepted draft could carry the reasoning past that point)."""
+        if self._reasoning or self._may_open:
+            return 0
         trial = self.fork()
         for n, token in enumerate(token_ids):
             if not trial.accept_token(token):
