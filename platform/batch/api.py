@@ -19,7 +19,9 @@ class BatchApi:
     @classmethod
     def start(cls, services: Services) -> BatchApi:
         settings = services.settings
-        files = FileService(services.db, services.store, settings.max_json_depth, settings.max_batch_lines)
+        files = FileService(
+            services.db, services.store, settings.max_json_depth, settings.max_batch_lines, settings.max_request_bytes
+        )
         runner = BatchRunner(services, files)
         runner.start()
         return cls(files, BatchService(services.db, files), runner)

@@ -36,15 +36,18 @@ def file_object(row: BatchFile) -> FileObject:
 
 
 class FileService:
-    def __init__(self, db: Database, store: BlobStore, max_json_depth: int, max_lines: int) -> None:
+    def __init__(
+        self, db: Database, store: BlobStore, max_json_depth: int, max_lines: int, max_line_bytes: int | None = None
+    ) -> None:
         self.db = db
         self.store = store
         self.max_json_depth = max_json_depth
         self.max_lines = max_lines
+        self.max_line_bytes = max_line_bytes  # a line is a request: the HTTP routes' body limit
 
     async def create_input(self, tenant_id: str, filename: str, path: Path, size: int) -> BatchFile:
         """Check a received JSONL file line by line, then store it (purpose `batch`)."""
-        lines = await asyncio.to_thread(read_lines, path, self.max_json_depth, self.max_lines)
+        lines = await asyncio.to_thread(read_lines, path, self.max_json_depth, self.max_lines, self.max_line_bytes)
         return await self.store_file(tenant_id, filename or "batch.jsonl", INPUT, path, size, len(lines))
 
     async def store_file(
@@ -89,7 +92,9 @@ class FileService:
         return self.store.fetch(row.blob) / CONTENT  # blocking: object storage may download it
 
     async def input_lines(self, row: BatchFile) -> list[InputLine]:
-        return await asyncio.to_thread(read_lines, self.content_path(row), self.max_json_depth, self.max_lines)
+        return await asyncio.to_thread(
+            read_lines, self.content_path(row), self.max_json_depth, self.max_lines, self.max_line_bytes
+        )
 
     async def delete(self, tenant_id: str, file_id: str) -> None:
         row = await self.get(tenant_id, file_id)

@@ -9,7 +9,7 @@ from typing import Any
 
 from loraplex.adapters.json_depth import exceeds_depth
 from loraplex.platform.batch.schemas import ENDPOINTS
-from loraplex.platform.domain_errors import Invalid
+from loraplex.platform.domain_errors import Invalid, TooLarge
 
 MAX_CUSTOM_ID = 512
 _KEYS = {"custom_id", "method", "url", "body"}
@@ -59,9 +59,11 @@ def parse_line(line_no: int, raw: bytes, max_json_depth: int) -> InputLine:
     return InputLine(line_no, custom_id, url, body)
 
 
-def read_lines(path: Path, max_json_depth: int, max_lines: int) -> list[InputLine]:
+def read_lines(path: Path, max_json_depth: int, max_lines: int, max_line_bytes: int | None = None) -> list[InputLine]:
     """Every line of a JSONL batch input, checked; 400 for the first bad line, a repeated custom_id, an empty
-    file or more than `max_lines` lines. A final newline is optional; blank lines are refused."""
+    file, more than `max_lines` lines, or a line longer than `max_line_bytes` (the HTTP routes' body limit: a line
+    is a request, held to what the same request sent alone may be). A final newline is optional; blank lines are
+    refused."""
     lines: list[InputLine] = []
     seen: dict[str, int] = {}
     with open(path, "rb") as f:
@@ -71,6 +73,13 @@ def read_lines(path: Path, max_json_depth: int, max_lines: int) -> list[InputLin
                 raise line_error(line_no, "empty line")
             if line_no > max_lines:
                 raise Invalid(f"more than {max_lines} lines (max_batch_lines)", param="file", code="too_many_lines")
+            if max_line_bytes is not None and len(raw) > max_line_bytes:
+                raise TooLarge(
+                    f"line {line_no}: {len(raw)} bytes; a request is at most {max_line_bytes} bytes "
+                    "(max_request_bytes), as on the HTTP routes",
+                    param="file",
+                    code="request_too_large",
+                )
             line = parse_line(line_no, raw, max_json_depth)
             if line.custom_id in seen:
                 raise line_error(line_no, f"custom_id {line.custom_id!r} repeats line {seen[line.custom_id]}")

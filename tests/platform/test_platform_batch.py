@@ -209,6 +209,20 @@ def test_upload_checks_every_line_and_names_the_bad_one(start_server) -> None:
     assert "line 1" in error_of(r)["message"]
 
 
+def test_a_line_over_the_http_body_limit_is_refused_like_the_same_body_sent_alone(start_server) -> None:
+    server = start_server(max_request_bytes=4096)
+    key = create_tenant(server.url, f"big-{uuid.uuid4().hex[:6]}")
+    big = {"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}
+    alone = httpx.post(f"{server.url}/v1/chat/completions", headers=auth(key), json=big)
+    assert alone.status_code == 413  # the route's own limit
+    small = line("a", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    r = upload_jsonl(server.url, key, jsonl([small, line("b", big)]))
+    assert r.status_code == 413, r.text
+    err = error_of(r)
+    assert err["code"] == "request_too_large" and err["param"] == "file" and err["message"].startswith("line 2")
+    assert httpx.get(f"{server.url}/v1/files", headers=auth(key)).json()["data"] == []  # nothing was stored
+
+
 def test_another_tenant_cannot_read_files_batches_or_outputs(server) -> None:
     owner = create_tenant(server.url, f"own-{uuid.uuid4().hex[:6]}")
     other = create_tenant(server.url, f"oth-{uuid.uuid4().hex[:6]}")
