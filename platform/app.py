@@ -15,6 +15,7 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 
 from loraplex.adapters import AdapterLimits
@@ -214,6 +215,9 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
         openapi_config=OpenAPIConfig(
             title="loraplex",
             version=_version(),
+            # the document only: Litestar's HTML viewers load their scripts from public CDNs, unpinned and without a
+            # Content-Security-Policy; a tenant's tools (or a local viewer) read /schema/openapi.json instead
+            render_plugins=[JsonRenderPlugin()],
             description="Multi-tenant LoRA serving with an OpenAI-compatible API.",
             components=Components(
                 security_schemes={
