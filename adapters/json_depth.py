@@ -45,6 +45,37 @@ def exceeds_depth(text: bytes | str, limit: int) -> bool:
     return int(np.cumsum(steps, dtype=np.int32).max()) > limit
 
 
+_STEP = np.zeros(256, dtype=np.int8)
+_STEP[list(b"[{")] = 1
+_STEP[list(b"]}")] = -1
+_KEY = re.compile(rb'\s*"((?:[^"\\]|\\.)*)"\s*:')
+
+
+def deepest_member(text: bytes | str, limit: int) -> tuple[bool, str | None]:
+    """Whether a JSON object's members nest deeper than ``limit`` levels below the object itself (the object, a
+    request's envelope, is not counted), and the key of the first member that does (None where it cannot be
+    read). Text that is not an object is measured whole, as ``exceeds_depth`` does. Linear, without recursion."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    if not data.lstrip().startswith(b"{"):
+        return exceeds_depth(data, limit), None
+    if not exceeds_depth(data, limit + 1):
+        return False, None
+    # strings blanked to the same length, so positions still point into `data`
+    blanked = _STRING.sub(lambda m: b'"' + b" " * (len(m[0]) - 2) + b'"', data)
+    depth = np.cumsum(_STEP[np.frombuffer(blanked, dtype=np.uint8)], dtype=np.int32)
+    deepest = int(np.argmax(depth > limit + 1))
+    starts = np.flatnonzero((depth[:deepest] == 1) & np.isin(np.frombuffer(blanked[:deepest], np.uint8), list(b"{,")))
+    if not len(starts):
+        return True, None
+    found = _KEY.match(data, int(starts[-1]) + 1)
+    if found is None:
+        return True, None
+    try:
+        return True, found[1].decode("utf-8")
+    except UnicodeDecodeError:
+        return True, None
+
+
 def check_json_depth(text: bytes | str, limit: int) -> None:
     """Raise JsonTooDeep if ``text`` nests deeper than ``limit`` levels."""
     if exceeds_depth(text, limit):

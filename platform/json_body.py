@@ -9,7 +9,7 @@ from typing import Any
 
 from litestar import Request
 
-from loraplex.adapters.json_depth import exceeds_depth
+from loraplex.adapters.json_depth import deepest_member
 from loraplex.platform.errors import ApiError
 from loraplex.platform.unknown_fields import UnknownFields, screen
 
@@ -33,8 +33,9 @@ def depth_limited_request(max_depth: int, unknown_fields: UnknownFields = "refus
 
     class DepthLimitedRequest(Request[Any, Any, Any]):
         async def json(self) -> Any:
-            if exceeds_depth(await self.body(), max_depth):
-                raise too_deep("the JSON body", max_depth)
+            deep, field = deepest_member(await self.body(), max_depth)
+            if deep:  # (members are measured below the body's own object: a tool schema may nest max_depth levels)
+                raise too_deep("the JSON body" if field is None else f"the body's {field!r}", max_depth, param=field)
             data = await super().json()
             body_type = self.route_handler.opt.get(BODY_TYPE)
             if body_type is not None and isinstance(data, dict) and IGNORED_STATE not in self.state:

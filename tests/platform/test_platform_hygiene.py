@@ -125,6 +125,11 @@ def test_deeply_nested_json_is_a_400_naming_the_limit(start_server) -> None:
         assert err["code"] == "json_too_deep" and "deeper than 64 levels" in err["message"], err
         assert "max_json_depth" in err["message"]
     assert error_of(_chat(server.url, key, {**base, "guided_json": "[" * 100}))["param"] == "guided_json"
+    assert error_of(_chat(server.url, key, body.encode()))["param"] == "tools"  # the field, not the whole body
+    # the limit counts from the body's own fields: a field nesting exactly 64 levels is not too deep (the body's
+    # envelope is not one of its levels); it is refused for what it is, a tools value of the wrong shape
+    exactly = json.dumps(base)[:-1] + ', "tools": ' + "[" * 64 + "]" * 64 + "}"
+    assert error_of(_chat(server.url, key, exactly.encode()))["code"] != "json_too_deep"
     # a schema within the limit is served, and the server kept serving through all of the above
     nested = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}
     r = _chat(server.url, key, {**base, "response_format": {"type": "json_schema", "json_schema": {"schema": nested}}})
