@@ -132,8 +132,10 @@ class _Fraction:
         room = self.room(used)
         if room is None:
             return "[0-9]*[1-9][0-9]*"
-        parts = [f"0{{{j}}}[1-9]" + (self.run("[0-9]", used + j + 1) or "") for j in range(room)]
-        return alt([p.replace("0{0}", "") for p in parts]) if parts else None
+        parts = [  # by the number j of zeros before the first other digit
+            (f"0{{{j}}}" if j else "") + "[1-9]" + (self.run("[0-9]", used + j + 1) or "") for j in range(room)
+        ]
+        return alt(parts) if parts else None
 
 
 def _after(digit: str, rest: _Digits) -> str | None:

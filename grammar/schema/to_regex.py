@@ -168,38 +168,23 @@ class SchemaRegex:
         return placeholder(self._slots[key])
 
     def _string(self, node: Node) -> str | None:
-        if node.grounded:  # each keyword its own regex: the span terminal intersects them all (grounding.py)
-            if node.max_len is not None and node.min_len > node.max_len:
-                return None
-            content = [FORMATS[f] for f in node.formats]
-            content += [pattern_to_content_regex(p, agreeing=True) for p in node.patterns]
-            if node.min_len > 0 or node.max_len is not None:
-                hi = "" if node.max_len is None else str(node.max_len)
-                content.append(f"{jt.UNIT}{{{node.min_len},{hi}}}")
-            return f'"{self._slot(node, tuple(content))}"'
-        body = self._string_content(node)
-        return None if body is None else f'"{body}"'
-
-    @staticmethod
-    def _string_content(node: Node) -> str | None:
-        ptr = node.term.parts[-1][1] if node.term.parts else ""
-        lengths = node.min_len > 0 or node.max_len is not None
         if node.max_len is not None and node.min_len > node.max_len:
             return None
-        if len(node.formats) > 1 or (node.formats and (node.patterns or lengths)):
-            raise NotRegular(f"string at {ptr or '/'} combines format with other string constraints")
-        if len(node.patterns) > 1 or (node.patterns and lengths):
-            raise NotRegular(f"string at {ptr or '/'} combines pattern with other string constraints")
-        if node.formats:
-            body = FORMATS[node.formats[0]]
-        elif node.patterns:
-            body = pattern_to_content_regex(node.patterns[0], agreeing=True)  # (the value must match it)
-        elif not lengths:
-            body = jt.UNIT + "*"
-        else:
+        lengths = node.min_len > 0 or node.max_len is not None
+        if not node.grounded:  # one regex holds one keyword (a grounded string's span terminal intersects them all)
+            ptr = node.term.parts[-1][1] if node.term.parts else ""
+            if len(node.formats) > 1 or (node.formats and (node.patterns or lengths)):
+                raise NotRegular(f"string at {ptr or '/'} combines format with other string constraints")
+            if len(node.patterns) > 1 or (node.patterns and lengths):
+                raise NotRegular(f"string at {ptr or '/'} combines pattern with other string constraints")
+        content = [FORMATS[f] for f in node.formats]
+        content += [pattern_to_content_regex(p, agreeing=True) for p in node.patterns]  # (the value must match it)
+        if lengths:
             hi = "" if node.max_len is None else str(node.max_len)
-            body = f"{jt.UNIT}{{{node.min_len},{hi}}}"
-        return body
+            content.append(f"{jt.UNIT}{{{node.min_len},{hi}}}")
+        if node.grounded:
+            return f'"{self._slot(node, tuple(content))}"'
+        return f'"{content[0] if content else jt.UNIT + "*"}"'
 
     # ---- containers ----------------------------------------------------------------------------
     def _array(self, node: Node) -> str | None:
