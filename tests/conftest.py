@@ -91,36 +91,19 @@ QWEN3_CHAT_TEMPLATE = (
 
 
 def make_tiny_qwen3(dest: Path, tokenizer_src: Path) -> Path:
-    """A random Qwen3 checkpoint (q/k norms, explicit head_dim) with SmolLM2's tokenizer plus Qwen3's two added
+    """A random Qwen3 checkpoint (tests/engine/family_models.py's) with SmolLM2's tokenizer plus Qwen3's two added
     tokens ``<think>`` and ``</think>`` (added, not special, as Qwen3 has them), and a chat template written to
     Qwen3's documented format (the model opens its own block; ``enable_thinking=False`` writes an empty one)."""
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoTokenizer
+
+    from tests.engine.family_models import make_family_model
 
     tok = AutoTokenizer.from_pretrained(tokenizer_src)
     tok.add_tokens(["<think>", "</think>"])
     tok.chat_template = QWEN3_CHAT_TEMPLATE
+    make_family_model(dest, tokenizer_src, "qwen3", vocab_size=len(tok))
+    (dest / "chat_template.jinja").unlink(missing_ok=True)  # (SmolLM2's, copied: the template is saved below)
     tok.save_pretrained(dest)
-    cfg = Qwen3Config(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.08)
-    model.save_pretrained(dest, safe_serialization=True)
     return dest
 
 

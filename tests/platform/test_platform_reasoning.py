@@ -15,16 +15,8 @@ import pytest
 from loraplex.platform.app import create_app
 from tests.platform.conftest import settings_for
 from tests.platform.helpers import ServerThread, create_tenant
+from tests.structured.test_reasoning import SCHEMA
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "days": {"type": "integer", "minimum": 1, "maximum": 9},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA}}
 MESSAGES = [{"role": "user", "content": "Which city, and for how many days?"}]
 
