@@ -73,7 +73,7 @@ class GroundedValue:
 
 # ---- the grammar ------------------------------------------------------------------------------------------------
 def template_lark(regex: str, slots: Sequence[GroundedSlot]) -> str:
-    """The Lark grammar of a schema regex holding placeholders, without the span terminal (``bind_lark`` adds it)."""
+    """The Lark grammar of a schema regex holding placeholders, without the span terminal (``request_lark`` adds it)."""
     return f"{_HEADER}\nstart: DOCUMENT\nDOCUMENT: {_lark_expression(regex)}\n{_slot_lines(slots)}"
 
 
