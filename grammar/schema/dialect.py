@@ -381,7 +381,7 @@ class _Rewriter:
             ):
                 out[key] = value
             elif key.startswith(LORAPLEX_PREFIX):
-                out[key] = _loraplex_keyword(key, value, path)
+                out[key] = _loraplex_keyword(key, value, path, node)
             elif self._holds_target(path + [key]):  # an unknown keyword that references point into
                 out[key] = self._kept(value, path + [key], new_path + [key], base)
         if "$ref" in out:
@@ -432,7 +432,7 @@ LORAPLEX_PREFIX = "x-loraplex-"
 REQUEST_KEYWORDS = frozenset({"x-loraplex-grounded"})
 
 
-def _loraplex_keyword(key: str, value: Any, path: list[Any]) -> Any:
+def _loraplex_keyword(key: str, value: Any, path: list[Any], node: dict[str, Any]) -> Any:
     where = pointer(path + [key])
     if key not in REQUEST_KEYWORDS:
         raise GrammarError(
@@ -441,7 +441,23 @@ def _loraplex_keyword(key: str, value: Any, path: list[Any]) -> Any:
         )
     if not isinstance(value, bool):
         raise GrammarError(f"{key} at {where} must be true or false, not {value!r}")
+    if value and not _may_be_string(node):  # grounding holds strings only: here it would hold nothing, silently
+        raise GrammarError(
+            f"{key} at {where} grounds string values, and this schema allows none (its type, const or enum)",
+            code="unsupported_schema",
+        )
     return value
+
+
+def _may_be_string(node: dict[str, Any]) -> bool:
+    """Whether the schema's own type, const and enum leave room for a string value."""
+    types = node.get("type")
+    names = [types] if isinstance(types, str) else types
+    if isinstance(names, list) and "string" not in names:
+        return False
+    if "const" in node and not isinstance(node["const"], str):
+        return False
+    return not (isinstance(node.get("enum"), list) and not any(isinstance(v, str) for v in node["enum"]))
 
 
 def _set(node: dict[str, Any], rel: list[Any], value: Any) -> None:

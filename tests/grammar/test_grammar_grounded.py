@@ -239,6 +239,8 @@ def test_large_sources_are_accepted_up_to_the_stated_limit(compiler):
     [
         ({"type": "string", "x-loraplex-grounded": "yes"}, "must be true or false"),
         ({"type": "string", "x-loraplex-grounding": True}, "unknown keyword 'x-loraplex-grounding'"),
+        ({"type": "integer", "x-loraplex-grounded": True}, "grounds string values, and this schema allows none"),
+        ({"enum": [1, 2], "x-loraplex-grounded": True}, "grounds string values, and this schema allows none"),
         (  # recursion: no exact regex, so no grounded values (never served without them)
             {
                 "$defs": {
