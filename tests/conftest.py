@@ -21,6 +21,30 @@ import torch  # noqa: E402
 # is made here, before anything else loads.
 from tests.device import TEST_DEVICE  # noqa: E402
 
+C_KERNELS_MARKER = "needs_c_kernels"  # tests/c_kernels.py's marker (imported there lazily: tests.device first)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{C_KERNELS_MARKER}: needs the C kernels (tests/c_kernels.py)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Outside CI, a C-kernel test skips before its fixtures are built where the C kernels cannot run."""
+    from tests.c_kernels import on_ci, require_c_kernels
+
+    if item.get_closest_marker(C_KERNELS_MARKER) is not None and not on_ci():
+        require_c_kernels()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """Under CI, a C-kernel test fails (as a test, not a setup error) where the C kernels cannot run."""
+    from tests.c_kernels import require_c_kernels
+
+    if item.get_closest_marker(C_KERNELS_MARKER) is not None:
+        require_c_kernels()
+
 
 @pytest.fixture(scope="session")
 def smol_dir() -> Path:

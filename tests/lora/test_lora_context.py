@@ -11,7 +11,7 @@ from loraplex.adapters import LORA_GROUPS, BaseModelSpec
 from loraplex.engine.lora.context import DENSE_MIN_TOKENS, StepLoRAContext
 from loraplex.engine.lora.slot_weights import HostAdapter, SlotWeights
 from loraplex.kernels.backend import cpu_c_backend, torch_backend, triton_backend
-from tests.c_kernels import NO_C_REASON, c_kernels_expected
+from tests.c_kernels import require_c_kernels
 from tests.device import TEST_DEVICE, on_test_device
 
 BASE = BaseModelSpec(
@@ -82,8 +82,8 @@ def test_step_context_matches_per_token_math(mode, weight_dtype):
     triton = mode == "triton"
     gen = torch.Generator().manual_seed(0)
     slots, dense = make_slots(gen, weight_dtype, TEST_DEVICE if triton else torch.device("cpu"))
-    if mode == "c-kernel" and not c_kernels_expected():
-        pytest.skip(NO_C_REASON)
+    if mode == "c-kernel":
+        require_c_kernels()
     # triton is what the context does on CUDA: no dense runs, every token through the Triton kernels
     backend = {"c-kernel": cpu_c_backend, "torch-cpu-paths": torch_backend, "triton": triton_backend}[mode]()
     ctx = StepLoRAContext(slots, SEQ_SLOTS, SEQ_LENS, backend, compute_dtype=torch.float32)
