@@ -340,6 +340,58 @@ M = [
         "    known = None",
         ["tests/platform/test_platform_faults.py"],
     ),
+    (
+        "a closed stream no longer aborts its engine requests",
+        "engine/async_engine.py",
+        "            if not finished:\n                self._send(Abort(request_id))",
+        "            if False:\n                self._send(Abort(request_id))",
+        ["tests/platform/test_platform_stream_abort.py"],
+    ),
+    (
+        "the prefix-cache block hash ignores its parent block",
+        "engine/core/block_manager.py",
+        'h.update(parent or b"root")',
+        'h.update(b"root")',
+        ["tests/engine/test_block_manager.py::test_a_block_hash_covers_its_whole_prefix_not_only_its_own_tokens"],
+    ),
+    (
+        "the grammar mask lands on the first rows, not the constrained ones",
+        "engine/structured.py",
+        "            torch.tensor(rows, dtype=torch.long, device=logits.device),",
+        "            torch.arange(len(rows), dtype=torch.long, device=logits.device),",
+        ["tests/structured/test_structured_engine.py::test_unconstrained_neighbour_is_unchanged[constrained-second]"],
+    ),
+    (
+        "the budget check passes EOS before the document is complete",
+        "grammar/budget.py",
+        "            return self._accepting()",
+        "            return True",
+        ["tests/grammar/test_grammar_closure.py::test_eos_is_never_allowed_before_the_output_is_complete"],
+    ),
+    (
+        "the budget's plan row allows EOS before the document is complete",
+        "grammar/budget.py",
+        "token_row(np.asarray(self._make_plan()[:1]), self._words)",
+        "token_row(np.asarray(self._make_plan()[:1] + sorted(self._eos_ids)), self._words)",
+        ["tests/structured/test_structured_engine.py::test_a_model_that_wants_to_stop_still_closes_the_document"],
+    ),
+    (
+        "a running adapter's slot can be chosen for eviction",
+        "engine/lora/slot_table.py",
+        "idle = [i for i, h in enumerate(self._holder) if h not in running]",
+        "idle = [i for i, h in enumerate(self._holder) if h is not None]",
+        ["tests/lora/test_lora_slot_table.py"],
+    ),
+    (
+        "the registry cache key without the tenant",
+        "platform/adapters/service.py",
+        'return f"adapter:{tenant_id}:{name}"',
+        'return f"adapter:{name}"',
+        [
+            "tests/platform/test_platform_adapters.py::"
+            "test_each_tenant_resolves_its_own_same_named_adapter_through_the_cache"
+        ],
+    ),
 ]
 only = set(sys.argv[1:])
 

@@ -58,6 +58,18 @@ def test_identical_prefixes_share_physical_blocks():
     bm.check_invariants([])
 
 
+def test_a_block_hash_covers_its_whole_prefix_not_only_its_own_tokens():
+    # [A, B] and [B, A] cached: [A, A] may reuse its first block, never the second (K/V of A after B).
+    bm = BlockManager(16, 4)
+    blk_a, blk_b = [1, 2, 3, 4], [5, 6, 7, 8]
+    compute_all(bm, seq(blk_a + blk_b + [9], "ab"))
+    compute_all(bm, seq(blk_b + blk_a + [9], "ba"))
+    aa = seq(blk_a + blk_a + [9], "aa")
+    assert bm.match_prefix(aa) == 4
+    ab_again = seq(blk_a + blk_b + [10], "ab2")
+    assert bm.match_prefix(ab_again) == 8  # the same whole prefix is a hit
+
+
 def test_prefix_hit_always_leaves_a_token_to_compute():
     bm = BlockManager(16, 4)
     a = seq(list(range(8)), "a")

@@ -162,3 +162,31 @@ def test_free_draws_under_one_and_a_half_times_the_shortest_budget_end_complete(
         text = tokenizer.decode([t for t in tokens if t != EOS])
         if schema is not None:
             jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
+
+
+@pytest.mark.parametrize("backend", ["compiler", "llg_compiler"])
+@pytest.mark.parametrize("name", ["person", "optional_long", "tree", "regex"])
+def test_eos_is_never_allowed_before_the_output_is_complete(request, backend, name):
+    """At every incomplete state of random walks, under every budget from none to past the shortest completion:
+    EOS is neither in the mask nor passes the budget check (a leaked EOS ends an output that does not parse)."""
+    grammar = request.getfixturevalue(backend).compile(SPECS[name])
+    out = torch.zeros((VOCAB + 31) // 32, dtype=torch.int32)
+    checked = 0
+    for seed in range(4):
+        rng = random.Random(f"eos-{backend}-{name}-{seed}")
+        m = grammar.new_matcher()
+        for _ in range(rng.randint(3, 30)):
+            if not m.is_accepting():
+                shortest = m.min_tokens_to_accept()
+                for remaining in (None, 0, 1, shortest, shortest + 1, 2 * shortest + 4):
+                    m.fill_bitmask(out, remaining_tokens=remaining)
+                    assert EOS not in allowed_ids(out), (seed, remaining)
+                    if remaining is not None:
+                        assert not m.fits_budget(EOS, remaining - 1), (seed, remaining)
+                    checked += 1
+            m.fill_bitmask(out)
+            choices = [t for t in allowed_ids(out) if t != EOS]
+            if not choices:
+                break
+            assert m.accept_token(rng.choice(choices))
+    assert checked >= 20

@@ -135,6 +135,30 @@ def test_isolation_between_tenants(server, adapter_factory) -> None:
     assert still.status_code == 200 and still.json()["rank"] == 4
 
 
+def test_each_tenant_resolves_its_own_same_named_adapter_through_the_cache(server, adapter_factory) -> None:
+    """Two tenants, one adapter name, different weights: lookups interleaved so that each tenant's record is
+    cached (in-process, or in Redis with PostgreSQL) before the other asks. Each sees and serves only its own."""
+    keys = {rank: create_tenant(server.url, f"same-name-r{rank}") for rank in (4, 8)}
+    for rank, key in keys.items():
+        folder = adapter_factory(f"same-name-r{rank}", r=rank, seed=rank)
+        assert upload(server.url, key, "shared-name", archive=zip_folder(folder)).status_code == 201
+    for _ in range(2):
+        for rank, key in keys.items():
+            for model in ("shared-name", "shared-name@1"):  # the current version and a pinned one
+                r = httpx.get(f"{server.url}/v1/adapters/{model}", headers=auth(key))
+                assert r.status_code == 200 and r.json()["rank"] == rank, (rank, model, r.text)
+    texts = {}
+    for rank, key in keys.items():
+        r = httpx.post(
+            f"{server.url}/v1/completions",
+            headers=auth(key),
+            json={"model": "shared-name", "prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0, "logprobs": 1},
+        )
+        assert r.status_code == 200, r.text
+        texts[rank] = r.json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert texts[4] != texts[8]  # different weights answered
+
+
 def test_quotas(server, adapter_factory) -> None:
     small = adapter_factory("basic")
     key = create_tenant(server.url, "quota", max_adapters=2)

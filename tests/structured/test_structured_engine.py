@@ -58,19 +58,49 @@ def test_budget_of_one_and_a_half_times_the_shortest_document_still_closes(llm):
     assert all(len(o.token_ids) <= p.max_tokens for o, p in zip(outs, params))
 
 
-def test_unconstrained_neighbour_is_unchanged(llm):
+@pytest.mark.parametrize("constrained_first", [True, False], ids=["constrained-first", "constrained-second"])
+def test_unconstrained_neighbour_is_unchanged(llm, constrained_first):
+    """The mask lands on the constrained request's logits row wherever it sits in the batch."""
     free = llm.chat_prompt([{"role": "user", "content": "Name three rivers in Europe."}])
     alone = llm.generate([free], SamplingParams(max_tokens=24, temperature=0.0))[0].token_ids
     text, schema = TASKS[0]
-    outs = llm.generate(
-        [llm.chat_prompt(messages(text, schema)), free],
-        [
-            SamplingParams(max_tokens=60, temperature=0.0, structured=StructuredSpec(json=schema)),
-            SamplingParams(max_tokens=24, temperature=0.0),
-        ],
+    constrained = (
+        llm.chat_prompt(messages(text, schema)),
+        SamplingParams(max_tokens=60, temperature=0.0, structured=StructuredSpec(json=schema)),
     )
-    assert outs[1].token_ids == alone
-    jsonschema.validate(json.loads(outs[0].text), schema)
+    unconstrained = (free, SamplingParams(max_tokens=24, temperature=0.0))
+    batch = [constrained, unconstrained] if constrained_first else [unconstrained, constrained]
+    outs = llm.generate([p for p, _ in batch], [params for _, params in batch])
+    out_constrained, out_free = outs if constrained_first else outs[::-1]
+    assert out_free.token_ids == alone
+    jsonschema.validate(json.loads(out_constrained.text), schema)
+
+
+def test_a_model_that_wants_to_stop_still_closes_the_document(llm):
+    """EOS favoured by +30 on every step, under budgets from the shortest document to twice it: EOS is taken
+    only once the document is complete, never earlier (free steps, checked steps, the plan's steps)."""
+    compiler = llm.engine.structured.compiler
+    eos = sorted(llm.engine.eos_token_ids)
+    batch, params, schemas = [], [], []
+    for i, (text, schema) in enumerate(TASKS[:8]):
+        shortest = compiler.compile(StructuredSpec(json=schema)).min_tokens
+        for budget in (shortest, math.ceil(1.3 * shortest), 2 * shortest):
+            batch.append(llm.chat_prompt(messages(text, schema)))
+            schemas.append(schema)
+            params.append(
+                SamplingParams(
+                    max_tokens=budget,
+                    temperature=1.0,
+                    seed=i,
+                    logit_bias=dict.fromkeys(eos, 30.0),
+                    structured=StructuredSpec(json=schema),
+                )
+            )
+    outs = llm.generate(batch, params)
+    for out, p, schema in zip(outs, params, schemas):
+        assert out.finish_reason == "stop", (out.text, out.finish_reason, out.error)
+        assert len(out.token_ids) <= p.max_tokens
+        jsonschema.validate(json.loads(out.text), schema)
 
 
 def test_regex_and_choice_constraints(llm):
