@@ -69,19 +69,32 @@ class ServerThread:
 
 
 class ServerProcess:
-    """`loraplex serve` as a separate OS process."""
+    """`loraplex serve` as a separate OS process, on a free port (`--port`), output in `log`.
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    By default it starts as `python -P -m loraplex.platform.cli serve` from `/` without the start-up warm-up
+    (it would add up to warmup_s to every start); `command`, `cwd` and `warmup=True` start it another way (the
+    README's `.venv/bin/loraplex serve` from the checkout, with its warm-up)."""
+
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        log: Path,
+        *,
+        command: list[str] | None = None,
+        cwd: Path | str = "/",
+        warmup: bool = False,
+    ) -> None:
         self.port = free_port()
         self.log = log
         self._log_file = open(log, "wb")
+        serve = command or python_module_command("loraplex.platform.cli", "serve")
         self.proc = subprocess.Popen(
-            python_module_command("loraplex.platform.cli", "serve", "--port", str(self.port), *args),
-            # no start-up warm-up unless a test asks for it (it would add up to warmup_s to every start)
-            env={**os.environ, "LORAPLEX_WARMUP_S": "0", **env},
+            [*serve, "--port", str(self.port), *args],
+            env={**os.environ, **({} if warmup else {"LORAPLEX_WARMUP_S": "0"}), **env},
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            cwd="/",
+            cwd=cwd,
         )
 
     @property

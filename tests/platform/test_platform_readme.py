@@ -1,0 +1,147 @@
+"""The README's own path, end to end: its first command (`.venv/bin/loraplex serve` from the checkout, the bundled
+SmolLM2, default settings, warm-up on; only a free port and a fresh `LORAPLEX_DATA_DIR`), readiness on `/ready`,
+the generated admin key it prints, the README's curl commands (read out of README.md, so the test breaks when the
+README drifts) to create a tenant and upload a zipped PEFT adapter, then a JSON-schema constrained answer from
+that adapter through the official `openai` client, checked with `jsonschema`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import string
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.platform.helpers import ServerProcess, make_peft_adapter, zip_folder
+from tests.platform.test_platform_smollm2 import PERSON
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+
+def readme_commands() -> list[str]:
+    """Every command of the README's bash blocks, continuation lines joined, comments left on."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
+    return [c.strip() for b in blocks for c in b.replace("\\\n", " ").splitlines() if c.strip()]
+
+
+def first_serve_command() -> list[str]:
+    """The README's first command is `set-up && serve`: the serve part, as shell words."""
+    words = shlex.split(readme_commands()[0], comments=True)
+    assert "&&" in words and words[words.index("&&") + 1 :][-1] == "serve", words
+    return words[words.index("&&") + 1 :]
+
+
+@dataclass
+class Curl:
+    method: str = "GET"
+    path: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    data: str | None = None
+    form: dict[str, str] = field(default_factory=dict)
+
+
+def readme_curl(path: str) -> Curl:
+    """The README's curl command to `localhost:8000<path>`, parsed (an option it does not know fails the test)."""
+    for command in readme_commands():
+        words = shlex.split(command, comments=True)
+        if words[:1] == ["curl"] and f"localhost:8000{path}" in words:
+            break
+    else:
+        raise AssertionError(f"README.md has no curl command for {path}")
+    curl, rest = Curl(), iter(words[1:])
+    for word in rest:
+        if word == "-s":
+            continue
+        if word in ("-X", "-H", "-d", "-F"):
+            value = next(rest)
+            if word == "-X":
+                curl.method = value
+            elif word == "-H":
+                name, _, header = value.partition(":")
+                curl.headers[name.strip()] = header.strip()
+            elif word == "-d":
+                curl.data = value
+            else:
+                name, _, form = value.partition("=")
+                curl.form[name] = form
+        else:
+            assert word.startswith("localhost:8000/"), f"README's curl: unknown word {word!r}"
+            curl.path = word.removeprefix("localhost:8000")
+    return curl
+
+
+def send(curl: Curl, url: str, files: dict[str, bytes] | None = None, **variables: str) -> httpx.Response:
+    """Send `curl` to the server at `url` the way curl does, `$NAME`s in its headers taken from `variables`
+    (`-d` without a Content-Type header is sent as curl sends it: application/x-www-form-urlencoded)."""
+    headers = {k: string.Template(v).substitute(variables) for k, v in curl.headers.items()}
+    if curl.data is not None:
+        headers.setdefault("Content-Type", "application/x-www-form-urlencoded")
+    fields = {k: v for k, v in curl.form.items() if not v.startswith("@")}
+    uploads = {k: (v[1:], (files or {})[v[1:]]) for k, v in curl.form.items() if v.startswith("@")}
+    return httpx.request(
+        curl.method,
+        url + curl.path,
+        headers=headers,
+        content=curl.data,
+        data=fields or None,
+        files=uploads or None,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def readme_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(
+        [],
+        # empty is unset: the admin key is the one it generates and prints, as for someone following the README
+        {"LORAPLEX_DATA_DIR": str(tmp_path / "data"), "LORAPLEX_ADMIN_KEY": ""},
+        tmp_path / "serve.log",
+        command=first_serve_command(),
+        cwd=ROOT,
+        warmup=True,
+    )
+    try:
+        yield server.wait_ready(timeout=600)  # liveness bound: model load, C kernels, warm-up on 2 shared cores
+    finally:
+        server.stop()
+
+
+def test_the_readme_path_serves_a_tenants_adapter_with_schema_constrained_output(
+    readme_server: ServerProcess, smol_dir: Path, tmp_path: Path
+) -> None:
+    url = readme_server.url
+    printed = re.search(r"generated admin key[^:]*:\s*(\S+)", readme_server.log.read_text())
+    assert printed, readme_server.log.read_text()[-3000:]
+    admin_key = printed.group(1)
+
+    r = send(readme_curl("/v1/tenants"), url, ADMIN_KEY=admin_key)
+    assert r.status_code == 201, r.text
+    tenant_key = r.json()["api_key"]["key"]
+
+    upload = readme_curl("/v1/adapters")
+    archive = upload.form["file"].removeprefix("@")
+    folder = make_peft_adapter(smol_dir, tmp_path / "adapter")
+    r = send(upload, url, files={archive: zip_folder(folder)}, TENANT_KEY=tenant_key)
+    assert r.status_code == 201, r.text
+    model = r.json()["model"]
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=tenant_key, max_retries=0, timeout=300)
+    out = client.chat.completions.create(
+        model=model,
+        temperature=0,
+        max_tokens=80,
+        messages=[{"role": "user", "content": "Anna is 31 and lives in Rome. Give her details as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+    )
+    assert out.model == model and out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].message.content), PERSON)
