@@ -130,7 +130,7 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             on_pins_changed=pinner.announce,
         )
         await pinner.refresh()  # pins made while this replica was down
-        engine_adapters = EngineAdapters(store)
+        engine_adapters = EngineAdapters(store, adapters.mark_broken)
         services = Services(
             settings=settings,
             db=db,

@@ -36,6 +36,8 @@ def adapter_out(r: AdapterRecord, tenant: str) -> AdapterOut:
         target_modules=list(r.target_modules),
         size_bytes=r.size_bytes,
         created_at=r.created,
+        status="ready" if r.broken_reason is None else "broken",
+        broken_reason=r.broken_reason,
     )
 
 

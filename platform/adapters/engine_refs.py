@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
 from loraplex.engine import AdapterRef
 from loraplex.platform.adapters.service import AdapterRecord
@@ -22,8 +23,11 @@ log = logging.getLogger("loraplex.platform")
 
 
 class EngineAdapters:
-    def __init__(self, store: BlobStore) -> None:
+    def __init__(self, store: BlobStore, on_broken: Callable[[AdapterRecord, str | None], Awaitable[None]]) -> None:
         self.store = store
+        # Called with the reason a version's stored files failed to load, and with None when a version marked
+        # broken loads again (AdapterService.mark_broken: its tenant sees the mark).
+        self.on_broken = on_broken
         # content hash -> the model ids served with those weights (two tenants may upload the same weights:
         # the engine holds them once, and a router must find either id on this replica)
         self._ids: OrderedDict[str, dict[str, None]] = OrderedDict()
@@ -35,16 +39,20 @@ class EngineAdapters:
             path = await asyncio.to_thread(self.store.fetch, record.blob)
         except BlobCorrupt as exc:
             log.error("%s", exc)
+            await self.on_broken(record, "its stored weights failed verification")
             raise Failed(
                 f"the stored weights of {record.name}@{record.version} failed verification", code="blob_corrupt"
             ) from None
         except BlobMissing as exc:
             log.error("%s", exc)
+            await self.on_broken(record, "its stored weights are missing from the blob store")
             raise Failed(
                 f"the stored weights of adapter {record.name}@{record.version} are missing from the blob store; "
                 "upload this version again",
                 code="adapter_blob_missing",
             ) from None
+        if record.broken_reason is not None:
+            await self.on_broken(record, None)
         model_id = adapter_id(tenant, record.name)
         ids = self._ids.setdefault(record.sha256, {})
         ids.pop(model_id, None)

@@ -20,6 +20,9 @@ class AdapterOut(Struct, kw_only=True):
     target_modules: list[str]
     size_bytes: int
     created_at: datetime
+    # "broken": serving it last failed on its stored files (`broken_reason` says how; upload it again)
+    status: Literal["ready", "broken"] = "ready"
+    broken_reason: str | None = None
 
 
 class AdapterList(Struct, kw_only=True):

@@ -50,6 +50,7 @@ class AdapterRecord:
     size_bytes: int
     blob: str
     created_at: str  # ISO 8601
+    broken_reason: str | None = None  # why its stored files last failed to load (None: they loaded, or not tried)
 
     @classmethod
     def from_row(cls, row: Adapter) -> AdapterRecord:
@@ -65,6 +66,7 @@ class AdapterRecord:
             row.size_bytes,
             row.blob,
             as_utc(row.created_at).isoformat(),
+            row.broken_reason,
         )
 
     @property
@@ -399,6 +401,18 @@ class AdapterService:
             await session.commit()
         await self.cache.invalidate(cache_key(principal.tenant_id, name))
         return AdapterRecord.from_row(row)
+
+    async def mark_broken(self, record: AdapterRecord, reason: str | None) -> None:
+        """Record why serving this version failed on its stored files (None: they load again), so its tenant sees
+        it in the adapter's listing; the cached records of its name are dropped on every replica."""
+        async with self.db.session() as session:
+            row = await session.get(Adapter, uuid.UUID(record.id))
+            if row is None or row.broken_reason == reason:
+                return
+            row.broken_reason = reason
+            await session.commit()
+        await self.cache.invalidate(cache_key(record.tenant_id, record.name))
+        await self.cache.invalidate(cache_key(record.tenant_id, f"{record.name}@{record.version}"))
 
     async def delete(self, principal: Principal, model: str) -> AdapterRecord:
         return await self.delete_of_tenant(principal.tenant_id, model)

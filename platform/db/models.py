@@ -107,6 +107,9 @@ class Adapter(Base):
     blob: Mapped[str] = mapped_column(String(64))  # directory name under the adapter store
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Why serving this version last failed on its stored files (missing or failing verification), shown to its
+    # tenant; cleared when they are read again successfully (revision 0006).
+    broken_reason: Mapped[str | None] = mapped_column(String(300))
 
 
 class AdapterCurrent(Base):

@@ -37,6 +37,8 @@ EXPECTED_FIELDS = {
     "target_modules",
     "size_bytes",
     "created_at",
+    "status",
+    "broken_reason",
 }
 
 

@@ -99,9 +99,33 @@ def test_a_missing_blob_is_named_and_other_requests_are_served(start_server, ada
     r = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=auth(key), timeout=60)
     assert r.status_code == 500 and error_of(r)["code"] == "adapter_blob_missing", r.text
     assert "gone@1" in error_of(r)["message"]
+    # The version is marked broken where its tenant looks (its listing and its versions), saying why.
+    shown = httpx.get(f"{server.url}/v1/adapters/gone", headers=auth(key)).json()
+    assert shown["status"] == "broken" and "missing from the blob store" in shown["broken_reason"], shown
+    versions = httpx.get(f"{server.url}/v1/adapters/gone/versions", headers=auth(key)).json()["data"]
+    assert [(v["version"], v["status"]) for v in versions] == [(1, "broken")]
     base = httpx.get(f"{server.url}/v1/models", headers=auth(key)).json()["data"][0]["id"]
     r = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "model": base}, headers=auth(key), timeout=60)
     assert r.status_code == 200
+
+
+def test_a_broken_mark_clears_when_the_stored_files_load_again(start_server, adapter_factory, tmp_path) -> None:
+    server = start_server("sqlite", warm_adapters=False)
+    key = create_tenant(server.url, "faults-blob-back")
+    archive = zip_folder(adapter_factory("faults-blob-back", seed=33))
+    assert upload(server.url, key, "back", archive=archive).status_code == 201
+    [blob] = stored_blobs(server.settings.data_dir)
+    stored = server.settings.data_dir / "adapters" / "blobs" / blob
+    shutil.move(stored, tmp_path / "away")  # an operator's mistake, undone below
+    body = {"model": "back", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=auth(key), timeout=60)
+    assert error_of(r)["code"] == "adapter_blob_missing"
+    assert httpx.get(f"{server.url}/v1/adapters/back", headers=auth(key)).json()["status"] == "broken"
+    shutil.move(tmp_path / "away", stored)
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=auth(key), timeout=60)
+    assert r.status_code == 200, r.text
+    shown = httpx.get(f"{server.url}/v1/adapters/back", headers=auth(key)).json()
+    assert (shown["status"], shown["broken_reason"]) == ("ready", None)
 
 
 def test_the_kernels_enospc_is_a_507() -> None:

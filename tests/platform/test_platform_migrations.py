@@ -123,6 +123,7 @@ def _serve_and_check(settings, tiny_engine) -> None:
             16.0,
         )
         assert adapter["target_modules"] == ["q_proj", "v_proj"] and adapter["size_bytes"] == 2468
+        assert (adapter["status"], adapter["broken_reason"]) == ("ready", None)  # 0006: no version is broken
         # 0004: the live adapter is the one kept version of its name, addressable as name@2 and current.
         pinned = httpx.get(f"{server.url}/v1/adapters/extractor@2", headers=auth(TENANT_KEY))
         assert pinned.status_code == 200 and pinned.json()["sha256"] == "2" * 64
@@ -176,7 +177,7 @@ def test_upgrade_from_0003_with_data_to_versions(tiny_engine, tmp_path: Path) ->
 
     asyncio.run(at_0003())
     _serve_and_check(settings, tiny_engine)
-    assert asyncio.run(current_revision(url)) == _head() == "0005"
+    assert asyncio.run(current_revision(url)) == _head() == "0006"
 
 
 # The endpoints table as revision 0004 created it.

@@ -171,6 +171,8 @@ def test_openapi_document_is_served_and_accurate(start_server) -> None:
         "target_modules",
         "size_bytes",
         "created_at",
+        "status",
+        "broken_reason",
     }
 
 
