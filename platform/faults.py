@@ -4,8 +4,9 @@
   ``database_unavailable`` with ``Retry-After``;
 * the blob store unreachable (S3 or its endpoint down, timing out): 503 ``blob_store_unavailable`` with
   ``Retry-After``;
-* the disk full (or over quota) while writing: 507 ``insufficient_storage``; what was being written is removed by the
-  writers as for any failed write (nothing half-written is kept);
+* the disk full (or over quota) while writing, the files' own or the database's (SQLite's SQLITE_FULL, PostgreSQL's
+  disk_full): 507 ``insufficient_storage``; what was being written is removed by the writers as for any failed write
+  (nothing half-written is kept, the database's transaction is rolled back);
 * an adapter's stored files gone (its blob deleted behind our back): 500 ``adapter_blob_missing`` naming the blob.
 
 The classification reads the exception's causes (SQLAlchemy wraps the driver's error, botocore wraps the socket's),
@@ -70,8 +71,17 @@ def _blob_store_down(e: BaseException) -> bool:
     )
 
 
+_SQLITE_FULL = 13  # SQLite's "database or disk is full" (its own code: the file system's ENOSPC is not raised)
+_PG_DISK_FULL = "53100"  # PostgreSQL's disk_full SQLSTATE
+
+
 def _disk_full(e: BaseException) -> bool:
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    code = getattr(e, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == _SQLITE_FULL:
+        return True
+    return getattr(e, "sqlstate", None) == _PG_DISK_FULL
 
 
 def dependency_error(exc: BaseException) -> ApiError | None:
@@ -82,10 +92,10 @@ def dependency_error(exc: BaseException) -> ApiError | None:
         return ApiError(
             503, "the adapter blob store is unreachable; retry later", code="blob_store_unavailable", headers=retry
         )
+    if any(_disk_full(e) for e in chain):  # first: a full disk under the database is not the database down
+        return ApiError(507, "the server's disk is full: nothing was stored; retry later", code="insufficient_storage")
     if any(_database_down(e, chain) for e in chain):
         return ApiError(503, "the database is unreachable; retry later", code="database_unavailable", headers=retry)
-    if any(_disk_full(e) for e in chain):
-        return ApiError(507, "the server's disk is full: nothing was stored; retry later", code="insufficient_storage")
     missing = next((e for e in chain if isinstance(e, BlobMissing)), None)
     if missing is not None:
         return ApiError(500, f"{missing}; upload this version again", code="adapter_blob_missing")

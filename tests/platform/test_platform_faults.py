@@ -1,12 +1,15 @@
 """A dependency down is an answer, not a 500 (platform/faults.py), each fault injected into the real part:
 PostgreSQL refusing connections and dropping the server's (as during a restart), the S3 server (moto) killed, an
-adapter's blob deleted from the store behind the registry's back, and the kernel's own ENOSPC (from /dev/full).
+adapter's blob deleted from the store behind the registry's back, the kernel's own ENOSPC (from /dev/full), and a
+data directory on a small filesystem that fills up.
 After each, service recovers without a restart."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +18,17 @@ import httpx
 import pytest
 
 from loraplex.platform.faults import dependency_error
-from tests.platform.helpers import S3Server, auth, create_tenant, error_of, stored_blobs, upload, zip_folder
+from tests.platform.helpers import (
+    S3Server,
+    auth,
+    create_tenant,
+    error_of,
+    leftover_tmp,
+    stored_blobs,
+    upload,
+    zip_folder,
+)
+from tests.platform.test_platform_batch import jsonl, line, upload_jsonl
 
 ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -142,3 +155,63 @@ def test_the_kernels_enospc_is_a_507() -> None:
             answer = dependency_error(wrapped)
     assert answer is not None and answer.status == 507 and answer.code == "insufficient_storage"
     assert dependency_error(ValueError("a bug")) is None  # anything else stays a 500
+
+
+@contextmanager
+def small_filesystem(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``where`` (a real filesystem that fills up: the kernel answers ENOSPC)."""
+    where.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    if mounted.returncode != 0:
+        # Mounting needs CAP_SYS_ADMIN; without it this machine cannot make a small filesystem (the kernel's ENOSPC
+        # is still checked above through /dev/full).
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def test_a_full_data_directory_is_a_507_and_leaves_nothing_half_written(start_server, adapter_factory, tmp_path):
+    """The data directory on a small filesystem, filled by a ballast file until 160 KiB are left: uploads use the
+    rest until one is refused with 507; that one leaves no blob, no row and no temporary file; the server keeps
+    serving; once the ballast goes, the same upload is accepted."""
+    with small_filesystem(tmp_path / "small", "8m") as data_dir:
+        server = start_server("sqlite", data_dir=data_dir, warm_adapters=False)
+        key = create_tenant(server.url, "faults-full", max_adapters=100)
+        assert upload(server.url, key, "first", archive=zip_folder(adapter_factory("faults-full-0"))).status_code == 201
+        ballast = data_dir / "ballast"
+        free = os.statvfs(data_dir).f_bavail * os.statvfs(data_dir).f_frsize
+        ballast.write_bytes(b"\0" * (free - 160 * 1024))
+        accepted, refused = ["first"], None
+        for i in range(1, 40):
+            r = upload(server.url, key, f"fill-{i}", archive=zip_folder(adapter_factory(f"faults-full-{i}", seed=i)))
+            if r.status_code != 201:
+                refused = r
+                break
+            accepted.append(f"fill-{i}")
+        assert refused is not None, "the filesystem never filled"
+        assert refused.status_code == 507 and error_of(refused)["code"] == "insufficient_storage", refused.text
+        listed = [a["name"] for a in httpx.get(f"{server.url}/v1/adapters", headers=auth(key)).json()["data"]]
+        assert sorted(listed) == sorted(accepted)  # no row for the refused upload
+        assert len(stored_blobs(data_dir)) == len(accepted)  # and no blob
+        assert leftover_tmp(data_dir) == []
+        # A batch input file larger than what is left: refused the same way, nothing listed.
+        lines = [
+            line(f"q{i}", {"model": "first", "messages": [{"role": "user", "content": "x" * 900}]}) for i in range(400)
+        ]
+        r = upload_jsonl(server.url, key, jsonl(lines))
+        assert r.status_code == 507 and error_of(r)["code"] == "insufficient_storage", r.text
+        assert httpx.get(f"{server.url}/v1/files", headers=auth(key)).json()["data"] == []
+        assert leftover_tmp(data_dir) == []
+        body = {"model": "first", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=auth(key), timeout=60)
+        assert r.status_code == 200, r.text
+        ballast.unlink()
+        again = upload(
+            server.url,
+            key,
+            f"fill-{len(accepted)}",
+            archive=zip_folder(adapter_factory(f"faults-full-{len(accepted)}")),
+        )
+        assert again.status_code == 201, again.text
