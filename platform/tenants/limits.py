@@ -13,7 +13,8 @@ In Redis, each admitted request is one *lease*: a member of the tenant's sorted 
 expires (Redis' own clock). The replica holding a lease pushes that time forward every ``ttl / 3`` seconds
 while the request runs and removes it when the request ends; a replica that crashes stops refreshing, so its
 leases expire within ``ttl`` seconds and their slots come back. Checks and reservations happen in one Lua
-script: all of a request's reservations are made, or none.
+script: all of a request's reservations are made, or none. The tokens-per-minute window follows Redis' clock
+too, unless ``TenantLimits.clock`` is given (tests fix it so no window ends mid-test).
 
 While Redis is down, requests are admitted against this replica's own counts (each replica then enforces the
 limits on its own traffic); a lease is released where it was taken. An outage longer than the TTL lets the
@@ -44,11 +45,13 @@ CONCURRENCY_RETRY_S = 1  # a slot frees when some request ends, which nobody can
 _LEASES = "loraplex:leases:"
 _TOKENS = "loraplex:tpm:"
 
-# KEYS: leases, tokens. ARGV: member, sequences, tokens, max sequences, tokens per minute, max requests, ttl.
-# Returns {"ok", window, 0} or {limit name, current use, retry after seconds}.
+# KEYS: leases, tokens. ARGV: member, sequences, tokens, max sequences, tokens per minute, max requests, ttl,
+# the tokens window's time ('' for Redis' own). Returns {"ok", window, 0} or {limit name, current use, retry after
+# seconds}.
 _ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local wnow = tonumber(ARGV[8]) or now
 local seqs, tokens = tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_seqs, tpm, max_reqs, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -57,7 +60,7 @@ local used = 0
 for _, m in ipairs(live) do used = used + tonumber(string.match(m, '|(%d+)$')) end
 if max_reqs > 0 and #live + 1 > max_reqs then return {'max_queued_requests', #live, 0} end
 if max_seqs > 0 and used + seqs > max_seqs then return {'max_concurrent_sequences', used, 0} end
-local window = math.floor(now / 60)
+local window = math.floor(wnow / 60)
 local spent = 0
 if tonumber(redis.call('HGET', KEYS[2], 'w') or '-1') == window then
   spent = tonumber(redis.call('HGET', KEYS[2], 'n') or '0')
@@ -65,7 +68,7 @@ else
   redis.call('HSET', KEYS[2], 'w', window, 'n', 0)
 end
 if tpm > 0 and spent + tokens > tpm then
-  return {'tokens_per_minute', spent, math.max(1, math.ceil((window + 1) * 60 - now))}
+  return {'tokens_per_minute', spent, math.max(1, math.ceil((window + 1) * 60 - wnow))}
 end
 redis.call('HINCRBY', KEYS[2], 'n', tokens)
 redis.call('EXPIRE', KEYS[2], 120)
@@ -95,15 +98,17 @@ end
 return 1
 """
 
-# KEYS: leases, tokens. Returns {live requests, their sequences, tokens used or reserved this minute}.
+# KEYS: leases, tokens. ARGV: the tokens window's time ('' for Redis' own). Returns {live requests, their
+# sequences, tokens used or reserved this minute}.
 _USAGE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local wnow = tonumber(ARGV[1]) or now
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')
 local used = 0
 for _, m in ipairs(live) do used = used + tonumber(string.match(m, '|(%d+)$')) end
 local spent = 0
-if tonumber(redis.call('HGET', KEYS[2], 'w') or '-1') == math.floor(now / 60) then
+if tonumber(redis.call('HGET', KEYS[2], 'w') or '-1') == math.floor(wnow / 60) then
   spent = tonumber(redis.call('HGET', KEYS[2], 'n') or '0')
 end
 return {#live, used, spent}
@@ -169,11 +174,13 @@ class Lease:
 
 class TenantLimits:
     def __init__(
-        self, redis: RedisLink | None = None, *, ttl_s: float = 30.0, clock: Callable[[], float] = time.time
+        self, redis: RedisLink | None = None, *, ttl_s: float = 30.0, clock: Callable[[], float] | None = None
     ) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
-        self.clock = clock  # the in-process fallback's clock (Redis uses its own)
+        # The tokens-per-minute window's clock (seconds since the epoch). None: Redis' own in Redis (one clock for
+        # every replica), time.time in this process. Leases expire by Redis' clock whatever it is.
+        self.clock = clock
         self.replica = uuid.uuid4().hex[:12]
         self._redis_leases: dict[str, str] = {}  # member -> leases key, for the heartbeat
         self._local: dict[str, dict[str, int]] = {}  # tenant -> member -> sequences
@@ -215,7 +222,7 @@ class TenantLimits:
         self, tenant_id: str, member: str, quota: TenantQuota, sequences: int, tokens: int
     ) -> tuple[str, int, int] | None:
         assert self.redis is not None
-        args = [
+        args: list[str | int | float] = [
             member,
             sequences,
             tokens,
@@ -223,6 +230,7 @@ class TenantLimits:
             quota.tokens_per_minute,
             quota.max_queued_requests,
             self.ttl_s,
+            self._window_time(),
         ]
         keys = [_LEASES + tenant_id, _TOKENS + tenant_id]
         reply = await self.redis.call(lambda r: r.eval(_ADMIT, 2, *keys, *args))
@@ -240,7 +248,7 @@ class TenantLimits:
         used = sum(live.values())
         if quota.max_concurrent_sequences and used + sequences > quota.max_concurrent_sequences:
             return "max_concurrent_sequences", used, 0
-        now = self.clock()
+        now = self._now()
         window = int(now // WINDOW_S)
         seen, spent = self._local_tokens.get(tenant_id, (window, 0))
         spent = spent if seen == window else 0
@@ -249,6 +257,13 @@ class TenantLimits:
         self._local_tokens[tenant_id] = (window, spent + tokens)
         live[member] = sequences
         return "ok", window, 0
+
+    def _now(self) -> float:
+        return (self.clock or time.time)()
+
+    def _window_time(self) -> str:
+        """The tokens window's time for the Lua scripts: '' (Redis' own clock) unless a clock was given."""
+        return "" if self.clock is None else repr(self.clock())
 
     # -- release and heartbeat ---------------------------------------------------------------------
 
@@ -287,12 +302,14 @@ class TenantLimits:
     async def usage(self, tenant_id: str) -> Usage:
         """What `tenant_id` holds now: across replicas from Redis, else what this replica counts itself."""
         keys = [_LEASES + tenant_id, _TOKENS + tenant_id]
-        reply = await self.redis.call(lambda r: r.eval(_USAGE, 2, *keys)) if self.redis is not None else None
+        reply = None
+        if self.redis is not None:
+            reply = await self.redis.call(lambda r: r.eval(_USAGE, 2, *keys, self._window_time()))
         if reply is not None:
             return Usage(*(int(v) for v in reply))
         live = self._local.get(tenant_id, {})
         window, spent = self._local_tokens.get(tenant_id, (None, 0))
-        return Usage(len(live), sum(live.values()), spent if window == int(self.clock() // WINDOW_S) else 0)
+        return Usage(len(live), sum(live.values()), spent if window == int(self._now() // WINDOW_S) else 0)
 
 
 @dataclass(frozen=True)

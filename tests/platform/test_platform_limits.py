@@ -199,7 +199,9 @@ def test_queued_requests_limit_and_release_after_a_client_disconnects(server, ga
 
 
 def test_tokens_per_minute_reserve_then_settle(server, gate, pool) -> None:
-    _wait_for_a_fresh_minute()
+    # Every request of this test falls into one one-minute window, 20 s in, wherever the wall clock is.
+    window_start = (time.time() // 60) * 60
+    server.services.tenant_limits.clock = lambda: window_start + 20.0
     name, key = new_tenant(server.url, tokens_per_minute=100)
     model = model_of(server.url, key)
     with httpx.Client(timeout=120) as client:
@@ -211,7 +213,7 @@ def test_tokens_per_minute_reserve_then_settle(server, gate, pool) -> None:
             r = completion(server.url, key, model=model, max_tokens=60)  # 64 more would make 108
             msg = too_many(r, "tokens_per_minute")
             assert "44 tokens" in msg and "asks for 64" in msg and "limit is 100" in msg
-            assert int(r.headers["retry-after"]) <= 60
+            assert int(r.headers["retry-after"]) == 40  # until the window ends
     # Cancelled after at most HOLD_AFTER + 1 generated tokens: the unused part of the 40 comes back.
     eventually(lambda: usage(server.url, name)["tokens_this_minute"] <= 4 + HOLD_AFTER + 1, "unused tokens return")
     spent = usage(server.url, name)["tokens_this_minute"]
@@ -221,12 +223,10 @@ def test_tokens_per_minute_reserve_then_settle(server, gate, pool) -> None:
     assert usage(server.url, name)["tokens_this_minute"] == spent + 64  # used all it reserved: nothing returned
     r = completion(server.url, key, model=model, max_tokens=200)
     assert r.status_code == 400 and "tokens_per_minute" in error_of(r)["message"]  # could never fit
-
-
-def _wait_for_a_fresh_minute() -> None:
-    """The token window is the clock's minute: start a tokens test well before the minute turns."""
-    if time.time() % 60 > 40:
-        time.sleep(60.5 - time.time() % 60)
+    server.services.tenant_limits.clock = lambda: window_start + 61.0  # the next window starts afresh
+    assert usage(server.url, name)["tokens_this_minute"] == 0
+    assert completion(server.url, key, model=model, max_tokens=60).status_code == 200
+    assert usage(server.url, name)["tokens_this_minute"] == 64
 
 
 # --------------------------------------------------------------------------------- across replicas
