@@ -1,9 +1,11 @@
 """Bounded staleness across replicas, whatever Redis does: two `loraplex serve` processes share PostgreSQL and a
 redis-server of the test's own, which the test pauses (SIGSTOP, as a partition looks) or whose messages it
-drops. A deletion or revocation made through one replica must be honoured by the other within the bound the
-cache is designed for (1 s: a heartbeat sent within the last 0.5 s must have come back before anything cached
-is used; see platform/storage/cache.py); the tests allow twice that. The registry cache keeps entries for an
-hour here, so without the bound the other replica would serve the old record for the whole test."""
+drops. A deletion or revocation made through one replica must be honoured by the other. The registry cache
+keeps entries for an hour here, so without the bound on staleness (about 1 s by design: a heartbeat sent within
+the last 0.5 s must have come back before anything cached is used; see platform/storage/cache.py) the other
+replica would serve the old record for the whole test. How fast it is honoured is not asserted (these machines
+are shared and noisy: speed belongs in bench/); the tests wait for it with a generous deadline, far below the
+TTL, whose expiry fails them."""
 
 from __future__ import annotations
 
@@ -38,8 +40,8 @@ from tests.platform.helpers import (
 
 pytestmark = pytest.mark.services
 
-DESIGN_BOUND_S = 1.0
-BOUND_S = 2 * DESIGN_BOUND_S  # a correctness bound (an hour without it), not a speed threshold
+CACHE_TTL_S = 3600  # what the replicas' registry caches keep an entry for, unless it is invalidated
+HONOURED_WITHIN_S = 30.0  # a liveness deadline (1 s by design, an hour without the bound), not a speed threshold
 POLL_S = 0.05
 
 
@@ -109,7 +111,7 @@ def replicas(
         "--max-model-len",
         "512",
     ]
-    env = {"LORAPLEX_ADMIN_KEY": ADMIN_KEY, "LORAPLEX_CACHE_TTL_S": "3600"}
+    env = {"LORAPLEX_ADMIN_KEY": ADMIN_KEY, "LORAPLEX_CACHE_TTL_S": str(CACHE_TTL_S)}
     procs = [ServerProcess(args, env, root / f"replica-{i}.log") for i in range(2)]
     try:
         yield [p.wait_ready() for p in procs]
@@ -142,14 +144,14 @@ def _key_accepted(server: ServerProcess, key: str) -> bool:
     return True
 
 
-def _seconds_until(condition: Callable[[], bool], limit: float = 30.0) -> float:
-    """Poll `condition` every 50 ms; the seconds until it first held (fails after `limit`)."""
-    start = time.monotonic()
+def _wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Poll `condition` every 50 ms until it holds; fail naming `what` once HONOURED_WITHIN_S have passed."""
+    deadline = time.monotonic() + HONOURED_WITHIN_S
     while not condition():
-        elapsed = time.monotonic() - start
-        assert elapsed < limit, f"still not true after {elapsed:.1f}s"
+        assert time.monotonic() < deadline, (
+            f"{what}: still not so after {HONOURED_WITHIN_S:.0f}s (cached entries live {CACHE_TTL_S}s here)"
+        )
         time.sleep(POLL_S)
-    return time.monotonic() - start
 
 
 def _holds_for(condition: Callable[[], bool], seconds: float) -> None:
@@ -182,27 +184,26 @@ def test_delete_and_revoke_are_honoured_while_redis_hangs(replicas, private_redi
     try:
         r = httpx.delete(f"{one.url}/v1/adapters/held", headers=auth(key), timeout=10)
         assert r.status_code == 200, r.text
-        waited = _seconds_until(lambda: not _adapter_served(two, key, "held"))
-        assert waited <= BOUND_S, f"replica two served the deleted adapter for {waited:.2f}s"
+        _wait_until(lambda: not _adapter_served(two, key, "held"), "replica two stops serving the deleted adapter")
         _holds_for(lambda: not _adapter_served(two, key, "held"), 1.0)
 
         r = httpx.delete(f"{one.url}/v1/tenants/{tenant}/keys/{spare['id']}", headers=auth(ADMIN_KEY), timeout=10)
         assert r.status_code == 200, r.text
-        waited = _seconds_until(lambda: not _key_accepted(two, spare["key"]))
-        assert waited <= BOUND_S, f"replica two accepted the revoked key for {waited:.2f}s"
+        _wait_until(lambda: not _key_accepted(two, spare["key"]), "replica two refuses the revoked key")
         # Everyone else is still served, from the database, without waiting on the hung Redis.
         assert _key_accepted(two, key) and _key_accepted(one, key)
     finally:
         private_redis.resume()
 
     # Redis is back: both replicas use it again, and nothing stale comes back with it.
-    _seconds_until(lambda: _redis_ok(one) and _redis_ok(two))
+    _wait_until(lambda: _redis_ok(one) and _redis_ok(two), "both replicas use Redis again")
     _holds_for(lambda: not _adapter_served(two, key, "held") and not _key_accepted(two, spare["key"]), 2.0)
     assert upload(one.url, key, "held", archive=zip_folder(adapter_factory("basic"))).status_code == 201
-    _seconds_until(lambda: _adapter_served(two, key, "held"))
+    _wait_until(lambda: _adapter_served(two, key, "held"), "replica two serves the new upload")
     assert httpx.delete(f"{one.url}/v1/adapters/held", headers=auth(key), timeout=10).status_code == 200
-    waited = _seconds_until(lambda: not _adapter_served(two, key, "held"))
-    assert waited <= BOUND_S, f"after recovery, replica two served the deleted adapter for {waited:.2f}s"
+    _wait_until(
+        lambda: not _adapter_served(two, key, "held"), "after recovery, replica two stops serving the deleted adapter"
+    )
 
 
 def _pg_execute(schema: str, sql: str, *args: object) -> str:
@@ -243,24 +244,21 @@ def test_lost_invalidation_messages_are_noticed(replicas, private_redis, adapter
     )
     assert status == "UPDATE 1"
     _invalidate_without_message(private_redis.url, cache_key(tenant_id, "held"))
-    waited = _seconds_until(lambda: not _adapter_served(two, key, "held"))
-    assert waited <= BOUND_S, f"replica two served the deleted adapter for {waited:.2f}s"
+    _wait_until(lambda: not _adapter_served(two, key, "held"), "replica two stops serving the deleted adapter")
 
     assert _pg_execute(pg_schema, "UPDATE api_keys SET revoked_at = now() WHERE prefix = $1", spare["prefix"]) == (
         "UPDATE 1"
     )
     _invalidate_without_message(private_redis.url, f"key:{spare['prefix']}")
-    waited = _seconds_until(lambda: not _key_accepted(two, spare["key"]))
-    assert waited <= BOUND_S, f"replica two accepted the revoked key for {waited:.2f}s"
+    _wait_until(lambda: not _key_accepted(two, spare["key"]), "replica two refuses the revoked key")
 
     # The subscriptions themselves dropped (messages published meanwhile are lost): the bound still holds.
     assert upload(one.url, key, "held", archive=zip_folder(adapter_factory("basic"))).status_code == 201
-    _seconds_until(lambda: _adapter_served(two, key, "held"))
+    _wait_until(lambda: _adapter_served(two, key, "held"), "replica two serves the new upload")
     admin = redis.Redis.from_url(private_redis.url)
     try:
         assert admin.client_kill_filter(_type="pubsub") >= 2
     finally:
         admin.close()
     assert httpx.delete(f"{one.url}/v1/adapters/held", headers=auth(key), timeout=10).status_code == 200
-    waited = _seconds_until(lambda: not _adapter_served(two, key, "held"))
-    assert waited <= BOUND_S, f"replica two served the deleted adapter for {waited:.2f}s"
+    _wait_until(lambda: not _adapter_served(two, key, "held"), "replica two stops serving the deleted adapter")
