@@ -44,17 +44,22 @@ async def test_a_slow_consumer_gets_joined_outputs_with_every_token(tiny_llama_d
     oracle = HFOracle(tiny_llama_dir)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=1)
     try:
-        stream = engine.generate(PROMPT, params)
+        stream = engine.generate(PROMPT, params, request_id="slow")
         first = await stream.__anext__()
-        # Blocks the event loop (the engine thread keeps stepping meanwhile): the outputs of many steps pile up.
-        time.sleep(1.0)
+        # Blocks the event loop (the engine thread keeps stepping meanwhile) until the engine has left the
+        # request's last output in its mailbox: the outputs of the 23 steps after the first pile up there.
+        mailbox = engine._streams["slow"]
+        deadline = time.monotonic() + 120  # liveness bound only
+        while mailbox.pending is None or not mailbox.pending.finished:
+            assert time.monotonic() < deadline, "the engine never finished the request"
+            time.sleep(0.01)
         rest = [o async for o in stream]
         outs = [first, *rest]
         tokens = [t for o in outs for t in o.new_token_ids]
         assert tokens == outs[-1].token_ids == oracle.greedy_ignore_eos(PROMPT, 24)
         assert "".join(o.new_text for o in outs) == outs[-1].text
         assert [lp.token_id for o in outs for lp in o.new_logprobs] == tokens
-        assert len(outs) < 24, "the outputs of the steps taken while the loop was blocked were joined"
+        assert len(outs) == 2, "the outputs of the steps taken while the loop was blocked were joined into one"
     finally:
         engine.shutdown()
 

@@ -69,17 +69,19 @@ async def test_a_slow_reader_cannot_put_a_stale_record_back() -> None:
     await cache.start()
     await other.start()
     key = f"adapter:{uuid.uuid4()}:race"
-    release = asyncio.Event()
+    loading, invalidated, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    cache.on_invalidate(key, lambda _rest: invalidated.set())  # `other`'s invalidation reached `cache`
 
     async def slow_stale_load() -> dict:
+        loading.set()
         await release.wait()  # the row is read before the delete commits, returned after
         return {"v": "deleted"}
 
     try:
         reader = asyncio.create_task(cache.get_or_load(key, slow_stale_load))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(loading.wait(), timeout=30)  # the reader has looked up the cache and is loading
         await other.invalidate(key)  # the delete commits and invalidates meanwhile
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(invalidated.wait(), timeout=30)
         release.set()
         assert await reader == {"v": "deleted"}  # that one request saw the old row...
 
