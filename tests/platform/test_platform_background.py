@@ -19,9 +19,11 @@ from tests.platform.helpers import REDIS_URL
 
 async def test_stop_task_cancels_again_a_loop_that_swallowed_the_first_cancel() -> None:
     swallowed = 0
+    looping = asyncio.Event()
 
     async def stubborn() -> None:
         nonlocal swallowed
+        looping.set()
         while True:
             try:
                 await asyncio.sleep(0.05)
@@ -32,7 +34,7 @@ async def test_stop_task_cancels_again_a_loop_that_swallowed_the_first_cancel() 
                 raise
 
     task = asyncio.create_task(stubborn())
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(looping.wait(), timeout=5)  # cancelled inside its loop, not before it starts
     await asyncio.wait_for(stop_task(task, poll_s=0.1), timeout=5)
     assert task.cancelled() and swallowed == 2
 
@@ -42,7 +44,7 @@ async def test_stop_task_reports_a_task_that_already_failed(caplog: pytest.LogCa
         raise ValueError("boom")
 
     task = asyncio.create_task(broken(), name="broken-loop")
-    await asyncio.sleep(0)
+    await asyncio.wait([task])  # it has failed
     await stop_task(task)
     assert "broken-loop ended with ValueError: boom" in caplog.text
 
