@@ -16,6 +16,8 @@ their modules, where the tests import them:
   ``cpu_lora``: shrink + expand in one C call;
 * ``elementwise``: residual add + RMSNorm, rotary, the SiLU-gated product (torch, C);
 * ``bitmask``: structured-output token masks applied to logits (torch, Triton);
+* ``quant``: matrix products with GGUF-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; torch, C) and Q8_0
+  quantization;
 * ``cpu_build``: compiles the C kernels once per machine and loads them; ``cpu_features``: native bfloat16.
 
 Triton is imported only on the first Triton call, so CPU-only use never needs it and tests can enable

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from loraplex import envvars as env
@@ -58,31 +59,36 @@ def compiler() -> str | None:
 Signatures = dict[str, tuple[object, list]]  # C function name -> (restype, argtypes)
 
 
-def load(name: str, signatures: Signatures) -> ctypes.CDLL | None:
+def load(name: str, signatures: Signatures, extra_flags: Sequence[str] = ()) -> ctypes.CDLL | None:
     """The compiled ``csrc/<name>.c``, built on first use, with ``signatures`` set on its functions once;
     None when C kernels are switched off or there is no C compiler. Raises KernelBuildError (every time,
-    without building again) when the build or the load failed."""
+    without building again) when the build or the load failed.
+
+    ``extra_flags`` (e.g. ``-DSOME_MACRO``) build a variant of the kernel beside the plain one: its own
+    library, cached under its own key (the plain build's key is unchanged)."""
+    extra = list(extra_flags)
+    key = " ".join([name, *extra])
     with _lock:
-        if name not in _loaded:
+        if key not in _loaded:
             try:
-                lib = _build_and_load(name)
+                lib = _build_and_load(name, extra)
                 if lib is not None:
                     for fn_name, (restype, argtypes) in signatures.items():
                         fn = getattr(lib, fn_name)
                         fn.restype, fn.argtypes = restype, argtypes
             except KernelBuildError as exc:
-                _loaded[name] = exc
+                _loaded[key] = exc
             except AttributeError as exc:  # a function the signatures name is missing from the library
-                _loaded[name] = KernelBuildError(f"C kernel {name}: {exc}")
+                _loaded[key] = KernelBuildError(f"C kernel {key}: {exc}")
             else:
-                _loaded[name] = lib
-        found = _loaded[name]
+                _loaded[key] = lib
+        found = _loaded[key]
         if isinstance(found, KernelBuildError):
             raise found
         return found
 
 
-def _build_and_load(name: str) -> ctypes.CDLL | None:
+def _build_and_load(name: str, extra: list[str]) -> ctypes.CDLL | None:
     if not env.cpu_kernels_enabled():
         return None
     cc = compiler()
@@ -90,8 +96,10 @@ def _build_and_load(name: str) -> ctypes.CDLL | None:
         logger.warning("no C compiler found: the CPU runs the torch paths instead of the C kernels")
         return None
     source = CSRC / f"{name}.c"
+    label = " ".join([name, *extra])  # the kernel as errors name it: a variant with its flags
     headers = b"".join(h.read_bytes() for h in sorted(CSRC.glob("*.h")))  # an edited shared header rebuilds too
-    key = hashlib.sha256(source.read_bytes() + headers + " ".join([cc, *FLAGS]).encode() + _cpu_signature().encode())
+    command = " ".join([cc, *FLAGS, *extra])  # without extra flags, the same key as before they existed
+    key = hashlib.sha256(source.read_bytes() + headers + command.encode() + _cpu_signature().encode())
     target = env.kernel_cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -99,12 +107,14 @@ def _build_and_load(name: str) -> ctypes.CDLL | None:
         os.close(fd)
         try:
             try:
-                proc = subprocess.run([cc, *FLAGS, str(source), "-o", tmp, "-lm"], capture_output=True, text=True)
+                proc = subprocess.run(
+                    [cc, *FLAGS, *extra, str(source), "-o", tmp, "-lm"], capture_output=True, text=True
+                )
             except OSError as exc:
-                raise KernelBuildError(f"C kernel {name}: cannot run the compiler {cc!r}: {exc}") from exc
+                raise KernelBuildError(f"C kernel {label}: cannot run the compiler {cc!r}: {exc}") from exc
             if proc.returncode != 0:
                 raise KernelBuildError(
-                    f"C kernel {name}: {cc} failed to build {source.name} (exit "
+                    f"C kernel {label}: {cc} failed to build {source.name} (exit "
                     f"{proc.returncode}):\n{(proc.stderr or proc.stdout)[-2000:]}"
                 )
             os.replace(tmp, target)
@@ -114,4 +124,4 @@ def _build_and_load(name: str) -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(str(target))
     except OSError as exc:
-        raise KernelBuildError(f"C kernel {name}: cannot load {target}: {exc}") from exc
+        raise KernelBuildError(f"C kernel {label}: cannot load {target}: {exc}") from exc

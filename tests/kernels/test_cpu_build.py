@@ -4,6 +4,8 @@ with native bfloat16 (detected from /proc/cpuinfo), and nowhere else."""
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import logging
 
 import pytest
@@ -16,6 +18,7 @@ from loraplex.kernels.cpu_decode_attention import cpu_decode_kernel_available
 from loraplex.kernels.cpu_lora import cpu_lora_kernel_available
 from loraplex.kernels.cpu_prefill_attention import cpu_prefill_kernel_available
 from loraplex.kernels.elementwise import cpu_elementwise_available
+from loraplex.kernels.quant import cpu_quant_kernel_available
 from tests.c_kernels import needs_c_kernels
 
 KERNELS = {
@@ -23,6 +26,7 @@ KERNELS = {
     "paged_prefill_attention": cpu_prefill_kernel_available,
     "lora_apply": cpu_lora_kernel_available,
     "elementwise": cpu_elementwise_available,
+    "quant_matmul": cpu_quant_kernel_available,
 }
 
 
@@ -46,6 +50,33 @@ def test_a_failing_compiler_is_an_error_naming_the_kernel(broken_compiler):
         cpu_elementwise_available()
     with pytest.raises(KernelBuildError, match="C kernel elementwise"):  # remembered: not built again, not None
         cpu_elementwise_available()
+
+
+def test_a_variant_build_is_named_with_its_flags(broken_compiler):
+    signatures = {"loraplex_quant_vector_width": (ctypes.c_int, [])}
+    with pytest.raises(KernelBuildError, match=r"C kernel quant_matmul -DLORAPLEX_QUANT_SCALAR: /bin/false failed"):
+        cpu_build.load("quant_matmul", signatures, ["-DLORAPLEX_QUANT_SCALAR"])
+
+
+@needs_c_kernels
+def test_variant_builds_have_their_own_libraries(monkeypatch, tmp_path):
+    """Extra flags build a second library beside the plain one, under its own key; the plain one keeps the
+    key it had before extra flags existed (the compiler command, unchanged, is what it hashes)."""
+    monkeypatch.setenv("LORAPLEX_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_build, "_loaded", {})
+    signatures = {"loraplex_quant_vector_width": (ctypes.c_int, [])}
+    plain = cpu_build.load("quant_matmul", signatures)
+    scalar = cpu_build.load("quant_matmul", signatures, ["-DLORAPLEX_QUANT_SCALAR"])
+    assert plain is not scalar and scalar.loraplex_quant_vector_width() == 0 != plain.loraplex_quant_vector_width()
+    assert cpu_build.load("quant_matmul", signatures) is plain  # each loaded once
+    assert len(list(tmp_path.glob("quant_matmul-*.so"))) == 2
+    old_key = hashlib.sha256(  # the key as it was computed before extra flags existed
+        (cpu_build.CSRC / "quant_matmul.c").read_bytes()
+        + b"".join(h.read_bytes() for h in sorted(cpu_build.CSRC.glob("*.h")))
+        + " ".join([cpu_build.compiler(), *cpu_build.FLAGS]).encode()
+        + cpu_build._cpu_signature().encode()
+    )
+    assert (tmp_path / f"quant_matmul-{old_key.hexdigest()[:16]}.so").is_file()
 
 
 def test_an_engine_reports_the_broken_kernel_and_runs_the_torch_paths(broken_compiler, caplog):

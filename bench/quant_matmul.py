@@ -1,0 +1,90 @@
+"""GGUF-quantized weights on the CPU: ``python -P -m bench.quant_matmul``.
+
+Times the C kernel (kernels/quant.py ``quant_matmul_c``) per block format on SmolLM2-135M's projection shapes,
+for 1 row (a lone decode), 8 and 64 rows (decode batches), against ``F.linear`` in float32 on the de-quantized
+weight (the float path the engine runs otherwise), and prints the speed-up (float time / quantized time) and
+the rate at which each reads its weight (GB/s of the weight's bytes: the quantized blocks for the kernel,
+float32 for F.linear). Medians of repeated runs; the machine's load is printed beside them. K-quant formats
+need k to be a multiple of 256 and are left out of the k=576 shapes (GGUF files store those tensors in
+another format). ``--threads 1`` measures one core (on a busy machine two OpenMP threads wait for each other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from bench.common import machine_load, print_table
+from bench.linear_dtypes import median_us
+from loraplex.kernels.quant import (
+    QUANT_TYPES,
+    block_shape,
+    cpu_quant_kernel_available,
+    dequantize_ref,
+    quant_matmul_c,
+    row_bytes,
+)
+
+SHAPES = {  # name: (k in, n out, formats) of SmolLM2-135M
+    "gate_up": (576, 1536, QUANT_TYPES),
+    "down": (1536, 576, QUANT_TYPES),
+    "lm_head": (576, 49152, ("Q8_0",)),
+}
+ROWS = (1, 8, 64)
+_F16_SCALES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208,)}  # float16 fields
+
+
+def random_blocks(qtype: str, n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """Random blocks with small finite float16 scales (the kernel's speed does not depend on the values)."""
+    elems, nbytes = block_shape(qtype)
+    blocks = torch.randint(0, 256, (n * (k // elems), nbytes), dtype=torch.uint8, generator=g)
+    for offset in _F16_SCALES[qtype]:
+        scale = (torch.rand(blocks.shape[0], 1, generator=g) * 0.01).to(torch.float16)
+        blocks[:, offset : offset + 2] = scale.view(torch.uint8)
+    return blocks.reshape(n, row_bytes(qtype, k))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's; 1 on a busy machine)")
+    ap.add_argument("--budget", type=float, default=0.3, help="seconds of repeats per measurement")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not cpu_quant_kernel_available():
+        raise SystemExit("the C kernels are not available here (no C compiler, or LORAPLEX_CPU_KERNELS=0)")
+    print(f"{torch.get_num_threads()} threads; {machine_load()}")
+    g = torch.Generator().manual_seed(0)
+    rows_out = []
+    for name, (k, n, formats) in SHAPES.items():
+        for qtype in formats:
+            if k % block_shape(qtype)[0]:
+                continue
+            blocks = random_blocks(qtype, n, k, g)
+            w = dequantize_ref(blocks, qtype, k)
+            for m in ROWS:
+                x = torch.randn(m, k, generator=g)
+                q_us = median_us(functools.partial(quant_matmul_c, x, blocks, qtype, k), args.budget)
+                f_us = median_us(functools.partial(F.linear, x, w), args.budget)
+                rows_out.append(
+                    [
+                        f"{name} k={k} n={n}",
+                        qtype,
+                        m,
+                        q_us / 1e3,
+                        blocks.numel() / q_us / 1e3,
+                        f_us / 1e3,
+                        w.numel() * 4 / f_us / 1e3,
+                        f_us / q_us,
+                    ]
+                )
+    print_table(
+        ["shape", "format", "rows", "quant ms", "quant GB/s", "F.linear f32 ms", "f32 GB/s", "speed-up"], rows_out
+    )
+
+
+if __name__ == "__main__":
+    main()

