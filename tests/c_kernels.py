@@ -11,19 +11,13 @@ that. The marker is applied by tests/conftest.py (skip before the test's fixture
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from loraplex import envvars as env
 from loraplex.kernels import cpu_build
+from tests.ci import on_ci
 
 needs_c_kernels = pytest.mark.needs_c_kernels  # registered and applied in tests/conftest.py
-
-
-def on_ci() -> bool:
-    """True under CI (CI=true; also 1 or yes, as some CI systems write it)."""
-    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
 
 
 def c_kernels_missing() -> str | None:

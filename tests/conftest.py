@@ -31,7 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Outside CI, a C-kernel test skips before its fixtures are built where the C kernels cannot run."""
-    from tests.c_kernels import on_ci, require_c_kernels
+    from tests.c_kernels import require_c_kernels
+    from tests.ci import on_ci
 
     if item.get_closest_marker(C_KERNELS_MARKER) is not None and not on_ci():
         require_c_kernels()
