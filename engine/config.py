@@ -19,6 +19,7 @@ DEFAULT_CPU_MULTI_TENANT_STEP_S = 0.12  # see EngineArgs.multi_tenant_step_ms
 # Which waiting request runs next (engine.core.request_queue)
 SchedulingPolicy = Literal["fcfs", "fair", "priority"]
 SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = get_args(SchedulingPolicy)
+QUANTIZATIONS = ("gguf", "q8_0", "none")  # EngineArgs.quantization
 
 
 @dataclass
@@ -76,6 +77,11 @@ class EngineArgs:
     # vLLM's --reasoning-parser: "qwen3" or "deepseek_r1" (engine/reasoning.py): chat outputs are split into
     # reasoning and content, and a constrained answer comes after the reasoning within the same max_tokens
     reasoning_parser: ReasoningParserName | None = None
+    # vLLM's --quantization: how projection weights are stored and multiplied (engine/model/gguf_weights.py,
+    # kernels/quant.py). "gguf": a GGUF model's quantized tensors kept in their blocks (Q8_0, Q4_0, Q4_1, Q4_K,
+    # Q6_K); "q8_0": any checkpoint's projections quantized to Q8_0 at load; "none" (and None): float weights in
+    # `dtype` (a GGUF model de-quantized at load).
+    quantization: str | None = None
     device: str | None = None  # None: cuda if available else cpu
     dtype: str | None = None  # None: the checkpoint's dtype on CUDA (bf16 for fp32), float32 on CPU
     seed: int = 0
@@ -114,6 +120,8 @@ class EngineArgs:
             raise ValueError(
                 f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}"
             )
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         self.resolved_speculative_config()  # refuses a bad one by name
 
     def resolved_speculative_config(self) -> SpeculativeConfig | None:

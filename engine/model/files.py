@@ -115,6 +115,14 @@ def resolve_model_dir(model: str | os.PathLike[str] | None) -> Path:
     return path
 
 
+def source_gguf(model: str | os.PathLike[str] | None) -> Path | None:
+    """The GGUF file a model argument names (the bundled default's, or a ``.gguf`` path), else None."""
+    if model is None or str(model) in (DEFAULT_MODEL_NAME, "default"):
+        return _bundled_gguf()
+    path = Path(model).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
 def check_model_dir(path: Path) -> dict[str, Any]:
     """Check that `path` is a Hugging Face directory of a supported family (``engine.model.families``); return its
     config dict (the one read of config.json)."""

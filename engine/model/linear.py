@@ -6,6 +6,9 @@ vLLM-CPU's linear layers use. ``F.linear`` goes to MKL, which runs its AVX2 code
 below oneDNN's rate there (same results to rounding; ``bench.throughput`` prints both rates). On CUDA,
 and wherever oneDNN is missing or fails a first-use probe, ``F.linear`` on the plain weight.
 ``LORAPLEX_ONEDNN=0`` turns the oneDNN path off.
+
+Weights kept quantized (a GGUF file's blocks, or a float checkpoint quantized at load) are multiplied by
+``QuantizedLinear`` through ``kernels.quant``, which reads the blocks directly.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from loraplex import envvars as env
+from loraplex.engine.model.gguf_weights import QuantTensor
+from loraplex.kernels.quant import quant_matmul
 
 BATCH_HINT = 64  # oneDNN picks its blocking for this many rows (as fast for 7 as for 2048 rows)
 
@@ -64,3 +69,45 @@ class Linear:
             return x.new_empty((0, self.out_features))
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return out
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one call reads."""
+        w = self._packed if self._packed is not None else self._weight
+        assert w is not None
+        return w.numel() * w.element_size()
+
+
+class QuantizedLinear:
+    """y = x @ W.T (+ bias) for a weight kept as GGUF blocks (``kernels.quant``): one part, or several stacked
+    along the output (a fused q/k/v whose parts the file quantized differently), each multiplied where it lies."""
+
+    def __init__(self, parts: list[QuantTensor], bias: torch.Tensor | None = None) -> None:
+        if not parts or any(p.k != parts[0].k for p in parts):
+            raise ValueError("a quantized projection needs parts of one input width")
+        # parts of one type are joined into one block matrix (one call instead of several)
+        merged: list[QuantTensor] = []
+        for p in parts:
+            if merged and merged[-1].qtype == p.qtype:
+                last = merged.pop()
+                p = QuantTensor(torch.cat([last.blocks, p.blocks]), p.qtype, p.k)
+            merged.append(p)
+        self.parts = merged
+        self.in_features = parts[0].k
+        self.out_features = sum(p.rows for p in parts)
+        self.bias = bias
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return x.new_empty((0, self.out_features))
+        x = x.contiguous()
+        outs = [quant_matmul(x, p.blocks, p.qtype, p.k) for p in self.parts]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return y if self.bias is None else y + self.bias
+
+
+Projection = Linear | QuantizedLinear

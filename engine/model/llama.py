@@ -13,6 +13,7 @@ through the per-step metadata, and an optional per-step LoRA context adds adapte
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,11 +22,13 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from loraplex.engine.errors import ModelLoadError
-from loraplex.engine.model.linear import Linear
+from loraplex.engine.model.gguf_weights import GGUFWeights, QuantTensor
+from loraplex.engine.model.linear import Linear, Projection, QuantizedLinear
 from loraplex.engine.model.rotary import RotaryEmbedding
 from loraplex.engine.model.shape import ModelShape
 from loraplex.kernels.attention_plan import AttentionMetadata, attention
 from loraplex.kernels.backend import ComputeBackend
+from loraplex.kernels.quant import quantize_q8_0
 
 
 class LoRAContext(Protocol):
@@ -35,16 +38,22 @@ class LoRAContext(Protocol):
 
 
 class DecoderLayer:
-    def __init__(self, w: dict[str, torch.Tensor], window: int | None, rotary: RotaryEmbedding) -> None:
+    def __init__(
+        self,
+        w: dict[str, torch.Tensor],
+        projections: dict[str, Projection],
+        window: int | None,
+        rotary: RotaryEmbedding,
+    ) -> None:
         self.input_norm = w["input_layernorm"]
         self.post_norm = w["post_attention_layernorm"]
         self.pre_ff_norm = w.get("pre_feedforward_layernorm")  # sandwich norms (Gemma 2 / 3)
         self.post_ff_norm = w.get("post_feedforward_layernorm")
         self.q_norm, self.k_norm = w.get("q_norm"), w.get("k_norm")
-        self.qkv = Linear(w["qkv"], w.get("qkv_bias"))
-        self.o = Linear(w["o"], w.get("o_bias"))
-        self.gate_up = Linear(w["gate_up"], w.get("gate_up_bias"))
-        self.down = Linear(w["down"], w.get("down_bias"))
+        self.qkv = projections["qkv"]
+        self.o = projections["o"]
+        self.gate_up = projections["gate_up"]
+        self.down = projections["down"]
         self.window = window
         self.rotary = rotary
 
@@ -53,34 +62,40 @@ class DecoderModel:
     def __init__(
         self,
         shape: ModelShape,
-        embed: torch.Tensor,
+        embed: torch.Tensor | QuantTensor,
         layers: list[DecoderLayer],
         norm: torch.Tensor,
-        lm_head: torch.Tensor,
+        lm_head: Projection,
         backend: ComputeBackend,
     ) -> None:
         self.shape = shape
         self.backend = backend
-        self.embed = embed
+        self.embed = embed  # rows looked up per token: floats, or blocks de-quantized row by row
         self.layers = layers
         self.norm = norm
-        self.lm_head = Linear(lm_head)
+        self.lm_head = lm_head
+        self.device, self.dtype = norm.device, norm.dtype
         self.scale = shape.query_scale if shape.query_scale is not None else shape.head_dim**-0.5
         # Gemma multiplies the embeddings by sqrt(hidden_size), rounded to the model's dtype first
         self.embed_scale = (
-            torch.tensor(shape.hidden_size**0.5, dtype=embed.dtype, device=embed.device)
+            torch.tensor(shape.hidden_size**0.5, dtype=self.dtype, device=self.device)
             if shape.family.embed_scale
             else None
         )
         self.gelu = shape.activation == "gelu_pytorch_tanh"
 
-    @property
-    def device(self) -> torch.device:
-        return self.embed.device
+    def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.embed, QuantTensor):
+            return self.embed.take_rows(input_ids).dequantize(self.dtype)
+        return F.embedding(input_ids, self.embed)
 
     @property
-    def dtype(self) -> torch.dtype:
-        return self.embed.dtype
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads (every projection and the LM head; one embedding row aside)."""
+        per_layer = sum(
+            p.weight_bytes for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        )
+        return per_layer + self.lm_head.weight_bytes
 
     def _qk_norm(self, qkv: torch.Tensor, layer: DecoderLayer) -> None:
         """Per-head RMSNorm of the q and k heads of ``qkv``, in place (Qwen3, Gemma 3)."""
@@ -112,7 +127,7 @@ class DecoderModel:
         s = self.shape
         add_rms_norm, rope_ = self.backend.add_rms_norm, self.backend.rope_
         eps = s.rms_norm_eps
-        h = F.embedding(input_ids, self.embed)  # the residual stream, updated in place by add_rms_norm
+        h = self.embed_rows(input_ids)  # the residual stream, updated in place by add_rms_norm
         if self.embed_scale is not None:
             h = h * self.embed_scale
         q_size, kv_size = s.q_size, s.kv_size
@@ -186,10 +201,17 @@ def load_model(
     dtype: torch.dtype,
     max_positions: int,
     backend: ComputeBackend,
+    quantization: str | None = None,
+    gguf: Path | None = None,
 ) -> DecoderModel:
     """Load any family's checkpoint into the one decoder; sliding windows at least ``max_positions`` long
-    are full attention and run as such."""
+    are full attention and run as such. ``quantization`` (EngineArgs): "gguf" keeps the blocks of ``gguf`` (the
+    file ``model_dir`` was converted from) for every projection the file quantized; "q8_0" quantizes every
+    projection at load; None or "none": float weights in ``dtype``."""
     family = shape.family
+    if quantization == "gguf" and gguf is None:
+        raise ModelLoadError(f"quantization 'gguf' needs a GGUF model; {model_dir} was not converted from one")
+    blocks = GGUFWeights(gguf, shape.num_layers) if quantization == "gguf" and gguf is not None else None
     index = _open_weights(model_dir)
     handles: dict[Path, Any] = {}  # safetensors' safe_open handles (typed as object in its stubs)
 
@@ -219,10 +241,41 @@ def load_model(
             w = 1.0 + w.float()
         return put(w, (size,), name)
 
+    def projection(
+        names: list[str],
+        expect: tuple[int, int],
+        label: str,
+        bias: torch.Tensor | None,
+        heads: list[int | None] | None = None,
+    ) -> Projection:
+        """The projection of the stacked weights ``names`` (fused in this order), quantized or float. ``heads``:
+        per name, the head count of a q or k weight (a GGUF file may reorder their rows), else None."""
+        parts: list[QuantTensor | None] = []
+        if blocks is not None:
+            for name, h in zip(names, heads or [None] * len(names)):
+                parts.append(blocks.projection("model." + name, h, functools.partial(get, name)))
+        elif quantization == "q8_0":
+            parts = [QuantTensor(quantize_q8_0(get(name).float()), "Q8_0", expect[1]) for name in names]
+        if parts and all(q is not None for q in parts):
+            quantized = QuantizedLinear([q.to(device) for q in parts if q is not None], bias)
+            if (quantized.out_features, quantized.in_features) != expect:
+                got = (quantized.out_features, quantized.in_features)
+                raise ModelLoadError(f"weight {label} has shape {got}, config implies {expect}")
+            return quantized
+        weight = torch.cat([get(name) for name in names]) if len(names) > 1 else get(names[0])
+        return Linear(put(weight, expect, label), bias)
+
     hs, inter, d = shape.hidden_size, shape.intermediate_size, shape.head_dim
     qkv_rows = shape.q_size + 2 * shape.kv_size
     qkv_bias = family.qkv_bias or shape.attention_bias
-    embed = put(get("embed_tokens.weight"), (shape.vocab_size, hs), "embed_tokens.weight")
+    embed_blocks = blocks.quantized("model.embed_tokens.weight") if blocks is not None else None
+    embed: torch.Tensor | QuantTensor
+    if embed_blocks is not None:
+        if (embed_blocks.rows, embed_blocks.k) != (shape.vocab_size, hs):
+            raise ModelLoadError(f"embed_tokens has shape {(embed_blocks.rows, embed_blocks.k)}")
+        embed = embed_blocks.to(device)
+    else:
+        embed = put(get("embed_tokens.weight"), (shape.vocab_size, hs), "embed_tokens.weight")
     rotary = RotaryEmbedding(shape.rope, d, shape.rope_max_positions, max_positions, device, dtype)
     local_rotary = rotary
     if shape.local_rope is not None:  # Gemma 3: sliding layers rotate with their own parameters
@@ -233,17 +286,15 @@ def load_model(
         p = f"layers.{i}."
         a, m = p + "self_attn.", p + "mlp."
         if family.fused_weights:
-            qkv, gate_up = get(a + "qkv_proj.weight"), get(m + "gate_up_proj.weight")
+            qkv_names, gate_up_names = [a + "qkv_proj.weight"], [m + "gate_up_proj.weight"]
+            qkv_heads: list[int | None] | None = None
         else:
-            qkv = torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")])
-            gate_up = torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")])
+            qkv_names = [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]
+            gate_up_names = [m + "gate_proj.weight", m + "up_proj.weight"]
+            qkv_heads = [shape.num_heads, shape.num_kv_heads, None]
         w = {
             "input_layernorm": norm(p + "input_layernorm.weight", hs),
             "post_attention_layernorm": norm(p + "post_attention_layernorm.weight", hs),
-            "qkv": put(qkv, (qkv_rows, hs), p + "qkv"),
-            "o": put(get(a + "o_proj.weight"), (hs, shape.q_size), p + "o_proj"),
-            "gate_up": put(gate_up, (2 * inter, hs), p + "gate_up"),
-            "down": put(get(m + "down_proj.weight"), (hs, inter), p + "down_proj"),
         }
         if family.sandwich_norms:
             w["pre_feedforward_layernorm"] = norm(p + "pre_feedforward_layernorm.weight", hs)
@@ -261,13 +312,31 @@ def load_model(
                 torch.cat([get(m + "gate_proj.bias"), get(m + "up_proj.bias")]), (2 * inter,), p + "gate_up bias"
             )
             w["down_bias"] = put(get(m + "down_proj.bias"), (hs,), m + "down_proj.bias")
+        projections = {
+            "qkv": projection(qkv_names, (qkv_rows, hs), p + "qkv", w.pop("qkv_bias", None), qkv_heads),
+            "o": projection([a + "o_proj.weight"], (hs, shape.q_size), p + "o_proj", w.pop("o_bias", None)),
+            "gate_up": projection(gate_up_names, (2 * inter, hs), p + "gate_up", w.pop("gate_up_bias", None)),
+            "down": projection([m + "down_proj.weight"], (hs, inter), p + "down_proj", w.pop("down_bias", None)),
+        }
         sliding = shape.layer_windows[i] is not None if shape.layer_windows else False
-        layers.append(DecoderLayer(w, windows[i], local_rotary if sliding else rotary))
+        layers.append(DecoderLayer(w, projections, windows[i], local_rotary if sliding else rotary))
     final_norm = norm("norm.weight", hs)
+    lm_head: Projection
     if shape.tie_word_embeddings or "lm_head.weight" not in index:
         if not shape.tie_word_embeddings:
             raise ModelLoadError(f"{model_dir} lacks lm_head.weight and the config does not tie embeddings")
-        lm_head = embed
+        if isinstance(embed, QuantTensor):
+            lm_head = QuantizedLinear([embed])
+        elif quantization == "q8_0":
+            lm_head = QuantizedLinear([QuantTensor(quantize_q8_0(embed.float()), "Q8_0", hs).to(device)])
+        else:
+            lm_head = Linear(embed)
     else:
-        lm_head = put(get("lm_head.weight"), (shape.vocab_size, hs), "lm_head.weight")
+        lm_head_blocks = blocks.quantized("lm_head.weight") if blocks is not None else None
+        if lm_head_blocks is not None:
+            lm_head = QuantizedLinear([lm_head_blocks.to(device)])
+        elif quantization == "q8_0":
+            lm_head = projection(["lm_head.weight"], (shape.vocab_size, hs), "lm_head.weight", None)
+        else:
+            lm_head = Linear(put(get("lm_head.weight"), (shape.vocab_size, hs), "lm_head.weight"))
     return DecoderModel(shape, embed, layers, final_norm, lm_head, backend)

@@ -11,6 +11,7 @@ from loraplex.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineArgs
 from loraplex.engine.core.block_manager import NULL_BLOCK
 from loraplex.engine.core.kv_groups import KVGroups
 from loraplex.engine.core.scheduler import ScheduledBatch
+from loraplex.engine.model.files import source_gguf
 from loraplex.engine.model.llama import DecoderModel, LoRAContext, load_model
 from loraplex.engine.model.shape import ModelShape
 from loraplex.kernels.attention_plan import AttentionMetadata
@@ -41,7 +42,11 @@ class ModelRunner:
         self.backend: ComputeBackend = select_backend(
             self.device, self.dtype, shape.head_dim, shape.num_heads, shape.num_kv_heads
         )
-        self.model: DecoderModel = load_model(model_dir, shape, self.device, self.dtype, max_model_len, self.backend)
+        quantization = None if args.quantization == "none" else args.quantization
+        gguf = source_gguf(args.model) if quantization == "gguf" else None
+        self.model: DecoderModel = load_model(
+            model_dir, shape, self.device, self.dtype, max_model_len, self.backend, quantization, gguf
+        )
         # which block table and cache tensor each layer uses (one group unless sliding and global layers mix)
         self.kv_groups = KVGroups.from_windows(shape.windows_for(max_model_len))
         self.num_blocks = self._num_blocks(args)  # what the block manager hands out: 0 .. num_blocks - 1

@@ -1,0 +1,161 @@
+"""Quantized base weights in the engine (EngineArgs.quantization).
+
+- "gguf": the bundled SmolLM2 GGUF served from its own blocks (Q4_1 projections, a Q8_0 embedding and LM head),
+  against transformers on the same file de-quantized to float32 (the converted checkpoint): the same weights, so
+  logits agree to float rounding and greedy outputs are the same.
+- "q8_0": a float checkpoint quantized at load, against transformers on the weights gguf's own Q8_0
+  round trip gives (the `gguf` package as the oracle of the format); LoRA adapters on that base against peft on it.
+- refusals by name.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
+from loraplex.engine.errors import ModelLoadError
+from loraplex.engine.model.files import source_gguf
+from loraplex.engine.model.gguf_weights import QuantTensor
+from loraplex.engine.model.linear import QuantizedLinear
+from tests.engine.helpers import SMOLLM2_LOGITS_ATOL, TINY_LOGITS_ATOL, HFOracle, LogitsRecorder, run_to_completion
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers."]
+
+
+def chat_ids(tok, text: str) -> list[int]:
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+@pytest.fixture(scope="module")
+def gguf_engine() -> LLMEngine:
+    return LLMEngine(model=None, quantization="gguf", max_num_seqs=8, num_kv_blocks=200, max_num_batched_tokens=256)
+
+
+@pytest.mark.slow
+def test_the_bundled_gguf_is_served_from_its_own_blocks(gguf_engine) -> None:
+    model = gguf_engine.runner.model
+    assert isinstance(model.embed, QuantTensor) and model.embed.qtype == "Q8_0"
+    projections = [p for layer in model.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    assert all(isinstance(p, QuantizedLinear) and [q.qtype for q in p.parts] == ["Q4_1"] for p in projections)
+    assert isinstance(model.lm_head, QuantizedLinear) and model.lm_head.parts[0].blocks is model.embed.blocks
+    norms = [model.norm] + [n for layer in model.layers for n in (layer.input_norm, layer.post_norm)]
+    resident = model.embed.nbytes + sum(p.weight_bytes for p in projections) + sum(n.nbytes for n in norms)
+    file_bytes = source_gguf(None).stat().st_size
+    assert resident <= 1.2 * file_bytes, (resident, file_bytes)
+    s = model.shape
+    float_params = s.vocab_size * s.hidden_size + s.num_layers * (
+        s.hidden_size * (s.q_size + 2 * s.kv_size) + s.q_size * s.hidden_size + 3 * s.hidden_size * s.intermediate_size
+    )
+    assert model.weight_bytes_per_token <= 0.25 * 4 * float_params  # Q4_1: 5 bits a weight, Q8_0: 8.5
+
+
+@pytest.mark.slow
+def test_gguf_blocks_give_the_float_models_logits_and_greedy_outputs(gguf_engine, smol_dir) -> None:
+    oracle = HFOracle(smol_dir)  # transformers on the converted checkpoint: the same file, de-quantized
+    tok = gguf_engine.tokenizer
+    prompts = [chat_ids(tok, text) for text in PROMPTS]
+    rec = LogitsRecorder()
+    gguf_engine.probe = EngineProbe(on_logits=rec)
+    try:
+        params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+        arrivals = {0: [(p, params, f"q{i}") for i, p in enumerate(prompts)]}
+        done = run_to_completion(gguf_engine, arrivals)
+    finally:
+        gguf_engine.probe = None
+    for i, prompt in enumerate(prompts):
+        expected = oracle.last_logits(prompt)
+        torch.testing.assert_close(rec.first[f"q{i}"], expected, atol=SMOLLM2_LOGITS_ATOL, rtol=0)
+        assert done[f"q{i}"].token_ids == oracle.greedy_ignore_eos(prompt, 16), PROMPTS[i]
+
+
+def q8_0_round_trip(w: torch.Tensor) -> torch.Tensor:
+    """gguf's own Q8_0 quantize then de-quantize (the format's oracle, independent of kernels/quant.py)."""
+    import gguf
+
+    q = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
+    return torch.from_numpy(np.asarray(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0), dtype=np.float32))
+
+
+@pytest.fixture(scope="module")
+def q8_0_reference_dir(tiny_llama_dir: Path, tmp_path_factory) -> Path:
+    """The tiny Llama with every projection (and the tied embedding, which is its LM head) replaced by its Q8_0
+    round trip: what an engine that quantizes at load to Q8_0 computes with."""
+    from tests.lora.helpers import load_hf
+
+    model = load_hf(tiny_llama_dir)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("proj.weight"):
+                p.copy_(q8_0_round_trip(p))
+    dest = tmp_path_factory.mktemp("tiny-q8_0-reference")
+    model.save_pretrained(dest)
+    for f in tiny_llama_dir.glob("tokenizer*"):
+        (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+def test_q8_0_at_load_matches_transformers_on_the_round_tripped_weights(tiny_llama_dir, q8_0_reference_dir) -> None:
+    eng = LLMEngine(model=str(tiny_llama_dir), quantization="q8_0", max_num_seqs=4, num_kv_blocks=64)
+    model = eng.runner.model
+    assert all(
+        [q.qtype for q in p.parts] == ["Q8_0"]
+        for layer in model.layers
+        for p in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    )
+    # the LM head (the tied embedding) is quantized too: compare against a reference whose head is round-tripped
+    oracle = HFOracle(q8_0_reference_dir)
+    with torch.no_grad():
+        head = oracle.model.get_output_embeddings().weight
+        if oracle.model.config.tie_word_embeddings:
+            oracle.model.get_input_embeddings().weight = torch.nn.Parameter(head.detach().clone())
+        oracle.model.get_output_embeddings().weight = torch.nn.Parameter(q8_0_round_trip(head.detach()))
+    rec = LogitsRecorder()
+    eng.probe = EngineProbe(on_logits=rec)
+    prompts = [[5, 6, 7, 8, 9], list(range(100, 140)), [42]]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    done = run_to_completion(eng, {0: [(p, params, f"p{i}") for i, p in enumerate(prompts)]})
+    for i, prompt in enumerate(prompts):
+        torch.testing.assert_close(rec.first[f"p{i}"], oracle.last_logits(prompt), atol=TINY_LOGITS_ATOL, rtol=0)
+        assert done[f"p{i}"].token_ids == oracle.greedy_ignore_eos(prompt, 8)
+
+
+def test_lora_on_a_q8_0_base_matches_peft_on_the_same_base(tiny_llama_dir, q8_0_reference_dir, tmp_path) -> None:
+    """Adapters stay in their own precision over a quantized base, in one batch with base requests."""
+    from tests.lora.helpers import PeftOracle, load_hf, save_adapter
+
+    # the engine quantizes the embedding-tied head too; give the reference the same head before peft wraps it
+    base = load_hf(q8_0_reference_dir)
+    with torch.no_grad():
+        head = base.get_output_embeddings().weight
+        base.get_input_embeddings().weight = torch.nn.Parameter(head.detach().clone())
+        base.get_output_embeddings().weight = torch.nn.Parameter(q8_0_round_trip(head.detach()))
+    dirs = {}
+    for i, targets in enumerate((["q_proj", "v_proj"], ["gate_proj", "down_proj", "o_proj"])):
+        dirs[f"ad{i}"] = tmp_path / f"ad{i}"
+        base = save_adapter(base, dirs[f"ad{i}"], seed=10 + i, r=4, lora_alpha=8, target_modules=targets)
+    oracle = PeftOracle(base, dirs)
+    eng = LLMEngine(model=str(tiny_llama_dir), quantization="q8_0", max_num_seqs=8, num_kv_blocks=64, max_loras=2)
+    refs = {name: eng.add_adapter(str(path)) for name, path in dirs.items()}
+    rec = LogitsRecorder()
+    eng.probe = EngineProbe(on_logits=rec)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    jobs = [("ad0", [5, 6, 7, 8]), (None, [9, 10, 11]), ("ad1", list(range(200, 230))), ("ad0", [77, 78])]
+    arrivals = {0: [(prompt, params, f"j{i}", refs[name] if name else None) for i, (name, prompt) in enumerate(jobs)]}
+    done = run_to_completion(eng, arrivals)
+    for i, (name, prompt) in enumerate(jobs):
+        torch.testing.assert_close(rec.first[f"j{i}"], oracle.last_logits(name, prompt), atol=TINY_LOGITS_ATOL, rtol=0)
+        assert len(done[f"j{i}"].token_ids) == 6
+
+
+def test_refusals_name_the_problem(tiny_llama_dir) -> None:
+    with pytest.raises(ValueError, match="quantization must be one of gguf, q8_0, none, got 'int4'"):
+        LLMEngine(model=str(tiny_llama_dir), quantization="int4")
+    with pytest.raises(ModelLoadError, match="quantization 'gguf' needs a GGUF model"):
+        LLMEngine(model=str(tiny_llama_dir), quantization="gguf", num_kv_blocks=16)
+    assert json.loads((tiny_llama_dir / "config.json").read_text())["model_type"] == "llama"  # (a float checkpoint)
