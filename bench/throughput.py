@@ -1,6 +1,7 @@
 """Workload A, base model: loraplex's LLM.generate against Hugging Face batched `generate`, in one run.
 
     .venv/bin/python -P -m bench.throughput [--hf-batch 64] [--skip-hf] [--model DIR_OR_GGUF] [--dtype bfloat16]
+                                            [--quantization gguf|q8_0|none]
 
 Prints output and total (prompt + output) tokens/s of each, their ratio, and two fractions of the machine's
 float32 matmul rate (measured first: the faster of torch.mm and oneDNN's packed linear):
@@ -108,6 +109,11 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a model directory or GGUF file (default: the bundled SmolLM2)")
     ap.add_argument("--dtype", default=None, help="the engine's dtype (default: the engine's; float32 on the CPU)")
     ap.add_argument(
+        "--quantization",
+        default=None,
+        help="the engine's quantization: gguf (a GGUF model's own blocks), q8_0, none (default: the engine's)",
+    )
+    ap.add_argument(
         "--vllm-python",
         default=None,
         help="interpreter of a vLLM-CPU venv (see ../shared/bench/README.md) for a side-by-side run",
@@ -124,12 +130,14 @@ def main() -> None:
     )
     if args.dtype is not None:
         engine_args["dtype"] = args.dtype
+    if args.quantization is not None:
+        engine_args["quantization"] = args.quantization
     from transformers import AutoTokenizer
 
     from loraplex.engine.model.files import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)
-    engine_args["model"] = str(model_dir)
+    engine_args["model"] = args.model  # as given: a GGUF file stays one (its blocks, with --quantization gguf)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     if tok.chat_template is None:
         tok.chat_template = PLAIN_CHAT_TEMPLATE
@@ -164,7 +172,11 @@ def main() -> None:
         ]
     ]
     st = llm.engine.stats()
-    print(f"loraplex: {llm.engine.runner.dtype} on {llm.engine.runner.backend.name} kernels")
+    runner = llm.engine.runner
+    print(
+        f"loraplex: {runner.dtype} on {runner.backend.name} kernels, quantization {llm.engine.args.quantization}, "
+        f"{runner.model.weight_bytes_per_token / 1e6:.1f} MB of weights read per decode step"
+    )
     print(f"loraplex: prefix-cache hit rate {st.kv_cache.prefix_cache_hit_rate:.1%}, preemptions {st.num_preemptions}")
     if not args.skip_hf:
         del llm
