@@ -159,3 +159,30 @@ def test_refusals_name_the_problem(tiny_llama_dir) -> None:
     with pytest.raises(ModelLoadError, match="quantization 'gguf' needs a GGUF model"):
         LLMEngine(model=str(tiny_llama_dir), quantization="gguf", num_kv_blocks=16)
     assert json.loads((tiny_llama_dir / "config.json").read_text())["model_type"] == "llama"  # (a float checkpoint)
+
+
+@pytest.mark.slow
+def test_structured_output_with_drafts_on_gguf_blocks_gives_the_float_models_answers(smol_dir) -> None:
+    """Everything else unchanged: constrained extraction with n-gram drafts and prefix caching in a small KV pool,
+    on the file's blocks and on the same file de-quantized: the same greedy answers, valid."""
+    import jsonschema
+
+    from loraplex.engine import LLM
+    from loraplex.grammar.spec import StructuredSpec
+    from tests.structured.schemas import TASKS, messages
+
+    spec = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    answers = {}
+    for quantization in ("gguf", "none"):
+        llm = LLM(quantization=quantization, max_num_seqs=8, num_kv_blocks=48, speculative_config=spec)
+        prompts = [llm.chat_prompt(messages(text, schema)) for text, schema in TASKS[:8]]
+        params = [
+            SamplingParams(max_tokens=120, temperature=0.0, structured=StructuredSpec(json=schema))
+            for _, schema in TASKS[:8]
+        ]
+        outs = llm.generate(prompts, params)
+        for out, (_, schema) in zip(outs, TASKS[:8]):
+            assert out.finish_reason == "stop", (quantization, out.text)
+            jsonschema.validate(json.loads(out.text), schema)
+        answers[quantization] = [o.text for o in outs]
+    assert answers["gguf"] == answers["none"]
