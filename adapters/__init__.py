@@ -11,7 +11,7 @@ from .hashing import HASH_FORMAT
 from .limits import AdapterLimits
 from .loader import AdapterInfo, LoadedAdapter, LoRAModuleWeights, inspect_adapter, load_adapter
 from .spec import LORA_MODULES, BaseModelSpec
-from .stacking import LORA_GROUPS, stack_adapter
+from .stacking import LORA_GROUPS, dora_scale, stack_adapter
 
 __all__ = [
     "CONFIG_NAME",
@@ -26,6 +26,7 @@ __all__ = [
     "BaseModelSpec",
     "LoRAModuleWeights",
     "LoadedAdapter",
+    "dora_scale",
     "extract_archive",
     "inspect_adapter",
     "load_adapter",

@@ -92,6 +92,7 @@ class AdapterConfig:
     alpha_pattern: dict[str, float] = field(default_factory=dict)
     base_model_name_or_path: str | None = None
     base_model_class: str | None = None
+    use_dora: bool = False  # DoRA: each module's output rows rescaled by magnitude / ||W + scaling * B @ A||
 
 
 def _invalid(detail: str) -> AdapterError:
@@ -148,8 +149,8 @@ def _refuse_unsupported(data: dict[str, Any]) -> None:
             f"task_type {data['task_type']!r} is not supported; only CAUSAL_LM adapters are",
             code="unsupported_option",
         )
-    if data.get("use_dora"):
-        raise AdapterError("DoRA adapters (use_dora) are not supported; train a plain LoRA adapter", code="dora")
+    if data.get("use_dora") and data.get("megatron_config"):
+        raise AdapterError("DoRA (use_dora) with megatron_config is not supported (peft refuses it too)", code="dora")
     if data.get("modules_to_save"):
         raise AdapterError(
             f"modules_to_save {data['modules_to_save']!r} is not supported: the adapter would replace "
@@ -185,6 +186,9 @@ def _read_lora_fields(data: dict[str, Any]) -> AdapterConfig:
     use_rslora = data.get("use_rslora", False)
     if not isinstance(use_rslora, bool):
         raise _invalid(f"use_rslora must be true or false, got {use_rslora!r}")
+    use_dora = data.get("use_dora", False)
+    if not isinstance(use_dora, bool):
+        raise _invalid(f"use_dora must be true or false, got {use_dora!r}")
 
     target = data.get("target_modules")
     if target is None or target == [] or target == "":
@@ -230,4 +234,5 @@ def _read_lora_fields(data: dict[str, Any]) -> AdapterConfig:
         alpha_pattern={k: float(v) for k, v in alpha_pattern.items()},
         base_model_name_or_path=base_name or None,
         base_model_class=base_class if isinstance(base_class, str) else None,
+        use_dora=use_dora,
     )

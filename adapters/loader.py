@@ -35,6 +35,7 @@ class LoRAModuleWeights:
     a: torch.Tensor  # [r, in_features]
     b: torch.Tensor  # [out_features, r]
     scaling: float  # alpha / r, or alpha / sqrt(r) with use_rslora
+    magnitude: torch.Tensor | None = None  # DoRA's lora_magnitude_vector [out_features]; None for plain LoRA
 
 
 @dataclass
@@ -49,6 +50,7 @@ class AdapterInfo:
     layers: list[int]  # layers with at least one LoRA module, ascending
     size_bytes: int  # bytes of all LoRA tensors as stored
     base_model_name_or_path: str | None
+    use_dora: bool = False
 
 
 @dataclass
@@ -172,7 +174,7 @@ def _check_tensors(
     base: BaseModelSpec,
     max_lora_rank: int,
 ) -> dict[tuple[int, str], dict[str, TensorEntry]]:
-    """Check names, layer range, shapes, ranks and A/B pairing from the header alone."""
+    """Check names, layer range, shapes, ranks, A/B pairing and DoRA magnitudes from the header alone."""
     pairs: dict[tuple[int, str], dict[str, TensorEntry]] = {}
     for name, entry in header.tensors.items():
         layer, module, ab = parse_tensor_name(name)
@@ -190,11 +192,12 @@ def _check_tensors(
 
     for (layer, module), pair in sorted(pairs.items()):
         where = f"layers.{layer}.{module}"
-        if set(pair) != {"A", "B"}:
+        if set(pair) - {"M"} != {"A", "B"}:
             missing = "lora_B" if "A" in pair else "lora_A"
             raise AdapterError(
                 f"{where} has no {missing} weight: every lora_A needs its lora_B", code="unpaired_weights"
             )
+        _check_magnitude(where, pair.get("M"), config, base.module_shape(module)[1])
         a, b = pair["A"], pair["B"]
         if len(a.shape) != 2 or len(b.shape) != 2:
             raise AdapterError(
@@ -238,10 +241,33 @@ def _check_tensors(
     return pairs
 
 
+def _check_magnitude(where: str, entry: TensorEntry | None, config: AdapterConfig, out_features: int) -> None:
+    """A DoRA adapter has one magnitude per output feature of every module; a plain one has none."""
+    if entry is None:
+        if config.use_dora:
+            raise AdapterError(
+                f"{where} has no lora_magnitude_vector, which a DoRA adapter (use_dora) needs for every module",
+                code="missing_weights",
+            )
+        return
+    if not config.use_dora:
+        raise AdapterError(
+            f"{where} has a DoRA lora_magnitude_vector but adapter_config.json does not set use_dora",
+            code="dora",
+        )
+    if list(entry.shape) != [out_features]:
+        raise AdapterError(
+            f"{where}: lora_magnitude_vector {list(entry.shape)} must be [{out_features}] (one per output feature)",
+            code="bad_shape",
+        )
+
+
 def _scaling(target: TargetModule, use_rslora: bool) -> float:
     return target.alpha / (math.sqrt(target.rank) if use_rslora else target.rank)
 
 
+# The canonical tensor names (content hash, error messages) of parse_tensor_name's parts.
+_PART_NAMES = {"A": "lora_A", "B": "lora_B", "M": "lora_magnitude_vector"}
 _TORCH_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 
 
@@ -339,7 +365,7 @@ def _load_tensors(
         }
     )
     named = sorted(
-        (f"layers.{layer}.{module}.lora_{ab}", (layer, module), ab)
+        (f"layers.{layer}.{module}.{_PART_NAMES[ab]}", (layer, module), ab)
         for (layer, module), pair in pairs.items()
         for ab in pair
     )
@@ -368,7 +394,9 @@ def _load_tensors(
             loaded.setdefault(key, {})[ab] = tensors[canonical]
     weights: dict[tuple[int, str], LoRAModuleWeights] = {}
     for key in modules if keep else ():
-        w = LoRAModuleWeights(a=loaded[key]["A"], b=loaded[key]["B"], scaling=scalings[key])
+        w = LoRAModuleWeights(
+            a=loaded[key]["A"], b=loaded[key]["B"], scaling=scalings[key], magnitude=loaded[key].get("M")
+        )
         weights.update(_split_fused(key, w, base) if key[1] in FUSED_MODULES else {key: w})
     info = AdapterInfo(
         content_hash=hasher.hexdigest(),
@@ -379,6 +407,7 @@ def _load_tensors(
         layers=sorted({layer for layer, _ in modules}),
         size_bytes=size,
         base_model_name_or_path=config.base_model_name_or_path,
+        use_dora=config.use_dora,
     )
     return info, weights
 
@@ -392,6 +421,7 @@ def _split_fused(
     out, row = {}, 0
     for module in FUSED_MODULES[fused][1]:
         rows = base.module_shape(module)[1]
-        out[(layer, module)] = LoRAModuleWeights(a=w.a, b=w.b[row : row + rows], scaling=w.scaling)
+        magnitude = None if w.magnitude is None else w.magnitude[row : row + rows]
+        out[(layer, module)] = LoRAModuleWeights(w.a, w.b[row : row + rows], w.scaling, magnitude)
         row += rows
     return out

@@ -52,3 +52,31 @@ def stack_adapter(
                 row += out_features
             out[(layer, group)] = (a_stack, b_stack)
     return out
+
+
+def dora_scale(
+    adapter: LoadedAdapter, base: BaseModelSpec, layer: int, group: str, weight: torch.Tensor
+) -> torch.Tensor | None:
+    """DoRA's per-output-row factor for one fused group: ``m / ||W + scaling * B @ A||`` (the norm over the input
+    dimension, as peft's ``DoraLinearLayer.get_weight_norm``), 1 on the rows of modules without a magnitude;
+    None when no module of the group has one.
+
+    ``weight``: the group's base weight ``[out_total, in_features]`` (rows in LORA_GROUPS order) as floats. With it
+    peft's DoRA output ``base + (f - 1) * base + f * scaling * lora`` is ``f * (base + delta)``: the engine adds
+    the delta as for plain LoRA, then multiplies the rows by ``f``. Computed in float32 (or wider) on the
+    weight's device.
+    """
+    parts = [adapter.weights.get((layer, m)) for m in LORA_GROUPS[group]]
+    if all(w is None or w.magnitude is None for w in parts):
+        return None
+    wide = torch.promote_types(weight.dtype, torch.float32)
+    scale = torch.ones(weight.shape[0], dtype=wide, device=weight.device)
+    row = 0
+    for module, w in zip(LORA_GROUPS[group], parts):
+        rows = base.module_shape(module)[1]
+        if w is not None and w.magnitude is not None:
+            delta = w.b.to(weight.device, wide) @ w.a.to(weight.device, wide)
+            norm = torch.linalg.norm(weight[row : row + rows].to(wide) + w.scaling * delta, dim=1)
+            scale[row : row + rows] = w.magnitude.to(weight.device, wide) / norm
+        row += rows
+    return scale

@@ -12,17 +12,18 @@ _BLOCKS = {**MODULE_BLOCKS, **{module: block for module, (block, _) in FUSED_MOD
 # What peft's save_pretrained writes for LoRA on a Llama-family causal LM (adapter name stripped).
 _LORA_NAME = re.compile(
     r"base_model\.model\.model\.layers\.(?P<layer>0|[1-9]\d*)\.(?P<block>self_attn|mlp)\."
-    r"(?P<module>[a-z_]+)\.lora_(?P<ab>[AB])\.weight"
+    r"(?P<module>[a-z_]+)\.(?:lora_(?P<ab>[AB])\.weight|(?P<magnitude>lora_magnitude_vector))"
 )
 
 
 def parse_tensor_name(name: str) -> tuple[int, str, str]:
-    """``(layer, module, "A" | "B")`` for a LoRA weight; AdapterError naming why any other tensor is refused."""
+    """``(layer, module, "A" | "B" | "M")`` for a LoRA weight or a DoRA magnitude vector ("M"); AdapterError
+    naming why any other tensor is refused."""
     m = _LORA_NAME.fullmatch(name)
     if m is not None:
         module = m["module"]
         if _BLOCKS.get(module) == m["block"]:
-            return int(m["layer"]), module, m["ab"]
+            return int(m["layer"]), module, "M" if m["magnitude"] else m["ab"]
         raise AdapterError(
             f"unknown target module in tensor {name!r}: LoRA is supported only on {', '.join(_BLOCKS)}",
             code="unknown_target_module",
@@ -31,8 +32,6 @@ def parse_tensor_name(name: str) -> tuple[int, str, str]:
 
 
 def _refusal(name: str) -> AdapterError:
-    if "lora_magnitude_vector" in name:
-        return AdapterError(f"DoRA adapters are not supported (tensor {name!r})", code="dora")
     if "trainable_tokens" in name:
         return AdapterError(
             f"adapters may not add tokens or change the embeddings (tensor {name!r})", code="added_tokens"

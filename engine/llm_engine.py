@@ -98,6 +98,7 @@ class LLMEngine:
             dtype=args.resolved_lora_dtype(self.runner.dtype),
             backend=self.runner.backend,
             compute_dtype=self.runner.dtype,
+            base_weights=self.runner.model.group_weight,
         )
         self.structured = StructuredOutputManager(
             self.tokenizer,

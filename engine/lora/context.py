@@ -12,6 +12,10 @@ order, which is the order of their tokens in the flat batch. The path follows th
   as dense in-place GEMMs on their row range at the adapter's own rank, because the grouped path
   materialises every token's full-width delta several times (padding, slice concatenation, row
   selection, scatter-add); the other tokens through the grouped bmm path of ``kernels.lora``.
+
+On every path, when an adapter of the step has DoRA factors for the group (``SlotWeights.dora_scale``), the
+output rows are then multiplied by their token's slot's factors (one gather by token and one multiply; base
+tokens' and plain adapters' rows by 1); nothing happens for steps without DoRA.
 """
 
 from __future__ import annotations
@@ -121,10 +125,33 @@ class StepLoRAContext:
         for slot in {s for s in seq_slots if s >= 0}:
             active |= weights.touched[slot]
         self.active = frozenset(active)  # (layer, group) pairs some adapter of this step touches
+        dora: set[LayerGroup] = set()
+        for slot in {s for s in seq_slots if s >= 0}:
+            dora |= weights.dora[slot]
+        self.dora = frozenset(dora)  # (layer, group) pairs where some adapter of this step has DoRA factors
+        self.dora_rows: torch.Tensor | None = None
+        if self.dora:  # every token's row of the DoRA tables: its slot's, or the last (all 1) for base tokens
+            per_token = [s if s >= 0 else weights.num_slots for s, n in zip(seq_slots, seq_lens) for _ in range(n)]
+            self.dora_rows = torch.tensor(per_token, dtype=torch.long, device=weights.device)
 
     def apply(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> None:
         if (layer, group) not in self.active:
             return
+        self._add_deltas(layer, group, x, y)
+        if (layer, group) in self.dora:
+            self._dora(layer, group, y)
+
+    def _dora(self, layer: int, group: str, y: torch.Tensor) -> None:
+        """DoRA: each token's output row (base + delta) times its slot's factors, plus the bias shift if any."""
+        rows = self.dora_rows
+        assert rows is not None  # (built whenever self.dora is not empty)
+        s = self.weights
+        y.mul_(s.dora_scale[group][layer].index_select(0, rows).to(y.dtype))  # no copy when the dtypes match
+        shift = s.dora_shift.get(group)
+        if shift is not None:
+            y.add_(shift[layer].index_select(0, rows).to(y.dtype))
+
+    def _add_deltas(self, layer: int, group: str, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.c_step is not None:  # every token on the C kernel, which runs all of torch's threads
             self.c_step.apply(group, layer, x, y)
             return

@@ -26,7 +26,7 @@ import functools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,17 +34,31 @@ from typing import Any
 
 import torch
 
-from loraplex.adapters import LORA_GROUPS, AdapterError, AdapterLimits, BaseModelSpec, load_adapter, stack_adapter
+from loraplex.adapters import (
+    LORA_GROUPS,
+    AdapterError,
+    AdapterLimits,
+    BaseModelSpec,
+    LoadedAdapter,
+    dora_scale,
+    load_adapter,
+    stack_adapter,
+)
+from loraplex.adapters.loader import MAX_LORA_GAIN
 from loraplex.engine.core.sequence import Sequence
 from loraplex.engine.lora.context import StepLoRAContext
 from loraplex.engine.lora.ref import AdapterRef
 from loraplex.engine.lora.slot_table import SlotTable
-from loraplex.engine.lora.slot_weights import HostAdapter
+from loraplex.engine.lora.slot_weights import HostAdapter, LayerGroup
 from loraplex.engine.stats import LoRAStats
 from loraplex.engine.threads import single_threaded_torch
 from loraplex.kernels.backend import ComputeBackend
 
 log = logging.getLogger(__name__)
+
+# The base model's weight of one (layer, group) as floats [out_total, in_features] (a tensor the caller may free)
+# and its bias: what DoRA's row norms are computed from (DecoderModel.group_weight).
+BaseWeights = Callable[[int, str], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 @dataclass(frozen=True)
@@ -69,9 +83,11 @@ class LoRAManager:
         compute_dtype: torch.dtype | None = None,
         loader_workers: int = 2,
         limits: AdapterLimits = AdapterLimits(),
+        base_weights: BaseWeights | None = None,
     ) -> None:
         """``dtype``: the weights' storage dtype; ``compute_dtype`` (default: ``dtype``): the model's, which
-        the LoRA arithmetic runs in; ``backend``: the engine's kernels, which the step contexts use."""
+        the LoRA arithmetic runs in; ``backend``: the engine's kernels, which the step contexts use;
+        ``base_weights``: the base model's weights, which DoRA adapters need (without it they are refused)."""
         if max_cpu_loras < max_loras:
             raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be >= max_loras ({max_loras})")
         self.base = base
@@ -83,6 +99,7 @@ class LoRAManager:
         self.compute_dtype = compute_dtype or dtype
         self.backend = backend
         self.limits = limits
+        self.base_weights = base_weights
         self.slot_table = SlotTable(base, max_loras, max_lora_rank, device, dtype)
         self._step = 0
         self._paths: dict[str, str] = {}
@@ -267,8 +284,39 @@ class LoRAManager:
                 if self.device.type == "cuda":
                     a, b = a.pin_memory(), b.pin_memory()
                 weights[(layer, group)] = (a, b)
+        dora = self._dora_factors(adapter) if adapter.use_dora else {}
+        if self.device.type == "cuda":
+            dora = {key: (f.pin_memory(), None if s is None else s.pin_memory()) for key, (f, s) in dora.items()}
         nbytes = sum(a.nbytes + b.nbytes for a, b in weights.values())
-        return HostAdapter(adapter.content_hash, adapter.rank, weights, nbytes)
+        nbytes += sum(f.nbytes + (0 if s is None else s.nbytes) for f, s in dora.values())
+        return HostAdapter(adapter.content_hash, adapter.rank, weights, nbytes, dora)
+
+    def _dora_factors(self, adapter: LoadedAdapter) -> dict[LayerGroup, tuple[torch.Tensor, torch.Tensor | None]]:
+        """DoRA's row factors (and bias shifts) of every (layer, group) with a magnitude vector, from the base
+        weights one group at a time (each float copy is freed before the next), in the model's dtype on the host."""
+        if self.base_weights is None:
+            raise AdapterError(
+                "DoRA adapters need the base model's weights, which this engine does not give", code="dora"
+            )
+        out: dict[LayerGroup, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        for layer in adapter.layers:
+            for group, modules in LORA_GROUPS.items():
+                if all(getattr(adapter.weights.get((layer, m)), "magnitude", None) is None for m in modules):
+                    continue
+                weight, bias = self.base_weights(layer, group)
+                scale = dora_scale(adapter, self.base, layer, group, weight)
+                del weight
+                assert scale is not None  # (some module of the group has a magnitude)
+                largest = float(scale.abs().max())
+                if not largest <= MAX_LORA_GAIN:  # NaN too: a zero row of W + scaling * B @ A
+                    raise AdapterError(
+                        f"layers.{layer}: a DoRA factor magnitude / ||W + scaling * B @ A|| of the {group} projection "
+                        f"is {largest:g}, over the bound of 2^32 (a magnitude far above its row's norm, or a zero row)",
+                        code="scale_too_large",
+                    )
+                shift = None if bias is None else ((1 - scale) * bias.to(scale.dtype)).to("cpu", self.compute_dtype)
+                out[(layer, group)] = (scale.to("cpu", self.compute_dtype), shift)
+        return out
 
     def _host_has_room(self) -> bool:
         """A host slot is free (loads in flight hold theirs). Call under the lock."""

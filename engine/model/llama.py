@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 from loraplex.engine.errors import ModelLoadError
 from loraplex.engine.model.gguf_weights import GGUFWeights, QuantTensor
-from loraplex.engine.model.linear import Linear, Projection, QuantizedLinear
+from loraplex.engine.model.linear import Linear, Projection, QuantizedLinear, float_weight
 from loraplex.engine.model.rotary import RotaryEmbedding
 from loraplex.engine.model.shape import ModelShape
 from loraplex.kernels.attention_plan import AttentionMetadata, attention
@@ -170,6 +170,12 @@ class DecoderModel:
             if layer.post_ff_norm is not None:
                 delta = add_rms_norm(delta, None, layer.post_ff_norm, eps)
         return add_rms_norm(h, delta, self.norm, eps)
+
+    def group_weight(self, layer: int, group: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A projection group's (``qkv``, ``o``, ``gate_up``, ``down``) weight as float32 ``[out, in]`` (a new
+        tensor for packed or quantized weights) and its bias: DoRA's row norms at adapter load."""
+        projection: Projection = getattr(self.layers[layer], group)
+        return float_weight(projection), projection.bias
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

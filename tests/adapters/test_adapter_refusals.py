@@ -76,11 +76,30 @@ def test_modules_to_save_is_refused(make_adapter, base) -> None:
     refused(folder, base, "modules_to_save", "modules_to_save", "lm_head")
 
 
-def test_dora_is_refused(make_adapter, base, edit_config) -> None:
+def test_dora_is_accepted_and_what_it_cannot_be_is_refused(make_adapter, base, edit_config, edit_tensors) -> None:
+    """DoRA is served (tests/lora/test_lora_dora.py); refused by name: magnitudes without use_dora, use_dora
+    without magnitudes or with wrongly shaped ones, DoRA with megatron_config (peft refuses it) and DoRA on the
+    embeddings (like any LoRA there)."""
     folder, _ = make_adapter("dora", target_modules=["q_proj", "v_proj"], use_dora=True)
-    refused(folder, base, "dora", "DoRA")
-    edit_config(folder, use_dora=False)  # the magnitude vectors in the file still give it away
-    refused(folder, base, "dora", "DoRA", "lora_magnitude_vector")
+    info = inspect_adapter(folder, base, max_lora_rank=MAX_RANK)
+    assert info.use_dora and info.target_modules == ["q_proj", "v_proj"]
+    loaded = load_adapter(folder, base, max_lora_rank=MAX_RANK)
+    q = loaded.weights[(0, "q_proj")]
+    assert q.magnitude is not None and q.magnitude.shape == (q.b.shape[0],)
+    edit_config(folder, megatron_config={"tensor_model_parallel_size": 1})
+    refused(folder, base, "dora", "DoRA", "megatron_config")
+    edit_config(folder, megatron_config=None, use_dora=False)  # the magnitude vectors in the file give it away
+    refused(folder, base, "dora", "DoRA", "lora_magnitude_vector", "use_dora")
+    edit_config(folder, use_dora="yes")
+    refused(folder, base, "invalid_config", "use_dora must be true or false")
+    edit_config(folder, use_dora=True)
+    magnitude = "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector"
+    edit_tensors(folder, lambda t: {**t, magnitude: t[magnitude][:-1]})
+    refused(folder, base, "bad_shape", "layers.0.q_proj", "lora_magnitude_vector")
+    edit_tensors(folder, lambda t: {k: v for k, v in t.items() if k != magnitude})
+    refused(folder, base, "missing_weights", "layers.0.q_proj has no lora_magnitude_vector")
+    emb, _ = make_adapter("dora-emb", target_modules=["q_proj", "embed_tokens"], use_dora=True)
+    refused(emb, base, "embedding_lora", "LoRA on embed_tokens")
 
 
 @pytest.mark.parametrize("module", ["embed_tokens", "lm_head"])

@@ -15,14 +15,22 @@ def load_hf(model_dir: Path) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
 
-def save_adapter(base: PreTrainedModel, dest: Path, *, seed: int, **lora_kwargs: Any) -> PreTrainedModel:
+def save_adapter(
+    base: PreTrainedModel, dest: Path, *, seed: int, magnitude_noise: float = 0.0, **lora_kwargs: Any
+) -> PreTrainedModel:
     """Save a peft LoRA adapter for ``base`` at ``dest`` and return the untouched base model.
 
     ``init_lora_weights=False`` leaves A and B at nn.Linear's random init: B is non-zero and the deltas
-    are large enough to change greedy outputs.
+    are large enough to change greedy outputs. With ``use_dora=True``, peft initialises each magnitude to
+    its row's norm (a DoRA factor of exactly 1); ``magnitude_noise`` multiplies them by ``1 + noise * N(0, 1)``
+    so that a wrong or missing factor shows.
     """
     torch.manual_seed(seed)
     model = get_peft_model(base, LoraConfig(init_lora_weights=False, **lora_kwargs))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if magnitude_noise and "lora_magnitude_vector" in name:
+                param.mul_(1 + magnitude_noise * torch.randn_like(param))
     model.save_pretrained(dest)
     return model.unload()
 

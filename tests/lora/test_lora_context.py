@@ -115,3 +115,62 @@ def test_base_only_layers_are_skipped():
     x, y = torch.randn(5, 24), torch.zeros(5, 24)
     ctx.apply(0, "o", x, y)  # slot 3 has no o projection: nothing happens
     assert not y.any()
+
+
+def add_dora(slots: SlotWeights, gen: torch.Generator) -> dict:
+    """Reload slots 0 and 2 with DoRA factors on every pair they touch (slot 0 with a bias shift too), and slot 1
+    with factors and then again without (its rows must go back to 1). Returns ``{(slot, layer, group): (factors,
+    shift or None)}`` on the CPU for the reference."""
+
+    def reload(slot: int, with_factors: bool, with_shift: bool) -> dict:
+        weights = {(i, g): (slots.a[g][i, slot].cpu(), slots.bt[g][i, slot].cpu()) for i, g in slots.touched[slot]}
+        dora = {}
+        for layer, group in weights if with_factors else ():
+            out_total = slots.slice_offsets[group][-1]
+            factors = 1 + 0.5 * torch.randn(out_total, generator=gen)
+            dora[(layer, group)] = (factors, torch.randn(out_total, generator=gen) if with_shift else None)
+        slots.load(slot, HostAdapter(f"d{slot}", slots.ranks[slot], weights, 0, dora))
+        return {(slot, *key): value for key, value in dora.items()}
+
+    expected = {**reload(0, True, True), **reload(2, True, False)}
+    reload(1, True, False)
+    reload(1, False, False)
+    return expected
+
+
+@pytest.mark.parametrize("mode", ["c-kernel", "torch-cpu-paths", "triton"])
+def test_dora_factors_scale_each_tokens_rows(mode):
+    """After the LoRA delta, the rows of a DoRA slot's tokens are multiplied by the slot's factors (plus the bias
+    shift where there is one); other adapters' and base tokens' rows are untouched, on every path."""
+    triton = mode == "triton"
+    gen = torch.Generator().manual_seed(2)
+    slots, dense = make_slots(gen, torch.float32, TEST_DEVICE if triton else torch.device("cpu"))
+    dora = add_dora(slots, gen)
+    if mode == "c-kernel":
+        require_c_kernels()
+    backend = {"c-kernel": cpu_c_backend, "torch-cpu-paths": torch_backend, "triton": triton_backend}[mode]()
+    ctx = StepLoRAContext(slots, SEQ_SLOTS, SEQ_LENS, backend, compute_dtype=torch.float32)
+    assert ctx.dora == slots.dora[0] | slots.dora[2] and not slots.dora[1]
+    token_slots = [s for s, n in zip(SEQ_SLOTS, SEQ_LENS) for _ in range(n)]
+    for layer in range(BASE.num_hidden_layers):
+        for group, modules in LORA_GROUPS.items():
+            in_f = BASE.module_shape(modules[0])[0]
+            out_total = sum(BASE.module_shape(m)[1] for m in modules)
+            x = torch.randn(len(token_slots), in_f, generator=gen)
+            y = torch.randn(len(token_slots), out_total, generator=gen)
+            expected = reference(dense, layer, group, x, y, token_slots)
+            for t, slot in enumerate(token_slots):
+                factors, shift = dora.get((slot, layer, group), (None, None))
+                if factors is not None:
+                    expected[t] = expected[t] * factors + (0 if shift is None else shift)
+            if triton:
+                x, y = on_test_device(x, y)
+            ctx.apply(layer, group, x, y)
+            torch.testing.assert_close(y.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_dora_free_slots_hold_no_dora_tables():
+    slots, _ = make_slots(torch.Generator().manual_seed(3))
+    assert not slots.dora_scale and not slots.dora_shift
+    ctx = StepLoRAContext(slots, [0, -1], [2, 3], torch_backend())
+    assert not ctx.dora and ctx.dora_rows is None
