@@ -1,10 +1,13 @@
 """GGUF-quantized weights on the CPU: ``python -P -m bench.quant_matmul``.
 
 Times the C kernel (kernels/quant.py ``quant_matmul_c``) per block format on SmolLM2-135M's projection shapes,
-for 1 row (a lone decode), 8 and 64 rows (decode batches), against ``F.linear`` in float32 on the de-quantized
+for 1 row (a lone decode), 8 and 64 rows (decode batches), 256 and 512 (prefill chunks; the LM head only up to
+64: prefill asks it for the last position of each sequence), against ``F.linear`` in float32 on the de-quantized
 weight (the float path the engine runs otherwise), and prints the speed-up (float time / quantized time) and
 the rate at which each reads its weight (GB/s of the weight's bytes: the quantized blocks for the kernel,
-float32 for F.linear). Medians of repeated runs; the machine's load is printed beside them. K-quant formats
+float32 for F.linear). The calls being compared alternate (so that both see the same load) and each time is a
+median; with ``--threads 1`` it is the thread's CPU time, which a busy machine's other processes do not inflate
+(their cache traffic still can), else wall-clock time. The machine's load is printed beside them. K-quant formats
 need k to be a multiple of 256 and are left out of the k=576 shapes (GGUF files store those tensors in
 another format). ``--threads 1`` measures one core (on a busy machine two OpenMP threads wait for each other).
 """
@@ -13,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from bench.common import machine_load, print_table
-from bench.linear_dtypes import median_us
 from loraplex.kernels.quant import (
     QUANT_TYPES,
     block_shape,
@@ -33,7 +38,8 @@ SHAPES = {  # name: (k in, n out, formats) of SmolLM2-135M
     "down": (1536, 576, QUANT_TYPES),
     "lm_head": (576, 49152, ("Q8_0",)),
 }
-ROWS = (1, 8, 64)
+ROWS = (1, 8, 64, 256, 512)
+LM_HEAD_MAX_ROWS = 64
 _F16_SCALES = {  # float16 fields
     "Q8_0": (0,),
     "Q4_0": (0,),
@@ -55,16 +61,35 @@ def random_blocks(qtype: str, n: int, k: int, g: torch.Generator) -> torch.Tenso
     return blocks.reshape(n, row_bytes(qtype, k))
 
 
+def paired_us(fns: Sequence[Callable[[], object]], budget_s: float, clock: Callable[[], float]) -> list[float]:
+    """Median microseconds of each of ``fns``, called in turn (A B A B ...) for about ``budget_s`` each."""
+    for fn in fns:
+        fn()
+    start = clock()
+    for fn in fns:
+        fn()
+    once = max(clock() - start, 1e-6)
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(max(5, min(300, int(budget_s * len(fns) / once)))):
+        for fn, out in zip(fns, samples, strict=True):
+            t = clock()
+            fn()
+            out.append(clock() - t)
+    return [statistics.median(t) * 1e6 for t in samples]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's; 1 on a busy machine)")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds of repeats per measurement")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="rows of x, comma-separated")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if not cpu_quant_kernel_available():
         raise SystemExit("the C kernels are not available here (no C compiler, or LORAPLEX_CPU_KERNELS=0)")
-    print(f"{torch.get_num_threads()} threads; {machine_load()}")
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    print(f"{torch.get_num_threads()} threads, {clock.__name__}; {machine_load()}")
     g = torch.Generator().manual_seed(0)
     rows_out = []
     for name, (k, n, formats) in SHAPES.items():
@@ -73,10 +98,15 @@ def main() -> None:
                 continue
             blocks = random_blocks(qtype, n, k, g)
             w = dequantize_ref(blocks, qtype, k)
-            for m in ROWS:
+            for m in (int(r) for r in args.rows.split(",")):
+                if name == "lm_head" and m > LM_HEAD_MAX_ROWS:
+                    continue
                 x = torch.randn(m, k, generator=g)
-                q_us = median_us(functools.partial(quant_matmul_c, x, blocks, qtype, k), args.budget)
-                f_us = median_us(functools.partial(F.linear, x, w), args.budget)
+                f_us, q_us = paired_us(
+                    [functools.partial(F.linear, x, w), functools.partial(quant_matmul_c, x, blocks, qtype, k)],
+                    args.budget,
+                    clock,
+                )
                 rows_out.append(
                     [
                         f"{name} k={k} n={n}",

@@ -1,6 +1,7 @@
 /* y[m, n] = x[m, k] . W[n, k]^T with W stored as rows of GGUF blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K),
- * one row of k / block elements per output, exactly as a GGUF file holds a 2-D weight [n out, k in]. float32 arithmetic;
- * x and y float32, or bfloat16 (x widened once into float32 scratch, y computed in float32 and rounded once).
+ * one row of k / block elements per output, exactly as a GGUF file holds a 2-D weight [n out, k in]. float32
+ * arithmetic; x and y float32, or bfloat16 (x widened once into float32 scratch, y computed in float32 and
+ * rounded once).
  * kernels/quant.py holds the torch reference (dequantize_ref) and checks shapes before calling.
  *
  * Block formats (element e of a block; d, dmin, m are float16):
@@ -23,7 +24,8 @@
  * the sums of every row of x. For more rows, and for the K formats, a thread widens a tile of TILE_ROWS weight
  * rows into float scratch and forms the tile's dot products with all rows of x, 4 weight rows by up to 4 rows
  * of x at a time in registers: beyond 4 rows of x this beat the fused path, whose widening work grows with the
- * rows (bench/quant_matmul.py). Threads (OpenMP, torch's pool) split the output rows n.
+ * rows (bench/quant_matmul.py). From GEMM_MIN_M rows (prefill) a blocked GEMM on widened, transposed weight
+ * panels takes over (matmul_gemm). Threads (OpenMP, torch's pool) split the output rows n.
  *
  * Vector code is GCC vector extensions: 16-float vectors where the compiler targets AVX-512, else 8 (AVX2,
  * NEON, or SSE in two halves). -DLORAPLEX_QUANT_VW8 forces 8 on AVX-512 hardware and -DLORAPLEX_QUANT_SCALAR
@@ -54,6 +56,7 @@ enum {
     FUSED_MAX_M = 4,         /* rows of x up to which the fused path runs (its sums stay in registers) */
     TILE_ROWS = 4,           /* weight rows a thread widens at a time (the large-m path; 8 were slower) */
     PARALLEL_MIN = 1 << 15,  /* below this many weights (n k) one thread does the call: no pool wake-up */
+    GEMM_MIN_M = 48,         /* rows of x from which the GEMM path runs (below it, packing costs what it saves) */
 };
 
 static inline float f16_to_f32(const uint8_t *p)
@@ -435,6 +438,167 @@ static void tile_dot(const float *x, int64_t mi, int64_t k, const float *const w
     }
 }
 
+/* ---- many rows of x (prefill): a blocked GEMM on widened, transposed panels of the weight ----
+ *
+ * A thread widens a panel of GEMM_NR weight rows over a chunk of at most GEMM_KC elements of k into scratch,
+ * transposed (element e of the NR rows: one contiguous row of NR floats; 32 KB at most on AVX-512: L1), then
+ * sweeps every row of x over it: GEMM_MR rows of x by NR outputs in registers, each weight vector loaded once
+ * for the MR rows and each x element broadcast once for the NR outputs. No horizontal sums, and x is read once
+ * a panel, 8 times less often than by the dot-product tiles (their x rows are reloaded every 4 weight rows).
+ * The dot-product tiles reached ~0.5-0.7x of F.linear at 256-512 rows, this ~0.9-1.0x (bench/README.md). */
+#if QVW == 16
+#define GEMM_MR 12 /* 24 sums + 2 weight vectors + a broadcast: 27 of AVX-512's 32 registers */
+#else
+#define GEMM_MR 6 /* 12 sums + 2 + 1: 15 of AVX2's 16 */
+#endif
+enum {
+    GEMM_NR = 2 * QVW, /* weight rows a panel: two vectors */
+    GEMM_KC = 256,     /* elements of k a chunk at most (whole blocks) */
+    GEMM_AHEAD = 512,  /* the micro-kernel prefetches packed x this many floats ahead (~40 steps; 2-3% faster) */
+};
+
+/* dst[j * ld + i] = src[i * ls + j] for an 8 x 8 tile */
+static inline void transpose8(const float *src, int64_t ls, float *dst, int64_t ld)
+{
+    v8 r[8], t[8], u[8];
+    for (int i = 0; i < 8; ++i) r[i] = load8(src + i * ls);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int h = 0; h < 2; ++h) {
+            u[i + 2 * h] = __builtin_shufflevector(t[i + h], t[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            u[i + 2 * h + 1] = __builtin_shufflevector(t[i + h], t[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    for (int j = 0; j < 4; ++j) {
+        store8(dst + j * ld, __builtin_shufflevector(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11));
+        store8(dst + (j + 4) * ld, __builtin_shufflevector(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15));
+    }
+}
+
+/* wp[e][0 .. NR) = the panel's rows (rb bytes each; rows >= cols as zeros) widened over blocks b0 .. b0 + nbc,
+ * eight rows at a time through tmp (8 blocks of be floats) */
+static void pack_panel(const uint8_t *rows_q, int64_t rb, int64_t cols, int qtype, int64_t b0, int64_t nbc,
+                       float *tmp, float *wp)
+{
+    const int64_t be = BLOCK_ELEMS[qtype], bb = BLOCK_BYTES[qtype];
+    const dequant_block_fn dequant = DEQUANT_TILE[qtype];
+    for (int64_t r0 = 0; r0 < GEMM_NR; r0 += 8)
+        for (int64_t b = 0; b < nbc; ++b) {
+            for (int64_t r = 0; r < 8; ++r) {
+                if (r0 + r < cols)
+                    dequant(rows_q + (r0 + r) * rb + (b0 + b) * bb, tmp + r * be);
+                else
+                    memset(tmp + r * be, 0, (size_t)be * sizeof(float));
+            }
+            for (int64_t e = 0; e < be; e += 8)
+                transpose8(tmp + e, be, wp + (b * be + e) * GEMM_NR + r0, GEMM_NR);
+        }
+}
+
+/* c[i][0 .. NR) = (c[i] if accumulate, else 0) + x[i] . the panel over kc, for MR rows of x packed as
+ * xp[e][MR] (every broadcast from one sequential stream) */
+#define DEFINE_GEMM_MICRO(MR)                                                                                 \
+    static void gemm_micro_##MR(const float *xp, const float *wp, int64_t kc, float *c, int64_t ldc,          \
+                                int accumulate)                                                               \
+    {                                                                                                         \
+        vf acc[MR][2];                                                                                        \
+        for (int i = 0; i < MR; ++i)                                                                          \
+            for (int h = 0; h < 2; ++h) acc[i][h] = accumulate ? loadv(c + i * ldc + h * QVW) : (vf){0};      \
+        for (int64_t e = 0; e < kc; ++e, wp += GEMM_NR, xp += MR) {                                           \
+            __builtin_prefetch(xp + GEMM_AHEAD);                                                              \
+            const vf w0 = loadv(wp), w1 = loadv(wp + QVW);                                                    \
+            for (int i = 0; i < MR; ++i) {                                                                    \
+                acc[i][0] += w0 * xp[i];                                                                      \
+                acc[i][1] += w1 * xp[i];                                                                      \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int i = 0; i < MR; ++i)                                                                          \
+            for (int h = 0; h < 2; ++h) storev(c + i * ldc + h * QVW, acc[i][h]);                             \
+    }
+DEFINE_GEMM_MICRO(1)
+DEFINE_GEMM_MICRO(2)
+DEFINE_GEMM_MICRO(3)
+DEFINE_GEMM_MICRO(4)
+DEFINE_GEMM_MICRO(5)
+DEFINE_GEMM_MICRO(6)
+#if GEMM_MR == 12
+DEFINE_GEMM_MICRO(7)
+DEFINE_GEMM_MICRO(8)
+DEFINE_GEMM_MICRO(9)
+DEFINE_GEMM_MICRO(10)
+DEFINE_GEMM_MICRO(11)
+DEFINE_GEMM_MICRO(12)
+#endif
+
+typedef void (*gemm_micro_fn)(const float *, const float *, int64_t, float *, int64_t, int);
+static const gemm_micro_fn GEMM_MICRO[GEMM_MR + 1] = {
+    NULL, gemm_micro_1, gemm_micro_2, gemm_micro_3, gemm_micro_4, gemm_micro_5, gemm_micro_6,
+#if GEMM_MR == 12
+    gemm_micro_7, gemm_micro_8, gemm_micro_9, gemm_micro_10, gemm_micro_11, gemm_micro_12,
+#endif
+};
+
+/* Chunks of k outermost, so that x's chunk (packed once, by all threads) stays in L2 while the threads split
+ * the weight panels; y is summed over the chunks. Returns nonzero if scratch could not be allocated. */
+static int matmul_gemm(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
+                       int num_threads)
+{
+    const int64_t be = BLOCK_ELEMS[qtype], nb = k / be, rb = nb * BLOCK_BYTES[qtype];
+    const int64_t chunks = (k + GEMM_KC - 1) / GEMM_KC, per_chunk = (nb + chunks - 1) / chunks; /* in blocks */
+    const int64_t kc_max = per_chunk * be, panels = (n + GEMM_NR - 1) / GEMM_NR;
+    const int64_t row_panels = (m + GEMM_MR - 1) / GEMM_MR;
+    float *xp = malloc((size_t)(row_panels * GEMM_MR * kc_max) * sizeof(float));
+    if (xp == NULL) return 1;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) if (m * n * k >= PARALLEL_MIN)
+    {
+        float *wp = malloc((size_t)(GEMM_NR * kc_max + 8 * be) * sizeof(float)); /* then tmp: 8 blocks */
+        float *tmp = wp + GEMM_NR * kc_max;
+        if (wp == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        for (int64_t b0 = 0; b0 < nb; b0 += per_chunk) {
+            const int64_t kc = (nb - b0 < per_chunk ? nb - b0 : per_chunk) * be, k0 = b0 * be;
+#pragma omp for schedule(static)
+            for (int64_t ip = 0; ip < row_panels; ++ip) { /* xp[ip][e][mr] = x[ip MR + i][k0 + e] */
+                const int64_t i0 = ip * GEMM_MR, mr = m - i0 < GEMM_MR ? m - i0 : GEMM_MR;
+                float *dst = xp + i0 * kc;
+                for (int64_t e = 0; e < kc; ++e)
+                    for (int64_t i = 0; i < mr; ++i) *dst++ = x[(i0 + i) * k + k0 + e];
+            }
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < panels; ++p) {
+                if (wp == NULL) continue;
+                const int64_t r0 = p * GEMM_NR, cols = n - r0 < GEMM_NR ? n - r0 : GEMM_NR;
+                pack_panel(wq + r0 * rb, rb, cols, qtype, b0, kc / be, tmp, wp);
+                for (int64_t i0 = 0; i0 < m; i0 += GEMM_MR) {
+                    const int64_t mr = m - i0 < GEMM_MR ? m - i0 : GEMM_MR;
+                    float *c = y + i0 * n + r0;
+                    /* the next tile of y, summed over the chunks, is in L3 by now (a 5-10% stall at 512 rows) */
+                    for (int64_t a = GEMM_MR; a < 2 * GEMM_MR && i0 + a < m; ++a)
+                        for (int64_t h = 0; h < cols; h += 16) __builtin_prefetch(c + a * n + h, 1);
+                    if (cols == GEMM_NR) {
+                        GEMM_MICRO[mr](xp + i0 * kc, wp, kc, c, n, b0 > 0);
+                        continue;
+                    }
+                    float part[GEMM_MR * GEMM_NR]; /* a short panel's outputs, copied in and out */
+                    for (int64_t a = 0; a < mr && b0 > 0; ++a)
+                        memcpy(part + a * GEMM_NR, c + a * n, (size_t)cols * sizeof(float));
+                    GEMM_MICRO[mr](xp + i0 * kc, wp, kc, part, GEMM_NR, b0 > 0);
+                    for (int64_t a = 0; a < mr; ++a)
+                        memcpy(c + a * n, part + a * GEMM_NR, (size_t)cols * sizeof(float));
+                }
+            }
+        }
+        free(wp);
+    }
+    free(xp);
+    return failed;
+}
+
 #else /* plain C */
 #define TILE_MI 1
 static const dequant_block_fn DEQUANT_TILE[NUM_TYPES] = {dequant_q8_0, dequant_q4_0, dequant_q4_1, dequant_q4_k,
@@ -515,6 +679,11 @@ int loraplex_quant_matmul(const void *x_in, int x_bf16, const uint8_t *wq, int q
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)
         for (int64_t r = 0; r < n; ++r) fused(wq + r * rb, x, m, k, y + r, n);
     } else
+#endif
+#if QVW
+    if (m >= GEMM_MIN_M)
+        failed = matmul_gemm(x, wq, qtype, m, n, k, y, num_threads);
+    else
 #endif
         failed = matmul_tiled(x, wq, qtype, m, n, k, y, num_threads);
     if (x_bf16) {

@@ -88,7 +88,7 @@ def _assert_close(out: torch.Tensor, ref32: torch.Tensor, dtype: torch.dtype) ->
     assert excess < 1e-5, excess
 
 
-ROWS = (1, 2, 3, 4, 5, 17, 70)  # the fused path (up to 4 rows), the tiled one, partial tiles of rows
+ROWS = (1, 2, 3, 4, 5, 17, 70)  # the fused path (up to 4 rows), the tiled one, the GEMM (48 on), partial tiles
 
 
 def _shapes(qtype: str) -> list[tuple[int, int]]:
@@ -127,7 +127,7 @@ def test_every_vector_path_matches_reference(variant):
     for qtype in QUANT_TYPES:
         n, k = _shapes(qtype)[1]
         blocks = random_blocks(qtype, n, k, seed=3)
-        for m in (1, 4, 5, 17):
+        for m in (1, 4, 5, 17, 70):
             for dtype in (torch.float32, torch.bfloat16):
                 x = torch.randn(m, k, generator=g).to(dtype)
                 ref32 = quant_matmul_ref(x.float(), blocks, qtype, k)
