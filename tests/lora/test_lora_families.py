@@ -1,6 +1,6 @@
 """Multi-LoRA on other families than Llama: peft adapters made on tiny random Qwen2 (q/k/v biases, a sliding
 window), Phi-3 (fused qkv_proj / gate_up_proj, which peft adapters target as such) and Gemma 2 (soft-caps,
-sandwich norms, GeGLU) checkpoints run in one mixed continuous batch with base requests; each request
+sandwich norms, GeGLU) checkpoints, DoRA included, run in one mixed continuous batch with base requests; each request
 matches peft running its adapter alone (greedy tokens identical, last-position logits within 1e-3)."""
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ def adapter_configs(model_type: str) -> dict[str, dict]:
         "attn-rslora": dict(r=8, lora_alpha=4, use_rslora=True, target_modules=mods[: 4 if mods is SPLIT else 2]),
         "all-linear": dict(r=2, lora_alpha=8, target_modules="all-linear"),
         "patterns": dict(r=6, lora_alpha=12, target_modules=mods, rank_pattern={mods[0]: 3}),
+        # DoRA: Qwen2's q/k/v biases (left out of the factor) and Phi-3's fused magnitudes split by rows
+        "dora": dict(r=4, lora_alpha=8, target_modules=mods, use_dora=True, magnitude_noise=0.3),
     }
 
 

@@ -146,8 +146,13 @@ def make_peft_adapter(
     seed: int = 0,
     targets: tuple[str, ...] = ("q_proj", "v_proj", "down_proj"),
     config_overrides: dict | None = None,
+    lora_overrides: dict | None = None,
+    magnitude_noise: float = 0.0,
 ) -> Path:
-    """A real peft LoRA adapter (random non-zero B) for the model in `base_dir` (or a variant of it)."""
+    """A real peft LoRA adapter (random non-zero B) for the model in `base_dir` (or a variant of it).
+
+    ``lora_overrides``: more LoraConfig fields (e.g. ``use_dora=True``); ``magnitude_noise``: DoRA magnitudes
+    multiplied by ``1 + noise * N(0, 1)`` (peft initialises them to a factor of exactly 1)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -158,9 +163,12 @@ def make_peft_adapter(
         model = AutoModelForCausalLM.from_config(cfg)
     else:
         model = AutoModelForCausalLM.from_pretrained(base_dir)
-    peft_model = get_peft_model(
-        model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(targets), init_lora_weights=False)
-    )
+    lora = dict(r=r, lora_alpha=2 * r, target_modules=list(targets), init_lora_weights=False, **(lora_overrides or {}))
+    peft_model = get_peft_model(model, LoraConfig(**lora))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if magnitude_noise and "lora_magnitude_vector" in name:
+                param.mul_(1 + magnitude_noise * torch.randn_like(param))
     peft_model.save_pretrained(out)
     (out / "README.md").unlink(missing_ok=True)
     return out

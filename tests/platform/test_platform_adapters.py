@@ -95,6 +95,33 @@ def test_upload_archive_and_two_files_then_list_get_delete(server, adapter_facto
     assert leftover_tmp(server.settings.data_dir) == []
 
 
+def test_dora_adapter_is_accepted_and_served(start_server, adapter_factory, tiny_llama_dir) -> None:
+    """A DoRA adapter (use_dora, magnitudes away from their initial row norms) uploads like any other, and its
+    greedy completion is peft's."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "dora-owner")
+    folder = adapter_factory("dora", seed=21, lora_overrides={"use_dora": True}, magnitude_noise=0.3)
+    r = upload(server.url, key, "dora-bot", archive=zip_folder(folder))
+    assert r.status_code == 201, r.text
+    prompt = [11, 22, 33, 44, 55, 66]
+
+    def complete(model: str) -> str:
+        body = {"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+        r = httpx.post(f"{server.url}/v1/completions", headers=auth(key), timeout=60, json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
+    peft = PeftModel.from_pretrained(base, str(folder)).eval()
+    with torch.inference_mode():
+        out = peft.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=None)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    assert complete("dora-bot") == tokenizer.decode(out[0, len(prompt) :].tolist())
+
+
 def test_isolation_between_tenants(server, adapter_factory) -> None:
     key_a = create_tenant(server.url, "iso-a")
     key_b = create_tenant(server.url, "iso-b")
