@@ -392,6 +392,20 @@ M = [
             "test_each_tenant_resolves_its_own_same_named_adapter_through_the_cache"
         ],
     ),
+    (
+        "the DoRA factors not applied",
+        "engine/lora/context.py",
+        "        if (layer, group) in self.dora:\n            self._dora(layer, group, y)",
+        "        if False:\n            self._dora(layer, group, y)",
+        ["tests/lora/test_lora_dora.py", "tests/lora/test_lora_context.py::test_dora_factors_scale_each_tokens_rows"],
+    ),
+    (
+        "DoRA's bias shift dropped",
+        "engine/lora/context.py",
+        "        if shift is not None:\n            y.add_(",
+        "        if False:\n            y.add_(",
+        ["tests/lora/test_lora_families.py::test_mixed_batch_matches_peft_per_adapter"],
+    ),
 ]
 only = set(sys.argv[1:])
 
