@@ -41,6 +41,10 @@ VARIABLES = (
         "any server setting or engine argument, e.g. LORAPLEX_PORT, "
         "LORAPLEX_REDIS_URL, LORAPLEX_MAX_NUM_SEQS (`loraplex serve --help` lists them)",
     ),
+    Variable(
+        "LORAPLEX_BASE_URL", "the tenant commands (`loraplex adapters ...`): the server's URL, over the login profile's"
+    ),
+    Variable("LORAPLEX_API_KEY", "the tenant commands: the tenant's API key, over the login profile's"),
     Variable("LORAPLEX_TEST_DEVICE", "tests only: cuda runs the kernel and engine tests on a GPU (default cpu)"),
     Variable(
         "LORAPLEX_SCHEMA_SUITE", "tests only: the JSON Schema Test Suite subset (default ../shared/schemas/suite.jsonl)"
@@ -95,6 +99,14 @@ def data_dir(env: Mapping[str, str] | None = None) -> Path:
     home = Path(env["HOME"]) if env.get("HOME") else Path.home()
     base = env.get("XDG_DATA_HOME") or str(home / ".local" / "share")
     return Path(base).expanduser() / "loraplex"
+
+
+def client_base_url() -> str | None:
+    return _get("LORAPLEX_BASE_URL")
+
+
+def client_api_key() -> str | None:
+    return _get("LORAPLEX_API_KEY")
 
 
 def device_for_tests() -> str:

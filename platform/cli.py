@@ -1,4 +1,5 @@
-"""`loraplex` command line: prepare-model, generate (offline), and the server commands."""
+"""`loraplex` command line: prepare-model, generate (offline), the server commands, and the tenant commands
+(login, adapters, endpoints, batch, usage, keys: platform/client/, a client of the REST API)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, server_commands: bool = True) -> argparse.ArgumentParser:
+    """Every command; `server_commands=False` leaves out those that import the engine (seconds of torch)."""
     parser = argparse.ArgumentParser(prog="loraplex", description="Multi-tenant LoRA serving.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -44,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.set_defaults(func=_cmd_generate)
 
-    add_server_commands(sub)
+    if server_commands:
+        add_server_commands(sub)
+    add_client_commands(sub)
     return parser
 
 
@@ -70,6 +74,13 @@ def add_server_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("admin-key", help="create another admin key in the registry and print it once")
     add_database_arguments(p)
     p.set_defaults(func=_cmd_admin_key)
+
+
+def add_client_commands(sub: argparse._SubParsersAction) -> None:
+    """The tenant commands (platform/client/): clients of the REST API."""
+    from loraplex.platform.client.commands import add_client_commands as add
+
+    add(sub)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -135,7 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     from loraplex.envvars.safe_path import refuse_checkout_on_path
 
     refuse_checkout_on_path("the `loraplex` command, or `python -P -m loraplex.platform.cli`")
-    args = build_parser().parse_args(argv)
+    from loraplex.platform.client.commands import COMMANDS
+
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(server_commands=not argv or argv[0] not in COMMANDS).parse_args(argv)
     try:
         code = args.func(args)
     except ValueError as exc:  # ModelLoadError, RequestError, ...: a clear message, no traceback
