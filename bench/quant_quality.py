@@ -24,6 +24,7 @@ import subprocess
 import sys
 
 from bench.common import load_workload, print_table
+from bench.throughput import PLAIN_CHAT_TEMPLATE
 
 
 def model_arg(name: str) -> str | None:
@@ -44,6 +45,8 @@ def measure(model: str | None, quantization: str, n_prompts: int, n_tokens: int)
     from loraplex.engine.model.files import resolve_model_dir
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(model)))
+    if tok.chat_template is None:  # (Gemma's GGUF carries none: the plain one bench.throughput uses)
+        tok.chat_template = PLAIN_CHAT_TEMPLATE
     prompts = [r["prompt_token_ids"] for r in load_workload().build_requests(tok)[:n_prompts]]
     llm = LLM(model=model, quantization=quantization, max_num_seqs=64, enable_prefix_caching=False)
     scored = llm.generate(prompts, [SamplingParams(max_tokens=1, prompt_logprobs=0) for _ in prompts])
