@@ -83,3 +83,28 @@ def test_dora_in_a_mixed_batch_matches_peft(tiny_llama_dir, dora_adapters):
     assert (factors - 1).abs().max() > 0.1
     assert_no_leaks(eng)
     eng.close()
+
+
+def test_a_dora_factor_past_the_bound_is_refused_at_load(tiny_llama_dir, dora_adapters, tmp_path):
+    """The factor m / ||W + s B A|| needs the base weights, so the engine checks it when it reads the adapter."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from loraplex.adapters import AdapterError
+
+    dirs, _ = dora_adapters
+    bad = tmp_path / "huge"
+    shutil.copytree(dirs["dora"], bad)
+    weights = bad / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(k for k in tensors if k.endswith("layers.1.mlp.down_proj.lora_magnitude_vector"))
+    tensors[name] = tensors[name] * 1e12
+    save_file(tensors, str(weights))
+    eng = LLMEngine(model=str(tiny_llama_dir), max_loras=1, max_cpu_loras=1, max_lora_rank=8, num_kv_blocks=16)
+    with pytest.raises(
+        AdapterError, match=r"layers\.1: a DoRA factor .* of the down projection .* over the bound"
+    ) as err:
+        eng.add_adapter(str(bad))
+    assert err.value.code == "scale_too_large"
+    eng.close()
