@@ -108,3 +108,33 @@ def test_a_dora_factor_past_the_bound_is_refused_at_load(tiny_llama_dir, dora_ad
         eng.add_adapter(str(bad))
     assert err.value.code == "scale_too_large"
     eng.close()
+
+
+def test_dora_factors_on_quantized_weights(tiny_llama_dir, dora_adapters):
+    """On Q8_0 weights the factors come from the de-quantized rows the engine multiplies by: within Q8_0's
+    rounding of the float engine's factors, and not equal to them (so they are not read from the float file)."""
+    from loraplex.engine.model.gguf_weights import QuantTensor
+    from loraplex.engine.model.linear import QuantizedLinear, float_weight
+    from loraplex.kernels.quant import dequantize_ref, quantize_q8_0
+
+    w = torch.randn(40, 64, generator=torch.Generator().manual_seed(0))
+    parts = [QuantTensor(quantize_q8_0(w[:24]), "Q8_0", 64), QuantTensor(quantize_q8_0(w[24:]), "Q8_0", 64)]
+    expected = torch.cat([dequantize_ref(p.blocks, "Q8_0", 64) for p in parts])
+    assert torch.equal(float_weight(QuantizedLinear(parts)), expected)
+
+    dirs, _ = dora_adapters
+    factors = {}
+    for quantization in (None, "q8_0"):
+        eng = LLMEngine(
+            model=str(tiny_llama_dir),
+            max_loras=1,
+            max_cpu_loras=1,
+            max_lora_rank=8,
+            num_kv_blocks=16,
+            quantization=quantization,
+        )
+        host = eng.lora_manager.read(dirs["dora"]).host
+        factors[quantization] = torch.cat([f for f, _ in host.dora.values()])
+        eng.close()
+    torch.testing.assert_close(factors["q8_0"], factors[None], atol=1e-2, rtol=0)
+    assert not torch.equal(factors["q8_0"], factors[None])
