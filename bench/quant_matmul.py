@@ -5,7 +5,9 @@ for 1 row (a lone decode), 8 and 64 rows (decode batches), 256 and 512 (prefill 
 64: prefill asks it for the last position of each sequence), against ``F.linear`` in float32 on the de-quantized
 weight (the float path the engine runs otherwise), and prints the speed-up (float time / quantized time) and
 the rate at which each reads its weight (GB/s of the weight's bytes: the quantized blocks for the kernel,
-float32 for F.linear). The calls being compared alternate (so that both see the same load) and each time is a
+float32 for F.linear). "int8 x": the same with ``int8_activations=True`` (x quantized to int8 per group of 32,
+integer products: llama.cpp's way), up to 64 rows (beyond, it reads each weight row once per 4 rows of x, and
+the float kernel is faster). The calls being compared alternate (so that both see the same load) and each time is a
 median; with ``--threads 1`` it is the thread's CPU time, which a busy machine's other processes do not inflate
 (their cache traffic still can), else wall-clock time. The machine's load is printed beside them. K-quant formats
 need k to be a multiple of 256 and are left out of the k=576 shapes (GGUF files store those tensors in
@@ -40,6 +42,7 @@ SHAPES = {  # name: (k in, n out, formats) of SmolLM2-135M
 }
 ROWS = (1, 8, 64, 256, 512)
 LM_HEAD_MAX_ROWS = 64
+INT8_MAX_ROWS = 64
 _F16_SCALES = {  # float16 fields
     "Q8_0": (0,),
     "Q4_0": (0,),
@@ -102,11 +105,10 @@ def main() -> None:
                 if name == "lm_head" and m > LM_HEAD_MAX_ROWS:
                     continue
                 x = torch.randn(m, k, generator=g)
-                f_us, q_us = paired_us(
-                    [functools.partial(F.linear, x, w), functools.partial(quant_matmul_c, x, blocks, qtype, k)],
-                    args.budget,
-                    clock,
-                )
+                fns = [functools.partial(F.linear, x, w), functools.partial(quant_matmul_c, x, blocks, qtype, k)]
+                if m <= INT8_MAX_ROWS:
+                    fns.append(functools.partial(quant_matmul_c, x, blocks, qtype, k, int8_activations=True))
+                f_us, q_us, *i8_us = paired_us(fns, args.budget, clock)
                 rows_out.append(
                     [
                         f"{name} k={k} n={n}",
@@ -117,11 +119,11 @@ def main() -> None:
                         f_us / 1e3,
                         w.numel() * 4 / f_us / 1e3,
                         f_us / q_us,
+                        *([i8_us[0] / 1e3, f_us / i8_us[0]] if i8_us else ["-", "-"]),
                     ]
                 )
-    print_table(
-        ["shape", "format", "rows", "quant ms", "quant GB/s", "F.linear f32 ms", "f32 GB/s", "speed-up"], rows_out
-    )
+    headers = ["shape", "format", "rows", "quant ms", "quant GB/s", "F.linear f32 ms", "f32 GB/s", "speed-up"]
+    print_table([*headers, "int8 x ms", "int8 x speed-up"], rows_out)
 
 
 if __name__ == "__main__":

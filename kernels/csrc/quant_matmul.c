@@ -31,6 +31,7 @@
  * NEON, or SSE in two halves). -DLORAPLEX_QUANT_VW8 forces 8 on AVX-512 hardware and -DLORAPLEX_QUANT_SCALAR
  * builds the plain C path only, so that the tests can check every path on one machine.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,8 +64,8 @@ static inline float f16_to_f32(const uint8_t *p)
 {
     uint16_t h;
     memcpy(&h, p, sizeof h);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
+#if defined(__F16C__) /* through vmovd, not _cvtsh_ss: GCC merges that into a register a loop's chain runs through */
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 #else
     _Float16 f;
     memcpy(&f, &h, sizeof f);
@@ -653,42 +654,507 @@ static int matmul_tiled(const float *x, const uint8_t *wq, int qtype, int64_t m,
     return failed;
 }
 
+/* ---- int8 activations (loraplex_quant_matmul_int8), as llama.cpp computes its CPU products ----
+ *
+ * Each row of x is quantized per group of 32 elements to int8 with a float16 scale, exactly as quantize_q8_0 in
+ * kernels/quant.py (llama.cpp's Q8_0): d = max|x| / 127, q = round(x * (1 / d)), halves away from zero. A group's
+ * product with the weight is an exact integer sum over the weight's integers (integer_groups in kernels/quant.py),
+ * scaled in float32: y = sum over groups of dx (scale isum + low xsum).
+ *
+ * The vector paths decode a group of the weight into 32 unsigned bytes in a register (i8_decode) and sum its 32
+ * products with each of up to 4 rows of x in int32 lanes, 4 bytes to a lane: vpdpbusd on AVX-512 VNNI (from 2 rows of
+ * x, two groups a 512-bit vector) or AVX-VNNI, or vpmaddubsw then vpmaddwd on AVX2. All multiply unsigned bytes (the
+ * weight) by signed bytes (x), so a weight with an offset (Q4_0's q - 8, Q5_0's - 16, Q6_K's - 32, and on VNNI Q8_0
+ * read unsigned by flipping its sign bit: + 128) is multiplied unsigned and each lane starts from -offset times the
+ * sum of its 4 x bytes, precomputed with x: the subtraction stays in exact integers. AVX2's 16-bit pair sums would
+ * saturate on an unsigned Q8_0 byte (2 * 255 * 127), so there Q8_0 takes llama.cpp's sign trick instead (|w| times x
+ * with w's sign). Q6_K's per-16 integer scales then multiply the int32 lanes (lanes 0-3 hold the first 16 elements).
+ * The plain C path sums signed integers directly. */
+#if defined(LORAPLEX_QUANT_SCALAR) || !defined(__AVX2__)
+#define I8_PATH 0 /* plain C */
+#elif !defined(LORAPLEX_QUANT_NO_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && QVW == 16
+#define I8_PATH 3 /* vpdpbusd on 512-bit vectors */
+#elif !defined(LORAPLEX_QUANT_NO_VNNI) && ((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__))
+#define I8_PATH 2 /* vpdpbusd on 256-bit vectors */
+#else
+#define I8_PATH 1 /* AVX2: vpmaddubsw + vpmaddwd */
+#endif
+#if I8_PATH
+#define I8_SCALAR_ONLY __attribute__((unused))
+#else
+#define I8_SCALAR_ONLY
+#endif
+
+typedef struct {   /* x quantized: row i, group g */
+    int8_t *q;     /* [m][k] */
+    float *d;      /* [m][groups]: the float16 scale, as float (the vector paths: [m][groups][8], repeated) */
+    float *dsum;   /* [m][groups]: d * the sum of the group's q (for the weight's low term) */
+    int32_t *bias; /* the vector paths: [m][groups][8]: -offset * the sum of each lane's 4 q */
+} qx_t;
+
+static inline float f16_round(float f) /* to the nearest float16 (ties to even), as torch's .to(float16) */
+{
+#if defined(__F16C__)
+    return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+#else
+    return (float)(_Float16)f;
+#endif
+}
+
+/* the weight's offset (see above): what the vector paths subtract from their unsigned products */
+static int i8_offset(int qtype)
+{
+    switch (qtype) {
+    case Q8_0: return I8_PATH >= 2 ? 128 : 0;
+    case Q4_0: return 8;
+    case Q5_0: return 16;
+    case Q6_K: return 32;
+    default: return 0;
+    }
+}
+
+static inline int i8_has_low(int qtype) { return qtype == Q4_1 || qtype == Q5_1 || qtype == Q4_K; }
+
+static void quantize_x(const float *x, int64_t m, int64_t k, int offset, const qx_t *a)
+{
+    const int64_t groups = k / 32;
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t g = 0; g < groups; ++g) {
+            const float *v = x + i * k + g * 32;
+            int8_t *q = a->q + i * k + g * 32;
+            float amax = 0.0f;
+            for (int e = 0; e < 32; ++e) amax = fabsf(v[e]) > amax ? fabsf(v[e]) : amax;
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int e = 0; e < 32; ++e) {
+                const float t = v[e] * id;
+                const int r = (int)(fabsf(t) + 0.5f); /* exact: |t| <= 127 */
+                q[e] = (int8_t)(t < 0.0f ? -r : r);
+                sum += q[e];
+            }
+            const int64_t ig = i * groups + g;
+            const float dh = f16_round(d);
+            a->dsum[ig] = dh * (float)sum;
+            if (a->bias == NULL) {
+                a->d[ig] = dh;
+                continue;
+            }
+            for (int l = 0; l < 8; ++l) {
+                a->d[ig * 8 + l] = dh;
+                a->bias[ig * 8 + l] = -offset * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+            }
+        }
+}
+
+/* ---- plain C: a group's signed integers (Q6_K's scales folded in), its scale and low ---- */
+I8_SCALAR_ONLY static void i8_group_scalar(int qtype, const uint8_t *row, int64_t g, int32_t q[32], float *scale,
+                                           float *low)
+{
+    *low = 0.0f;
+    const uint8_t *b;
+    switch (qtype) {
+    case Q8_0:
+        b = row + g * 34;
+        *scale = f16_to_f32(b);
+        for (int e = 0; e < 32; ++e) q[e] = (int8_t)b[2 + e];
+        return;
+    case Q4_0:
+    case Q4_1: {
+        b = row + g * BLOCK_BYTES[qtype];
+        const uint8_t *qs = b + (qtype == Q4_0 ? 2 : 4);
+        *scale = f16_to_f32(b);
+        for (int j = 0; j < 16; ++j) q[j] = qs[j] & 15, q[j + 16] = qs[j] >> 4;
+        if (qtype == Q4_0)
+            for (int e = 0; e < 32; ++e) q[e] -= 8;
+        else
+            *low = f16_to_f32(b + 2);
+        return;
+    }
+    case Q5_0:
+    case Q5_1: {
+        b = row + g * BLOCK_BYTES[qtype];
+        const uint8_t *qh = b + (qtype == Q5_0 ? 2 : 4), *qs = qh + 4;
+        const uint32_t bits = load_u32(qh);
+        *scale = f16_to_f32(b);
+        for (int j = 0; j < 16; ++j) {
+            q[j] = (qs[j] & 15) | (int)((bits >> j & 1) << 4);
+            q[j + 16] = (qs[j] >> 4) | (int)((bits >> (j + 16) & 1) << 4);
+        }
+        if (qtype == Q5_0)
+            for (int e = 0; e < 32; ++e) q[e] -= 16;
+        else
+            *low = f16_to_f32(b + 2);
+        return;
+    }
+    case Q4_K: {
+        b = row + g / 8 * 144;
+        const int s = (int)(g % 8);
+        int sc, mn;
+        q4_k_scale_min(b + 4, s, &sc, &mn);
+        *scale = f16_to_f32(b) * (float)sc;
+        *low = -(f16_to_f32(b + 2) * (float)mn);
+        for (int l = 0; l < 32; ++l) q[l] = (b[16 + 32 * (s / 2) + l] >> (4 * (s & 1))) & 15;
+        return;
+    }
+    default: { /* Q6_K: group g % 8 = 4 h + s holds elements 128 h + 32 s + l (layout: dequant_q6_k) */
+        b = row + g / 8 * 210;
+        const int h = (int)(g % 8) / 4, s = (int)(g % 4);
+        *scale = f16_to_f32(b + 208);
+        for (int l = 0; l < 32; ++l) {
+            const int lo = (b[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 15;
+            const int hi = (b[128 + 32 * h + l] >> (2 * s)) & 3;
+            q[l] = ((lo | (hi << 4)) - 32) * (int8_t)b[192 + 8 * h + 2 * s + l / 16];
+        }
+        return;
+    }
+    }
+}
+
+I8_SCALAR_ONLY static void i8_row_scalar(int qtype, const uint8_t *row, int64_t groups, const qx_t *a, int64_t m,
+                                         int64_t k, float *y, int64_t ldy)
+{
+    for (int64_t i = 0; i < m; ++i) y[i * ldy] = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+        int32_t q[32];
+        float scale, low;
+        i8_group_scalar(qtype, row, g, q, &scale, &low);
+        for (int64_t i = 0; i < m; ++i) {
+            const int8_t *xq = a->q + i * k + g * 32;
+            int32_t isum = 0;
+            for (int e = 0; e < 32; ++e) isum += q[e] * xq[e];
+            y[i * ldy] += scale * a->d[i * groups + g] * (float)isum + low * a->dsum[i * groups + g];
+        }
+    }
+}
+
+#if I8_PATH
+/* ---- vectors: a group of the weight as 32 unsigned bytes in a register, its products with up to 4 rows of x ---- */
+static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+static inline __m256i nibbles32(const uint8_t *qs) /* 16 bytes -> 32: low nibbles (elements 0-15), high ones */
+{
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(15));
+}
+
+static inline __m256i fifth_bits32(const uint8_t *qh) /* bit e of the little-endian uint32 -> 16 in byte e */
+{
+    const uint32_t bits = load_u32(qh);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_maskz_mov_epi8((__mmask32)bits, _mm256_set1_epi8(16));
+#else /* byte e gets byte e / 8 of bits, then all its bits but e % 8 set: all ones iff bit e was set */
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                               _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                 0x0101010101010101, 0));
+    const __m256i all = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(all, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
+#endif
+}
+
+static inline __m256i low_bits(__m256i v, int shift, int mask) /* (v >> shift) & mask, bytewise */
+{
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
+}
+
+typedef struct {
+    __m256i u;    /* the integers as unsigned bytes (AVX2's Q8_0: signed) */
+    float scale, low;
+    __m256i lane; /* Q6_K: the per-16 scales of lanes 0-3 and 4-7 */
+} i8_group;
+
+/* the K formats' scales and lows of a super-block's 8 groups, decoded once for them */
+typedef struct {
+    float scale[8], low[8];
+} i8_super;
+
+static inline void i8_decode_super(int qtype, const uint8_t *row, int64_t sb, i8_super *o)
+{
+    if (qtype != Q4_K) return;
+    /* the 8 6-bit scales into bytes 0-7 of t, the mins into 8-15, 4 bytes at a time (q4_k_scale_min's layout) */
+    const uint8_t *b = row + sb * 144;
+    uint32_t s[3], t[4];
+    memcpy(s, b + 4, sizeof s);
+    t[0] = s[0] & 0x3f3f3f3f;
+    t[1] = (s[2] & 0x0f0f0f0f) | ((s[0] >> 6) & 0x03030303) << 4;
+    t[2] = s[1] & 0x3f3f3f3f;
+    t[3] = ((s[2] >> 4) & 0x0f0f0f0f) | ((s[1] >> 6) & 0x03030303) << 4;
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)t);
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+    _mm256_storeu_ps(o->scale, _mm256_mul_ps(sc, _mm256_set1_ps(f16_to_f32(b))));
+    const __m256 low = _mm256_mul_ps(mn, _mm256_set1_ps(f16_to_f32(b + 2)));
+    _mm256_storeu_ps(o->low, _mm256_sub_ps(_mm256_setzero_ps(), low));
+}
+
+/* b: the group's block (the 32-element formats), or its super-block with s the group in it (the K formats) */
+static inline __attribute__((always_inline)) void i8_decode(const int qtype, const uint8_t *b, int s,
+                                                            const i8_super *sup, i8_group *o)
+{
+    o->low = 0.0f;
+    switch (qtype) {
+    case Q8_0:
+        o->scale = f16_to_f32(b), o->u = load256(b + 2);
+        if (I8_PATH >= 2) o->u = _mm256_xor_si256(o->u, _mm256_set1_epi8(-128)); /* w + 128 */
+        return;
+    case Q4_0: o->scale = f16_to_f32(b), o->u = nibbles32(b + 2); return;
+    case Q4_1: o->scale = f16_to_f32(b), o->low = f16_to_f32(b + 2), o->u = nibbles32(b + 4); return;
+    case Q5_0: o->scale = f16_to_f32(b), o->u = _mm256_or_si256(nibbles32(b + 6), fifth_bits32(b + 2)); return;
+    case Q5_1:
+        o->scale = f16_to_f32(b), o->low = f16_to_f32(b + 2);
+        o->u = _mm256_or_si256(nibbles32(b + 8), fifth_bits32(b + 4));
+        return;
+    case Q4_K:
+        o->scale = sup->scale[s], o->low = sup->low[s];
+        o->u = low_bits(load256(b + 16 + 32 * (s / 2)), 4 * (s & 1), 15);
+        return;
+    default: { /* Q6_K (layout: i8_group_scalar) */
+        const int h = s / 4, t = s % 4;
+        const __m256i hi = low_bits(load256(b + 128 + 32 * h), 2 * t, 3);
+        o->u = _mm256_or_si256(low_bits(load256(b + 64 * h + 32 * (t & 1)), 4 * (t >> 1), 15),
+                               _mm256_slli_epi16(hi, 4));
+        o->scale = f16_to_f32(b + 208);
+        uint16_t pair;
+        memcpy(&pair, b + 192 + 8 * h + 2 * t, sizeof pair); /* its two int8 scales */
+        const __m128i sc = _mm_cvtsi32_si128(pair);
+        o->lane = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc, _mm_set_epi32(0, 0, 0x01010101, 0)));
+        return;
+    }
+    }
+}
+
+/* acc + the lanes' sums of u (unsigned) times x (signed), 4 bytes to a lane */
+static inline __m256i dot_u8_s8(__m256i acc, __m256i u, __m256i x)
+{
+#if I8_PATH >= 2 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, x);
+#elif I8_PATH >= 2
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
+#else /* pairs of products: at most 2 * 63 * 127 or 2 * 128 * 127, within int16 */
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* sum + a decoded group's products with one row of x (xq: its group; ig: its index in a), in float lanes */
+static inline __attribute__((always_inline)) __m256 i8_group_dot(const int qtype, __m256 sum, const i8_group *w,
+                                                                 const qx_t *a, const int8_t *xq, int64_t ig)
+{
+    const __m256i x = load256(xq);
+    __m256i acc;
+    if (qtype == Q8_0 && I8_PATH == 1) /* the sign trick */
+        acc = dot_u8_s8(_mm256_setzero_si256(), _mm256_sign_epi8(w->u, w->u), _mm256_sign_epi8(x, w->u));
+    else
+        acc = dot_u8_s8(i8_offset(qtype) ? load256(a->bias + ig * 8) : _mm256_setzero_si256(), w->u, x);
+    if (qtype == Q6_K) acc = _mm256_mullo_epi32(acc, w->lane);
+    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(w->scale), _mm256_loadu_ps(a->d + ig * 8));
+    return _mm256_add_ps(sum, _mm256_mul_ps(_mm256_cvtepi32_ps(acc), scale));
+}
+
+static inline float hsum256(__m256 v)
+{
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* f[j] (float lanes) and low[j] + a decoded group's products with rows i0 + j of x, j < MJ */
+static inline __attribute__((always_inline)) void i8_step(const int qtype, const int MJ, const i8_group *w,
+                                                          const qx_t *a, int64_t i0, int64_t groups, int64_t k,
+                                                          int64_t g, __m256 f[], float low[])
+{
+    for (int j = 0; j < MJ; ++j) {
+        const int64_t ig = (i0 + j) * groups + g;
+        f[j] = i8_group_dot(qtype, f[j], w, a, a->q + (i0 + j) * k + g * 32, ig);
+        if (i8_has_low(qtype)) low[j] += w->low * a->dsum[ig];
+    }
+}
+
+#if I8_PATH == 3
+/* the same for groups g and g + 1 in one 512-bit vector (their bytes, x's and its precomputed lanes lie side by
+ * side); for one row of x the joining costs what it saves, so only from two rows */
+static inline __attribute__((always_inline)) void i8_step2(const int qtype, const int MJ, const i8_group *w0,
+                                                           const i8_group *w1, const qx_t *a, int64_t i0,
+                                                           int64_t groups, int64_t k, int64_t g, __m512 f[],
+                                                           float low[])
+{
+    const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(w0->u), w1->u, 1);
+    const __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(w0->scale), _mm256_set1_ps(w1->scale), 1);
+    const __m512i lane = qtype == Q6_K ? _mm512_inserti64x4(_mm512_castsi256_si512(w0->lane), w1->lane, 1)
+                                       : _mm512_setzero_si512();
+    for (int j = 0; j < MJ; ++j) {
+        const int64_t ig = (i0 + j) * groups + g;
+        __m512i acc = i8_offset(qtype) ? _mm512_loadu_si512(a->bias + ig * 8) : _mm512_setzero_si512();
+        acc = _mm512_dpbusd_epi32(acc, u, _mm512_loadu_si512(a->q + (i0 + j) * k + g * 32));
+        if (qtype == Q6_K) acc = _mm512_mullo_epi32(acc, lane);
+        const __m512 dx = _mm512_loadu_ps(a->d + ig * 8);
+        f[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scale, dx), f[j]);
+        if (i8_has_low(qtype)) low[j] += w0->low * a->dsum[ig] + w1->low * a->dsum[ig + 1];
+    }
+}
+#define I8_PAIRS(MJ) ((MJ) > 1)
+#else
+#define I8_PAIRS(MJ) 0
+#endif
+
+/* y[j * ldy] = row . x[i0 + j] for MJ rows of x (compile-time: the sums stay in registers). A K format's
+ * super-block is unrolled, so that its groups' shifts and offsets are constants (40% faster). */
+static inline __attribute__((always_inline)) void i8_rows(const int qtype, const int MJ, const uint8_t *row,
+                                                          int64_t groups, const qx_t *a, int64_t i0, int64_t k,
+                                                          float *y, int64_t ldy)
+{
+    const int64_t bb = BLOCK_BYTES[qtype];
+    __m256 f[4];
+    float low[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j = 0; j < MJ; ++j) f[j] = _mm256_setzero_ps();
+#if I8_PATH == 3
+    __m512 f2[4];
+    for (int j = 0; j < MJ; ++j) f2[j] = _mm512_setzero_ps();
+#define I8_STEP2(w0, w1, g) i8_step2(qtype, MJ, w0, w1, a, i0, groups, k, g, f2, low)
+#else
+#define I8_STEP2(w0, w1, g) (void)0
+#endif
+    i8_group w, w1;
+    i8_super sup;
+    if (qtype == Q4_K || qtype == Q6_K) {
+        for (int64_t g = 0; g < groups; g += 8) {
+            const uint8_t *b = row + g / 8 * bb;
+            i8_decode_super(qtype, row, g / 8, &sup);
+            if (I8_PAIRS(MJ)) {
+#pragma GCC unroll 4
+                for (int s = 0; s < 8; s += 2) {
+                    i8_decode(qtype, b, s, &sup, &w), i8_decode(qtype, b, s + 1, &sup, &w1);
+                    I8_STEP2(&w, &w1, g + s);
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int s = 0; s < 8; ++s) {
+                    i8_decode(qtype, b, s, &sup, &w);
+                    i8_step(qtype, MJ, &w, a, i0, groups, k, g + s, f, low);
+                }
+            }
+        }
+    } else {
+        int64_t g = 0;
+        if (I8_PAIRS(MJ))
+            for (; g + 2 <= groups; g += 2) {
+                i8_decode(qtype, row + g * bb, 0, &sup, &w), i8_decode(qtype, row + (g + 1) * bb, 0, &sup, &w1);
+                I8_STEP2(&w, &w1, g);
+            }
+        for (; g < groups; ++g) {
+            i8_decode(qtype, row + g * bb, 0, &sup, &w);
+            i8_step(qtype, MJ, &w, a, i0, groups, k, g, f, low);
+        }
+    }
+#undef I8_STEP2
+#if I8_PATH == 3
+    for (int j = 0; j < MJ; ++j)
+        f[j] = _mm256_add_ps(f[j], _mm256_add_ps(_mm512_castps512_ps256(f2[j]), _mm512_extractf32x8_ps(f2[j], 1)));
+#endif
+    for (int j = 0; j < MJ; ++j) y[j * ldy] = hsum256(f[j]) + low[j];
+}
+
+#define DEFINE_I8_ROW(T)                                                                                      \
+    static void i8_row_##T(const uint8_t *row, int64_t groups, const qx_t *a, int64_t m, int64_t k, float *y, \
+                           int64_t ldy)                                                                       \
+    {                                                                                                         \
+        int64_t i = 0;                                                                                        \
+        for (; i + 4 <= m; i += 4) i8_rows(T, 4, row, groups, a, i, k, y + i * ldy, ldy);                     \
+        switch (m - i) {                                                                                      \
+        case 3: i8_rows(T, 3, row, groups, a, i, k, y + i * ldy, ldy); break;                                 \
+        case 2: i8_rows(T, 2, row, groups, a, i, k, y + i * ldy, ldy); break;                                 \
+        case 1: i8_rows(T, 1, row, groups, a, i, k, y + i * ldy, ldy); break;                                 \
+        default: break;                                                                                       \
+        }                                                                                                     \
+    }
+DEFINE_I8_ROW(Q8_0)
+DEFINE_I8_ROW(Q4_0)
+DEFINE_I8_ROW(Q4_1)
+DEFINE_I8_ROW(Q4_K)
+DEFINE_I8_ROW(Q6_K)
+DEFINE_I8_ROW(Q5_0)
+DEFINE_I8_ROW(Q5_1)
+typedef void (*i8_row_fn)(const uint8_t *, int64_t, const qx_t *, int64_t, int64_t, float *, int64_t);
+static const i8_row_fn I8_ROW[NUM_TYPES] = {i8_row_Q8_0, i8_row_Q4_0, i8_row_Q4_1, i8_row_Q4_K,
+                                            i8_row_Q6_K, i8_row_Q5_0, i8_row_Q5_1};
+#endif
+
+/* Threads split the weight rows; a row is read once for every 4 rows of x. Returns nonzero if scratch could
+ * not be allocated. */
+static int matmul_int8(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
+                       int num_threads)
+{
+    const int64_t groups = k / 32, rb = k / BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype];
+    const int vector = I8_PATH != 0, per_group = vector ? 17 : 2; /* floats a group: d (8 or 1), dsum, bias (8) */
+    float *scratch = malloc((size_t)(m * groups * per_group) * sizeof(float) + (size_t)(m * k));
+    if (scratch == NULL) return 1;
+    const qx_t a = {
+        .d = scratch,
+        .dsum = scratch + m * groups * (vector ? 8 : 1),
+        .bias = vector ? (int32_t *)(scratch + m * groups * 9) : NULL,
+        .q = (int8_t *)(scratch + m * groups * per_group),
+    };
+    quantize_x(x, m, k, i8_offset(qtype), &a);
+#if I8_PATH
+    const i8_row_fn row_fn = I8_ROW[qtype];
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)
+    for (int64_t r = 0; r < n; ++r) row_fn(wq + r * rb, groups, &a, m, k, y + r, n);
+#else
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)
+    for (int64_t r = 0; r < n; ++r) i8_row_scalar(qtype, wq + r * rb, groups, &a, m, k, y + r, n);
+#endif
+    free(scratch);
+    return 0;
+}
+
 /* 16 where the AVX-512 vectors are built, 8 for the 8-float ones, 0 for the plain C build */
 int loraplex_quant_vector_width(void) { return QVW; }
 
-/* y[m, n] = x[m, k] . W^T; qtype indexes QUANT_TYPES; x and y are bfloat16 where x_bf16, else float32.
- * Returns 0, 1 when scratch could not be allocated, 2 for an unknown qtype. */
-int loraplex_quant_matmul(const void *x_in, int x_bf16, const uint8_t *wq, int qtype, int64_t m, int64_t n,
-                          int64_t k, void *y_out, int num_threads)
+/* the int8 path built: 0 plain C, 1 AVX2, 2 VNNI on 256-bit vectors, 3 on 512-bit ones */
+int loraplex_quant_int8_path(void) { return I8_PATH; }
+
+static int matmul_float(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
+                        int num_threads)
 {
-    if (qtype < 0 || qtype >= NUM_TYPES) return 2;
-    const float *x = x_in;
-    float *y = y_out, *scratch = NULL;
-    if (x_bf16) { /* x widened and y summed in float32 scratch, y rounded once at the end */
-        scratch = malloc((size_t)(m * k + m * n) * sizeof(float));
-        if (scratch == NULL) return 1;
-        widen_bf16(scratch, x_in, m * k);
-        x = scratch;
-        y = scratch + m * k;
-    }
-    int failed = 0;
 #if QVW
     if (m <= FUSED_MAX_M && FUSED[qtype] != NULL) {
         const fused_fn fused = FUSED[qtype];
         const int64_t rb = k / BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype];
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)
         for (int64_t r = 0; r < n; ++r) fused(wq + r * rb, x, m, k, y + r, n);
-    } else
-#endif
-#if QVW
-    if (m >= GEMM_MIN_M)
-        failed = matmul_gemm(x, wq, qtype, m, n, k, y, num_threads);
-    else
-#endif
-        failed = matmul_tiled(x, wq, qtype, m, n, k, y, num_threads);
-    if (x_bf16) {
-        if (!failed) narrow_bf16(y_out, y, m * n);
-        free(scratch);
+        return 0;
     }
+    if (m >= GEMM_MIN_M) return matmul_gemm(x, wq, qtype, m, n, k, y, num_threads);
+#endif
+    return matmul_tiled(x, wq, qtype, m, n, k, y, num_threads);
+}
+
+typedef int (*matmul_fn)(const float *, const uint8_t *, int, int64_t, int64_t, int64_t, float *, int);
+
+/* fn on float32 x and y: a bfloat16 x widened into scratch, y summed there in float32 and rounded once */
+static int with_float32(matmul_fn fn, const void *x_in, int x_bf16, const uint8_t *wq, int qtype, int64_t m,
+                        int64_t n, int64_t k, void *y_out, int num_threads)
+{
+    if (qtype < 0 || qtype >= NUM_TYPES) return 2;
+    if (!x_bf16) return fn(x_in, wq, qtype, m, n, k, y_out, num_threads);
+    float *scratch = malloc((size_t)(m * k + m * n) * sizeof(float));
+    if (scratch == NULL) return 1;
+    widen_bf16(scratch, x_in, m * k);
+    const int failed = fn(scratch, wq, qtype, m, n, k, scratch + m * k, num_threads);
+    if (!failed) narrow_bf16(y_out, scratch + m * k, m * n);
+    free(scratch);
     return failed;
+}
+
+/* y[m, n] = x[m, k] . W^T; qtype indexes QUANT_TYPES; x and y are bfloat16 where x_bf16, else float32.
+ * Returns 0, 1 when scratch could not be allocated, 2 for an unknown qtype. */
+int loraplex_quant_matmul(const void *x_in, int x_bf16, const uint8_t *wq, int qtype, int64_t m, int64_t n,
+                          int64_t k, void *y_out, int num_threads)
+{
+    return with_float32(matmul_float, x_in, x_bf16, wq, qtype, m, n, k, y_out, num_threads);
+}
+
+/* The same with x quantized to int8 per group of 32 (matmul_int8). */
+int loraplex_quant_matmul_int8(const void *x_in, int x_bf16, const uint8_t *wq, int qtype, int64_t m, int64_t n,
+                               int64_t k, void *y_out, int num_threads)
+{
+    return with_float32(matmul_int8, x_in, x_bf16, wq, qtype, m, n, k, y_out, num_threads);
 }

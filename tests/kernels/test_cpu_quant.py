@@ -19,9 +19,11 @@ from loraplex.kernels.quant import (
     QUANT_TYPES,
     block_shape,
     dequantize_ref,
+    integer_groups,
     quant_matmul,
     quant_matmul_c,
     quant_matmul_ref,
+    quantize_activations,
     quantize_q8_0,
     row_bytes,
 )
@@ -117,11 +119,11 @@ def test_c_kernel_matches_reference(qtype, dtype):
 @needs_c_kernels
 @pytest.mark.parametrize("variant", sorted(quant._VARIANT_FLAGS))
 def test_every_vector_path_matches_reference(variant):
-    """The default build, the 8-float vectors forced on AVX-512 hardware, and the plain C build: each path a CPU
-    may run, checked on this one."""
+    """The default build, the 8-float vectors forced on AVX-512 hardware (also with AVX2's int8 products, for
+    int8_activations), and the plain C build: each path a CPU may run, checked on this one."""
     lib = quant._library(variant)
     flags = cpu_features.cpu_flags()
-    expected_width = {"scalar": 0, "vw8": 8, "native": 16 if "avx512f" in flags else 8}[variant]
+    expected_width = {"scalar": 0, "vw8": 8, "avx2": 8, "native": 16 if "avx512f" in flags else 8}[variant]
     assert lib.loraplex_quant_vector_width() == expected_width
     g = torch.Generator().manual_seed(9)
     for qtype in QUANT_TYPES:
@@ -132,6 +134,82 @@ def test_every_vector_path_matches_reference(variant):
                 x = torch.randn(m, k, generator=g).to(dtype)
                 ref32 = quant_matmul_ref(x.float(), blocks, qtype, k)
                 _assert_close(quant._run_c(lib, x, blocks, qtype, k), ref32, dtype)
+
+
+def test_integer_groups_are_the_weight():
+    """scale * q + low, in float32, is gguf's de-quantization bit for bit (every product is exact in float32, and
+    the one rounding, of the sum, is gguf's too); Q6_K's folded scales and Q4_K's 6-bit ones included."""
+    for qtype in QUANT_TYPES:
+        k = 2 * block_shape(qtype)[0] if qtype.endswith("K") else 96
+        blocks = random_blocks(qtype, 9, k, seed=11)
+        q, scale, low = integer_groups(blocks, qtype, k)
+        assert q.dtype == torch.int32 and q.shape == (9, k // 32, 32) and scale.shape == low.shape == (9, k // 32)
+        expected = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType[qtype]))
+        assert torch.equal((scale[..., None] * q.float() + low[..., None]).reshape(9, k), expected), qtype
+
+
+def _tie_rows(k: int) -> torch.Tensor:
+    """Two rows whose groups have max|x| = 127 (d = 1): x / d lands on halves, which round away from zero."""
+    x = torch.arange(k, dtype=torch.float32).remainder(9) - 4.5
+    x[::32] = 127.0
+    return torch.stack((x, -x))
+
+
+def test_quantize_activations_is_llama_cpp_s_q8_0():
+    g = torch.Generator().manual_seed(12)
+    x = torch.cat((torch.randn(3, 64, generator=g), _tie_rows(64)))
+    q, d = quantize_activations(x)
+    expected = quantize(x.numpy(), GGMLQuantizationType.Q8_0).reshape(5, 2, 34)
+    assert torch.equal(q, torch.from_numpy(expected[..., 2:].view(np.int8).astype(np.int32)))
+    assert torch.equal(d, torch.from_numpy(expected[..., :2].copy().view(np.float16).astype(np.float32))[..., 0])
+    assert torch.equal(q[3, 0, 1:6], torch.tensor([-4, -3, -2, -1, 1], dtype=torch.int32))  # -3.5 -> -4, 0.5 -> 1
+
+
+def _int8_path_expected(variant: str) -> int:
+    """0 plain C, 1 AVX2, 2 VNNI on 256-bit vectors, 3 on 512-bit ones (kernels/csrc/quant_matmul.c)"""
+    flags = cpu_features.cpu_flags()
+    if variant == "scalar" or "avx2" not in flags:
+        return 0
+    vnni256 = "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags
+    if variant == "native" and {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
+        return 3
+    return 2 if vnni256 and variant != "avx2" else 1
+
+
+@needs_c_kernels
+@pytest.mark.parametrize("variant", sorted(quant._VARIANT_FLAGS))
+def test_int8_activations_match_reference_on_every_path(variant):
+    """int8_activations: each build's integer path (512-bit VNNI, 256-bit VNNI, AVX2's vpmaddubsw, plain C) against
+    the reference: the same int8 x and the same integer sums, so they differ only by float32 rounding (far below
+    the int8 rounding of x, which moves the result by ~1%: a wrong integer anywhere would show). An odd number of
+    groups (the 512-bit path's tail), rows of x 1 to 9 (4 at a time), ties in x's rounding, bfloat16 x."""
+    lib = quant._library(variant)
+    assert lib.loraplex_quant_int8_path() == _int8_path_expected(variant)
+    g = torch.Generator().manual_seed(13)
+    for qtype in QUANT_TYPES:
+        n, k = (37, 37 * 32) if block_shape(qtype)[0] == 32 else (37, 1024)
+        blocks = random_blocks(qtype, n, k, seed=14)
+        for m in (1, 2, 3, 4, 5, 9):
+            x = torch.cat((torch.randn(m - 1, k, generator=g), _tie_rows(k)[:1]))
+            for dtype in (torch.float32, torch.bfloat16):
+                x = x.to(dtype)
+                ref32 = quant_matmul_ref(x.float(), blocks, qtype, k, int8_activations=True)
+                _assert_close(quant._run_c(lib, x, blocks, qtype, k, int8_activations=True), ref32, dtype)
+            float_ref = quant_matmul_ref(x.float(), blocks, qtype, k)
+            assert ((ref32 - float_ref).abs().max() / float_ref.abs().max()) < 0.05  # int8 x: ~1% off
+
+
+def test_int8_activations_dispatch():
+    """The C kernel for CPU x (where it is available), the reference elsewhere (LORAPLEX_TEST_DEVICE=cuda)."""
+    blocks = random_blocks("Q4_1", 5, 64, seed=15)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(16))
+    ref = quant_matmul_ref(x, blocks, "Q4_1", 64, int8_activations=True)
+    y = quant_matmul(x.to(TEST_DEVICE), blocks.to(TEST_DEVICE), "Q4_1", 64, int8_activations=True)
+    _assert_close(y.cpu(), ref, torch.float32)
+    if c_kernels_missing() is None:
+        assert torch.equal(
+            quant_matmul(x, blocks, "Q4_1", 64, int8_activations=True), quant_matmul_c(x, blocks, "Q4_1", 64, True)
+        )
 
 
 @needs_c_kernels
@@ -287,3 +365,5 @@ def test_real_gguf_tensors():
         for m in (1, 6):
             x = torch.randn(m, k, generator=g)
             _assert_close(quant_matmul_c(x, blocks, qtype, k), quant_matmul_ref(x, blocks, qtype, k), torch.float32)
+            int8 = quant_matmul_c(x, blocks, qtype, k, int8_activations=True)
+            _assert_close(int8, quant_matmul_ref(x, blocks, qtype, k, int8_activations=True), torch.float32)
