@@ -122,12 +122,4 @@ def float_weight(projection: Projection, dtype: torch.dtype = torch.float32) -> 
         return projection._weight.to(dtype)
     packed = projection._packed
     assert packed is not None
-    in_features = packed.shape[1]
-    # oneDNN keeps only its blocked copy: multiply by the identity, 1024 input columns at a time (exact: each
-    # output is one product by 1), which bounds the identity block's size on wide inputs.
-    rows = []
-    for lo in range(0, in_features, 1024):
-        eye = torch.zeros(min(1024, in_features - lo), in_features, dtype=packed.dtype)
-        eye[:, lo : lo + eye.shape[0]].fill_diagonal_(1)
-        rows.append(torch.ops.mkldnn._linear_pointwise(eye, packed, None, "none", [], ""))
-    return torch.cat(rows).t().to(dtype)
+    return packed.to_dense().to(dtype)  # oneDNN's reorder back from its blocked layout (exact)
