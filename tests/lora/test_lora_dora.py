@@ -111,16 +111,18 @@ def test_a_dora_factor_past_the_bound_is_refused_at_load(tiny_llama_dir, dora_ad
 
 
 def test_dora_factors_on_quantized_weights(tiny_llama_dir, dora_adapters):
-    """On Q8_0 weights the factors come from the de-quantized rows the engine multiplies by: within Q8_0's
-    rounding of the float engine's factors, and not equal to them (so they are not read from the float file)."""
+    """float_weight gives a packed or quantized projection's weight exactly. On Q8_0 weights the factors come
+    from the de-quantized rows the engine multiplies by: within Q8_0's rounding of the float engine's factors,
+    and not equal to them (so they are not read from the float file)."""
     from loraplex.engine.model.gguf_weights import QuantTensor
-    from loraplex.engine.model.linear import QuantizedLinear, float_weight
+    from loraplex.engine.model.linear import Linear, QuantizedLinear, float_weight
     from loraplex.kernels.quant import dequantize_ref, quantize_q8_0
 
     w = torch.randn(40, 64, generator=torch.Generator().manual_seed(0))
     parts = [QuantTensor(quantize_q8_0(w[:24]), "Q8_0", 64), QuantTensor(quantize_q8_0(w[24:]), "Q8_0", 64)]
     expected = torch.cat([dequantize_ref(p.blocks, "Q8_0", 64) for p in parts])
     assert torch.equal(float_weight(QuantizedLinear(parts)), expected)
+    assert torch.equal(float_weight(Linear(w)), w)  # oneDNN-packed where oneDNN works here, else the plain weight
 
     dirs, _ = dora_adapters
     factors = {}
