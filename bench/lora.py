@@ -13,13 +13,20 @@ make_adapters.py). In one run:
   (b') the same, warm                       adapters already in device slots (a serving steady state)
   (c) Hugging Face + peft, all 32 adapters  generate(adapter_names=[...]) in mixed batches of 64
 
+``--dora`` runs (b) and its variants with DoRA versions of the same adapters (the same A and B, plus
+``lora_magnitude_vector`` = each row's norm of W + scaling * B @ A times 1 + 0.1 * N(0, 1); made once next to
+``--adapters``); (c) is skipped then (peft's mixed batches refuse DoRA), and each repeat also runs (b) and (b')
+with the plain adapters, (b-plain) and (b'-plain), for DoRA's own cost under the same load.
+``--num-requests`` keeps only the first requests.
+
 (a), (b-disk), (b) and (b') take turns ``--repeats`` times and the best run of each counts (the least
 disturbed by other work on a shared machine; all runs are printed). ``--interleaved`` adds a matched-load
 comparison: a base engine and a multi-LoRA engine take turns step by step, so background load hits both
 alike.
 
 Usage: python -P -m bench.lora [--bench-dir ../shared/bench] [--adapters DIR] [--max-loras 32] [--repeats 3]
-                            [--interleaved] [--skip-hf] [--threads N] [--lora-dtype float16]
+                            [--interleaved] [--skip-hf] [--threads N] [--lora-dtype float16] [--dora]
+                            [--num-requests N]
 """
 
 from __future__ import annotations
@@ -59,6 +66,43 @@ def ensure_adapters(bench_dir: Path, base_dir: Path, out: Path, n: int) -> list[
             check=True,
             stdout=subprocess.DEVNULL,
         )
+    return dirs
+
+
+def make_dora_adapters(plain: list[Path], model_dir: Path, out: Path) -> list[Path]:
+    """DoRA versions of ``plain`` in ``out`` (made when missing): the same files plus a magnitude per output row,
+    ``||W + scaling * B @ A||`` (peft's initial value) times ``1 + 0.1 * N(0, 1)``, and ``use_dora`` set."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from loraplex.adapters import BaseModelSpec, load_adapter
+
+    dirs = [out / d.name for d in plain]
+    if all((d / "adapter_model.safetensors").is_file() for d in dirs):
+        return dirs
+    print(f"making {len(dirs)} DoRA adapters in {out} ...", flush=True)
+    spec = BaseModelSpec.from_hf_config(json.loads((model_dir / "config.json").read_text()))
+    base: dict[str, torch.Tensor] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            base.update({k: st.get_tensor(k).float() for k in st.keys() if k.endswith("_proj.weight")})  # noqa: SIM118
+    gen = torch.Generator().manual_seed(0)
+    for src, dest in zip(plain, dirs):
+        adapter = load_adapter(src, spec, max_lora_rank=1024)
+        tensors = load_file(str(src / "adapter_model.safetensors"))
+        for (layer, module), w in adapter.weights.items():
+            name = f"model.layers.{layer}.{spec.module_block(module)}.{module}"
+            merged = base[f"{name}.weight"] + w.scaling * (w.b.float() @ w.a.float())
+            norm = torch.linalg.norm(merged, dim=1)
+            tensors[f"base_model.model.{name}.lora_magnitude_vector"] = norm * (
+                1 + 0.1 * torch.randn(norm.shape, generator=gen)
+            )
+        dest.mkdir(parents=True, exist_ok=True)
+        config = json.loads((src / "adapter_config.json").read_text())
+        (dest / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}, indent=2))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(dest / "adapter_model.safetensors"))
     return dirs
 
 
@@ -168,7 +212,10 @@ def main() -> None:
         help="(a) shares the chat template's prefix across all requests, (b) only within an adapter",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--dora", action="store_true", help="(b) with DoRA versions of the adapters; (c) skipped")
+    ap.add_argument("--num-requests", type=int, default=None, help="only the first N requests (a shorter run)")
     args = ap.parse_args()
+    args.skip_hf = args.skip_hf or args.dora  # peft's mixed batches (adapter_names) refuse DoRA
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -188,9 +235,13 @@ def main() -> None:
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching,
     )
-    reqs = wl.build_requests(llm.tokenizer)
+    reqs = wl.build_requests(llm.tokenizer)[: args.num_requests]
     prompts = [r["prompt_token_ids"] for r in reqs]
-    adapter_dirs = ensure_adapters(args.bench_dir, model_dir, args.adapters, wl.N_ADAPTERS)
+    adapter_dirs = plain_dirs = ensure_adapters(args.bench_dir, model_dir, args.adapters, wl.N_ADAPTERS)
+    if args.dora:
+        adapter_dirs = make_dora_adapters(
+            adapter_dirs, model_dir, args.adapters.with_name(args.adapters.name + "-dora")
+        )
     refs = [llm.add_adapter(d) for d in adapter_dirs]  # checks, content hash and host copy: not timed
     per_request = [refs[r["adapter"]] for r in reqs]
     n_out = len(prompts) * wl.MAX_TOKENS
@@ -205,13 +256,16 @@ def main() -> None:
         f"{str(runner.dtype).removeprefix('torch.')}, max_loras={args.max_loras}, "
         f"max_cpu_loras={args.max_cpu_loras}, lora_dtype={args.lora_dtype or 'the model dtype'}, "
         f"max_num_seqs={args.max_num_seqs}, "
-        f"max_num_batched_tokens={args.max_num_batched_tokens}, prefix caching "
+        f"max_num_batched_tokens={args.max_num_batched_tokens}, {'DoRA' if args.dora else 'plain LoRA'} "
+        f"adapters, prefix caching "
         f"{'off' if args.no_prefix_caching else 'on'}",
         flush=True,
     )
 
     run_loraplex(llm, prompts[:2], None, 4)  # warm-up
     secs_a, secs_b, secs_disk, secs_bw, out_b = [], [], [], [], []
+    secs_plain: list[float] = []
+    secs_plain_w: list[float] = []
     for rep in range(args.repeats):
         secs_a.append(run_loraplex(llm, prompts, None, wl.MAX_TOKENS)[0])
         for ref in refs:  # (b-disk): nothing cached, adapters are read from disk during the run
@@ -228,12 +282,26 @@ def main() -> None:
             f"read from disk), (b) {s:.1f} s, (b') {secs_bw[-1]:.1f} s",
             flush=True,
         )
+        if args.dora:  # the plain adapters in their place, as (b) and (b')
+            for ref in refs:
+                llm.remove_adapter(ref)
+            plain_refs = [llm.add_adapter(d) for d in plain_dirs]
+            per_plain = [plain_refs[r["adapter"]] for r in reqs]
+            secs_plain.append(run_loraplex(llm, prompts, per_plain, wl.MAX_TOKENS)[0])
+            secs_plain_w.append(run_loraplex(llm, prompts, per_plain, wl.MAX_TOKENS)[0])
+            for ref in plain_refs:
+                llm.remove_adapter(ref)
+            refs = [llm.add_adapter(d) for d in adapter_dirs]  # the same content hashes as before
+            print(f"         plain LoRA: (b) {secs_plain[-1]:.1f} s, (b') {secs_plain_w[-1]:.1f} s", flush=True)
     rows = [
         ("(a) loraplex, base model", min(secs_a)),
         ("(b) loraplex, multi-LoRA", min(secs_b)),
         ("(b') loraplex, multi-LoRA, warm", min(secs_bw)),
         ("(b-disk) multi-LoRA, read from disk", min(secs_disk)),
     ]
+    if args.dora:
+        rows.append(("(b-plain) multi-LoRA, plain adapters", min(secs_plain)))
+        rows.append(("(b'-plain) the same, warm", min(secs_plain_w)))
     if not args.skip_hf:
         pad = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else llm.tokenizer.eos_token_id
         s, out_c = run_hf_peft(
@@ -270,6 +338,13 @@ def main() -> None:
         f"\nb / a = {a / b:.2f}   (target >= 0.85; from the medians of the runs: {median_ratio:.2f}); "
         f"warm b' / a = {a / rows[2][1]:.2f}; from disk b-disk / a = {a / rows[3][1]:.2f}"
     )
+    if args.dora:
+        print(
+            f"DoRA's cost over plain LoRA: (b) {min(secs_b) / min(secs_plain):.3f}x the time, warm (b') "
+            f"{min(secs_bw) / min(secs_plain_w):.3f}x (best runs; medians: "
+            f"{statistics.median(secs_b) / statistics.median(secs_plain):.3f}x, "
+            f"{statistics.median(secs_bw) / statistics.median(secs_plain_w):.3f}x)"
+        )
     if not args.skip_hf:
         print(f"b / c = {rows[4][1] / b:.2f}   (target >= 2)")
         print(f"(b) and (c) agree on {same}/{len(out_b)} greedy outputs (HF pads left, so a few may differ)")
