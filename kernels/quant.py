@@ -2,10 +2,11 @@
 
 A weight ``[n out, k in]`` stays in its GGUF blocks as a GGUF file stores it: ``blocks`` is uint8 ``[n,
 row_bytes(qtype, k)]``, each row ``k / block`` blocks of the format (layouts: ``csrc/quant_matmul.c``).
-``quant_matmul(x, blocks, qtype, k)`` is ``x @ W.T`` for float32 or bfloat16 ``x [m, k]``: on the CPU the C
-kernel reads each block once per call and widens it to float32 on the fly (decode reads 4.5 to 8.5 bits a
-weight, against float32's 32); elsewhere, or without the C kernels, the reference de-quantizes the whole weight
-(``dequantize_ref``, pure torch, any device) and multiplies in float32.
+``quant_matmul(x, blocks, qtype, k)`` is ``x @ W.T`` for float32 or bfloat16 ``x [m, k]`` (``QuantWeight``: the
+same, prepared once per weight for repeated calls): on the CPU the C kernel reads each block once per call and
+widens it to float32 on the fly (decode reads 4.5 to 8.5 bits a weight, against float32's 32; from 48 rows of x
+it widens panels of the weight for a blocked GEMM); elsewhere, or without the C kernels, the reference
+de-quantizes the whole weight (``dequantize_ref``, pure torch, any device) and multiplies in float32.
 
 ``int8_activations=True`` computes as llama.cpp does on the CPU: x quantized per group of 32 to int8 with a
 float16 scale (``quantize_activations``), each group's product with the weight's integers (``integer_groups``) an
@@ -26,6 +27,7 @@ from .cpu_build import load
 
 __all__ = [
     "QUANT_TYPES",
+    "QuantWeight",
     "block_shape",
     "cpu_quant_kernel_available",
     "dequantize_ref",
@@ -61,8 +63,8 @@ _VARIANT_FLAGS: dict[str, tuple[str, ...]] = {
 }
 _p, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {
-    "loraplex_quant_matmul": (_int, [_p, _int, _p, _int, _i64, _i64, _i64, _p, _int]),
-    "loraplex_quant_matmul_int8": (_int, [_p, _int, _p, _int, _i64, _i64, _i64, _p, _int]),
+    "loraplex_quant_matmul": (_int, [_p, _int, _p, _int, _i64, _i64, _i64, _p, _i64, _int]),
+    "loraplex_quant_matmul_int8": (_int, [_p, _int, _p, _int, _i64, _i64, _i64, _p, _i64, _int]),
     "loraplex_quant_vector_width": (_int, []),
     "loraplex_quant_int8_path": (_int, []),
 }
@@ -239,34 +241,78 @@ def cpu_quant_kernel_available() -> bool:
     return _library() is not None
 
 
+class QuantWeight:
+    """``y = x @ W.T`` for a fixed weight ``W [n, k]`` kept as GGUF blocks (uint8 ``[n, row_bytes(qtype, k)]``),
+    prepared once for repeated calls: the blocks are checked, and on the CPU the C kernel and the blocks' address
+    looked up, at construction. A call then checks only ``x`` (and ``out``) before the kernel: ~3 us of Python
+    against quant_matmul's ~10 (a decode step makes one call per projection: ~120 for SmolLM2-135M). ``out``:
+    written in place, ``[m, n]`` in x's dtype with contiguous rows, which may be columns of a wider matrix (the
+    parts of a fused projection). Off the CPU, or without the C kernels, the torch reference."""
+
+    def __init__(self, blocks: torch.Tensor, qtype: str, k: int, int8_activations: bool = False) -> None:
+        _check_blocks(blocks, qtype, k)
+        self.blocks = blocks.contiguous()  # (kept: the kernel reads it by address)
+        self.qtype, self.k, self.n = qtype, k, int(blocks.shape[0])
+        self.int8_activations = int8_activations
+        self._bind(_library() if self.blocks.is_cpu else None)
+
+    def _bind(self, lib: ctypes.CDLL | None) -> QuantWeight:
+        """Call ``lib``'s kernel (a build of it: the tests bind each), or the reference for None."""
+        self._kernel = None
+        if lib is not None:
+            self._kernel = lib.loraplex_quant_matmul_int8 if self.int8_activations else lib.loraplex_quant_matmul
+        # the constant arguments as ctypes values once: ctypes passes those without converting (~1 us a call)
+        self._blocks_arg, self._qtype_arg = ctypes.c_void_p(self.blocks.data_ptr()), _int(_QTYPE_INDEX[self.qtype])
+        self._n_arg, self._k_arg = _i64(self.n), _i64(self.k)
+        return self
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        kernel = self._kernel
+        if kernel is None or not x.is_cpu:
+            y = quant_matmul_ref(x, self.blocks, self.qtype, self.k, self.int8_activations)
+            return y if out is None else out.copy_(y)
+        if x.ndim != 2 or x.shape[1] != self.k or x.dtype not in _ACTIVATIONS:
+            _check_x(x, self.k)
+        x = x.contiguous()
+        m = x.shape[0]
+        if out is None:
+            out = torch.empty((m, self.n), dtype=x.dtype)
+        elif (
+            out.shape != (m, self.n)
+            or out.dtype != x.dtype
+            or not out.is_cpu
+            or out.stride(1) != 1
+            or (m > 1 and out.stride(0) < self.n)
+        ):
+            raise ValueError(
+                f"out must be a CPU {x.dtype} [{m}, {self.n}] with contiguous rows, got {out.dtype} "
+                f"{tuple(out.shape)} on {out.device} with strides {out.stride()}"
+            )
+        if m and self.n:
+            rc = kernel(
+                x.data_ptr(),
+                x.dtype == torch.bfloat16,
+                self._blocks_arg,
+                self._qtype_arg,
+                m,
+                self._n_arg,
+                self._k_arg,
+                out.data_ptr(),
+                out.stride(0),
+                torch.get_num_threads(),
+            )
+            if rc != 0:
+                raise MemoryError("the C quantized matmul could not allocate its scratch buffers")
+        return out
+
+
 def _run_c(
     lib: ctypes.CDLL, x: torch.Tensor, blocks: torch.Tensor, qtype: str, k: int, int8_activations: bool = False
 ) -> torch.Tensor:
-    # a decode step makes this call for every projection of every layer: the checks stay cheap (~1 us)
     _check_x(x, k)
-    _check_blocks(blocks, qtype, k)
     if not (x.is_cpu and blocks.is_cpu):
         raise ValueError(f"the C quantized matmul takes CPU tensors, got x on {x.device}, blocks on {blocks.device}")
-    x, blocks = x.contiguous(), blocks.contiguous()
-    m, n = x.shape[0], blocks.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype)
-    if m == 0 or n == 0:
-        return y
-    fn = lib.loraplex_quant_matmul_int8 if int8_activations else lib.loraplex_quant_matmul
-    rc = fn(
-        x.data_ptr(),
-        x.dtype == torch.bfloat16,
-        blocks.data_ptr(),
-        _QTYPE_INDEX[qtype],
-        m,
-        n,
-        k,
-        y.data_ptr(),
-        torch.get_num_threads(),
-    )
-    if rc != 0:
-        raise MemoryError("the C quantized matmul could not allocate its scratch buffers")
-    return y
+    return QuantWeight(blocks, qtype, k, int8_activations)._bind(lib)(x)
 
 
 def quant_matmul_c(

@@ -544,7 +544,7 @@ static const gemm_micro_fn GEMM_MICRO[GEMM_MR + 1] = {
 /* Chunks of k outermost, so that x's chunk (packed once, by all threads) stays in L2 while the threads split
  * the weight panels; y is summed over the chunks. Returns nonzero if scratch could not be allocated. */
 static int matmul_gemm(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
-                       int num_threads)
+                       int64_t ldy, int num_threads)
 {
     const int64_t be = BLOCK_ELEMS[qtype], nb = k / be, rb = nb * BLOCK_BYTES[qtype];
     const int64_t chunks = (k + GEMM_KC - 1) / GEMM_KC, per_chunk = (nb + chunks - 1) / chunks; /* in blocks */
@@ -577,20 +577,20 @@ static int matmul_gemm(const float *x, const uint8_t *wq, int qtype, int64_t m, 
                 pack_panel(wq + r0 * rb, rb, cols, qtype, b0, kc / be, tmp, wp);
                 for (int64_t i0 = 0; i0 < m; i0 += GEMM_MR) {
                     const int64_t mr = m - i0 < GEMM_MR ? m - i0 : GEMM_MR;
-                    float *c = y + i0 * n + r0;
+                    float *c = y + i0 * ldy + r0;
                     /* the next tile of y, summed over the chunks, is in L3 by now (a 5-10% stall at 512 rows) */
                     for (int64_t a = GEMM_MR; a < 2 * GEMM_MR && i0 + a < m; ++a)
-                        for (int64_t h = 0; h < cols; h += 16) __builtin_prefetch(c + a * n + h, 1);
+                        for (int64_t h = 0; h < cols; h += 16) __builtin_prefetch(c + a * ldy + h, 1);
                     if (cols == GEMM_NR) {
-                        GEMM_MICRO[mr](xp + i0 * kc, wp, kc, c, n, b0 > 0);
+                        GEMM_MICRO[mr](xp + i0 * kc, wp, kc, c, ldy, b0 > 0);
                         continue;
                     }
                     float part[GEMM_MR * GEMM_NR]; /* a short panel's outputs, copied in and out */
                     for (int64_t a = 0; a < mr && b0 > 0; ++a)
-                        memcpy(part + a * GEMM_NR, c + a * n, (size_t)cols * sizeof(float));
+                        memcpy(part + a * GEMM_NR, c + a * ldy, (size_t)cols * sizeof(float));
                     GEMM_MICRO[mr](xp + i0 * kc, wp, kc, part, GEMM_NR, b0 > 0);
                     for (int64_t a = 0; a < mr; ++a)
-                        memcpy(c + a * n, part + a * GEMM_NR, (size_t)cols * sizeof(float));
+                        memcpy(c + a * ldy, part + a * GEMM_NR, (size_t)cols * sizeof(float));
                 }
             }
         }
@@ -620,7 +620,7 @@ static void tile_dot(const float *x, int64_t mi, int64_t k, const float *const w
  * every row of x, TILE_MI rows at a time. Returns nonzero if a thread's scratch could not be allocated. */
 _Static_assert(TILE_ROWS == 4, "tile_dot takes 4 weight rows");
 static int matmul_tiled(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
-                        int num_threads)
+                        int64_t ldy, int num_threads)
 {
     const int64_t be = BLOCK_ELEMS[qtype], bb = BLOCK_BYTES[qtype], rb = k / be * bb;
     const dequant_block_fn dequant = DEQUANT_TILE[qtype];
@@ -646,7 +646,7 @@ static int matmul_tiled(const float *x, const uint8_t *wq, int qtype, int64_t m,
                 float out[4][4]; /* TILE_MI rows, rounded up to even */
                 tile_dot(x + i * k, mi, k, w, out);
                 for (int64_t a = 0; a < mi; ++a)
-                    for (int64_t r = 0; r < rows; ++r) y[(i + a) * n + r0 + r] = out[a][r];
+                    for (int64_t r = 0; r < rows; ++r) y[(i + a) * ldy + r0 + r] = out[a][r];
             }
         }
         free(buf);
@@ -1080,7 +1080,7 @@ static const i8_row_fn I8_ROW[NUM_TYPES] = {i8_row_Q8_0, i8_row_Q4_0, i8_row_Q4_
 /* Threads split the weight rows; a row is read once for every 4 rows of x. Returns nonzero if scratch could
  * not be allocated. */
 static int matmul_int8(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
-                       int num_threads)
+                       int64_t ldy, int num_threads)
 {
     const int64_t groups = k / 32, rb = k / BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype];
     const int vector = I8_PATH != 0, per_group = vector ? 17 : 2; /* floats a group: d (8 or 1), dsum, bias (8) */
@@ -1096,10 +1096,10 @@ static int matmul_int8(const float *x, const uint8_t *wq, int qtype, int64_t m, 
 #if I8_PATH
     const i8_row_fn row_fn = I8_ROW[qtype];
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)
-    for (int64_t r = 0; r < n; ++r) row_fn(wq + r * rb, groups, &a, m, k, y + r, n);
+    for (int64_t r = 0; r < n; ++r) row_fn(wq + r * rb, groups, &a, m, k, y + r, ldy);
 #else
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)
-    for (int64_t r = 0; r < n; ++r) i8_row_scalar(qtype, wq + r * rb, groups, &a, m, k, y + r, n);
+    for (int64_t r = 0; r < n; ++r) i8_row_scalar(qtype, wq + r * rb, groups, &a, m, k, y + r, ldy);
 #endif
     free(scratch);
     return 0;
@@ -1112,49 +1112,51 @@ int loraplex_quant_vector_width(void) { return QVW; }
 int loraplex_quant_int8_path(void) { return I8_PATH; }
 
 static int matmul_float(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
-                        int num_threads)
+                        int64_t ldy, int num_threads)
 {
 #if QVW
     if (m <= FUSED_MAX_M && FUSED[qtype] != NULL) {
         const fused_fn fused = FUSED[qtype];
         const int64_t rb = k / BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype];
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)
-        for (int64_t r = 0; r < n; ++r) fused(wq + r * rb, x, m, k, y + r, n);
+        for (int64_t r = 0; r < n; ++r) fused(wq + r * rb, x, m, k, y + r, ldy);
         return 0;
     }
-    if (m >= GEMM_MIN_M) return matmul_gemm(x, wq, qtype, m, n, k, y, num_threads);
+    if (m >= GEMM_MIN_M) return matmul_gemm(x, wq, qtype, m, n, k, y, ldy, num_threads);
 #endif
-    return matmul_tiled(x, wq, qtype, m, n, k, y, num_threads);
+    return matmul_tiled(x, wq, qtype, m, n, k, y, ldy, num_threads);
 }
 
-typedef int (*matmul_fn)(const float *, const uint8_t *, int, int64_t, int64_t, int64_t, float *, int);
+typedef int (*matmul_fn)(const float *, const uint8_t *, int, int64_t, int64_t, int64_t, float *, int64_t, int);
 
 /* fn on float32 x and y: a bfloat16 x widened into scratch, y summed there in float32 and rounded once */
 static int with_float32(matmul_fn fn, const void *x_in, int x_bf16, const uint8_t *wq, int qtype, int64_t m,
-                        int64_t n, int64_t k, void *y_out, int num_threads)
+                        int64_t n, int64_t k, void *y_out, int64_t ldy, int num_threads)
 {
     if (qtype < 0 || qtype >= NUM_TYPES) return 2;
-    if (!x_bf16) return fn(x_in, wq, qtype, m, n, k, y_out, num_threads);
+    if (!x_bf16) return fn(x_in, wq, qtype, m, n, k, y_out, ldy, num_threads);
     float *scratch = malloc((size_t)(m * k + m * n) * sizeof(float));
     if (scratch == NULL) return 1;
     widen_bf16(scratch, x_in, m * k);
-    const int failed = fn(scratch, wq, qtype, m, n, k, scratch + m * k, num_threads);
-    if (!failed) narrow_bf16(y_out, scratch + m * k, m * n);
+    const int failed = fn(scratch, wq, qtype, m, n, k, scratch + m * k, n, num_threads);
+    if (!failed)
+        for (int64_t i = 0; i < m; ++i) narrow_bf16((uint16_t *)y_out + i * ldy, scratch + m * k + i * n, n);
     free(scratch);
     return failed;
 }
 
-/* y[m, n] = x[m, k] . W^T; qtype indexes QUANT_TYPES; x and y are bfloat16 where x_bf16, else float32.
- * Returns 0, 1 when scratch could not be allocated, 2 for an unknown qtype. */
+/* y[m, n] = x[m, k] . W^T, row i of y at y + i ldy (ldy >= n: y may be columns of a wider matrix); qtype indexes
+ * QUANT_TYPES; x and y are bfloat16 where x_bf16, else float32. Returns 0, 1 when scratch could not be
+ * allocated, 2 for an unknown qtype. */
 int loraplex_quant_matmul(const void *x_in, int x_bf16, const uint8_t *wq, int qtype, int64_t m, int64_t n,
-                          int64_t k, void *y_out, int num_threads)
+                          int64_t k, void *y_out, int64_t ldy, int num_threads)
 {
-    return with_float32(matmul_float, x_in, x_bf16, wq, qtype, m, n, k, y_out, num_threads);
+    return with_float32(matmul_float, x_in, x_bf16, wq, qtype, m, n, k, y_out, ldy, num_threads);
 }
 
 /* The same with x quantized to int8 per group of 32 (matmul_int8). */
 int loraplex_quant_matmul_int8(const void *x_in, int x_bf16, const uint8_t *wq, int qtype, int64_t m, int64_t n,
-                               int64_t k, void *y_out, int num_threads)
+                               int64_t k, void *y_out, int64_t ldy, int num_threads)
 {
-    return with_float32(matmul_int8, x_in, x_bf16, wq, qtype, m, n, k, y_out, num_threads);
+    return with_float32(matmul_int8, x_in, x_bf16, wq, qtype, m, n, k, y_out, ldy, num_threads);
 }

@@ -153,6 +153,32 @@ def test_lora_on_a_q8_0_base_matches_peft_on_the_same_base(tiny_llama_dir, q8_0_
         assert len(done[f"j{i}"].token_ids) == 6
 
 
+def test_a_projection_of_parts_in_two_formats_writes_each_into_its_columns() -> None:
+    """A fused projection whose parts the file quantized differently (Gemma 3 270M's q and k in Q5_0, v in Q8_0):
+    parts of one format are joined, each product lands in its own columns of y (QuantWeight's out=), plus the
+    bias: as the de-quantized weight's product, for decode (1 row), a tile (5) and a prefill chunk (70)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from loraplex.kernels.quant import dequantize_ref, quantize_q8_0
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(40, 64, generator=g)
+    q5 = torch.from_numpy(quantize(w[:24].numpy(), GGMLQuantizationType.Q5_0))
+    parts = [QuantTensor(q5[:16], "Q5_0", 64), QuantTensor(q5[16:], "Q5_0", 64)]
+    parts.append(QuantTensor(quantize_q8_0(w[24:]), "Q8_0", 64))
+    bias = torch.randn(40, generator=g)
+    projection = QuantizedLinear(parts, bias)
+    assert [p.qtype for p in projection.parts] == ["Q5_0", "Q8_0"] and projection.out_features == 40
+    dense = torch.cat([dequantize_ref(p.blocks, p.qtype, 64) for p in projection.parts])
+    for m in (1, 5, 70):
+        x = torch.randn(m, 64, generator=g)
+        torch.testing.assert_close(projection(x), x @ dense.T + bias, atol=1e-5, rtol=1e-5)
+        y16 = QuantizedLinear(parts)(x.bfloat16())  # (the float32 bias would promote y to float32)
+        assert y16.dtype == torch.bfloat16
+        torch.testing.assert_close(y16.float(), x.bfloat16().float() @ dense.T, atol=0.05, rtol=0.02)
+
+
 def test_refusals_name_the_problem(tiny_llama_dir) -> None:
     with pytest.raises(ValueError, match="quantization must be one of gguf, q8_0, none, got 'int4'"):
         LLMEngine(model=str(tiny_llama_dir), quantization="int4")

@@ -17,6 +17,7 @@ from gguf.quants import dequantize, quantize
 from loraplex.kernels import cpu_build, cpu_features, quant
 from loraplex.kernels.quant import (
     QUANT_TYPES,
+    QuantWeight,
     block_shape,
     dequantize_ref,
     integer_groups,
@@ -213,6 +214,50 @@ def test_int8_activations_dispatch():
 
 
 @needs_c_kernels
+def test_quant_weight_is_quant_matmul_prepared():
+    """QuantWeight gives quant_matmul_c's results (every path: fused, tiled, GEMM, int8; float32 and bfloat16), also
+    written into columns of a wider matrix (out=) without touching the columns beside them."""
+    g = torch.Generator().manual_seed(17)
+    for qtype in ("Q4_1", "Q6_K"):
+        blocks = random_blocks(qtype, 37, 256, seed=18)
+        for int8 in (False, True):
+            weight = QuantWeight(blocks, qtype, 256, int8_activations=int8)
+            for m in (1, 5, 70):
+                for dtype in (torch.float32, torch.bfloat16):
+                    x = torch.randn(m, 256, generator=g).to(dtype)
+                    expected = quant_matmul_c(x, blocks, qtype, 256, int8)
+                    assert torch.equal(weight(x), expected)
+                    wide = torch.full((m, 50), 7.0, dtype=dtype)
+                    got = weight(x, out=wide[:, 5:42])
+                    assert got.data_ptr() == wide[:, 5:42].data_ptr() and torch.equal(got, expected)
+                    assert bool((wide[:, :5] == 7).all() and (wide[:, 42:] == 7).all())
+    weight = QuantWeight(blocks, "Q6_K", 256)
+    x = torch.randn(3, 256)
+    assert torch.equal(weight(x.t().contiguous().t()), weight(x))  # a strided x: copied
+    with pytest.raises(ValueError, match=r"x must be \[m, k=256\], got \(3, 32\)"):
+        weight(torch.randn(3, 32))
+    for bad in (torch.empty(3, 36), torch.empty(3, 37, dtype=torch.bfloat16), torch.empty(37, 3).t()):
+        with pytest.raises(ValueError, match=r"out must be a CPU torch.float32 \[3, 37\] with contiguous rows"):
+            weight(x, out=bad)
+    with pytest.raises(ValueError, match="Q4_K blocks for k=256 must be uint8"):
+        QuantWeight(blocks[:, :10], "Q4_K", 256)
+
+
+def test_quant_weight_off_the_cpu_is_the_reference():
+    """LORAPLEX_TEST_DEVICE=cuda: blocks on the GPU, the torch reference there (out= too)."""
+    blocks = random_blocks("Q8_0", 6, 64, seed=19).to(TEST_DEVICE)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(20)).to(TEST_DEVICE)
+    for int8 in (False, True):
+        weight = QuantWeight(blocks, "Q8_0", 64, int8_activations=int8)
+        expected = quant_matmul_ref(x, blocks, "Q8_0", 64, int8_activations=int8)
+        if TEST_DEVICE.type != "cpu":
+            assert torch.equal(weight(x), expected)
+        out = torch.empty(2, 6, device=TEST_DEVICE)
+        assert weight(x, out=out) is out
+        _assert_close(out.cpu(), expected.cpu(), torch.float32)
+
+
+@needs_c_kernels
 def test_no_rows_and_strided_inputs():
     blocks = random_blocks("Q8_0", 5, 64, seed=4)
     assert quant_matmul_c(torch.randn(0, 64), blocks, "Q8_0", 64).shape == (0, 5)
@@ -276,6 +321,7 @@ def test_without_c_kernels_the_reference_serves(monkeypatch):
     with pytest.raises(RuntimeError, match="not available"):
         quant_matmul_c(x, blocks, "Q6_K", 256)
     assert torch.equal(quant_matmul(x, blocks, "Q6_K", 256), quant_matmul_ref(x, blocks, "Q6_K", 256))
+    assert torch.equal(QuantWeight(blocks, "Q6_K", 256)(x), quant_matmul_ref(x, blocks, "Q6_K", 256))
 
 
 _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
