@@ -196,8 +196,8 @@ M = [
     (
         "llguidance promises one token too few",
         "grammar/compiler.py",
-        "search, len(plan), plan,",
-        "search, len(plan) - 1, plan,",
+        "                len(plan),\n                plan,",
+        "                len(plan) - 1,\n                plan,",
         ["tests/grammar/test_grammar_compiler.py::test_auto_serves_a_large_automaton_through_llguidance"],
     ),
     (
