@@ -117,6 +117,25 @@ def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
     return (((qh[..., None] >> shifts) & 1) << 4).reshape(*qh.shape[:-1], 32)
 
 
+def _q4_k_scales_mins(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K super-blocks [blocks, 144] -> the 6-bit scales and mins of their 8 sub-blocks, int32 [blocks, 8] each"""
+    s = b[:, 4:16].to(torch.int32)
+    lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    scales = torch.cat((lo & 63, (hi & 15) | ((lo >> 2) & 48)), dim=1)
+    mins = torch.cat((mid & 63, (hi >> 4) | ((mid >> 2) & 48)), dim=1)
+    return scales, mins
+
+
+def _q6_k_values(b: torch.Tensor) -> torch.Tensor:
+    """Q6_K super-blocks [blocks, 210] -> their 256 unsigned 6-bit values, uint8 [blocks, 256] (0..63; the value
+    is this minus 32)"""
+    shifts = torch.tensor([0, 4], dtype=torch.uint8, device=b.device)
+    ql = (b[:, :128].reshape(-1, 2, 1, 64) >> shifts.view(1, 1, 2, 1)) & 15
+    qh_shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device)
+    qh = (b[:, 128:192].reshape(-1, 2, 1, 32) >> qh_shifts.view(1, 1, 4, 1)) & 3
+    return ql.reshape(-1, 256) | (qh.reshape(-1, 256) << 4)
+
+
 def dequantize_ref(blocks: torch.Tensor, qtype: str, k: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The weight ``[n, k]`` in ``dtype``, on ``blocks``' device (pure torch). In float32 it equals
     ``gguf.quants.dequantize`` bit for bit: the same float32 operations in the same order."""
@@ -137,19 +156,13 @@ def dequantize_ref(blocks: torch.Tensor, qtype: str, k: int, dtype: torch.dtype 
         q = _nibbles(b[:, 8:]).reshape(-1, 32) | _fifth_bits(b[:, 4:8])
         w = _f16(b[:, :2]) * q.float() + _f16(b[:, 2:4])
     elif qtype == "Q4_K":
-        s = b[:, 4:16].to(torch.int32)
-        lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
-        scale = torch.cat((lo & 63, (hi & 15) | ((lo >> 2) & 48)), dim=1).float()  # [blocks, 8 sub-blocks]
-        low = torch.cat((mid & 63, (hi >> 4) | ((mid >> 2) & 48)), dim=1).float()
+        scales, mins = _q4_k_scales_mins(b)  # [blocks, 8 sub-blocks]
+        scale, low = scales.float(), mins.float()
         q = _nibbles(b[:, 16:].reshape(-1, 4, 32)).reshape(-1, 8, 32).float()
         d, dmin = (_f16(b[:, 0:2]) * scale)[..., None], (_f16(b[:, 2:4]) * low)[..., None]
         w = d * q - dmin
     else:  # Q6_K
-        shifts = torch.tensor([0, 4], dtype=torch.uint8, device=b.device)
-        ql = (b[:, :128].reshape(-1, 2, 1, 64) >> shifts.view(1, 1, 2, 1)) & 15
-        qh_shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device)
-        qh = (b[:, 128:192].reshape(-1, 2, 1, 32) >> qh_shifts.view(1, 1, 4, 1)) & 3
-        q = (ql.reshape(-1, 256) | (qh.reshape(-1, 256) << 4)).view(torch.int8) - 32
+        q = _q6_k_values(b).view(torch.int8) - 32
         d = (_f16(b[:, 208:210]) * b[:, 192:208].view(torch.int8).float())[..., None]  # [blocks, 16, 1]
         w = d * q.reshape(-1, 16, 16).float()
     return w.reshape(n, k).to(dtype)
@@ -180,18 +193,12 @@ def integer_groups(blocks: torch.Tensor, qtype: str, k: int) -> tuple[torch.Tens
         else:
             low = _f16(b[:, 2:4])
     elif qtype == "Q4_K":
-        s = b[:, 4:16].to(torch.int32)
-        lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
-        sub_scale = torch.cat((lo & 63, (hi & 15) | ((lo >> 2) & 48)), dim=1).float()  # [blocks, 8 sub-blocks]
-        sub_low = torch.cat((mid & 63, (hi >> 4) | ((mid >> 2) & 48)), dim=1).float()
+        scales, mins = _q4_k_scales_mins(b)  # [blocks, 8 sub-blocks]
+        sub_scale, sub_low = scales.float(), mins.float()
         q = _nibbles(b[:, 16:].reshape(-1, 4, 32)).reshape(-1, 8, 32).int()
         scale, low = _f16(b[:, 0:2]) * sub_scale, -(_f16(b[:, 2:4]) * sub_low)  # exact: 11 by 6 bits
     else:  # Q6_K
-        shifts = torch.tensor([0, 4], dtype=torch.uint8, device=b.device)
-        ql = (b[:, :128].reshape(-1, 2, 1, 64) >> shifts.view(1, 1, 2, 1)) & 15
-        qh_shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device)
-        qh = (b[:, 128:192].reshape(-1, 2, 1, 32) >> qh_shifts.view(1, 1, 4, 1)) & 3
-        q6 = (ql.reshape(-1, 256) | (qh.reshape(-1, 256) << 4)).int() - 32
+        q6 = _q6_k_values(b).int() - 32
         q = q6.reshape(-1, 16, 16) * b[:, 192:208].view(torch.int8).int()[..., None]
         scale = _f16(b[:, 208:210]).expand(-1, 8)
     scale = scale.reshape(n, groups)
