@@ -11,6 +11,9 @@ import tarfile
 import threading
 import time
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -321,3 +324,52 @@ class S3Server:
             self.proc.kill()
             self.proc.wait()
         self._log_file.close()
+
+
+@dataclass
+class EngineGate:
+    """An `EngineProbe` callback that holds the engine thread once a sequence samples output position ``hold_at``,
+    until ``opened`` is set (while held the engine takes no message: an abort or a new request waits), and records
+    each request's Share and furthest sampled position."""
+
+    engine: Any  # the AsyncEngine
+    hold_at: int
+    opened: threading.Event = field(default_factory=threading.Event)
+    waiting: threading.Event = field(default_factory=threading.Event)
+    shares: dict[str, Any] = field(default_factory=dict)  # request id -> its engine Share
+    furthest: dict[str, int] = field(default_factory=dict)  # request id -> furthest output position sampled
+
+    def on_logits(self, request_ids: list[str], positions: list[int], _logits: Any) -> None:
+        running = {s.request_id: s for s in self.engine.engine.scheduler.running}
+        for rid, pos in zip(request_ids, positions):
+            if rid in running:
+                self.shares[rid] = running[rid].share
+            self.furthest[rid] = max(pos, self.furthest.get(rid, -1))
+        if any(p >= self.hold_at for p in positions) and not self.opened.is_set():
+            self.waiting.set()
+            self.opened.wait(timeout=120)  # liveness bound: a failing test never hangs the suite
+
+    def wait_held(self) -> None:
+        assert self.waiting.wait(timeout=60), "the engine never reached the held position"
+
+
+@contextmanager
+def engine_gate(engine: Any, hold_at: int) -> Iterator[EngineGate]:
+    """An `EngineGate` installed as the engine's probe for the block's duration (opened and removed after)."""
+    from loraplex.engine.probe import EngineProbe
+
+    gate = EngineGate(engine, hold_at)
+    engine.engine.probe = EngineProbe(on_logits=gate.on_logits)
+    try:
+        yield gate
+    finally:
+        gate.opened.set()
+        engine.engine.probe = None
+
+
+def eventually(condition: Any, what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition`` until true; past ``timeout`` seconds the test fails naming ``what`` it waited for."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)

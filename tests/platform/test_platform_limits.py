@@ -8,56 +8,35 @@ sequence has sampled `HOLD_AFTER` tokens), so nothing here depends on how fast t
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
 
 from loraplex.engine import Share
-from loraplex.engine.probe import EngineProbe
-from tests.platform.helpers import ADMIN_KEY, auth, create_tenant, error_of, free_port
+from tests.platform.helpers import (
+    ADMIN_KEY,
+    EngineGate,
+    auth,
+    create_tenant,
+    engine_gate,
+    error_of,
+    eventually,
+    free_port,
+)
 
 HOLD_AFTER = 2  # a held sequence samples this many tokens, then waits for the gate
 PROMPT = [1, 2, 3, 4]  # token ids: 4 prompt tokens whatever the tokenizer
 
 
-@dataclass
-class Gate:
-    """Holds the engine thread while closed; records the Share of every sequence the engine samples for."""
-
-    engine: Any
-    opened: threading.Event = field(default_factory=threading.Event)
-    waiting: threading.Event = field(default_factory=threading.Event)
-    shares: dict[str, Share] = field(default_factory=dict)
-
-    def on_logits(self, request_ids: list[str], positions: list[int], _logits: Any) -> None:
-        running = {s.request_id: s for s in self.engine.engine.scheduler.running}
-        for rid in request_ids:
-            if rid in running:
-                self.shares[rid] = running[rid].share
-        if any(p >= HOLD_AFTER for p in positions) and not self.opened.is_set():
-            self.waiting.set()
-            self.opened.wait(timeout=120)  # liveness bound: a failing test never hangs the suite
-
-    def wait_held(self) -> None:
-        assert self.waiting.wait(timeout=60), "the engine never reached the held position"
-
-
 @pytest.fixture
-def gate(tiny_engine: Any) -> Iterator[Gate]:
-    g = Gate(tiny_engine)
-    tiny_engine.engine.probe = EngineProbe(on_logits=g.on_logits)
-    try:
+def gate(tiny_engine: Any) -> Iterator[EngineGate]:
+    with engine_gate(tiny_engine, HOLD_AFTER) as g:
         yield g
-    finally:
-        g.opened.set()
-        tiny_engine.engine.probe = None
 
 
 @pytest.fixture
@@ -79,13 +58,6 @@ def usage(url: str, tenant: str) -> dict[str, int]:
     r = httpx.get(f"{url}/v1/tenants/{tenant}/usage", headers=auth(ADMIN_KEY))
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def eventually(condition, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.02)
 
 
 def too_many(r: httpx.Response, limit: str) -> str:
