@@ -96,3 +96,50 @@ def assert_no_leaks(engine) -> None:
     bm = engine.block_manager
     assert not engine.requests and not engine.has_unfinished()
     assert bm.num_free_blocks == bm.num_blocks, f"{bm.num_blocks - bm.num_free_blocks} KV blocks leaked"
+
+
+def random_prompts(n: int, seed: int, lengths: tuple[int, int]) -> list[list[int]]:
+    """``n`` prompts of random token ids (3..40000), each of a random length in ``[lengths[0], lengths[1])``."""
+    g = torch.Generator().manual_seed(seed)
+    low, high = lengths
+    return [
+        torch.randint(3, 40000, (int(torch.randint(low, high, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
+
+
+def run_mixed_batch(
+    model_dir: Path,
+    dirs: dict[str, Path],
+    jobs: list[str | None],
+    prompts: list[list[int]],
+    max_tokens: int,
+    max_num_batched_tokens: int,
+) -> tuple[Any, dict, Any]:
+    """Every adapter in ``dirs`` loaded into one engine (4 device slots), then all jobs arriving together: job i is
+    ``prompts[i]`` under adapter ``jobs[i]`` (None: the base model), greedy, EOS ignored. Returns the engine, the
+    finished outputs by request id ``j<i>``, and the first-position logits recorded per request."""
+    from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
+    from tests.engine.helpers import LogitsRecorder
+
+    eng = LLMEngine(
+        model=str(model_dir),
+        max_loras=4,
+        max_cpu_loras=4,
+        max_lora_rank=8,
+        max_num_seqs=16,
+        max_num_batched_tokens=max_num_batched_tokens,
+        num_kv_blocks=200,
+        block_size=8,
+    )
+    rec = LogitsRecorder()
+    eng.probe = EngineProbe(on_logits=rec)
+    refs = {name: eng.add_adapter(str(path), name) for name, path in dirs.items()}
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    arrivals = {
+        0: [
+            dict(prompt_token_ids=p, params=params, request_id=f"j{i}", adapter=refs[name] if name else None)
+            for i, (name, p) in enumerate(zip(jobs, prompts))
+        ]
+    }
+    return eng, drive(eng, arrivals), rec

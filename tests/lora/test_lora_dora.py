@@ -8,10 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
-from tests.engine.helpers import LogitsRecorder
+from loraplex.engine import LLMEngine
 from tests.lora.conftest import MODULES
-from tests.lora.helpers import PeftOracle, assert_no_leaks, drive, load_hf, save_adapter
+from tests.lora.helpers import (
+    PeftOracle,
+    assert_no_leaks,
+    load_hf,
+    random_prompts,
+    run_mixed_batch,
+    save_adapter,
+)
 
 LOGITS_ATOL = 1e-3
 MAX_TOKENS = 6
@@ -41,38 +47,11 @@ def dora_adapters(tiny_llama_dir, tmp_path_factory):
     return dirs, PeftOracle(base, dirs)
 
 
-def prompts(n: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(5)
-    return [
-        torch.randint(3, 40000, (int(torch.randint(4, 30, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
-    ]
-
-
 def test_dora_in_a_mixed_batch_matches_peft(tiny_llama_dir, dora_adapters):
     dirs, oracle = dora_adapters
-    eng = LLMEngine(
-        model=str(tiny_llama_dir),
-        max_loras=4,
-        max_cpu_loras=4,
-        max_lora_rank=8,
-        max_num_seqs=16,
-        max_num_batched_tokens=48,
-        num_kv_blocks=200,
-        block_size=8,
-    )
-    rec = LogitsRecorder()
-    eng.probe = EngineProbe(on_logits=rec)
-    refs = {name: eng.add_adapter(str(path), name) for name, path in dirs.items()}
     jobs = [*dirs, None, "dora", None, "plain", "dora-rslora-attn"]
-    ps = prompts(len(jobs))
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    arrivals = {
-        0: [
-            dict(prompt_token_ids=p, params=params, request_id=f"j{i}", adapter=refs[name] if name else None)
-            for i, (name, p) in enumerate(zip(jobs, ps))
-        ]
-    }
-    done = drive(eng, arrivals)
+    ps = random_prompts(len(jobs), seed=5, lengths=(4, 30))
+    eng, done, rec = run_mixed_batch(tiny_llama_dir, dirs, jobs, ps, MAX_TOKENS, max_num_batched_tokens=48)
     for i, (name, p) in enumerate(zip(jobs, ps)):
         assert done[f"j{i}"].token_ids == oracle.greedy(name, p, MAX_TOKENS, None), name
         torch.testing.assert_close(rec.first[f"j{i}"], oracle.last_logits(name, p), atol=LOGITS_ATOL, rtol=0)

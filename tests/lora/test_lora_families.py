@@ -11,11 +11,16 @@ import pytest
 import torch
 
 from loraplex.adapters import AdapterError, inspect_adapter
-from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
 from loraplex.engine.model.shape import ModelShape
 from tests.engine.family_models import make_family_model
-from tests.engine.helpers import LogitsRecorder
-from tests.lora.helpers import PeftOracle, assert_no_leaks, drive, load_hf, save_adapter
+from tests.lora.helpers import (
+    PeftOracle,
+    assert_no_leaks,
+    load_hf,
+    random_prompts,
+    run_mixed_batch,
+    save_adapter,
+)
 
 SPLIT = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 FUSED = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
@@ -48,39 +53,11 @@ def family(request, tmp_path_factory, smol_dir):
     return model_type, model_dir, dirs, PeftOracle(base, dirs)
 
 
-def prompts(n: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(3)
-    return [
-        torch.randint(3, 40000, (int(torch.randint(14, 40, (1,), generator=g)),), generator=g).tolist()
-        for _ in range(n)
-    ]
-
-
 def test_mixed_batch_matches_peft_per_adapter(family):
     model_type, model_dir, dirs, oracle = family
-    eng = LLMEngine(
-        model=str(model_dir),
-        max_loras=4,
-        max_cpu_loras=4,
-        max_lora_rank=8,
-        max_num_seqs=16,
-        max_num_batched_tokens=40,
-        num_kv_blocks=200,
-        block_size=8,
-    )
-    rec = LogitsRecorder()
-    eng.probe = EngineProbe(on_logits=rec)
-    refs = {name: eng.add_adapter(str(path), name) for name, path in dirs.items()}
     jobs = [*dirs, None, "all", None]
-    ps = prompts(len(jobs))
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    arrivals = {
-        0: [
-            dict(prompt_token_ids=p, params=params, request_id=f"j{i}", adapter=refs[name] if name else None)
-            for i, (name, p) in enumerate(zip(jobs, ps))
-        ]
-    }
-    done = drive(eng, arrivals)
+    ps = random_prompts(len(jobs), seed=3, lengths=(14, 40))
+    eng, done, rec = run_mixed_batch(model_dir, dirs, jobs, ps, MAX_TOKENS, max_num_batched_tokens=40)
     base_logits = oracle.last_logits(None, ps[len(dirs)])
     for i, (name, p) in enumerate(zip(jobs, ps)):
         assert done[f"j{i}"].token_ids == oracle.greedy(name, p, MAX_TOKENS, None), f"{model_type} {name}"
