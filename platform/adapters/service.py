@@ -115,21 +115,55 @@ class AdapterService:
         self.quotas = quotas
         # Called with each newly published version (set by the app: adapters/warm.py loads it on every replica).
         self.on_publish: Callable[[list[AdapterRecord]], Awaitable[None]] | None = None
+        # Run on every new version's files before it is stored (upload, import, merge): raises to refuse the
+        # version, else returns what the version records as `publish_check` (set by the app).
+        self.publish_check: (
+            Callable[[Principal, str, AdapterInfo, dict[str, Path]], Awaitable[dict[str, object] | None]] | None
+        ) = None
 
     # -- upload ------------------------------------------------------------------------------
 
     async def create(self, principal: Principal, form: UploadedForm, workdir: Path) -> AdapterRecord:
-        """Validate the uploaded form (files already in `workdir`), store the blob, commit the new version; the
-        versions past the tenant's retention are retired in the same transaction."""
-        name = check_name(form.fields.get("name", ""), "adapter name") if "name" in form.fields else None
+        """Validate the uploaded form (files already in `workdir`), then publish it as a new version."""
+        name = self.check_new_name(form.fields.get("name", "") if "name" in form.fields else None)
+        info, files = await asyncio.to_thread(self._validated_files, form, workdir)
+        return await self.publish(principal, name, info, files, origin={"kind": "upload"})
+
+    def check_new_name(self, name: str | None) -> str:
+        """The name a new version is published under, checked (every way in: upload, import, merge)."""
         if name is None:
             raise Invalid("missing form field 'name' (the model name clients will use)", param="name")
+        name = check_name(name, "adapter name")
         if name == self.base_model_name:
             raise Invalid(f"adapter name {name!r} is the base model's name; choose another", param="name")
-        info, files = await asyncio.to_thread(self._validated_files, form, workdir)
+        return name
+
+    def inspect_folder(self, root: Path) -> tuple[AdapterInfo, dict[str, Path]]:
+        """Check an adapter folder (config + safetensors weights) as an upload is checked; its two files to store.
+        Every way in (upload, import, merge) goes through here. Runs in a worker thread."""
+        single_threaded_torch()
+        info = self._inspect(root)
+        return info, {CONFIG_NAME: root / CONFIG_NAME, WEIGHTS_NAME: root / WEIGHTS_NAME}
+
+    async def publish(
+        self,
+        principal: Principal,
+        name: str,
+        info: AdapterInfo,
+        files: dict[str, Path],
+        *,
+        origin: dict[str, object],
+    ) -> AdapterRecord:
+        """Store a checked adapter's files and commit them as the next version of `name` (the versions past the
+        tenant's retention are retired in the same transaction); `origin` records how it came (upload, import,
+        merge). When `publish_check` is set it runs first, on the files, and may refuse the version (nothing is
+        stored then) or return the figures the version records."""
+        check: dict[str, object] | None = None
+        if self.publish_check is not None:
+            check = await self.publish_check(principal, name, info, files)
         blob = await asyncio.to_thread(self.store.put, files)
         try:
-            record, retired = await self._commit(principal, name, info, blob)
+            record, retired = await self._commit(principal, name, info, blob, origin=origin, publish_check=check)
         except BaseException:
             await asyncio.to_thread(self.store.delete, blob)
             raise
@@ -195,7 +229,14 @@ class AdapterService:
             raise refused(exc) from None
 
     async def _commit(
-        self, principal: Principal, name: str, info: AdapterInfo, blob: str
+        self,
+        principal: Principal,
+        name: str,
+        info: AdapterInfo,
+        blob: str,
+        *,
+        origin: dict[str, object],
+        publish_check: dict[str, object] | None,
     ) -> tuple[AdapterRecord, list[Adapter]]:
         """The new version's record, and the versions it retired (past the tenant's retention)."""
         tenant_id = uuid.UUID(principal.tenant_id)
@@ -240,6 +281,8 @@ class AdapterService:
                 size_bytes=info.size_bytes,
                 blob=blob,
                 created_at=now,
+                origin=origin,
+                publish_check=publish_check,
             )
             session.add(row)
             try:

@@ -15,7 +15,9 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
+    Text,
     UniqueConstraint,
     Uuid,
     false,
@@ -110,6 +112,11 @@ class Adapter(Base):
     # Why serving this version last failed on its stored files (missing or failing verification), shown to its
     # tenant; cleared when they are read again successfully (revision 0006).
     broken_reason: Mapped[str | None] = mapped_column(String(300))
+    # Where this version came from (revision 0007): {"kind": "upload"}, {"kind": "import", "source": ...,
+    # "resolved": ...} or {"kind": "merge", "method": ..., "sources": [...]}; None for versions made before 0007.
+    origin: Mapped[dict[str, object] | None] = mapped_column(JSON)
+    # What the check at publish found (engine against the float reference), shown by GET (revision 0007).
+    publish_check: Mapped[dict[str, object] | None] = mapped_column(JSON)
 
 
 class AdapterCurrent(Base):
@@ -213,3 +220,65 @@ class BatchLine(Base):
     request_id: Mapped[str | None] = mapped_column(String(64))
     response: Mapped[dict[str, object] | None] = mapped_column(JSON)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class AdapterImport(Base):
+    """An import of an adapter by reference (s3://, https://, hf://), run in the background (revision 0007).
+    `status`: queued, downloading (`bytes_done` of `bytes_total`), validating, ready (`version` is the new
+    version), failed (`error_code`, `error_message`). `source` never holds credentials; `resolved` is what a
+    moving reference resolved to (a Hub commit, an object's ETag). `lease_owner`/`lease_until`: which replica runs
+    it (expired: another takes it over)."""
+
+    __tablename__ = "adapter_imports"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(String(2048))
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_total: Mapped[int | None] = mapped_column(BigInteger)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    resolved: Mapped[str | None] = mapped_column(String(256))
+    version: Mapped[int | None] = mapped_column(Integer)
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class SourceCredential(Base):
+    """A tenant's credentials for one kind of import source ("s3", "hf", "https"), encrypted at rest
+    (`ciphertext`); never returned by any route (revision 0007)."""
+
+    __tablename__ = "source_credentials"
+    __table_args__ = (UniqueConstraint("tenant_id", "kind"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))
+    ciphertext: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class EndpointRollup(Base):
+    """Per-minute traffic of one endpoint's adapter version (revision 0008): the console's plots. Version 0 is
+    the base model. Rows past the retention are deleted."""
+
+    __tablename__ = "endpoint_rollups"
+    __table_args__ = (PrimaryKeyConstraint("tenant_id", "endpoint", "adapter_version", "minute"),)
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    adapter_version: Mapped[int] = mapped_column(Integer)
+    minute: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    errors: Mapped[int] = mapped_column(Integer, default=0)
+    latency_ms_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    latency_ms_max: Mapped[float] = mapped_column(Float, default=0.0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
