@@ -36,6 +36,7 @@ from loraplex.platform.endpoints.defaults import compile_defaults
 from loraplex.platform.endpoints.pins import Pinner
 from loraplex.platform.endpoints.service import EndpointService
 from loraplex.platform.errors import EXCEPTION_HANDLERS
+from loraplex.platform.endpoints.rollups import Rollups
 from loraplex.platform.generation.token_texts import TokenTexts
 from loraplex.platform.health import HealthController
 from loraplex.platform.json_body import depth_limited_request
@@ -157,9 +158,15 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             started=int(time.time()),
             tenant_limits=TenantLimits(redis, ttl_s=settings.tenant_lease_ttl_s),
         )
+            rollups=Rollups(
+                db,
+                retention_s=settings.endpoint_rollup_retention_days * 86400,
+                flush_s=settings.endpoint_rollup_flush_s,
+            ),
         await services.tenant_limits.start()
     except BaseException:
         if owns_engine and engine is not None:
+        services.rollups.start()
             await asyncio.to_thread(engine.shutdown)
         await cache.close()
         if redis is not None:

@@ -12,6 +12,7 @@ from loraplex.platform.adapters.upload_slots import UploadSlots
 from loraplex.platform.adapters.warm import Warmer
 from loraplex.platform.db.session import Database
 from loraplex.platform.endpoints.pins import Pinner
+from loraplex.platform.endpoints.rollups import Rollups
 from loraplex.platform.endpoints.service import EndpointService
 from loraplex.platform.endpoints.shadow import ShadowTraffic
 from loraplex.platform.generation.token_texts import TokenTexts
@@ -45,6 +46,7 @@ class Services:
     metrics: Metrics
     token_texts: TokenTexts
     started: int  # unix time the server started (the base model's `created`)
+    rollups: Rollups  # per-minute endpoint traffic in SQL (the console's plots)
     tenant_limits: TenantLimits = field(default_factory=TenantLimits)
     upload_slots: UploadSlots = field(default_factory=lambda: UploadSlots(4, 2))
     batch: Any = None  # platform.batch.api.BatchApi, started by the app's lifespan
@@ -58,6 +60,7 @@ class Services:
         await self.shadow.close()
         await self.warmer.close()
         await self.pinner.close()
+        await self.rollups.close()
         await self.tenant_limits.close()
         await self.cache.close()
         if self.redis is not None:

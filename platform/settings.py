@@ -58,6 +58,9 @@ class Settings:
     # None: min(2, max_cpu_loras - 1)
     max_pinned_adapters: int | None = None
     shadow_max_concurrent: int = 4  # endpoint calls copied to shadow versions at once; more are dropped (counted)
+    # Per-minute traffic of each endpoint version in SQL (platform/endpoints/rollups.py: the console's plots)
+    endpoint_rollup_retention_days: float = 7.0  # older minutes are deleted
+    endpoint_rollup_flush_s: float = 5.0  # how often a replica adds its tallies to the table
     default_adapter_versions_kept: int = 5  # versions kept per adapter name, unless a tenant sets its own
     default_rate_limit_per_minute: int = 0  # 0: unlimited unless a tenant sets its own
     # One request: its sequences (prompts * n) and requested tokens (prompt + max_tokens over its sequences)
@@ -126,6 +129,10 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.batch_lease_ttl_s > 0 or abs(self.batch_priority) > 1 << 31:
             raise ValueError("batch_lease_ttl_s must be > 0 and batch_priority in [-2^31, 2^31]")
+        if not 0 < self.endpoint_rollup_retention_days <= 3650 or not 0 < self.endpoint_rollup_flush_s <= 3600:
+            raise ValueError(
+                "endpoint_rollup_retention_days must be in (0, 3650] and endpoint_rollup_flush_s in (0, 3600]"
+            )
         if self.blob_url is not None:
             parse_blob_url(self.blob_url)  # a ValueError naming the setting
         if self.database_schema is not None and not self.database_schema.isidentifier():
@@ -285,6 +292,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="an unknown request field: refuse it (400 naming it, the default) or ignore it with a warning header",
     )
     srv.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    srv.add_argument(
+        "--endpoint-rollup-retention-days",
+        type=float,
+        help="days of per-minute endpoint traffic kept in SQL for the console's plots (default 7)",
+    )
+    srv.add_argument("--endpoint-rollup-flush-s", type=float, help="seconds between writes of that traffic (default 5)")
     srv.add_argument(
         "--drain-timeout-s", type=float, help="on SIGTERM, seconds in-flight requests get to finish (default 30)"
     )

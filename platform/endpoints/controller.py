@@ -3,15 +3,25 @@ canary, delete. `model=<endpoint name>` in OpenAI requests then serves with the 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
 
 from litestar import Controller, delete, get, patch, post
 from litestar.di import NamedDependency, Provide
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, JSONBody, Parameter
 
 from loraplex.platform.auth import provide_principal
 from loraplex.platform.container import Services
-from loraplex.platform.endpoints.schemas import EndpointCreate, EndpointList, EndpointOut, EndpointUpdate
+from loraplex.platform.endpoints.rollups import Point
+from loraplex.platform.endpoints.schemas import (
+    EndpointCreate,
+    EndpointList,
+    EndpointMetrics,
+    EndpointOut,
+    EndpointUpdate,
+    MetricsPoint,
+    VersionSeries,
+)
 from loraplex.platform.endpoints.service import EndpointRecord
 from loraplex.platform.errors import error_responses
 from loraplex.platform.tenants.service import Principal
@@ -32,6 +42,25 @@ def endpoint_out(r: EndpointRecord) -> EndpointOut:
         created_at=datetime.fromisoformat(r.created_at),
         updated_at=datetime.fromisoformat(r.updated_at),
     )
+
+
+def version_series(points: list[Point]) -> list[VersionSeries]:
+    """Rollup points (ordered by minute) grouped by adapter version, versions in ascending order."""
+    by_version: dict[int, list[MetricsPoint]] = {}
+    for p in points:
+        t = p.tally
+        by_version.setdefault(p.adapter_version, []).append(
+            MetricsPoint(
+                minute=p.minute,
+                requests=t.requests,
+                errors=t.errors,
+                latency_ms_avg=t.latency_ms_sum / t.requests if t.requests else 0.0,
+                latency_ms_max=t.latency_ms_max,
+                prompt_tokens=t.prompt_tokens,
+                completion_tokens=t.completion_tokens,
+            )
+        )
+    return [VersionSeries(adapter_version=v, points=by_version[v]) for v in sorted(by_version)]
 
 
 class EndpointController(Controller):
@@ -62,6 +91,30 @@ class EndpointController(Controller):
         self, name: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> EndpointOut:
         return endpoint_out(await services.endpoints.get(principal, name))
+
+    @get(
+        "/{name:str}/metrics",
+        responses=error_responses(400, 401, 404, 429),
+        summary="Per-minute calls, errors, latency and tokens of an endpoint by the adapter version that answered",
+    )
+    async def endpoint_metrics(
+        self,
+        name: FromPath[str],
+        principal: NamedDependency[Principal],
+        services: NamedDependency[Services],
+        minutes: Annotated[
+            int, Parameter(ge=1, le=10080, description="how many minutes back, the current one included")
+        ] = 60,
+    ) -> EndpointMetrics:
+        endpoint = await services.endpoints.get(principal, name)
+        points = await services.rollups.series(principal.tenant_id, endpoint.name, minutes)
+        now = datetime.fromtimestamp(services.rollups.clock() // 60 * 60, UTC)
+        return EndpointMetrics(
+            endpoint=endpoint.name,
+            minutes=minutes,
+            start=now - timedelta(minutes=minutes - 1),
+            series=version_series(points),
+        )
 
     @patch(
         "/{name:str}",

@@ -99,3 +99,30 @@ class EndpointOut(Struct, kw_only=True):
 class EndpointList(Struct, kw_only=True):
     object: Literal["list"] = "list"
     data: list[EndpointOut] = msgspec.field(default_factory=list)
+
+
+class MetricsPoint(Struct, kw_only=True):
+    """One minute of one version's calls (minutes without calls are left out)."""
+
+    minute: datetime  # the minute's start (UTC)
+    requests: int
+    errors: int  # refused or failed calls
+    latency_ms_avg: float
+    latency_ms_max: float
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class VersionSeries(Struct, kw_only=True):
+    adapter_version: int  # 0: the base model
+    points: list[MetricsPoint]
+
+
+class EndpointMetrics(Struct, kw_only=True):
+    """Per-minute traffic of an endpoint by the adapter version that answered (the console's plots)."""
+
+    object: Literal["endpoint.metrics"] = "endpoint.metrics"
+    endpoint: str
+    minutes: int
+    start: datetime  # the first minute covered
+    series: list[VersionSeries] = msgspec.field(default_factory=list)

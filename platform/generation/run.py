@@ -45,6 +45,7 @@ class _Choice:
     first: RequestOutput
     last_time: float = 0.0
     finished: bool = False
+    generated: int = 0  # tokens this choice produced so far
 
 
 @dataclass
@@ -60,6 +61,9 @@ class Generation:
     on_close: Callable[[int], Awaitable[None]] | None = field(default=None)
     used_tokens: int = field(default=0)
     endpoint: EndpointLabels | None = field(default=None)  # endpoint calls: the answering version's labels
+    # endpoint calls: `tally(error=, latency_s=, prompt_tokens=, completion_tokens=)` once per finished choice
+    # (the per-minute rollups of platform/endpoints/rollups.py)
+    tally: Callable[..., None] | None = field(default=None)
 
     @classmethod
     async def start(
@@ -77,6 +81,7 @@ class Generation:
         on_close: Callable[[int], Awaitable[None]] | None = None,
         endpoint: EndpointLabels | None = None,
         streaming: bool = True,
+        tally: Callable[..., None] | None = None,
     ) -> Generation:
         """``streaming=False`` (a response sent whole): each choice's outputs after the first arrive joined into
         its last (the event loop is not woken every step for them)."""
@@ -118,6 +123,7 @@ class Generation:
             on_close=on_close,
             used_tokens=sum(len(c.prompt_ids) for c in inputs),
             endpoint=endpoint,
+            tally=tally,
         )
         if endpoint is not None:
             metrics.endpoint_tokens.labels(*endpoint, "prompt").inc(sum(len(c.prompt_ids) for c in inputs))
@@ -132,6 +138,7 @@ class Generation:
         choice.last_time = now
         self.metrics.generation_tokens.inc(len(out.new_token_ids))
         self.used_tokens += len(out.new_token_ids)
+        choice.generated += len(out.new_token_ids)
         if self.endpoint is not None and out.new_token_ids:
             self.metrics.endpoint_tokens.labels(*self.endpoint, "generation").inc(len(out.new_token_ids))
         if out.finished and not choice.finished:
@@ -141,6 +148,16 @@ class Generation:
             if self.endpoint is not None:
                 self.metrics.endpoint_latency.labels(*self.endpoint).observe(now - self.arrival)
                 self.metrics.endpoint_requests.labels(*self.endpoint, out.finish_reason or "unknown").inc()
+            self._tally(choice, now, error=out.finish_reason == "error")
+
+    def _tally(self, choice: _Choice, now: float, *, error: bool) -> None:
+        if self.tally is not None:
+            self.tally(
+                error=error,
+                latency_s=now - self.arrival,
+                prompt_tokens=len(choice.first.prompt_token_ids),
+                completion_tokens=choice.generated,
+            )
 
     def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, output) for every output of every choice, in arrival order (one iteration only)."""
@@ -218,6 +235,7 @@ class Generation:
                 self.metrics.count_request(*self.labels, "abort")
                 if self.endpoint is not None:
                     self.metrics.endpoint_requests.labels(*self.endpoint, "abort").inc()
+                self._tally(ch, time.perf_counter(), error=False)
 
 
 async def _close_all(streams: list[AsyncIterator[RequestOutput]]) -> None:

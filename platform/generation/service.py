@@ -5,11 +5,12 @@ shadow copies) and then to the answer, streamed or whole. The routes only turn t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -19,6 +20,7 @@ from loraplex.engine import AdapterRef, RequestOutput, Share
 from loraplex.platform.container import Services
 from loraplex.platform.domain_errors import Failed, NotFound
 from loraplex.platform.endpoints.defaults import apply_defaults
+from loraplex.platform.endpoints.rollups import RollupKey
 from loraplex.platform.endpoints.service import EndpointRecord
 from loraplex.platform.generation.run import Generation
 from loraplex.platform.metrics import EndpointLabels
@@ -104,11 +106,14 @@ async def generate(
         share = dataclasses.replace(share, priority=background_priority)
     target = await services.models.resolve(principal.tenant_id, principal.tenant_name, data.model, sticky)
     version = _version_labels(services, principal, target)
+    tally = _rollup_tally(services, principal, target)
     try:
-        gen, data, headers, echo = await start(data, principal, services, share, arrival, target, version)
+        gen, data, headers, echo = await start(data, principal, services, share, arrival, target, version, tally=tally)
     except Exception:  # refused or failed before generating (after that, Generation counts the outcome)
         if version is not None:
             services.metrics.endpoint_requests.labels(*version, "error").inc()
+        if tally is not None:
+            tally(error=True, latency_s=time.perf_counter() - arrival)
         raise
     if target.endpoint is not None and background_priority is None and services.shadow.drawn(target.endpoint.shadow):
         try:  # one cached lookup of the shadow version here; everything else runs in the copy's own task
@@ -169,6 +174,15 @@ async def submit_shadow(
     services.shadow.submit(run, labels)
 
 
+def _rollup_tally(services: Services, principal: Principal, target: Target) -> Callable[..., None] | None:
+    """Endpoint calls (not shadow copies): where their outcome is tallied for the per-minute rollups."""
+    if target.endpoint is None:
+        return None
+    version = target.adapter.version if target.adapter is not None else 0
+    key = RollupKey(principal.tenant_id, target.endpoint.name, version)
+    return functools.partial(services.rollups.record, key)
+
+
 def _version_labels(services: Services, principal: Principal, target: Target) -> EndpointLabels | None:
     if target.endpoint is None:
         return None
@@ -188,6 +202,7 @@ async def start(
     version: EndpointLabels | None,
     *,
     admit: bool = True,
+    tally: Callable[..., None] | None = None,
 ) -> tuple[Generation, Request_, dict[str, str], list[str] | None]:
     """From the resolved model to started engine requests: the endpoint's defaults, the translation, the
     tenant's admission (`admit`; shadow copies skip it). Returns the generation, the request as served, its
@@ -238,6 +253,7 @@ async def start(
             on_close=lease.release if lease else None,  # every way a generation ends goes through Generation.close
             endpoint=version,
             streaming=bool(data.stream) and admit,  # shadow copies (admit=False) are only collected
+            tally=tally,
         )
     except BaseException:
         if lease is not None:
