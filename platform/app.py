@@ -34,9 +34,9 @@ from loraplex.platform.drain import Drain
 from loraplex.platform.endpoints.controller import EndpointController
 from loraplex.platform.endpoints.defaults import compile_defaults
 from loraplex.platform.endpoints.pins import Pinner
+from loraplex.platform.endpoints.rollups import Rollups
 from loraplex.platform.endpoints.service import EndpointService
 from loraplex.platform.errors import EXCEPTION_HANDLERS
-from loraplex.platform.endpoints.rollups import Rollups
 from loraplex.platform.generation.token_texts import TokenTexts
 from loraplex.platform.health import HealthController
 from loraplex.platform.json_body import depth_limited_request
@@ -156,17 +156,17 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
             token_texts=TokenTexts(engine.tokenizer),
             upload_slots=UploadSlots(settings.max_concurrent_uploads, settings.max_concurrent_uploads_per_tenant),
             started=int(time.time()),
-            tenant_limits=TenantLimits(redis, ttl_s=settings.tenant_lease_ttl_s),
-        )
             rollups=Rollups(
                 db,
                 retention_s=settings.endpoint_rollup_retention_days * 86400,
                 flush_s=settings.endpoint_rollup_flush_s,
             ),
+            tenant_limits=TenantLimits(redis, ttl_s=settings.tenant_lease_ttl_s),
+        )
         await services.tenant_limits.start()
+        services.rollups.start()
     except BaseException:
         if owns_engine and engine is not None:
-        services.rollups.start()
             await asyncio.to_thread(engine.shutdown)
         await cache.close()
         if redis is not None:
