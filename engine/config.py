@@ -145,7 +145,7 @@ class EngineArgs:
                 require_native_bf16()  # no emulated bfloat16: refused, naming the missing CPU feature
             return dt
         if device.type == "cpu":
-            return torch.float32  # even with native bf16: bf16 changes results (README, "Weights' dtype on the CPU")
+            return torch.float32  # even with native bf16: bf16 changes results (docs/models.md, bfloat16)
         return torch.bfloat16 if checkpoint_dtype == torch.float32 else checkpoint_dtype
 
     def resolved_multi_tenant_step_s(self, device: torch.device) -> float | None:

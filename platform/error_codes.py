@@ -1,7 +1,7 @@
 """Every `code` an error body can carry, in one registry: `ErrorCode` types the raises, `MEANINGS` says what each
-code means. README.md's error table is generated from `MEANINGS` (scripts/error_table.py), and
-tests/platform/test_error_codes.py fails when a code is raised that is not here, when one here is raised
-nowhere, or when the README's table is out of date. The engine, the adapter checks and the grammar compiler
+code means. The documentation's error table (docs/errors.md) is generated from `MEANINGS` when the site is built
+(docs/hooks.py, through scripts/error_table.py), and tests/platform/test_error_codes.py fails when a code is
+raised that is not here or when one here is raised nowhere. The engine, the adapter checks and the grammar compiler
 carry their own codes as strings (they do not import the platform); they are registered here all the same."""
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def refusal(param: str) -> ApiError:
     return ApiError(
         400,
         f"unknown field {param!r}: this server does not know it and does not ignore fields silently "
-        "(see the README for the fields it accepts)",
+        "(docs/requests.md lists the fields it accepts)",
         param=param,
         code="unknown_field",
     )

@@ -67,7 +67,7 @@ class SamplingFields(Struct, **REQUEST):
     presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None  # token id (a string) -> bias
-    # accepted without effect (listed in the README)
+    # accepted without effect (listed in docs/requests.md)
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None

@@ -3,7 +3,7 @@ Hugging Face in bfloat16 and in float32, through one continuous batch with chunk
 and a peft LoRA adapter.
 
 bfloat16 keeps 8 significant bits, so the engine cannot equal either oracle; the tolerances stated in
-README.md ("Models") are asserted here:
+docs/models.md ("Weights' dtype on the CPU") are asserted here:
 
 * last-position logits: max |diff| < BF16_LOGITS_ATOL against float32 peft/transformers and against the
   bfloat16 ones, and the engine no further from float32 than 1.5x Hugging Face's own bfloat16 is (observed

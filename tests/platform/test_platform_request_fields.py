@@ -1,6 +1,6 @@
 """Every OpenAI and vLLM request field we know, for /v1/completions and /v1/chat/completions, written out by
 hand (not read from our structs): each is honoured (a check shows its effect), accepted without effect (the
-README lists those; the answer equals the request without it), or refused with a 400 naming it. An unknown
+docs/requests.md lists those; the answer equals the request without it), or refused with a 400 naming it. An unknown
 field anywhere, top level or nested, is a 400 naming it; `unknown_fields = "warn"` turns that into a response
 header. Requests go through the official `openai` client, on the tiny random Llama."""
 
@@ -387,7 +387,7 @@ HONOURED: list[tuple[tuple[str, ...], str, Callable[[Api, str], None]]] = [
         ),
     ),
     ((CHAT,), "chat_template_kwargs", _chat_template_kwargs),
-    # accepted by design without effect (README)
+    # accepted by design without effect (docs/requests.md)
     (BOTH, "user", _no_effect(user="u-1")),
     (BOTH, "metadata", _no_effect(metadata={"k": "v"})),
     (BOTH, "store", _no_effect(store=False)),
