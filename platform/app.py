@@ -27,6 +27,7 @@ from loraplex.platform.adapters.upload_slots import UploadSlots
 from loraplex.platform.adapters.warm import Warmer
 from loraplex.platform.batch.api import BatchApi
 from loraplex.platform.batch.controllers import BatchController, FileController
+from loraplex.platform.console import console_router
 from loraplex.platform.container import Services
 from loraplex.platform.db.migrate import upgrade
 from loraplex.platform.db.session import Database
@@ -211,6 +212,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
             TokenizeController,
             FileController,
             BatchController,
+            console_router(),
         ],
         lifespan=[lifespan],
         middleware=[drain.middleware],

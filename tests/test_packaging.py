@@ -49,6 +49,10 @@ def test_wheel_contains_every_module(wheel):
     assert "loraplex/migrations/script.py.mako" in names
     for src in (REPO / "kernels" / "csrc").glob("*.c"):  # the C kernels are compiled on first use
         assert f"loraplex/kernels/csrc/{src.name}" in names
+    console = REPO / "platform" / "console" / "static"
+    for src in console.rglob("*"):  # the web console's page, styles and scripts (package data)
+        if src.is_file():
+            assert f"loraplex/platform/console/static/{src.relative_to(console).as_posix()}" in names
 
 
 def test_no_init_in_platform_and_stdlib_platform_still_imports():
