@@ -19,7 +19,8 @@ DEFAULT_CPU_MULTI_TENANT_STEP_S = 0.12  # see EngineArgs.multi_tenant_step_ms
 # Which waiting request runs next (engine.core.request_queue)
 SchedulingPolicy = Literal["fcfs", "fair", "priority"]
 SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = get_args(SchedulingPolicy)
-QUANTIZATIONS = ("gguf", "q8_0", "none")  # EngineArgs.quantization
+QUANTIZATIONS = ("gguf", "q8_0", "int8", "none")  # EngineArgs.quantization
+QUANTIZED_ACTIVATIONS = ("int8", "none")  # EngineArgs.quantized_activations
 
 
 @dataclass
@@ -79,9 +80,14 @@ class EngineArgs:
     reasoning_parser: ReasoningParserName | None = None
     # vLLM's --quantization: how projection weights are stored and multiplied (engine/model/gguf_weights.py,
     # kernels/quant.py). "gguf": a GGUF model's quantized tensors kept in their blocks (Q8_0, Q4_0, Q4_1, Q4_K,
-    # Q6_K); "q8_0": any checkpoint's projections quantized to Q8_0 at load; "none" (and None): float weights in
-    # `dtype` (a GGUF model de-quantized at load).
+    # Q6_K); "q8_0": any checkpoint's projections quantized to Q8_0 at load; "int8": to int8 per output channel
+    # (one float scale a row, kernels/int8_channel.py); "none" (and None): float weights in `dtype` (a GGUF model
+    # de-quantized at load).
     quantization: str | None = None
+    # "int8": the quantized projections quantize x per group of 32 to int8 and sum exact integer products, as
+    # llama.cpp computes on the CPU (faster decode; x's rounding costs accuracy: docs/quantized.md); "none" (and
+    # None, the default): x stays float. Needs quantized weights (quantization gguf, q8_0 or int8).
+    quantized_activations: str | None = None
     device: str | None = None  # None: cuda if available else cpu
     dtype: str | None = None  # None: the checkpoint's dtype on CUDA (bf16 for fp32), float32 on CPU
     seed: int = 0
@@ -122,7 +128,20 @@ class EngineArgs:
             )
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.quantized_activations is not None and self.quantized_activations not in QUANTIZED_ACTIVATIONS:
+            raise ValueError(
+                f"quantized_activations must be one of {', '.join(QUANTIZED_ACTIVATIONS)}, "
+                f"got {self.quantized_activations!r}"
+            )
+        if self.int8_activations and self.quantization in (None, "none"):
+            raise ValueError(
+                "quantized_activations 'int8' applies to quantized weights: pass quantization gguf, q8_0 or int8"
+            )
         self.resolved_speculative_config()  # refuses a bad one by name
+
+    @property
+    def int8_activations(self) -> bool:
+        return self.quantized_activations == "int8"
 
     def resolved_speculative_config(self) -> SpeculativeConfig | None:
         return SpeculativeConfig.parse(self.speculative_config)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from loraplex.engine.errors import ModelLoadError
-from loraplex.kernels.quant import QUANT_TYPES, dequantize_ref, row_bytes
+from loraplex.kernels.quant import QUANT_TYPES, QuantWeight, dequantize_ref, row_bytes
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
@@ -49,6 +49,15 @@ class QuantTensor:
 
     def to(self, device: torch.device) -> QuantTensor:
         return QuantTensor(self.blocks.to(device), self.qtype, self.k)
+
+    def joined(self, other: QuantTensor) -> QuantTensor:
+        """This weight's rows, then ``other``'s, of the same format (the parts of a fused projection)."""
+        assert other.qtype == self.qtype and other.k == self.k
+        return QuantTensor(torch.cat([self.blocks, other.blocks]), self.qtype, self.k)
+
+    def weight(self, int8_activations: bool = False) -> QuantWeight:
+        """The blocks prepared for repeated products (``kernels.quant.QuantWeight``)."""
+        return QuantWeight(self.blocks, self.qtype, self.k, int8_activations)
 
 
 def rotary_row_order(rows: int, heads: int) -> torch.Tensor:

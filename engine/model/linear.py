@@ -7,8 +7,9 @@ below oneDNN's rate there (same results to rounding; ``bench.throughput`` prints
 and wherever oneDNN is missing or fails a first-use probe, ``F.linear`` on the plain weight.
 ``LORAPLEX_ONEDNN=0`` turns the oneDNN path off.
 
-Weights kept quantized (a GGUF file's blocks, or a float checkpoint quantized at load) are multiplied by
-``QuantizedLinear`` through ``kernels.quant``, which reads the blocks directly.
+Weights kept quantized (a GGUF file's blocks, or a float checkpoint quantized at load to Q8_0 or to int8 per
+output channel) are multiplied by ``QuantizedLinear`` through ``kernels.quant`` (which reads the blocks directly)
+or ``kernels.int8_channel``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import torch.nn.functional as F
 
 from loraplex import envvars as env
 from loraplex.engine.model.gguf_weights import QuantTensor
-from loraplex.kernels.quant import QuantWeight
+from loraplex.engine.model.int8_weights import ChannelInt8
+from loraplex.kernels.int8_channel import Int8Weight
+from loraplex.kernels.quant import QuantWeight, quantize_q8_0
+
+QuantPart = QuantTensor | ChannelInt8  # a quantized weight: a GGUF format's blocks, or int8 per output channel
+AT_LOAD = ("q8_0", "int8")  # EngineArgs.quantization values that quantize a float checkpoint at load
 
 BATCH_HINT = 64  # oneDNN picks its blocking for this many rows (as fast for 7 as for 2048 rows)
 
@@ -79,23 +85,32 @@ class Linear:
 
 
 class QuantizedLinear:
-    """y = x @ W.T (+ bias) for a weight kept as GGUF blocks (``kernels.quant``): one part, or several stacked
-    along the output (a fused q/k/v whose parts the file quantized differently), each multiplied where it lies
-    into its columns of y. Each part is a prepared ``QuantWeight``: a decode step calls every projection once, and
-    the per-call Python stays a few microseconds."""
+    """y = x @ W.T (+ bias) for a weight kept quantized: GGUF blocks (``kernels.quant``) or int8 per output
+    channel (``kernels.int8_channel``); one part, or several stacked along the output (a fused q/k/v whose parts
+    the file quantized differently), each multiplied where it lies into its columns of y. Each part is prepared
+    once (``QuantWeight`` / ``Int8Weight``): a decode step calls every projection once, and the per-call Python
+    stays a few microseconds. ``int8_activations``: x quantized per group of 32 to int8 as llama.cpp does
+    (``EngineArgs.quantized_activations``)."""
 
-    def __init__(self, parts: list[QuantTensor], bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, parts: list[QuantPart], bias: torch.Tensor | None = None, int8_activations: bool = False
+    ) -> None:
         if not parts or any(p.k != parts[0].k for p in parts):
             raise ValueError("a quantized projection needs parts of one input width")
-        # parts of one type are joined into one block matrix (one call instead of several)
-        merged: list[QuantTensor] = []
+        # parts of one type are joined into one matrix (one call instead of several)
+        merged: list[QuantPart] = []
         for p in parts:
-            if merged and merged[-1].qtype == p.qtype:
-                last = merged.pop()
-                p = QuantTensor(torch.cat([last.blocks, p.blocks]), p.qtype, p.k)
+            last = merged[-1] if merged else None
+            if isinstance(last, QuantTensor) and isinstance(p, QuantTensor) and last.qtype == p.qtype:
+                merged[-1] = last.joined(p)
+                continue
+            if isinstance(last, ChannelInt8) and isinstance(p, ChannelInt8):
+                merged[-1] = last.joined(p)
+                continue
             merged.append(p)
         self.parts = merged
-        self._weights = [QuantWeight(p.blocks, p.qtype, p.k) for p in merged]
+        self.int8_activations = int8_activations
+        self._weights: list[QuantWeight | Int8Weight] = [p.weight(int8_activations) for p in merged]
         self.in_features = parts[0].k
         self.out_features = sum(p.rows for p in parts)
         self.bias = bias
@@ -120,6 +135,15 @@ class QuantizedLinear:
 
 
 Projection = Linear | QuantizedLinear
+
+
+def quantize_at_load(weight: torch.Tensor, quantization: str) -> QuantPart:
+    """A float checkpoint's weight ``[out, in]`` quantized as ``quantization`` (one of AT_LOAD) asks."""
+    if quantization == "q8_0":
+        return QuantTensor(quantize_q8_0(weight.float()), "Q8_0", int(weight.shape[1]))
+    if quantization == "int8":
+        return ChannelInt8.quantize(weight)
+    raise ValueError(f"quantization {quantization!r} is not applied at load (expected one of {', '.join(AT_LOAD)})")
 
 
 def float_weight(projection: Projection, dtype: torch.dtype = torch.float32) -> torch.Tensor:

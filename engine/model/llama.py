@@ -23,12 +23,19 @@ from safetensors import safe_open
 
 from loraplex.engine.errors import ModelLoadError
 from loraplex.engine.model.gguf_weights import GGUFWeights, QuantTensor
-from loraplex.engine.model.linear import Linear, Projection, QuantizedLinear, float_weight
+from loraplex.engine.model.linear import (
+    AT_LOAD,
+    Linear,
+    Projection,
+    QuantizedLinear,
+    QuantPart,
+    float_weight,
+    quantize_at_load,
+)
 from loraplex.engine.model.rotary import RotaryEmbedding
 from loraplex.engine.model.shape import ModelShape
 from loraplex.kernels.attention_plan import AttentionMetadata, attention
 from loraplex.kernels.backend import ComputeBackend
-from loraplex.kernels.quant import quantize_q8_0
 
 
 class LoRAContext(Protocol):
@@ -209,11 +216,14 @@ def load_model(
     backend: ComputeBackend,
     quantization: str | None = None,
     gguf: Path | None = None,
+    int8_activations: bool = False,
 ) -> DecoderModel:
     """Load any family's checkpoint into the one decoder; sliding windows at least ``max_positions`` long
     are full attention and run as such. ``quantization`` (EngineArgs): "gguf" keeps the blocks of ``gguf`` (the
     file ``model_dir`` was converted from) for every projection the file quantized; "q8_0" quantizes every
-    projection at load; None or "none": float weights in ``dtype``."""
+    projection at load to Q8_0 blocks, "int8" to int8 per output channel; None or "none": float weights in
+    ``dtype``. ``int8_activations`` (EngineArgs.quantized_activations "int8"): the quantized projections quantize
+    x per group of 32 to int8 (llama.cpp's method)."""
     family = shape.family
     if quantization == "gguf" and gguf is None:
         raise ModelLoadError(f"quantization 'gguf' needs a GGUF model; {model_dir} was not converted from one")
@@ -256,14 +266,14 @@ def load_model(
     ) -> Projection:
         """The projection of the stacked weights ``names`` (fused in this order), quantized or float. ``heads``:
         per name, the head count of a q or k weight (a GGUF file may reorder their rows), else None."""
-        parts: list[QuantTensor | None] = []
+        parts: list[QuantPart | None] = []
         if blocks is not None:
             for name, h in zip(names, heads or [None] * len(names)):
                 parts.append(blocks.projection("model." + name, h, functools.partial(get, name)))
-        elif quantization == "q8_0":
-            parts = [QuantTensor(quantize_q8_0(get(name).float()), "Q8_0", expect[1]) for name in names]
+        elif quantization in AT_LOAD:
+            parts = [quantize_at_load(get(name), quantization) for name in names]
         if parts and all(q is not None for q in parts):
-            quantized = QuantizedLinear([q.to(device) for q in parts if q is not None], bias)
+            quantized = QuantizedLinear([q.to(device) for q in parts if q is not None], bias, int8_activations)
             if (quantized.out_features, quantized.in_features) != expect:
                 got = (quantized.out_features, quantized.in_features)
                 raise ModelLoadError(f"weight {label} has shape {got}, config implies {expect}")
@@ -332,16 +342,16 @@ def load_model(
         if not shape.tie_word_embeddings:
             raise ModelLoadError(f"{model_dir} lacks lm_head.weight and the config does not tie embeddings")
         if isinstance(embed, QuantTensor):
-            lm_head = QuantizedLinear([embed])
-        elif quantization == "q8_0":
-            lm_head = QuantizedLinear([QuantTensor(quantize_q8_0(embed.float()), "Q8_0", hs).to(device)])
+            lm_head = QuantizedLinear([embed], None, int8_activations)
+        elif quantization in AT_LOAD:
+            lm_head = QuantizedLinear([quantize_at_load(embed, quantization).to(device)], None, int8_activations)
         else:
             lm_head = Linear(embed)
     else:
         lm_head_blocks = blocks.quantized("lm_head.weight") if blocks is not None else None
         if lm_head_blocks is not None:
-            lm_head = QuantizedLinear([lm_head_blocks.to(device)])
-        elif quantization == "q8_0":
+            lm_head = QuantizedLinear([lm_head_blocks.to(device)], None, int8_activations)
+        elif quantization in AT_LOAD:
             lm_head = projection(["lm_head.weight"], (shape.vocab_size, hs), "lm_head.weight", None)
         else:
             lm_head = Linear(put(get("lm_head.weight"), (shape.vocab_size, hs), "lm_head.weight"))

@@ -45,7 +45,15 @@ class ModelRunner:
         quantization = None if args.quantization == "none" else args.quantization
         gguf = source_gguf(args.model) if quantization == "gguf" else None
         self.model: DecoderModel = load_model(
-            model_dir, shape, self.device, self.dtype, max_model_len, self.backend, quantization, gguf
+            model_dir,
+            shape,
+            self.device,
+            self.dtype,
+            max_model_len,
+            self.backend,
+            quantization,
+            gguf,
+            args.int8_activations,
         )
         # which block table and cache tensor each layer uses (one group unless sliding and global layers mix)
         self.kv_groups = KVGroups.from_windows(shape.windows_for(max_model_len))

@@ -3,8 +3,9 @@
 - "gguf": the bundled SmolLM2 GGUF served from its own blocks (Q4_1 projections, a Q8_0 embedding and LM head),
   against transformers on the same file de-quantized to float32 (the converted checkpoint): the same weights, so
   logits agree to float rounding and greedy outputs are the same.
-- "q8_0": a float checkpoint quantized at load, against transformers on the weights gguf's own Q8_0
-  round trip gives (the `gguf` package as the oracle of the format); LoRA adapters on that base against peft on it.
+- "q8_0" and "int8": a float checkpoint quantized at load, against transformers on the round-tripped weights (for
+  Q8_0 the `gguf` package's own round trip, the oracle of the format; for int8 per output channel its definition);
+  LoRA adapters on that base against peft on it.
 - refusals by name.
 """
 
@@ -82,39 +83,44 @@ def q8_0_round_trip(w: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0), dtype=np.float32))
 
 
-@pytest.fixture(scope="module")
-def q8_0_reference_dir(tiny_llama_dir: Path, tmp_path_factory) -> Path:
-    """The tiny Llama with every projection (and the tied embedding, which is its LM head) replaced by its Q8_0
-    round trip: what an engine that quantizes at load to Q8_0 computes with."""
+def int8_round_trip(w: torch.Tensor) -> torch.Tensor:
+    """int8 per output channel, written out from its definition: scale = max|row| / 127, q = round(w / scale)."""
+    scale = w.float().abs().amax(dim=1, keepdim=True) / 127
+    return torch.round(w.float() / scale) * scale
+
+
+ROUND_TRIPS = {"q8_0": (q8_0_round_trip, "Q8_0"), "int8": (int8_round_trip, "INT8")}  # quantization at load
+
+
+def round_tripped_base(model_dir: Path, quantization: str):
+    """The tiny Llama (transformers) with every projection, and the LM head (the tied embedding, which the engine
+    quantizes too; the input embedding stays float), replaced by its round trip through ``quantization``: what an
+    engine that quantizes at load computes with."""
     from tests.lora.helpers import load_hf
 
-    model = load_hf(tiny_llama_dir)
+    round_trip = ROUND_TRIPS[quantization][0]
+    model = load_hf(model_dir)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("proj.weight"):
-                p.copy_(q8_0_round_trip(p))
-    dest = tmp_path_factory.mktemp("tiny-q8_0-reference")
-    model.save_pretrained(dest)
-    for f in tiny_llama_dir.glob("tokenizer*"):
-        (dest / f.name).write_bytes(f.read_bytes())
-    return dest
+                p.copy_(round_trip(p))
+        head = model.get_output_embeddings().weight
+        if model.config.tie_word_embeddings:
+            model.get_input_embeddings().weight = torch.nn.Parameter(head.detach().clone())
+        model.get_output_embeddings().weight = torch.nn.Parameter(round_trip(head.detach()))
+    return model
 
 
-def test_q8_0_at_load_matches_transformers_on_the_round_tripped_weights(tiny_llama_dir, q8_0_reference_dir) -> None:
-    eng = LLMEngine(model=str(tiny_llama_dir), quantization="q8_0", max_num_seqs=4, num_kv_blocks=64)
+@pytest.mark.parametrize("quantization", sorted(ROUND_TRIPS))
+def test_quantized_at_load_matches_transformers_on_the_round_tripped_weights(tiny_llama_dir, quantization) -> None:
+    eng = LLMEngine(model=str(tiny_llama_dir), quantization=quantization, max_num_seqs=4, num_kv_blocks=64)
     model = eng.runner.model
-    assert all(
-        [q.qtype for q in p.parts] == ["Q8_0"]
-        for layer in model.layers
-        for p in (layer.qkv, layer.o, layer.gate_up, layer.down)
-    )
-    # the LM head (the tied embedding) is quantized too: compare against a reference whose head is round-tripped
-    oracle = HFOracle(q8_0_reference_dir)
-    with torch.no_grad():
-        head = oracle.model.get_output_embeddings().weight
-        if oracle.model.config.tie_word_embeddings:
-            oracle.model.get_input_embeddings().weight = torch.nn.Parameter(head.detach().clone())
-        oracle.model.get_output_embeddings().weight = torch.nn.Parameter(q8_0_round_trip(head.detach()))
+    qtype = ROUND_TRIPS[quantization][1]
+    projections = [p for layer in model.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    assert all([q.qtype for q in p.parts] == [qtype] for p in projections + [model.lm_head])
+    assert not any(p.int8_activations for p in projections)  # quantized_activations is off by default
+    oracle = HFOracle(tiny_llama_dir)
+    oracle.model = round_tripped_base(tiny_llama_dir, quantization).eval()
     rec = LogitsRecorder()
     eng.probe = EngineProbe(on_logits=rec)
     prompts = [[5, 6, 7, 8, 9], list(range(100, 140)), [42]]
@@ -125,22 +131,18 @@ def test_q8_0_at_load_matches_transformers_on_the_round_tripped_weights(tiny_lla
         assert done[f"p{i}"].token_ids == oracle.greedy_ignore_eos(prompt, 8)
 
 
-def test_lora_on_a_q8_0_base_matches_peft_on_the_same_base(tiny_llama_dir, q8_0_reference_dir, tmp_path) -> None:
+@pytest.mark.parametrize("quantization", sorted(ROUND_TRIPS))
+def test_lora_on_a_base_quantized_at_load_matches_peft_on_the_same_base(tiny_llama_dir, quantization, tmp_path) -> None:
     """Adapters stay in their own precision over a quantized base, in one batch with base requests."""
-    from tests.lora.helpers import PeftOracle, load_hf, save_adapter
+    from tests.lora.helpers import PeftOracle, save_adapter
 
-    # the engine quantizes the embedding-tied head too; give the reference the same head before peft wraps it
-    base = load_hf(q8_0_reference_dir)
-    with torch.no_grad():
-        head = base.get_output_embeddings().weight
-        base.get_input_embeddings().weight = torch.nn.Parameter(head.detach().clone())
-        base.get_output_embeddings().weight = torch.nn.Parameter(q8_0_round_trip(head.detach()))
+    base = round_tripped_base(tiny_llama_dir, quantization)
     dirs = {}
     for i, targets in enumerate((["q_proj", "v_proj"], ["gate_proj", "down_proj", "o_proj"])):
         dirs[f"ad{i}"] = tmp_path / f"ad{i}"
         base = save_adapter(base, dirs[f"ad{i}"], seed=10 + i, r=4, lora_alpha=8, target_modules=targets)
     oracle = PeftOracle(base, dirs)
-    eng = LLMEngine(model=str(tiny_llama_dir), quantization="q8_0", max_num_seqs=8, num_kv_blocks=64, max_loras=2)
+    eng = LLMEngine(model=str(tiny_llama_dir), quantization=quantization, max_num_seqs=8, num_kv_blocks=64, max_loras=2)
     refs = {name: eng.add_adapter(str(path)) for name, path in dirs.items()}
     rec = LogitsRecorder()
     eng.probe = EngineProbe(on_logits=rec)
@@ -180,7 +182,7 @@ def test_a_projection_of_parts_in_two_formats_writes_each_into_its_columns() -> 
 
 
 def test_refusals_name_the_problem(tiny_llama_dir) -> None:
-    with pytest.raises(ValueError, match="quantization must be one of gguf, q8_0, none, got 'int4'"):
+    with pytest.raises(ValueError, match="quantization must be one of gguf, q8_0, int8, none, got 'int4'"):
         LLMEngine(model=str(tiny_llama_dir), quantization="int4")
     with pytest.raises(ModelLoadError, match="quantization 'gguf' needs a GGUF model"):
         LLMEngine(model=str(tiny_llama_dir), quantization="gguf", num_kv_blocks=16)
