@@ -1,8 +1,8 @@
 """The README's own path, end to end: its first command (`.venv/bin/loraplex serve` from the checkout, the bundled
 SmolLM2, default settings, warm-up on; only a free port and a fresh `LORAPLEX_DATA_DIR`), readiness on `/ready`,
 the generated admin key it prints, the README's curl commands (read out of README.md, so the test breaks when the
-README drifts) to create a tenant and upload a zipped PEFT adapter, then a JSON-schema constrained answer from
-that adapter through the official `openai` client, checked with `jsonschema`."""
+README drifts) to create a tenant, upload a zipped PEFT adapter and ask it for a JSON-schema constrained answer, then
+the same through the official `openai` client, each answer checked with `jsonschema`."""
 
 from __future__ import annotations
 
@@ -29,9 +29,22 @@ README = ROOT / "README.md"
 
 
 def readme_commands() -> list[str]:
-    """Every command of the README's bash blocks, continuation lines joined, comments left on."""
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
-    return [c.strip() for b in blocks for c in b.replace("\\\n", " ").splitlines() if c.strip()]
+    """Every command of the README's bash blocks, continuation lines joined, comments left on (a quoted argument
+    that spans lines, such as a JSON body, stays in its command)."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
+        pending = ""
+        for line in block.replace("\\\n", " ").splitlines():
+            pending = f"{pending}\n{line}" if pending else line
+            try:
+                shlex.split(pending, comments=True)
+            except ValueError:  # a quote still open: the command goes on
+                continue
+            if pending.strip():
+                commands.append(pending.strip())
+            pending = ""
+        assert not pending, f"README: a bash command with an unclosed quote: {pending!r}"
+    return commands
 
 
 def first_serve_command() -> list[str]:
@@ -77,6 +90,8 @@ def readme_curl(path: str) -> Curl:
         else:
             assert word.startswith("localhost:8000/"), f"README's curl: unknown word {word!r}"
             curl.path = word.removeprefix("localhost:8000")
+    if "-X" not in words and (curl.data is not None or curl.form):
+        curl.method = "POST"  # as curl does with a body
     return curl
 
 
@@ -134,6 +149,13 @@ def test_the_readme_path_serves_a_tenants_adapter_with_schema_constrained_output
     r = send(upload, url, files={archive: zip_folder(folder)}, TENANT_KEY=tenant_key)
     assert r.status_code == 201, r.text
     model = r.json()["model"]
+
+    r = send(readme_curl("/v1/chat/completions"), url, TENANT_KEY=tenant_key)  # the README's constrained request
+    assert r.status_code == 200, r.text
+    asked = json.loads(readme_curl("/v1/chat/completions").data or "")
+    assert asked["model"] == model and r.json()["model"] == model
+    schema = asked["response_format"]["json_schema"]["schema"]
+    jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), schema)
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=tenant_key, max_retries=0, timeout=300)
     out = client.chat.completions.create(
