@@ -10,6 +10,7 @@ values are narrowed and said so. The compiler runs ``bind`` off the engine loop.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,10 +25,15 @@ from loraplex.grammar.spec import GrammarError
 class Grounding:
     """What a bound grammar's output needs to say where its grounded values came from."""
 
-    def __init__(self, schema: Any, tags: tuple[str, str] | None, sources: Sequence[SourceText]) -> None:
+    def __init__(
+        self, schema: Any, tags: tuple[str, str] | None, sources: Sequence[SourceText], build_seconds: float = 0.0
+    ) -> None:
         self.schema = schema
         self.tags = tags
         self.sources = tuple(sources)
+        # how long llguidance took to build the request's grammar (its span automaton and the template's lexemes),
+        # the larger part of a bind: bench.grounding reports it beside the whole
+        self.build_seconds = build_seconds
 
     def locate(self, text: str) -> list[GroundedValue]:
         """The grounded values of a complete output; for tool calls, each call's pointers start with its index."""
@@ -90,7 +96,9 @@ class GroundedTemplate(CompiledGrammar):
         limits = _limits(sum(len(s.text) for s in sources))
         checked = [k for k, slot in enumerate(self.slots) if slot.content]
         text = LLMatcher.grammar_from_lark(grounding.request_lark(self.template, checked, sources))
+        started = time.perf_counter()
         built = LLMatcher(self._tokenizer, text, log_level=0, limits=limits)
+        build_seconds = time.perf_counter() - started
         _check(built)
         empty = [self.slots[k] for k in checked if self._empty(built, grounding.slot_tag(k))]
         matcher = built.deep_copy()
@@ -120,7 +128,7 @@ class GroundedTemplate(CompiledGrammar):
             "so it is never written"
             for s in empty
         )
-        grammar.grounding = Grounding(self.schema, self._tags, sources)
+        grammar.grounding = Grounding(self.schema, self._tags, sources, build_seconds)
         return grammar
 
     def _empty(self, built: Any, tag: str) -> bool:

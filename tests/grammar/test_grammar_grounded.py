@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 from typing import Any
 
 import jsonschema
@@ -232,6 +233,16 @@ def test_large_sources_are_accepted_up_to_the_stated_limit(compiler):
     with pytest.raises(GrammarError) as err:
         compiler.compile(StructuredSpec(json=schema), [SourceText(1, "y" * (MAX_SOURCE_CHARS + 1))])
     assert str(MAX_SOURCE_CHARS) in str(err.value)
+
+
+def test_a_bound_grammar_says_how_long_llguidance_took_to_build_it(compiler):
+    schema = {"type": "string", "x-loraplex-grounded": True, "maxLength": 8}
+    compiler.compile(StructuredSpec(json=schema), [SourceText(1, "warm")])  # the template, compiled once
+    started = time.perf_counter()
+    grammar = compiler.compile(StructuredSpec(json=schema), [SourceText(1, "lorem ipsum " * 2000)])
+    whole = time.perf_counter() - started
+    assert grammar.grounding is not None
+    assert 0 < grammar.grounding.build_seconds < whole  # a part of the bind, which is a part of the compile
 
 
 @pytest.mark.parametrize(
