@@ -22,6 +22,8 @@ from loraplex.adapters import AdapterLimits
 from loraplex.platform.adapters.admin_controller import AdminAdapterController
 from loraplex.platform.adapters.controller import AdapterController
 from loraplex.platform.adapters.engine_refs import EngineAdapters
+from loraplex.platform.adapters.merge_controller import MergeController
+from loraplex.platform.adapters.publish_check import build_publish_check
 from loraplex.platform.adapters.service import DELETED_BLOB, RETIRED_CONTENT, AdapterService, QuotaDefaults
 from loraplex.platform.adapters.upload_slots import UploadSlots
 from loraplex.platform.adapters.warm import Warmer
@@ -122,6 +124,8 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
         )
         warmer = Warmer(engine, store, cache, enabled=settings.warm_adapters)
         adapters.on_publish = warmer.publish
+        if settings.publish_check:  # every new version runs through the engine and peft first (see publish_check.py)
+            adapters.publish_check = build_publish_check(engine, store.new_tmp_dir, settings)
         pinner = Pinner(engine, store, db, cache)
         endpoints = EndpointService(
             db,
@@ -207,6 +211,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
             TenantUsageController,
             AdapterController,
             AdminAdapterController,
+            MergeController,
             EndpointController,
             OpenAIController,
             TokenizeController,

@@ -53,6 +53,14 @@ class Settings:
     default_max_adapters: int = 100
     default_max_adapter_bytes: int = 8 * GiB
     warm_adapters: bool = True  # publishing a version or an endpoint loads it into host memory on every replica
+    # The check at publish (platform/adapters/publish_check.py): every new version runs once through the engine and
+    # through peft on the base (CPU, float32) before it is stored; refused (adapter_check_failed) past the tolerance
+    # in log-probability (None: 0.05 on a float32 engine with float weights, 0.5 with bf16/fp16 or quantized ones).
+    # A base with more parameters than the cap records {"skipped": why} instead.
+    publish_check: bool = True
+    publish_check_tokens: int = 4
+    publish_check_tolerance: float | None = None
+    publish_check_max_reference_params: int = 2_000_000_000
     # Adapter versions pinned endpoints may keep in the host tier, all tenants together; at most the engine's
     # max_cpu_loras - 1 (checked at startup), so a request for any other adapter still finds a host slot.
     # None: min(2, max_cpu_loras - 1)
@@ -117,6 +125,10 @@ class Settings:
             raise ValueError(f"max_pinned_adapters must be >= 0 (0: no pinning), got {self.max_pinned_adapters}")
         if self.shadow_max_concurrent < 1:
             raise ValueError(f"shadow_max_concurrent must be >= 1, got {self.shadow_max_concurrent}")
+        if not 1 <= self.publish_check_tokens <= 64 or self.publish_check_max_reference_params < 1:
+            raise ValueError("publish_check_tokens must be in [1, 64] and publish_check_max_reference_params >= 1")
+        if self.publish_check_tolerance is not None and not self.publish_check_tolerance > 0:
+            raise ValueError(f"publish_check_tolerance must be > 0, got {self.publish_check_tolerance}")
         if not self.tenant_lease_ttl_s > 0:
             raise ValueError(f"tenant_lease_ttl_s must be > 0, got {self.tenant_lease_ttl_s}")
         for name in ("max_json_depth", "max_concurrent_uploads", "max_concurrent_uploads_per_tenant"):
@@ -261,6 +273,23 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="load a published adapter version or endpoint into host memory on every replica (default on)",
+    )
+    srv.add_argument(
+        "--publish-check",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run every new adapter version through the engine and through peft on the base before storing it, "
+        "refusing a version whose outputs differ (default on)",
+    )
+    srv.add_argument(
+        "--publish-check-tolerance",
+        type=float,
+        help="largest log-probability difference the check at publish accepts (default 0.05 on float32, else 0.5)",
+    )
+    srv.add_argument(
+        "--publish-check-max-reference-params",
+        type=int,
+        help="bases with more parameters skip the check (peft on the CPU); default 2000000000",
     )
     srv.add_argument(
         "--max-pinned-adapters",

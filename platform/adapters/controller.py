@@ -20,7 +20,7 @@ from loraplex.platform.model_ids import adapter_id
 from loraplex.platform.multipart import receive_form
 from loraplex.platform.tenants.service import Principal
 
-FORM_FIELDS = {"name"}
+FORM_FIELDS = {"name", "accept_failed_check"}
 FORM_FILES = {"file", "adapter_config", "adapter_model"}
 
 
@@ -38,6 +38,8 @@ def adapter_out(r: AdapterRecord, tenant: str) -> AdapterOut:
         created_at=r.created,
         status="ready" if r.broken_reason is None else "broken",
         broken_reason=r.broken_reason,
+        origin=r.origin,
+        publish_check=r.publish_check,
     )
 
 
@@ -65,6 +67,10 @@ class UploadOperation(Operation):
                             ),
                             "adapter_config": binary,
                             "adapter_model": binary,
+                            "accept_failed_check": Schema(
+                                type=OpenAPIType.BOOLEAN,
+                                description="true: store the version even if the check at publish fails (warning)",
+                            ),
                         },
                     )
                 )

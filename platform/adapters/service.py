@@ -51,6 +51,8 @@ class AdapterRecord:
     blob: str
     created_at: str  # ISO 8601
     broken_reason: str | None = None  # why its stored files last failed to load (None: they loaded, or not tried)
+    origin: dict[str, object] | None = None  # how it came: upload, import, merge (with its sources)
+    publish_check: dict[str, object] | None = None  # the check at publish's figures (None: not checked)
 
     @classmethod
     def from_row(cls, row: Adapter) -> AdapterRecord:
@@ -67,6 +69,8 @@ class AdapterRecord:
             row.blob,
             as_utc(row.created_at).isoformat(),
             row.broken_reason,
+            row.origin,
+            row.publish_check,
         )
 
     @property
@@ -117,8 +121,9 @@ class AdapterService:
         self.on_publish: Callable[[list[AdapterRecord]], Awaitable[None]] | None = None
         # Run on every new version's files before it is stored (upload, import, merge): raises to refuse the
         # version, else returns what the version records as `publish_check` (set by the app).
+        # Its last argument: the request accepted a failed check (stored with a warning instead of refused).
         self.publish_check: (
-            Callable[[Principal, str, AdapterInfo, dict[str, Path]], Awaitable[dict[str, object] | None]] | None
+            Callable[[Principal, str, AdapterInfo, dict[str, Path], bool], Awaitable[dict[str, object] | None]] | None
         ) = None
 
     # -- upload ------------------------------------------------------------------------------
@@ -126,8 +131,9 @@ class AdapterService:
     async def create(self, principal: Principal, form: UploadedForm, workdir: Path) -> AdapterRecord:
         """Validate the uploaded form (files already in `workdir`), then publish it as a new version."""
         name = self.check_new_name(form.fields.get("name", "") if "name" in form.fields else None)
+        accept = form_flag(form.fields.get("accept_failed_check"), "accept_failed_check")
         info, files = await asyncio.to_thread(self._validated_files, form, workdir)
-        return await self.publish(principal, name, info, files, origin={"kind": "upload"})
+        return await self.publish(principal, name, info, files, origin={"kind": "upload"}, accept_failed_check=accept)
 
     def check_new_name(self, name: str | None) -> str:
         """The name a new version is published under, checked (every way in: upload, import, merge)."""
@@ -153,14 +159,16 @@ class AdapterService:
         files: dict[str, Path],
         *,
         origin: dict[str, object],
+        accept_failed_check: bool = False,
     ) -> AdapterRecord:
         """Store a checked adapter's files and commit them as the next version of `name` (the versions past the
         tenant's retention are retired in the same transaction); `origin` records how it came (upload, import,
         merge). When `publish_check` is set it runs first, on the files, and may refuse the version (nothing is
-        stored then) or return the figures the version records."""
+        stored then) or return the figures the version records (`accept_failed_check`: a failed check is recorded,
+        with a warning, instead of refusing the version)."""
         check: dict[str, object] | None = None
         if self.publish_check is not None:
-            check = await self.publish_check(principal, name, info, files)
+            check = await self.publish_check(principal, name, info, files, accept_failed_check)
         blob = await asyncio.to_thread(self.store.put, files)
         try:
             record, retired = await self._commit(principal, name, info, blob, origin=origin, publish_check=check)
@@ -505,6 +513,15 @@ class AdapterService:
             )
         if not still_live:
             await self.cache.invalidate(RETIRED_CONTENT + sha256)
+
+
+def form_flag(value: str | None, field: str) -> bool:
+    """A true/false form field (absent: false)."""
+    if value is None or value.lower() in ("false", "0", ""):
+        return False
+    if value.lower() in ("true", "1"):
+        return True
+    raise Invalid(f"form field {field!r} must be true or false, got {value!r}", param=field)
 
 
 def parse_ref(model: str) -> tuple[str, int | None] | None:

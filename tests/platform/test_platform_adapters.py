@@ -39,6 +39,8 @@ EXPECTED_FIELDS = {
     "created_at",
     "status",
     "broken_reason",
+    "origin",
+    "publish_check",
 }
 
 

@@ -1,0 +1,86 @@
+"""The check at publish on a started server: a good adapter passes and records its figures (GET shows them); a
+deliberately wrong LoRA path in the engine (one module's scale doubled when it stacks an adapter) is caught and
+the version refused by name with the figures, nothing stored, unless the request accepts it; the cap on the
+reference records a skip; the setting turns it off."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+
+from loraplex.engine.lora import manager
+from tests.platform.helpers import auth, create_tenant, error_of, stored_blobs, upload, zip_folder
+
+FIGURES = {"passed", "max_logit_diff", "tokens_equal", "tokens", "reference_tokens", "prompt", "seconds", "tolerance"}
+
+
+@pytest.fixture
+def wrong_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine stacks every adapter with its first module's LoRA scale doubled (a kernel-path bug)."""
+    original = manager.stack_adapter
+
+    def stack(adapter: Any, *args: Any, **kwargs: Any) -> Any:
+        first = next(iter(adapter.weights))
+        adapter.weights[first] = replace(adapter.weights[first], scaling=2 * adapter.weights[first].scaling)
+        return original(adapter, *args, **kwargs)
+
+    monkeypatch.setattr(manager, "stack_adapter", stack)
+
+
+def test_a_good_adapter_passes_and_records_its_figures(server, adapter_factory) -> None:
+    key = create_tenant(server.url, "checked")
+    r = upload(server.url, key, "good", archive=zip_folder(adapter_factory("check-good", seed=41)))
+    assert r.status_code == 201, r.text
+    check = r.json()["publish_check"]
+    assert set(check) == FIGURES, check
+    assert check["passed"] is True and check["tokens_equal"] is True and check["tokens"] == check["reference_tokens"]
+    assert 0 <= check["max_logit_diff"] < 1e-3 and check["tolerance"] == 0.05  # a float32 engine's default
+    assert len(check["tokens"]) == 4 and check["seconds"] > 0
+    assert httpx.get(f"{server.url}/v1/adapters/good", headers=auth(key)).json()["publish_check"] == check
+    assert r.json()["origin"] == {"kind": "upload"}
+
+
+def test_a_wrong_kernel_path_is_caught_and_refused(start_server, adapter_factory, wrong_scale) -> None:
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "caught")
+    r = upload(server.url, key, "bent", archive=zip_folder(adapter_factory("check-bent", seed=42)))
+    assert r.status_code == 400, r.text
+    error = error_of(r)
+    assert error["code"] == "adapter_check_failed" and error["param"] == "name"
+    assert "failed the publish check" in error["message"] and "max_logit_diff" in error["message"]
+    assert "(tolerance 0.05)" in error["message"] and "nothing was stored" in error["message"]
+    assert stored_blobs(server.settings.data_dir) == []
+    assert httpx.get(f"{server.url}/v1/adapters/bent", headers=auth(key)).status_code == 404
+
+
+def test_the_request_may_accept_a_failed_check_with_a_warning(start_server, adapter_factory, wrong_scale) -> None:
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "accepting")
+    folder = adapter_factory("check-accepted", seed=43)
+    files = {"file": ("adapter.zip", zip_folder(folder), "application/zip")}
+    body = {"name": "bent", "accept_failed_check": "true"}
+    r = httpx.post(f"{server.url}/v1/adapters", data=body, files=files, headers=auth(key), timeout=60)
+    assert r.status_code == 201, r.text
+    check = r.json()["publish_check"]
+    assert check["passed"] is False and check["accepted_with_warning"] is True
+    assert check["max_logit_diff"] > check["tolerance"]
+    body["accept_failed_check"] = "maybe"
+    r = httpx.post(f"{server.url}/v1/adapters", data=body, files=files, headers=auth(key), timeout=60)
+    assert r.status_code == 400 and error_of(r)["param"] == "accept_failed_check"
+
+
+def test_the_cap_records_a_skip_and_the_setting_turns_it_off(start_server, adapter_factory) -> None:
+    folder = adapter_factory("check-skipped", seed=44)
+    capped = start_server("sqlite", publish_check_max_reference_params=1000)
+    key = create_tenant(capped.url, "capped")
+    r = upload(capped.url, key, "big-base", archive=zip_folder(folder))
+    assert r.status_code == 201, r.text
+    skipped = r.json()["publish_check"]["skipped"]
+    assert "parameters, over publish_check_max_reference_params (1000)" in skipped
+    off = start_server("sqlite", publish_check=False)
+    key = create_tenant(off.url, "unchecked")
+    r = upload(off.url, key, "plain", archive=zip_folder(folder))
+    assert r.status_code == 201 and r.json()["publish_check"] is None
