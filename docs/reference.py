@@ -1,9 +1,10 @@
 """The reference pages, from the code itself: the API reference from the server's own OpenAPI document
-(`app.openapi_schema`: one section per route and method under its tag, then every schema the routes name) and the
+(`app.openapi_schema`: one section per route and method under its tag, then every schema the routes name), the
 CLI reference from the `loraplex` argparse parser (one section per command: its help, its usage, its arguments per
-group). Every route, schema and command has a fixed anchor (`route_anchor`, `schema_anchor`, `command_anchor`)
-that tests/test_docs.py looks for in the built site. argparse's own formatter writes each usage and argument (its
-`_format_action_invocation` and `_expand_help` are private, but they are what `--help` prints)."""
+group) and the table of the Prometheus metrics `/metrics` exports. Every route, schema and command has a fixed
+anchor (`route_anchor`, `schema_anchor`, `command_anchor`) that tests/test_docs.py looks for in the built site.
+argparse's own formatter writes each usage and argument (its `_format_action_invocation` and `_expand_help` are
+private, but they are what `--help` prints)."""
 
 from __future__ import annotations
 
@@ -213,3 +214,24 @@ def cli_reference(parser: argparse.ArgumentParser) -> str:
             del os.environ["COLUMNS"]
         else:
             os.environ["COLUMNS"] = old
+
+
+def exposed_name(name: str, kind: str) -> str:
+    """The name a scrape shows: a counter's family name plus `_total` (prometheus_client keeps it without)."""
+    return f"{name}_total" if kind == "counter" else name
+
+
+def metrics_reference(metrics: Any) -> str:
+    """Every metric of a `loraplex.platform.metrics.Metrics` registry (tenant labels on), as `/metrics` shows it:
+    name, type, labels, meaning. Labels come from the declared label names, or from the samples of the metrics
+    the engine collector makes at scrape time."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    declared = {w._name: w._labelnames for w in vars(metrics).values() if isinstance(w, MetricWrapperBase)}
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for metric in metrics.registry.collect():
+        labels = declared.get(metric.name) or sorted({k for s in metric.samples for k in s.labels if k != "le"})
+        label_text = ", ".join(f"`{label}`" for label in labels)
+        name = exposed_name(metric.name, metric.type)
+        rows.append(f"| `{name}` | {metric.type} | {label_text} | {_cell(metric.documentation)} |")
+    return "\n".join(rows)

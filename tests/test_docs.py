@@ -1,7 +1,7 @@
 """The documentation site (mkdocs.yml, docs/) builds with --strict, and what it generates is complete: every route
-and method of the server's OpenAPI document, every error code of platform/error_codes.py and every `loraplex`
-command and flag is in the built reference; a broken link or anchor in the README (the front page) or in a page
-fails the build; and the build refuses to run with the checkout's root on sys.path."""
+and method of the server's OpenAPI document, every error code of platform/error_codes.py, every `loraplex`
+command and flag and every Prometheus metric is in the built reference; a broken link or anchor in the README
+(the front page) or in a page fails the build; and the build refuses to run with the checkout's root on sys.path."""
 
 from __future__ import annotations
 
@@ -98,6 +98,18 @@ def test_every_cli_command_and_flag_is_in_the_cli_reference(site: Path) -> None:
     assert "--max-num-seqs" in flags
     absent = sorted(flag for flag in flags if f"<code>{flag}" not in text and f" {flag}" not in text)
     assert not absent, f"flags missing from the CLI reference: {absent}"
+
+
+def test_every_metric_is_in_the_metrics_reference(site: Path) -> None:
+    from loraplex.engine.stats import EngineStats
+    from loraplex.platform.metrics import Metrics
+
+    text = (site / "operations" / "index.html").read_text(encoding="utf-8")
+    metrics = list(Metrics(EngineStats, lambda names: names, block_size=16).registry.collect())
+    names = [reference.exposed_name(metric.name, metric.type) for metric in metrics]
+    assert {"loraplex_requests_total", "vllm:lora_requests_info", "loraplex_endpoint_requests_total"} <= set(names)
+    missing = [name for name in names if f"<code>{name}</code>" not in text]
+    assert not missing, f"metrics missing from the metrics reference: {missing}"
 
 
 def test_the_readme_is_the_front_page_with_its_links_into_the_site(site: Path) -> None:
