@@ -235,3 +235,24 @@ def metrics_reference(metrics: Any) -> str:
         name = exposed_name(metric.name, metric.type)
         rows.append(f"| `{name}` | {metric.type} | {label_text} | {_cell(metric.documentation)} |")
     return "\n".join(rows)
+
+
+def variables_reference(variables: Any) -> str:
+    """loraplex's own variables (`loraplex.envvars.VARIABLES`): name and meaning."""
+    rows = ["| variable | meaning |", "|---|---|"]
+    rows += [f"| `{v.name}` | {_cell(v.meaning)} |" for v in variables]
+    return "\n".join(rows)
+
+
+def settings_reference(names: list[str], serve: argparse.ArgumentParser) -> str:
+    """The `LORAPLEX_<NAME>` variable of every server setting and engine argument (`names`), beside the `serve`
+    flag that sets the same value (engine arguments' flags have the dest `engine__<name>`) and its help."""
+    formatter = serve._get_formatter()
+    by_dest = {action.dest: action for action in serve._actions}
+    rows = ["| variable | flag | meaning |", "|---|---|---|"]
+    for name in names:
+        action = by_dest.get(name) or by_dest.get(f"engine__{name}")
+        flag = f"`{action.option_strings[-1]}`" if action and action.option_strings else "(none)"
+        meaning = _cell(formatter._expand_help(action)) if action and action.help else ""
+        rows.append(f"| `LORAPLEX_{name.upper()}` | {flag} | {meaning} |")
+    return "\n".join(rows)

@@ -22,6 +22,8 @@ from loraplex.adapters import AdapterLimits
 from loraplex.platform.adapters.admin_controller import AdminAdapterController
 from loraplex.platform.adapters.controller import AdapterController
 from loraplex.platform.adapters.engine_refs import EngineAdapters
+from loraplex.platform.adapters.imports.controller import CredentialController, ImportController
+from loraplex.platform.adapters.imports.wiring import start_imports
 from loraplex.platform.adapters.merge_controller import MergeController
 from loraplex.platform.adapters.publish_check import build_publish_check
 from loraplex.platform.adapters.service import DELETED_BLOB, RETIRED_CONTENT, AdapterService, QuotaDefaults
@@ -191,9 +193,11 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
             print(f"loraplex: generated admin key (shown only this once; stored hashed): {new_admin_key}", flush=True)
         app.state.services = services
         services.batch = BatchApi.start(services)
+        import_runner = start_imports(services)
         try:
             yield
         finally:
+            await import_runner.close()
             await services.batch.close()
             await services.close()
             if engine is None:
@@ -212,6 +216,8 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None) -> Litesta
             AdapterController,
             AdminAdapterController,
             MergeController,
+            ImportController,
+            CredentialController,
             EndpointController,
             OpenAIController,
             TokenizeController,

@@ -50,6 +50,8 @@ class Services:
     tenant_limits: TenantLimits = field(default_factory=TenantLimits)
     upload_slots: UploadSlots = field(default_factory=lambda: UploadSlots(4, 2))
     batch: Any = None  # platform.batch.api.BatchApi, started by the app's lifespan
+    imports: Any = None  # platform.adapters.imports.service.ImportService (its runner started by the lifespan)
+    import_credentials: Any = None  # platform.adapters.imports.credentials.CredentialStore
     shadow: ShadowTraffic = None  # type: ignore[assignment]  # built in __post_init__ unless given
 
     def __post_init__(self) -> None:

@@ -94,6 +94,18 @@ class Settings:
     batch_max_in_flight: int = 256  # lines of all batches this replica runs at once
     batch_priority: int = 1  # the least urgent class batch lines run in (background: after interactive requests)
     batch_lease_ttl_s: float = 30.0  # a dead replica's claimed lines (and finalization) free after this
+    # Imports by reference (platform/adapters/imports/): addresses they may reach besides public ones (CIDRs,
+    # comma separated; loopback, private, link-local and metadata addresses are refused otherwise), plain http://
+    # sources, the Fernet key tenants' source credentials are encrypted with (None: a key file in data_dir, one
+    # machine only), attempts and backoff on transient errors, lease, imports at once per replica, the Hub's URL
+    import_allow_networks: str = ""
+    import_allow_http: bool = False
+    import_credentials_key: str | None = None
+    import_max_attempts: int = 4
+    import_retry_base_s: float = 1.0
+    import_lease_ttl_s: float = 60.0
+    import_max_concurrent: int = 2
+    hf_endpoint: str | None = None  # None: $HF_ENDPOINT, else https://huggingface.co
     # Operations
     metrics_token: str | None = None  # set: /metrics needs 'Authorization: Bearer <metrics_token>'
     metrics_tenant_labels: bool = True  # False: no tenant or adapter name in any metric label
@@ -145,6 +157,13 @@ class Settings:
             raise ValueError(
                 "endpoint_rollup_retention_days must be in (0, 3650] and endpoint_rollup_flush_s in (0, 3600]"
             )
+        from loraplex.platform.adapters.imports.ssrf import parse_networks
+
+        parse_networks(self.import_allow_networks)  # a ValueError naming a bad entry
+        if self.import_max_attempts < 1 or self.import_max_concurrent < 1:
+            raise ValueError("import_max_attempts and import_max_concurrent must be >= 1")
+        if not self.import_retry_base_s >= 0 or not self.import_lease_ttl_s > 0:
+            raise ValueError("import_retry_base_s must be >= 0 and import_lease_ttl_s > 0")
         if self.blob_url is not None:
             parse_blob_url(self.blob_url)  # a ValueError naming the setting
         if self.database_schema is not None and not self.database_schema.isidentifier():
@@ -372,6 +391,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     bat.add_argument("--batch-max-in-flight", type=int, help="batch lines this replica runs at once (default 256)")
     bat.add_argument("--batch-priority", type=int, help="engine priority class of batch lines (default 1)")
     bat.add_argument("--batch-lease-ttl-s", type=float, help="seconds until a dead replica's lines free (default 30)")
+    imp = parser.add_argument_group("imports by reference (each flag also reads LORAPLEX_<NAME>)")
+    imp.add_argument(
+        "--import-allow-networks",
+        help="CIDRs imports may connect to besides public addresses, comma separated (default: none)",
+    )
+    imp.add_argument(
+        "--import-allow-http", action=argparse.BooleanOptionalAction, default=None, help="accept http:// sources"
+    )
+    imp.add_argument("--import-credentials-key", help="Fernet key for tenants' source credentials (all replicas)")
+    imp.add_argument("--import-max-attempts", type=int, help="tries of an import on transient errors (default 4)")
+    imp.add_argument("--hf-endpoint", help="the Hub's URL (default $HF_ENDPOINT, else https://huggingface.co)")
     eng = parser.add_argument_group("engine (each flag also reads LORAPLEX_<NAME>)")
     for spec in engine_arg_specs():
         kind = _scalar_type(spec.type)

@@ -1,11 +1,13 @@
 """The documentation site (mkdocs.yml, docs/) builds with --strict, and what it generates is complete: every route
 and method of the server's OpenAPI document, every error code of platform/error_codes.py, every `loraplex`
-command and flag and every Prometheus metric is in the built reference; a broken link or anchor in the README
-(the front page) or in a page fails the build; and the build refuses to run with the checkout's root on sys.path."""
+command and flag, every Prometheus metric and every environment variable is in the built reference; a broken
+link or anchor in the README (the front page) or in a page fails the build; and the build refuses to run with
+the checkout's root on sys.path."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import re
@@ -110,6 +112,19 @@ def test_every_metric_is_in_the_metrics_reference(site: Path) -> None:
     assert {"loraplex_requests_total", "vllm:lora_requests_info", "loraplex_endpoint_requests_total"} <= set(names)
     missing = [name for name in names if f"<code>{name}</code>" not in text]
     assert not missing, f"metrics missing from the metrics reference: {missing}"
+
+
+def test_every_environment_variable_is_on_its_page(site: Path) -> None:
+    from loraplex.envvars import VARIABLES
+    from loraplex.platform.settings import Settings, engine_arg_specs
+
+    text = (site / "environment" / "index.html").read_text(encoding="utf-8")
+    names = [v.name for v in VARIABLES] + [f"LORAPLEX_{f.name.upper()}" for f in dataclasses.fields(Settings)]
+    names += [spec.env for spec in engine_arg_specs()]
+    names.remove("LORAPLEX_ENGINE_ARGS")  # the engine arguments' holder, each of them has its own
+    assert {"LORAPLEX_CACHE_DIR", "LORAPLEX_REDIS_URL", "LORAPLEX_MAX_NUM_SEQS"} <= set(names)
+    missing = [name for name in names if f"<code>{name.replace('<', '&lt;').replace('>', '&gt;')}</code>" not in text]
+    assert not missing, f"variables missing from the environment page: {missing}"
 
 
 def test_the_readme_is_the_front_page_with_its_links_into_the_site(site: Path) -> None:

@@ -6,11 +6,13 @@ import asyncio
 import shutil
 from dataclasses import dataclass
 
-from litestar import Controller, Request, delete, get, post, put
+from litestar import Controller, Request, Response, delete, get, post, put
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.spec import OpenAPIFormat, OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import FromPath, JSONBody
 
+from loraplex.platform.adapters.imports.controller import is_json, start_import
+from loraplex.platform.adapters.imports.schemas import ImportOut
 from loraplex.platform.adapters.schemas import AdapterList, AdapterOut, AdapterVersions, SetCurrent
 from loraplex.platform.adapters.service import AdapterRecord
 from loraplex.platform.auth import provide_principal
@@ -52,8 +54,24 @@ class UploadOperation(Operation):
         binary = Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY)
         self.request_body = RequestBody(
             required=True,
-            description="name + file, or name + adapter_config + adapter_model",
+            description="name + file, or name + adapter_config + adapter_model; or, as JSON, an import by reference "
+            "(202: its status resource, GET /v1/adapters/{name}/imports/{id})",
             content={
+                "application/json": OpenAPIMediaType(
+                    schema=Schema(
+                        type=OpenAPIType.OBJECT,
+                        required=["name", "source"],
+                        properties={
+                            "name": Schema(type=OpenAPIType.STRING, description="model name clients will use"),
+                            "source": Schema(
+                                type=OpenAPIType.STRING,
+                                description="s3://bucket/prefix, https://host/adapter.zip|.tar.gz or "
+                                "hf://org/repo[@revision]",
+                            ),
+                            "sha256": Schema(type=OpenAPIType.STRING, description="required for https:// sources"),
+                        },
+                    )
+                ),
                 "multipart/form-data": OpenAPIMediaType(
                     schema=Schema(
                         type=OpenAPIType.OBJECT,
@@ -73,7 +91,7 @@ class UploadOperation(Operation):
                             ),
                         },
                     )
-                )
+                ),
             },
         )
 
@@ -90,11 +108,13 @@ class AdapterController(Controller):
         request_max_body_size=None,
         operation_class=UploadOperation,
         responses=error_responses(400, 401, 403, 409, 413, 415, 429),  # 429: rate or concurrent-upload limit
-        summary="Upload a PEFT LoRA adapter (a new version if the name exists)",
+        summary="Upload a PEFT LoRA adapter (a new version if the name exists), or import one by reference (JSON)",
     )
     async def upload(
         self, request: Request, principal: NamedDependency[Principal], services: NamedDependency[Services]
-    ) -> AdapterOut:
+    ) -> AdapterOut | Response[ImportOut]:
+        if is_json(request):
+            return await start_import(request, principal, services)
         with services.upload_slots.hold(principal):  # 429 past max_concurrent_uploads(_per_tenant)
             workdir = services.store.new_tmp_dir()
             try:
