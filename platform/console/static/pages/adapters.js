@@ -33,10 +33,10 @@ function uploadForm(root, refresh) {
             bar.value = loaded;
             status.textContent = total ? `Uploading… ${Math.round((100 * loaded) / total)}%` : "Uploading…";
           });
-          status.className = "ok";
-          status.textContent = `Uploaded ${out.model} version ${out.version}`;
           form.reset();
           await refresh();
+          status.className = "ok";
+          status.textContent = `Uploaded ${out.model} version ${out.version}`;
         } catch (err) {
           failure(status, err);
         }

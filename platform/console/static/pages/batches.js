@@ -36,10 +36,10 @@ function submitForm(refresh) {
           const body = { input_file_id: input.id, endpoint: endpoint.value, completion_window: "24h" };
           if (metadata.value.trim()) body.metadata = { description: metadata.value.trim() };
           const batch = await api("POST", "/v1/batches", body);
-          status.className = "ok";
-          status.textContent = `Batch ${batch.id} submitted`;
           form.reset();
           await refresh();
+          status.className = "ok";
+          status.textContent = `Batch ${batch.id} submitted`;
         } catch (err) {
           failure(status, err);
         }

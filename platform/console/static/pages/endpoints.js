@@ -36,10 +36,10 @@ function createForm(refresh) {
         if (v("ep-canary-version")) body.canary = { version: Number(v("ep-canary-version")), weight: Number(v("ep-canary-weight")) / 100 };
         try {
           await api("POST", "/v1/endpoints", body);
-          status.className = "ok";
-          status.textContent = `Endpoint ${body.name} created`;
           form.reset();
           await refresh();
+          status.className = "ok";
+          status.textContent = `Endpoint ${body.name} created`;
         } catch (err) {
           failure(status, err);
         }
@@ -79,16 +79,18 @@ async function list(root) {
   return null;
 }
 
+/** A 0-100% range input: {label, input, set(percent)}; onchange(percent) when the user lets go of it. */
 function slider(id, label, percent, onchange) {
   const out = h("output", { id: `${id}-value` }, `${percent}%`);
   const input = h("input", { id, type: "range", min: 0, max: 100, step: 1, value: percent });
   input.addEventListener("input", () => { out.textContent = `${input.value}%`; });
   input.addEventListener("change", () => onchange(Number(input.value)));
-  return h("label", {}, label, h("span", { class: "meter" }, input, out));
+  const set = (pct) => { input.value = pct; out.textContent = `${pct}%`; };
+  return { label: h("label", {}, label, h("span", { class: "meter" }, input, out)), input, set };
 }
 
-function versionPicker(id, current) {
-  return h("input", { id, type: "number", min: 1, value: current ?? "", placeholder: "version" });
+function versionPicker(id) {
+  return h("input", { id, type: "number", min: 1, placeholder: "version" });
 }
 
 /** The plots: one line per adapter version, a point per minute (a minute without calls is 0). */
@@ -125,59 +127,55 @@ function plots(metrics) {
 
 async function detail(root, name) {
   const status = h("p", { id: "endpoint-status", role: "status" });
-  const info = h("div");
   const charts = h("div", { id: "charts" });
   const minutes = h("select", { id: "minutes" }, [15, 60, 360, 1440].map((m) => h("option", { value: m, selected: m === 60 }, m < 60 ? `${m} min` : `${m / 60} h`)));
-  let timer = null;
-  const change = async (method, path, body, done) => {
-    try {
-      await api(method, path, body);
-      status.className = "ok";
-      status.textContent = done;
-    } catch (err) {
-      failure(status, err);
-    }
-    await load();
+  const serves = h("strong", { id: "serves" });
+  const revision = h("span", { id: "revision" });
+  const splitText = h("span", { id: "split" });
+  const system = h("span", { class: "description", id: "system-prompt" });
+  const defaults = h("pre", { id: "defaults" });
+  const overridable = h("p", { class: "muted" });
+  const canaryVersion = versionPicker("canary-version");
+  const shadowVersion = versionPicker("shadow-version");
+  let queue = Promise.resolve(); // changes go out one after another, in the order they were made
+  let canarySlider;
+  let shadowSlider;
+  const promote = h("button", { type: "button", id: "promote", onclick: () => change("POST", `/v1/endpoints/${enc(name)}/promote`, undefined, "canary promoted") }, "Promote");
+  const rollback = h("button", { type: "button", class: "secondary", id: "rollback", onclick: () => change("POST", `/v1/endpoints/${enc(name)}/rollback`, undefined, "canary rolled back") }, "Roll back");
+  /** Show an endpoint (the controls keep their elements: a slider being moved is never replaced). */
+  const show = (e) => {
+    serves.textContent = e.adapter || "the base model";
+    revision.textContent = `revision ${e.revision}`;
+    splitText.textContent = split(e);
+    system.textContent = e.defaults.system_prompt || "—";
+    defaults.textContent = JSON.stringify(e.defaults, null, 2);
+    overridable.textContent = `Callers may override: ${e.overridable.join(", ") || "nothing"}`;
+    promote.disabled = !e.canary;
+    rollback.disabled = !e.canary;
+    if (document.activeElement !== canarySlider.input) canarySlider.set(Math.round((e.canary?.weight || 0) * 100));
+    if (document.activeElement !== shadowSlider.input) shadowSlider.set(Math.round((e.shadow?.fraction || 0) * 100));
+    if (document.activeElement !== canaryVersion) canaryVersion.value = e.canary ? e.canary.version : "";
+    if (document.activeElement !== shadowVersion) shadowVersion.value = e.shadow ? e.shadow.version : "";
   };
-  const load = async () => {
-    const e = await api("GET", `/v1/endpoints/${enc(name)}`);
-    const canaryVersion = versionPicker("canary-version", e.canary?.version);
-    const shadowVersion = versionPicker("shadow-version", e.shadow?.version);
-    const patch = (body, done) => change("PATCH", `/v1/endpoints/${enc(name)}`, body, done);
-    fill(
-      info,
-      h(
-        "div",
-        { class: "card" },
-        h("p", {}, "Serves ", h("strong", { id: "serves" }, e.adapter || "the base model"), ` · revision ${e.revision} · `, h("span", { id: "split" }, split(e))),
-        h("p", {}, "System prompt: ", h("span", { class: "description", id: "system-prompt" }, e.defaults.system_prompt || "—")),
-        h("h2", {}, "Defaults"),
-        h("pre", { id: "defaults" }, JSON.stringify(e.defaults, null, 2)),
-        h("p", { class: "muted" }, `Callers may override: ${e.overridable.join(", ") || "nothing"}`),
-        h("h2", {}, "Canary"),
-        h(
-          "form",
-          { onsubmit: (ev) => ev.preventDefault() },
-          h("label", {}, "Version", canaryVersion),
-          slider("canary-weight", "Share of callers", Math.round((e.canary?.weight || 0) * 100), (pct) =>
-            patch({ canary: pct > 0 && pct < 100 && canaryVersion.value ? { version: Number(canaryVersion.value), weight: pct / 100 } : null }, pct > 0 && pct < 100 ? `canary at ${pct}%` : "canary removed"),
-          ),
-          h("button", { type: "button", id: "promote", disabled: !e.canary, onclick: () => change("POST", `/v1/endpoints/${enc(name)}/promote`, undefined, "canary promoted") }, "Promote"),
-          h("button", { type: "button", class: "secondary", id: "rollback", disabled: !e.canary, onclick: () => change("POST", `/v1/endpoints/${enc(name)}/rollback`, undefined, "canary rolled back") }, "Roll back"),
-        ),
-        h("h2", {}, "Shadow"),
-        h(
-          "form",
-          { onsubmit: (ev) => ev.preventDefault() },
-          h("label", {}, "Version", shadowVersion),
-          slider("shadow-fraction", "Share of calls copied", Math.round((e.shadow?.fraction || 0) * 100), (pct) =>
-            patch({ shadow: pct > 0 && shadowVersion.value ? { version: Number(shadowVersion.value), fraction: pct / 100 } : null }, pct > 0 ? `shadow at ${pct}%` : "shadow removed"),
-          ),
-        ),
-      ),
-    );
-    await loadMetrics();
+  const change = (method, path, body, done) => {
+    queue = queue.then(async () => {
+      try {
+        show(await api(method, path, body));
+        status.className = "ok";
+        status.textContent = done;
+      } catch (err) {
+        failure(status, err);
+      }
+    });
+    return queue;
   };
+  const patch = (body, done) => change("PATCH", `/v1/endpoints/${enc(name)}`, body, done);
+  canarySlider = slider("canary-weight", "Share of callers", 0, (pct) =>
+    patch({ canary: pct > 0 && pct < 100 && canaryVersion.value ? { version: Number(canaryVersion.value), weight: pct / 100 } : null }, pct > 0 && pct < 100 ? `canary at ${pct}%` : "canary removed"),
+  );
+  shadowSlider = slider("shadow-fraction", "Share of calls copied", 0, (pct) =>
+    patch({ shadow: pct > 0 && shadowVersion.value ? { version: Number(shadowVersion.value), fraction: pct / 100 } : null }, pct > 0 ? `shadow at ${pct}%` : "shadow removed"),
+  );
   const loadMetrics = async () => {
     const m = await api("GET", `/v1/endpoints/${enc(name)}/metrics?minutes=${minutes.value}`);
     fill(charts, plots(m));
@@ -188,13 +186,26 @@ async function detail(root, name) {
     h("p", {}, h("a", { href: "#/endpoints" }, "← All endpoints")),
     h("h1", {}, "Endpoint ", h("span", { id: "endpoint-name" }, name)),
     status,
-    info,
+    h(
+      "div",
+      { class: "card" },
+      h("p", {}, "Serves ", serves, " · ", revision, " · ", splitText),
+      h("p", {}, "System prompt: ", system),
+      h("h2", {}, "Defaults"),
+      defaults,
+      overridable,
+      h("h2", {}, "Canary"),
+      h("form", { onsubmit: (ev) => ev.preventDefault() }, h("label", {}, "Version", canaryVersion), canarySlider.label, promote, rollback),
+      h("h2", {}, "Shadow"),
+      h("form", { onsubmit: (ev) => ev.preventDefault() }, h("label", {}, "Version", shadowVersion), shadowSlider.label),
+    ),
     h("h2", {}, "Traffic by version ", minutes, " ", h("button", { type: "button", class: "secondary", id: "refresh", onclick: loadMetrics }, "Refresh")),
     charts,
     h("button", { type: "button", class: "danger", id: "delete-endpoint", onclick: async () => { try { await api("DELETE", `/v1/endpoints/${enc(name)}`); location.hash = "#/endpoints"; } catch (err) { failure(status, err); } } }, "Delete endpoint"),
   );
-  await load();
-  timer = setInterval(() => loadMetrics().catch(() => {}), REFRESH_MS);
+  show(await api("GET", `/v1/endpoints/${enc(name)}`));
+  await loadMetrics();
+  const timer = setInterval(() => loadMetrics().catch(() => {}), REFRESH_MS);
   return () => clearInterval(timer);
 }
 

@@ -1,0 +1,369 @@
+"""The web console in a real browser: headless Chromium (Debian's, driven by Selenium) against a server started
+here with the real SmolLM2 engine and real PEFT adapters for it. Journeys: a wrong key stays on sign-in; sign-in
+keeps the key out of localStorage, cookies and the URL; upload an adapter with progress and see it listed; roll
+back; a 90/10 canary whose two versions both show on the plot after calls; promote and the slider; delete refused
+with its reason; a batch submitted and its output downloaded; the playground's JSON, schema header, grounded
+spans and field confidence; hostile strings rendered as text with no dialog and no CSP violation. Screenshots of
+each page are saved under the test's temp folder."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loraplex.platform.model_resolution import canary_share
+from tests.platform.browser import require_browser, start_chromium, wait_for
+from tests.platform.conftest import settings_for
+from tests.platform.helpers import ServerThread, auth, create_tenant, make_peft_adapter, upload, zip_folder
+
+pytestmark = pytest.mark.slow
+
+TENANT = "console-tenant"
+HOSTILE_NAME = "<img src=x onerror=alert(1)>"
+HOSTILE_PROMPT = "<script>window.__pwned = 1; alert('endpoint')</script>"
+
+
+@pytest.fixture(scope="module")
+def console(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server on SmolLM2 with one tenant, two real adapters for the model (zips), and a browser."""
+    require_browser()
+    from loraplex.engine import AsyncEngine, EngineArgs
+
+    root = tmp_path_factory.mktemp("console")
+    engine = AsyncEngine(
+        EngineArgs(max_model_len=1024, kv_cache_bytes=256 * 1024 * 1024, max_num_seqs=16, max_loras=2, max_cpu_loras=4)
+    )
+    settings = settings_for("sqlite", root / "data", max_upload_bytes=64 * 1024 * 1024, endpoint_rollup_flush_s=1.0)
+    server = ServerThread(create_app_for(settings, engine)).start()
+    key = create_tenant(server.url, TENANT)
+    zips = []
+    for seed in (1, 2):
+        folder = make_peft_adapter(smol_dir, root / f"lora-{seed}", r=4, seed=seed, targets=("q_proj", "v_proj"))
+        path = root / f"lora-{seed}.zip"
+        path.write_bytes(zip_folder(folder))
+        zips.append(path)
+    downloads = root / "downloads"
+    downloads.mkdir()
+    driver = start_chromium(root / "profile", downloads)
+    shots = root / "screenshots"
+    shots.mkdir()
+    try:
+        yield dict(server=server, key=key, zips=zips, driver=driver, downloads=downloads, shots=shots, engine=engine)
+    finally:
+        driver.quit()
+        server.stop()
+        engine.shutdown()
+
+
+def create_app_for(settings: Any, engine: Any) -> Any:
+    from loraplex.platform.app import create_app
+
+    return create_app(settings, engine=engine)
+
+
+def by(driver: Any, css: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, css)
+
+
+def all_by(driver: Any, css: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, css)
+
+
+def text_of(driver: Any, css: str) -> str:
+    found = all_by(driver, css)
+    return found[0].text if found else ""
+
+
+def open_console(c: dict[str, Any], hash_: str = "") -> Any:
+    driver = c["driver"]
+    driver.get(f"{c['server'].url}/console/{hash_}")
+    wait_for(driver, lambda d: d.execute_script("return document.readyState") == "complete", "the page to load")
+    return driver
+
+
+def sign_in(c: dict[str, Any], key: str | None = None) -> Any:
+    driver = open_console(c)
+    driver.execute_script("sessionStorage.clear()")
+    driver.refresh()
+    by(driver, "#tenant").send_keys(TENANT)
+    by(driver, "#api-key").send_keys(key or c["key"])
+    by(driver, "#sign-in-button").click()
+    return driver
+
+
+def shot(c: dict[str, Any], name: str) -> None:
+    c["driver"].save_screenshot(str(c["shots"] / f"{name}.png"))
+
+
+def assert_clean(driver: Any) -> None:
+    """No dialog opened, no CSP violation, nothing a hostile string could have run."""
+    from selenium.common.exceptions import NoAlertPresentException
+
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text  # noqa: B018  (reading it is what raises)
+    assert driver.execute_script("return window.__cspViolations") == 0, driver.execute_script(
+        "return window.__cspReports"
+    )
+    assert driver.execute_script("return window.__pwned") is None
+
+
+def test_a_wrong_key_stays_on_the_sign_in_page(console: dict[str, Any]) -> None:
+    driver = sign_in(console, key="lpx-0123456789abcdef.not-a-real-key")
+    wait_for(driver, lambda d: "Not signed in" in text_of(d, "#sign-in-error"), "the sign-in error")
+    assert "401" in text_of(driver, "#sign-in-error") or "key" in text_of(driver, "#sign-in-error").lower()
+    assert by(driver, "#sign-in").is_displayed() and not by(driver, "#nav").is_displayed()
+    assert driver.execute_script("return sessionStorage.length") == 0
+    shot(console, "sign-in-refused")
+    assert_clean(driver)
+
+
+def test_sign_in_upload_list_and_roll_back(console: dict[str, Any]) -> None:
+    c = console
+    driver = sign_in(c)
+    wait_for(driver, lambda d: d.find_element("id", "nav").is_displayed(), "the signed-in navigation")
+    # the key: in this tab's sessionStorage only
+    assert driver.execute_script("return sessionStorage.getItem('loraplex.key')") == c["key"]
+    assert c["key"] not in driver.execute_script("return JSON.stringify(localStorage)")
+    assert c["key"] not in driver.current_url and c["key"] not in driver.execute_script("return document.cookie")
+    assert driver.execute_script("return localStorage.length") == 0
+
+    for n, path in enumerate(c["zips"], start=1):
+        by(driver, "#upload-name").send_keys("bot")
+        by(driver, "#upload-file").send_keys(str(path))
+        by(driver, "#upload-button").click()
+        wait_for(driver, lambda d, n=n: f"version {n}" in text_of(d, "#upload-status"), f"upload {n} to finish")
+        progress = by(driver, "#upload-progress")
+        assert float(progress.get_attribute("value")) == float(progress.get_attribute("max")) > 0
+    row = "#adapters tr[data-adapter='bot']"
+    wait_for(driver, lambda d: "v2" in text_of(d, row), "bot at v2 in the list")
+    assert f"{TENANT}/bot" in text_of(driver, row)
+    shot(c, "adapters")
+
+    by(driver, "#adapters tr[data-adapter='bot'] a").click()
+    wait_for(driver, lambda d: all_by(d, "#versions tr[data-version='1'] [data-action='make-current']"), "versions")
+    by(driver, "#versions tr[data-version='1'] [data-action='make-current']").click()
+    wait_for(driver, lambda d: "v1 is now current" in text_of(d, "#versions-status"), "the rollback")
+    assert "(current)" in by(driver, "#versions tr[data-version='1']").text
+    assert httpx.get(f"{c['server'].url}/v1/adapters/bot", headers=auth(c["key"])).json()["version"] == 1
+    shot(c, "adapter-versions")
+    assert_clean(driver)
+
+
+def _users_for(endpoint_id: str, canary_weight: float, main: int, canary: int) -> list[tuple[str, int]]:
+    """Sticky keys that land `main` callers on the main version and `canary` on the canary (and which is which)."""
+    picked: list[tuple[str, int]] = []
+    counts = Counter[int]()
+    i = 0
+    while counts[1] < main or counts[2] < canary:
+        user = f"caller-{i}"
+        version = 2 if canary_share(endpoint_id, user) < canary_weight else 1
+        if counts[version] < (canary if version == 2 else main):
+            picked.append((user, version))
+            counts[version] += 1
+        i += 1
+    return picked
+
+
+def test_canary_endpoint_plot_promote_and_slider(console: dict[str, Any]) -> None:
+    c = console
+    url, key = c["server"].url, c["key"]
+    for path in c["zips"]:  # versions of `canary-bot` (independent of the upload journey's `bot`)
+        assert upload(url, key, "canary-bot", archive=path.read_bytes()).status_code == 201
+    driver = sign_in(c)
+    wait_for(driver, lambda d: d.find_element("id", "nav").is_displayed(), "signed in")
+    driver.get(f"{url}/console/#/endpoints")
+    wait_for(driver, lambda d: all_by(d, "#create-endpoint"), "the endpoints page")
+    for css, value in [
+        ("#ep-name", "support"),
+        ("#ep-adapter", "canary-bot@1"),
+        ("#ep-system", "You answer support tickets."),
+        ("#ep-max-tokens", "4"),
+        ("#ep-canary-version", "2"),
+    ]:
+        by(driver, css).send_keys(value)
+    weight = by(driver, "#ep-canary-weight")
+    weight.clear()
+    weight.send_keys("10")
+    by(driver, "#create-button").click()
+    listed = "#endpoints tr[data-endpoint='support']"
+    wait_for(driver, lambda d: "canary v2 10%" in text_of(d, listed), "the endpoint listed with its canary")
+    endpoint = httpx.get(f"{url}/v1/endpoints/support", headers=auth(key)).json()
+    assert endpoint["canary"] == {"version": 2, "weight": 0.1} and endpoint["adapter"] == "canary-bot@1"
+
+    callers = _users_for(endpoint["id"], 0.1, main=6, canary=3)
+    served = Counter[int]()
+    for user, expected in callers:
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "support", "messages": [{"role": "user", "content": "My order is late."}], "user": user},
+            headers=auth(key),
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["x-loraplex-served-by"] == f"canary-bot@{expected}"
+        served[expected] += 1
+
+    by(driver, "#endpoints tr[data-endpoint='support'] a").click()
+    wait_for(driver, lambda d: all_by(d, "svg[data-plot='requests']"), "the plots")
+
+    def plotted(d: Any) -> dict[str, float] | None:
+        values: dict[str, float] = {}
+        for version in ("1", "2"):
+            dots = all_by(d, f"svg[data-plot='requests'] circle[data-series='{version}']")
+            values[version] = sum(float(dot.get_attribute("data-value")) for dot in dots)
+        return values if values == {"1": served[1], "2": served[2]} else None
+
+    wait_for(driver, plotted, f"both versions' calls on the plot ({dict(served)})", timeout=30)
+    assert len(all_by(driver, "svg[data-plot='requests'] polyline")) == 2
+    assert len(all_by(driver, "svg[data-plot='latency'] polyline")) == 2
+    assert by(driver, "#version-totals tr[data-version='1'] .requests").text == str(served[1])
+    assert by(driver, "#version-totals tr[data-version='2'] .errors").text == "0"
+    legend = [t.text for t in all_by(driver, "svg[data-plot='requests'] text.legend")]
+    assert legend == ["v1", "v2"]
+    shot(c, "endpoint")
+
+    # deleting a version the endpoint serves is refused, and the console shows why
+    driver.get(f"{url}/console/#/adapters/canary-bot")
+    wait_for(driver, lambda d: all_by(d, "#versions tr[data-version='2'] [data-action='delete-version']"), "versions")
+    by(driver, "#versions tr[data-version='2'] [data-action='delete-version']").click()
+    wait_for(driver, lambda d: "support" in text_of(d, "#versions-status"), "the refusal naming the endpoint")
+    assert by(driver, "#versions-status").get_attribute("class") == "error"
+    assert all_by(driver, "#versions tr[data-version='2']")  # still there
+
+    # promote, then a new canary through the version box and the slider (keyboard: 5 steps of 1%)
+    from selenium.webdriver.common.keys import Keys
+
+    driver.get(f"{url}/console/#/endpoints/support")
+    wait_for(driver, lambda d: all_by(d, "#promote:not([disabled])"), "the promote button")
+    by(driver, "#promote").click()
+    wait_for(driver, lambda d: "canary promoted" in text_of(d, "#endpoint-status"), "the promotion")
+    assert text_of(driver, "#serves") == "canary-bot@2"
+    by(driver, "#canary-version").send_keys("1")
+    slider = by(driver, "#canary-weight")
+    slider.send_keys(Keys.HOME)
+    for _ in range(5):
+        slider.send_keys(Keys.ARROW_RIGHT)
+    wait_for(driver, lambda d: "canary at 5%" in text_of(d, "#endpoint-status"), "the slider's change")
+    after = httpx.get(f"{url}/v1/endpoints/support", headers=auth(key)).json()
+    assert after["adapter"] == "canary-bot@2" and after["canary"] == {"version": 1, "weight": 0.05}
+    assert_clean(driver)
+
+
+def test_batch_submitted_and_output_downloaded(console: dict[str, Any]) -> None:
+    c = console
+    url = c["server"].url
+    driver = sign_in(c)
+    wait_for(driver, lambda d: d.find_element("id", "nav").is_displayed(), "signed in")
+    driver.get(f"{url}/console/#/batches")
+    wait_for(driver, lambda d: all_by(d, "#batch-form"), "the batch page")
+    base = c["engine"].model_name
+    lines = [
+        {
+            "custom_id": f"q{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": base, "messages": [{"role": "user", "content": f"Say {i}."}], "max_tokens": 4},
+        }
+        for i in range(3)
+    ]
+    by(driver, "#batch-lines").send_keys("\n".join(json.dumps(line) for line in lines))
+    by(driver, "#batch-metadata").send_keys(HOSTILE_NAME)
+    by(driver, "#batch-submit").click()
+    wait_for(driver, lambda d: "submitted" in text_of(d, "#batch-status"), "the batch to be submitted")
+    wait_for(
+        driver,
+        lambda d: all_by(d, "#batches tr[data-status='completed'] [data-action='download-output']"),
+        "completion",
+        timeout=180,
+    )
+    done = "#batches tr[data-status='completed']"
+    wait_for(driver, lambda d: "3/3" in text_of(d, done), "3 of 3 lines done")
+    assert text_of(driver, f"{done} .metadata") == f"description: {HOSTILE_NAME}"  # as text: no <img> was made
+    assert not all_by(driver, "#batches img")
+    shot(c, "batches")
+    batch_id = wait_for(driver, lambda d: by(d, done).get_attribute("data-batch"), "the batch id")
+    wait_for(driver, lambda d: by(d, f"{done} [data-action='download-output']").click() or True, "the download click")
+    target = c["downloads"] / f"{batch_id}-output.jsonl"
+    wait_for(driver, lambda d: target.exists() and target.stat().st_size > 0, "the downloaded output")
+    out = [json.loads(line) for line in target.read_text().splitlines()]
+    assert sorted(o["custom_id"] for o in out) == ["q0", "q1", "q2"]
+    assert all(o["response"]["status_code"] == 200 for o in out)
+    assert_clean(driver)
+
+
+def test_playground_shows_json_schema_header_grounding_and_confidence(console: dict[str, Any]) -> None:
+    c = console
+    driver = sign_in(c)
+    wait_for(driver, lambda d: d.find_element("id", "nav").is_displayed(), "signed in")
+    driver.get(f"{c['server'].url}/console/#/playground")
+    wait_for(driver, lambda d: all_by(d, "#pg-form"), "the playground")
+    from selenium.webdriver.support.ui import Select
+
+    Select(by(driver, "#pg-model")).select_by_value(c["engine"].model_name)
+    by(driver, "#pg-send").click()
+    wait_for(driver, lambda d: all_by(d, "#pg-json"), "the answer", timeout=180)
+    answer = json.loads(by(driver, "#pg-json").text)
+    message = by(driver, "#pg-user").get_attribute("value")
+    assert set(answer) == {"name", "urgent"} and isinstance(answer["urgent"], bool)
+    assert answer["name"] in message  # grounded: a verbatim span of the message
+    assert by(driver, "#pg-schema-header").text in {"exact", "narrowed"}
+    marks = all_by(driver, "#grounded-source mark[data-pointer='/name']")
+    assert [m.text for m in marks] == [answer["name"]]
+    assert by(driver, "#grounded-source").text == message
+    pointers = {r.get_attribute("data-pointer") for r in all_by(driver, "#pg-field-logprobs-table tr[data-pointer]")}
+    assert pointers == {"/name", "/urgent"}
+    shot(c, "playground")
+    assert_clean(driver)
+
+
+def test_hostile_strings_render_as_text(console: dict[str, Any]) -> None:
+    c = console
+    url, key = c["server"].url, c["key"]
+    r = httpx.post(
+        f"{url}/v1/endpoints",
+        json={"name": "hostile", "defaults": {"system_prompt": HOSTILE_PROMPT}},
+        headers=auth(key),
+    )
+    assert r.status_code == 201, r.text
+    driver = sign_in(c)
+    wait_for(driver, lambda d: d.find_element("id", "nav").is_displayed(), "signed in")
+    # an adapter named like an <img>: refused by the name rules, and the refusal quoting it is shown as text
+    by(driver, "#upload-name").send_keys(HOSTILE_NAME)
+    by(driver, "#upload-file").send_keys(str(c["zips"][0]))
+    by(driver, "#upload-button").click()
+    wait_for(driver, lambda d: "invalid" in text_of(d, "#upload-status"), "the name refusal")
+    assert HOSTILE_NAME in text_of(driver, "#upload-status")
+    assert not all_by(driver, "#page img")
+    driver.get(f"{url}/console/#/endpoints")
+    wait_for(driver, lambda d: all_by(d, "#endpoints tr[data-endpoint='hostile']"), "the endpoint list")
+    assert by(driver, "#endpoints tr[data-endpoint='hostile'] .description").text == HOSTILE_PROMPT
+    driver.get(f"{url}/console/#/endpoints/hostile")
+    wait_for(driver, lambda d: text_of(d, "#system-prompt") == HOSTILE_PROMPT, "the endpoint's system prompt")
+    assert not all_by(driver, "#page script")
+    shot(c, "hostile")
+    assert_clean(driver)
+    # the counter counts: an image from another origin is a violation of img-src
+    driver.execute_script("const i = new Image(); i.src = 'http://127.0.0.2:9/x.png'; document.body.append(i);")
+    wait_for(driver, lambda d: d.execute_script("return window.__cspViolations") == 1, "the violation to be counted")
+
+
+def test_usage_against_limits(console: dict[str, Any]) -> None:
+    c = console
+    driver = sign_in(c)
+    wait_for(driver, lambda d: d.find_element("id", "nav").is_displayed(), "signed in")
+    driver.get(f"{c['server'].url}/console/#/usage")
+    wait_for(driver, lambda d: all_by(d, "#usage tr[data-usage='queued_requests']"), "the usage table")
+    assert by(driver, "#usage tr[data-usage='tokens_this_minute'] .limit").text == "unlimited"
+    int(by(driver, "#usage tr[data-usage='tokens_this_minute'] .use").text)
+    shot(c, "usage")
+    assert_clean(driver)
