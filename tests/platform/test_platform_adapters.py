@@ -362,8 +362,10 @@ def test_malformed_multipart_requests(start_server, adapter_factory) -> None:
     server = start_server("sqlite")
     key = create_tenant(server.url, "forms")
     good = adapter_factory("basic")
-    r = httpx.post(f"{server.url}/v1/adapters", json={"name": "x"}, headers=auth(key))
-    assert r.status_code == 415
+    r = httpx.post(f"{server.url}/v1/adapters", content=b"name=x", headers={**auth(key), "Content-Type": "text/plain"})
+    assert r.status_code == 415 and error_of(r)["code"] == "unsupported_media_type"
+    r = httpx.post(f"{server.url}/v1/adapters", json={"name": "x"}, headers=auth(key))  # JSON: an import, no source
+    assert r.status_code == 400 and (error_of(r)["code"], error_of(r)["param"]) == ("invalid_source", "source")
     r = httpx.post(f"{server.url}/v1/adapters", files={"file": ("a.zip", zip_folder(good))}, headers=auth(key))
     assert r.status_code == 400 and error_of(r)["param"] == "name"
     r = upload(server.url, key, "../../etc", archive=zip_folder(good))
