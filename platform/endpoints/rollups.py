@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import and_, case, delete, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import IntegrityError
 
 from loraplex.platform.db.models import EndpointRollup, as_utc
 from loraplex.platform.db.session import Database
@@ -98,7 +99,8 @@ class Rollups:
 
     async def flush(self) -> int:
         """Add the pending tallies to their rows (created when missing); returns the rows written. On a database
-        error the tallies go back into the accumulator for the next flush."""
+        error the tallies go back into the accumulator for the next flush; a row the database refuses for its
+        content (an integrity error: its tenant no longer exists) is dropped, so it never holds up the others."""
         pending, self._pending = self._pending, {}
         if not pending:
             return 0
@@ -118,14 +120,28 @@ class Rollups:
             for (key, minute), t in pending.items()
         ]
         try:
-            async with self.db.session() as session:
-                await session.execute(self._upsert(), rows)
-                await session.commit()
+            try:
+                await self._write(rows)
+            except IntegrityError:  # a row no upsert can write (its tenant gone): write the others, drop it
+                rows = [row for row in rows if await self._write_one(row)]
         except Exception:
             for slot, tally in pending.items():
                 self._pending.setdefault(slot, Tally()).add(tally)
             raise
         return len(rows)
+
+    async def _write(self, rows: list[dict[str, Any]]) -> None:
+        async with self.db.session() as session:
+            await session.execute(self._upsert(), rows)
+            await session.commit()
+
+    async def _write_one(self, row: dict[str, Any]) -> bool:
+        try:
+            await self._write([row])
+        except IntegrityError as exc:
+            log.warning("endpoint rollup of %s/%s dropped: %s", row["tenant_id"], row["endpoint"], exc.orig)
+            return False
+        return True
 
     def _upsert(self) -> Any:
         insert = pg_insert if self.db.dialect == "postgresql" else sqlite_insert
