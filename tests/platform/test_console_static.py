@@ -5,8 +5,10 @@ turns a string into HTML (the browser tests in test_console_browser.py drive the
 from __future__ import annotations
 
 import re
+import shutil
 
 import httpx
+import pytest
 
 from loraplex.platform.console import CONTENT_SECURITY_POLICY, STATIC_DIR
 
@@ -47,3 +49,17 @@ def test_the_page_and_scripts_never_build_html_from_strings() -> None:
     found = {name: banned.findall(text) for name, text in scripts.items() if banned.search(text)}
     assert not found, found
     assert "sessionStorage" in scripts["api.js"]  # the key lives in the tab's session storage only
+
+
+def test_a_missing_browser_skips_saying_why_but_fails_under_ci(monkeypatch, tmp_path) -> None:
+    from tests.platform import browser
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(browser, "CHROMEDRIVER", str(tmp_path / "no-chromedriver"))
+    monkeypatch.setattr(browser, "CHROMIUM", str(tmp_path / "no-chromium"))
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception, match="chromium and chromedriver not installed"):
+        browser.require_browser()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="need a browser under CI"):
+        browser.require_browser()

@@ -24,8 +24,8 @@ function label(v) {
 }
 
 /**
- * plot({title, unit, t0, t1, series: [{name, key, points: [[t, y], ...]}]}) -> <svg>
- * t0/t1: the time span in ms; a missing minute counts as 0 when `zeros` holds every minute's time.
+ * plot({id, title, unit, t0, t1, series: [{name, key, points: [[t, y], ...]}]}) -> <svg>
+ * t0/t1: the time span in ms (the caller gives every minute a point, 0 where nothing happened).
  */
 export function plot({ title, unit = "", t0, t1, series, id }) {
   const innerW = W - PAD.left - PAD.right;
