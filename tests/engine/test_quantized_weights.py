@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
+from loraplex.engine import EngineArgs, EngineProbe, LLMEngine, SamplingParams
 from loraplex.engine.errors import ModelLoadError
 from loraplex.engine.model.files import source_gguf
 from loraplex.engine.model.gguf_weights import QuantTensor
 from loraplex.engine.model.linear import QuantizedLinear
+from loraplex.platform.settings import engine_arg_specs
 from tests.engine.helpers import SMOLLM2_LOGITS_ATOL, TINY_LOGITS_ATOL, HFOracle, LogitsRecorder, run_to_completion
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers."]
@@ -155,6 +156,46 @@ def test_lora_on_a_base_quantized_at_load_matches_peft_on_the_same_base(tiny_lla
         assert len(done[f"j{i}"].token_ids) == 6
 
 
+def quantized_projections(engine: LLMEngine) -> list[QuantizedLinear]:
+    model = engine.runner.model
+    found = [p for layer in model.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.lm_head]
+    assert all(isinstance(p, QuantizedLinear) for p in found)
+    return found
+
+
+def first_logits(engine: LLMEngine, prompts: list[list[int]]) -> list[torch.Tensor]:
+    rec = LogitsRecorder()
+    engine.probe = EngineProbe(on_logits=rec)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    run_to_completion(engine, {0: [(p, params, f"p{i}") for i, p in enumerate(prompts)]})
+    return [rec.first[f"p{i}"] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("quantization", sorted(ROUND_TRIPS))
+def test_int8_activations_are_applied_when_asked_and_off_by_default(tiny_llama_dir, quantization) -> None:
+    """quantized_activations="int8": every quantized projection (the LM head too) quantizes x per group of 32, so
+    the engine's logits equal those of the same engine whose projections run the torch reference of that path
+    (kernels' quant_matmul_ref / int8_matmul_ref with int8_activations), and differ from the default engine's."""
+    args = dict(model=str(tiny_llama_dir), quantization=quantization, max_num_seqs=4, num_kv_blocks=64)
+    prompts = [[5, 6, 7, 8, 9], list(range(100, 140)), [42]]
+    on = LLMEngine(**args, quantized_activations="int8")
+    assert all(p.int8_activations and all(w.int8_activations for w in p._weights) for p in quantized_projections(on))
+    reference = LLMEngine(**args, quantized_activations="int8")
+    for p in quantized_projections(reference):
+        for w in p._weights:
+            w._bind(None)  # the torch reference
+    off = LLMEngine(**args)
+    assert EngineArgs().quantized_activations is None
+    assert not any(p.int8_activations for p in quantized_projections(off))
+    for got, expected, default in zip(
+        first_logits(on, prompts), first_logits(reference, prompts), first_logits(off, prompts)
+    ):
+        torch.testing.assert_close(got, expected, atol=TINY_LOGITS_ATOL, rtol=0)
+        assert (got - default).abs().max() > 10 * TINY_LOGITS_ATOL  # x's int8 rounding shows in the logits
+    spec = {s.name: s for s in engine_arg_specs()}["quantized_activations"]
+    assert (spec.flag, spec.env, spec.default) == ("--quantized-activations", "LORAPLEX_QUANTIZED_ACTIVATIONS", None)
+
+
 def test_a_projection_of_parts_in_two_formats_writes_each_into_its_columns() -> None:
     """A fused projection whose parts the file quantized differently (Gemma 3 270M's q and k in Q5_0, v in Q8_0):
     parts of one format are joined, each product lands in its own columns of y (QuantWeight's out=), plus the
@@ -184,6 +225,11 @@ def test_a_projection_of_parts_in_two_formats_writes_each_into_its_columns() -> 
 def test_refusals_name_the_problem(tiny_llama_dir) -> None:
     with pytest.raises(ValueError, match="quantization must be one of gguf, q8_0, int8, none, got 'int4'"):
         LLMEngine(model=str(tiny_llama_dir), quantization="int4")
+    with pytest.raises(ValueError, match="quantized_activations must be one of int8, none, got 'fp8'"):
+        EngineArgs(quantization="q8_0", quantized_activations="fp8")
+    for quantization in (None, "none"):
+        with pytest.raises(ValueError, match="quantized_activations 'int8' applies to quantized weights"):
+            EngineArgs(quantization=quantization, quantized_activations="int8")
     with pytest.raises(ModelLoadError, match="quantization 'gguf' needs a GGUF model"):
         LLMEngine(model=str(tiny_llama_dir), quantization="gguf", num_kv_blocks=16)
     assert json.loads((tiny_llama_dir / "config.json").read_text())["model_type"] == "llama"  # (a float checkpoint)
