@@ -84,3 +84,38 @@ def test_the_cap_records_a_skip_and_the_setting_turns_it_off(start_server, adapt
     key = create_tenant(off.url, "unchecked")
     r = upload(off.url, key, "plain", archive=zip_folder(folder))
     assert r.status_code == 201 and r.json()["publish_check"] is None
+
+
+@pytest.mark.slow
+def test_the_check_on_the_bundled_model_and_what_it_costs(smol_dir, tmp_path) -> None:
+    """SmolLM2-135M (the bundled model, float32 from its GGUF) behind a server: plain and DoRA versions pass with
+    the engine within 1e-3 of peft; the seconds each check took are printed (the first loads the reference)."""
+    from loraplex.engine import AsyncEngine, EngineArgs
+    from loraplex.platform.app import create_app
+    from tests.platform.conftest import settings_for
+    from tests.platform.helpers import ServerThread, make_peft_adapter
+
+    engine = AsyncEngine(EngineArgs(max_model_len=512, kv_cache_bytes=128 * 1024 * 1024, max_loras=2, max_cpu_loras=4))
+    server = ServerThread(create_app(settings_for("sqlite", tmp_path / "data", max_upload_bytes=64 << 20), engine))
+    server.start()
+    try:
+        key = create_tenant(server.url, "smol-checked")
+        targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        kinds = {
+            "plain": make_peft_adapter(smol_dir, tmp_path / "plain", r=8, seed=3, targets=targets),
+            "dora": make_peft_adapter(
+                smol_dir, tmp_path / "dora", seed=4, lora_overrides={"use_dora": True}, magnitude_noise=0.3
+            ),
+            "plain-again": make_peft_adapter(smol_dir, tmp_path / "again", r=16, seed=5, targets=targets),
+        }
+        for name, folder in kinds.items():
+            r = upload(server.url, key, name, archive=zip_folder(folder))
+            assert r.status_code == 201, r.text
+            check = r.json()["publish_check"]
+            assert check["passed"] and check["tokens_equal"] and check["max_logit_diff"] < 1e-3, check
+            print(
+                f"publish check on SmolLM2-135M, {name}: {check['seconds']} s, max_logit_diff {check['max_logit_diff']}"
+            )
+    finally:
+        server.stop()
+        engine.shutdown()
