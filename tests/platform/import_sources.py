@@ -1,4 +1,4 @@
-"""Local servers the import tests fetch from: a plain HTTP file server (in a thread, http.server) with scripted
+"""Local servers the import tests fetch from: an HTTP (or HTTPS) file server (in a thread, http.server) with scripted
 answers per path (a status sequence for a flaky server, redirects, a body streamed without a length), and the
 Hugging Face Hub's file API on top of it (revision -> commit, files resolved at a commit)."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +33,8 @@ class Seen:
 class SourceServer:
     """`routes[path]` is a Reply, or a list of Replies answered in turn (the last one repeats)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.scheme = "https" if tls is not None else "http"
         self.routes: dict[str, Reply | list[Reply]] = {}
         self.seen: list[Seen] = []
         self.sent: dict[str, int] = {}  # path -> bytes of a streamed body written before the client left
@@ -49,6 +51,8 @@ class SourceServer:
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="source-server")
 
     @property
@@ -57,7 +61,7 @@ class SourceServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def paths(self) -> list[str]:
         with self.lock:
@@ -103,8 +107,8 @@ class SourceServer:
 
 
 @contextmanager
-def source_server() -> Iterator[SourceServer]:
-    server = SourceServer().start()
+def source_server(tls: ssl.SSLContext | None = None) -> Iterator[SourceServer]:
+    server = SourceServer(tls).start()
     try:
         yield server
     finally:
@@ -128,3 +132,39 @@ class HubRepo:
             200, body, {"Content-Type": "application/json"}
         )
         return commit
+
+
+def self_signed(tmp: Path, host: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A certificate for `host` made here: (the server's TLS context, a client context trusting only it)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem = tmp / "cert.pem"
+    key_pem = tmp / "key.pem"
+    cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_pem.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert_pem, key_pem)
+    client = ssl.create_default_context(cafile=str(cert_pem))
+    return server, client

@@ -13,7 +13,7 @@ import pytest
 from loraplex.platform.adapters.imports.fetch import Budget, Fetcher, SourceError
 from loraplex.platform.adapters.imports.ssrf import AddressPolicy, AddressRefused, parse_networks, refused_reason
 from tests.platform.helpers import free_port
-from tests.platform.import_sources import Reply, source_server
+from tests.platform.import_sources import Reply, self_signed, source_server
 
 REFUSED = [
     "127.0.0.1",
@@ -217,3 +217,28 @@ def test_transient_and_permanent_answers(tmp_path: Path) -> None:
     with pytest.raises(SourceError) as caught:
         _get(policy, f"http://127.0.0.1:{port}/gone.zip")
     assert caught.value.transient and caught.value.code == "source_unreachable"
+
+
+def test_https_connects_to_the_checked_address_and_verifies_the_name(tmp_path: Path) -> None:
+    """Over TLS the connection goes to the checked address while the certificate is checked against the URL's name
+    (sent as SNI): a certificate for another name is refused."""
+    server_tls, trusted = self_signed(tmp_path, "adapters.test")
+    policy = AddressPolicy(parse_networks("127.0.0.1"), resolver=lambda host, port: ["127.0.0.1"])
+
+    async def get(url: str) -> bytes:
+        fetcher = Fetcher(policy, allow_http=False, verify=trusted)
+        try:
+            response = await fetcher.open(url)
+            body = await response.aread()
+            await response.aclose()
+            return body
+        finally:
+            await fetcher.close()
+
+    with source_server(server_tls) as server:
+        server.routes["/a.zip"] = Reply(200, b"zip over tls")
+        assert asyncio.run(get(f"https://adapters.test:{server.port}/a.zip")) == b"zip over tls"
+        assert server.seen[0].headers["host"] == f"adapters.test:{server.port}"
+        with pytest.raises(SourceError) as caught:
+            asyncio.run(get(f"https://other.test:{server.port}/a.zip"))
+        assert "certificate" in caught.value.message.lower() or "hostname" in caught.value.message.lower()

@@ -6,6 +6,7 @@ arrive, and failures sorted into transient (connection errors, 5xx, 429: retried
 from __future__ import annotations
 
 import hashlib
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,11 +66,16 @@ class Downloaded:
 class Fetcher:
     """Requests an import makes, each through the policy; one per import attempt (closed after)."""
 
-    def __init__(self, policy: AddressPolicy, *, allow_http: bool, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, policy: AddressPolicy, *, allow_http: bool, timeout_s: float = 30.0, verify: ssl.SSLContext | bool = True
+    ) -> None:
         self.policy = policy
         self.allow_http = allow_http
-        # trust_env=False: no proxy from the environment (a proxy would connect to an address nobody checked)
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), trust_env=False, follow_redirects=False)
+        # trust_env=False: no proxy from the environment (a proxy would connect to an address nobody checked).
+        # The certificate is checked against the URL's host name (sent as SNI), not the address connected to.
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s), trust_env=False, follow_redirects=False, verify=verify
+        )
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -126,7 +132,7 @@ class Fetcher:
             return response
         raise SourceError(f"{shown(url)}: more than {MAX_REDIRECTS} redirects", code="source_error")
 
-    async def json(self, url: str, headers: dict[str, str] | None = None, max_bytes: int = 1 << 20) -> Any:
+    async def json(self, url: str, headers: dict[str, str] | None = None, max_bytes: int = 8 << 20) -> Any:
         response = await self.open(url, headers)
         try:
             body = bytearray()
