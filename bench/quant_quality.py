@@ -2,7 +2,7 @@
 the float32 model, in one run.
 
     .venv/bin/python -P -m bench.quant_quality [--model smollm2|gemma3|PATH.gguf] [--prompts 32] [--tokens 48]
-                                               [--formats none,gguf,q8_0]
+                                               [--formats none,gguf,q8_0,int8,gguf:int8]
 
 The text set is Workload A's 64 chat prompts (../shared/bench/workload.py, fixed by its seed): perplexity is over
 every prompt token after the first (the engine's prompt logprobs), greedy agreement over ``--tokens`` new tokens
@@ -11,8 +11,11 @@ before the first difference.
 
 Formats (EngineArgs.quantization): ``none`` is the float32 model (a GGUF file de-quantized at load: the reference);
 ``gguf`` serves the file's own blocks (the same values: only the summation order differs, so it should agree
-with float32 up to rounding); ``q8_0`` quantizes the float32 weights to Q8_0 at load (a real second rounding).
-Each format runs in its own process (one engine's threads at a time).
+with float32 up to rounding); ``q8_0`` quantizes the float32 weights to Q8_0 at load (a real second rounding);
+``int8`` to int8 per output channel (one scale a row). ``FORMAT:int8`` is FORMAT with
+``quantized_activations="int8"`` (x rounded to int8 per group of 32 in every quantized projection); its row also
+compares it with FORMAT alone where that ran ("vs without int8 x"). Each format runs in its own process (one
+engine's threads at a time).
 """
 
 from __future__ import annotations
@@ -37,7 +40,13 @@ def model_arg(name: str) -> str | None:
     return name
 
 
-def measure(model: str | None, quantization: str, n_prompts: int, n_tokens: int) -> dict:
+def engine_kwargs(fmt: str) -> dict[str, str]:
+    """``quantization[:activations]`` -> the EngineArgs that serve it."""
+    quantization, _, activations = fmt.partition(":")
+    return {"quantization": quantization} | ({"quantized_activations": activations} if activations else {})
+
+
+def measure(model: str | None, fmt: str, n_prompts: int, n_tokens: int) -> dict:
     """In this process: mean prompt logprob (and count) and the greedy outputs of one format."""
     from transformers import AutoTokenizer
 
@@ -48,7 +57,7 @@ def measure(model: str | None, quantization: str, n_prompts: int, n_tokens: int)
     if tok.chat_template is None:  # (Gemma's GGUF carries none: the plain one bench.throughput uses)
         tok.chat_template = PLAIN_CHAT_TEMPLATE
     prompts = [r["prompt_token_ids"] for r in load_workload().build_requests(tok)[:n_prompts]]
-    llm = LLM(model=model, quantization=quantization, max_num_seqs=64, enable_prefix_caching=False)
+    llm = LLM(model=model, max_num_seqs=64, enable_prefix_caching=False, **engine_kwargs(fmt))
     scored = llm.generate(prompts, [SamplingParams(max_tokens=1, prompt_logprobs=0) for _ in prompts])
     logprobs = [e.logprob for out in scored for e in (out.prompt_logprobs or []) if e is not None]
     greedy = llm.generate(prompts, SamplingParams(max_tokens=n_tokens, temperature=0.0, ignore_eos=True))
@@ -60,11 +69,11 @@ def measure(model: str | None, quantization: str, n_prompts: int, n_tokens: int)
     }
 
 
-def run_format(model: str | None, quantization: str, n_prompts: int, n_tokens: int) -> dict:
+def run_format(model: str | None, fmt: str, n_prompts: int, n_tokens: int) -> dict:
     """One format in a child process (the result comes back as JSON on its last line)."""
     code = (
         "import json, sys; from bench.quant_quality import measure; "
-        f"print(json.dumps(measure({model!r}, {quantization!r}, {n_prompts}, {n_tokens})))"
+        f"print(json.dumps(measure({model!r}, {fmt!r}, {n_prompts}, {n_tokens})))"
     )
     proc = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -87,7 +96,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2", help="smollm2 (bundled), gemma3, or a GGUF path")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--formats", default="none,gguf,q8_0")
+    ap.add_argument("--formats", default="none,gguf,q8_0,int8,gguf:int8")
     args = ap.parse_args()
     model = model_arg(args.model)
     formats = args.formats.split(",")
@@ -96,29 +105,33 @@ def main() -> None:
     rows = []
     for q, r in results.items():
         if "error" in r:
-            rows.append([q, "refused: " + r["error"][:90], "", "", "", ""])
+            rows.append([q, "refused: " + r["error"][:90], "", "", "", "", ""])
             continue
-        ppl = math.exp(-r["sum_logprob"] / r["n"])
-        if ref is not None and "error" not in ref:
-            ref_ppl = math.exp(-ref["sum_logprob"] / ref["n"])
-            same, prefix = agreement(r["outputs"], ref["outputs"])
-            rows.append(
-                [q, f"{r['weight_mb']:.1f}", f"{ppl:.4f}", f"{ppl / ref_ppl - 1:+.3%}", f"{same:.0%}", f"{prefix:.1%}"]
-            )
-        else:
-            rows.append([q, f"{r['weight_mb']:.1f}", f"{ppl:.4f}", "", "", ""])
+        row = [q, f"{r['weight_mb']:.1f}", f"{perplexity(r):.4f}"]
+        for base in (ref, results.get(q.partition(":")[0]) if ":" in q else None):
+            if base is not None and "error" not in base:
+                same, prefix = agreement(r["outputs"], base["outputs"])
+                row += [f"{perplexity(r) / perplexity(base) - 1:+.3%}", f"{same:.0%} / {prefix:.1%}"]
+            else:
+                row += ["", ""]
+        rows.append(row)
     print(f"model {args.model}: {args.prompts} Workload A prompts, {args.tokens} greedy tokens each")
     print_table(
         [
-            "quantization",
+            "format",
             "weights read per step (MB)",
             "perplexity",
             "vs float32",
-            "identical outputs",
-            "tokens agreeing",
+            "identical outputs / tokens agreeing",
+            "vs without int8 x",
+            "identical / agreeing",
         ],
         rows,
     )
+
+
+def perplexity(r: dict) -> float:
+    return math.exp(-r["sum_logprob"] / r["n"])
 
 
 if __name__ == "__main__":
