@@ -189,7 +189,7 @@ def command_section(path: tuple[str, ...], help: str | None, parser: argparse.Ar
         ]
         if not actions:
             continue
-        lines += [f"| {group.title} | |", "|---|---|"]
+        lines += [f"| {_cell(group.title)} | |", "|---|---|"]
         for action in actions:
             invocation = formatter._format_action_invocation(action)
             explained = _cell(formatter._expand_help(action)) if action.help else ""

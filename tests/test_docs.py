@@ -160,3 +160,17 @@ def test_the_build_refuses_to_run_with_the_checkout_on_sys_path(tmp_path: Path) 
     assert done.returncode != 0
     assert "is on sys.path" in done.stderr + done.stdout and "mkdocs build --strict" in done.stderr + done.stdout
     assert not (tmp_path / "site" / "index.html").exists()
+
+
+def test_free_text_from_the_code_is_escaped_outside_code_spans() -> None:
+    assert reference.text("Bearer <metrics_token> or `<key>`") == "Bearer &lt;metrics_token> or `<key>`"
+    assert reference._cell("a | b\n  c") == "a \\| b c"  # one line, its pipes kept out of the table's columns
+
+
+def test_schema_types_read_as_words_with_links_to_schemas() -> None:
+    nullable = {"oneOf": [{"$ref": "#/components/schemas/Canary"}, {"type": "null"}]}
+    assert reference.type_of(nullable) == "[Canary](#schema-canary) or null"
+    assert reference.type_of({"type": "array", "items": {"enum": ["a", 1]}}) == 'array of `"a"` or `1`'
+    assert reference.type_of({"type": "string", "format": "binary"}) == "string (binary)"
+    rows = reference.fields_table({"properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]})
+    assert rows[2] == "| `n` | integer | yes | min `1` |"
