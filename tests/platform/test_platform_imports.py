@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography.fernet import Fernet
 
 from tests.platform.conftest import BACKENDS
 from tests.platform.helpers import (
@@ -288,6 +289,14 @@ def test_hf_import_pins_the_commit_a_moving_branch_resolved_to(
         assert token not in body
     assert "import" in caplog.text and token not in caplog.text
 
+    # At rest it is Fernet ciphertext under the server's key (a 0600 key file in the data directory by default).
+    key_file = server.settings.data_dir / "import-credentials.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    with sqlite3.connect(server.settings.data_dir / "loraplex.db") as db:
+        [(kind, ciphertext)] = db.execute("SELECT kind, ciphertext FROM source_credentials").fetchall()
+    assert kind == "hf" and token not in ciphertext
+    assert json.loads(Fernet(key_file.read_bytes()).decrypt(ciphertext.encode())) == {"token": token}
+
     # Without the token the Hub's refusal is a failed import (not a retry).
     assert httpx.delete(f"{server.url}/v1/credentials/hf", headers=auth(key)).json()["configured"] is False
     files.seen.clear()
@@ -399,3 +408,18 @@ def test_a_redirect_to_a_refused_address_fails_the_import(start_server, files) -
             or "10.0.0.1" in done["error"]["message"]
         )
     nothing_stored(server, key, scratch)
+
+
+def test_credentials_under_another_servers_key_are_refused_by_name(start_server, files, tmp_path, monkeypatch) -> None:
+    """Replicas must share import_credentials_key: one with another key cannot read them and says so."""
+    monkeypatch.setenv("HF_ENDPOINT", files.url)
+    one = start_server(data_dir=tmp_path / "shared", import_credentials_key=Fernet.generate_key().decode(), **LOCAL)
+    two = start_server(data_dir=tmp_path / "shared", import_credentials_key=Fernet.generate_key().decode(), **LOCAL)
+    key = create_tenant(one.url, "imp-keys")
+    assert httpx.put(f"{one.url}/v1/credentials/hf", json={"token": "hf_x"}, headers=auth(key)).status_code == 200
+    r = httpx.put(f"{one.url}/v1/credentials/gcs", json={"token": "x"}, headers=auth(key))
+    assert r.status_code == 404 and error_of(r)["code"] == "not_found"
+    one.stop()  # (its runner would claim the import as readily as two's)
+    done = finished(two.url, key, started(two.url, key, name="hub", source="hf://acme/lora"))
+    assert done["status"] == "failed" and done["error"]["code"] == "credentials_unreadable", done
+    assert files.paths() == []
