@@ -36,6 +36,16 @@ def shown(url: httpx.URL | str) -> str:
     return str(u.copy_with(userinfo=b"", query=None, fragment=None))
 
 
+def transport_error(url: httpx.URL | str, exc: httpx.TransportError) -> SourceError:
+    """A connection failure: transient (retried), except a TLS certificate the host's name does not match."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        return SourceError(f"{shown(url)}: TLS certificate refused ({cause})", code="source_error")
+    return SourceError(f"{shown(url)}: {type(exc).__name__} ({exc})", code="source_unreachable", transient=True)
+
+
 @dataclass
 class Budget:
     """Bytes an import may still download, all its files together (the upload size limit)."""
@@ -110,12 +120,13 @@ class Fetcher:
             try:
                 response = await self.client.send(request, stream=True)
             except httpx.TransportError as exc:
-                raise SourceError(
-                    f"{shown(current)}: {type(exc).__name__} ({exc})", code="source_unreachable", transient=True
-                ) from None
+                raise transport_error(current, exc) from None
             if response.status_code in REDIRECTS and "location" in response.headers:
                 await response.aclose()
-                following = current.join(response.headers["location"])
+                try:
+                    following = current.join(response.headers["location"])
+                except httpx.InvalidURL:
+                    raise SourceError(f"{shown(current)}: a redirect to an invalid URL", code="source_error") from None
                 if following.host != current.host:
                     sent = {k: v for k, v in sent.items() if k.lower() != "authorization"}
                 current = following
@@ -141,7 +152,7 @@ class Fetcher:
                 if len(body) > max_bytes:
                     raise SourceError(f"{shown(url)}: answer over {max_bytes} bytes", code="source_error")
         except httpx.TransportError as exc:
-            raise SourceError(f"{shown(url)}: {exc}", code="source_unreachable", transient=True) from None
+            raise transport_error(url, exc) from None
         finally:
             await response.aclose()
         try:
@@ -176,9 +187,7 @@ class Fetcher:
                     size += len(chunk)
                     progress(size, total)
         except httpx.TransportError as exc:
-            raise SourceError(
-                f"{what}: {type(exc).__name__} ({exc})", code="source_unreachable", transient=True
-            ) from None
+            raise transport_error(url, exc) from None
         finally:
             await response.aclose()
         if total is not None and size != total:
