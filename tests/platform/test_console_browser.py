@@ -8,6 +8,7 @@ each page are saved under the test's temp folder."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from loraplex.platform.model_resolution import canary_share
 from tests.platform.browser import require_browser, start_chromium, wait_for
 from tests.platform.conftest import settings_for
 from tests.platform.helpers import ServerThread, auth, create_tenant, make_peft_adapter, upload, zip_folder
+from tests.platform.import_sources import Reply, source_server
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +41,14 @@ def console(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     engine = AsyncEngine(
         EngineArgs(max_model_len=1024, kv_cache_bytes=256 * 1024 * 1024, max_num_seqs=16, max_loras=2, max_cpu_loras=4)
     )
-    settings = settings_for("sqlite", root / "data", max_upload_bytes=64 * 1024 * 1024, endpoint_rollup_flush_s=1.0)
+    settings = settings_for(
+        "sqlite",
+        root / "data",
+        max_upload_bytes=64 * 1024 * 1024,
+        endpoint_rollup_flush_s=1.0,
+        import_allow_networks="127.0.0.1/32",  # the import journey's source server, on this machine
+        import_allow_http=True,
+    )
     server = ServerThread(create_app_for(settings, engine)).start()
     key = create_tenant(server.url, TENANT)
     zips = []
@@ -153,9 +162,31 @@ def test_sign_in_upload_list_and_roll_back(console: dict[str, Any]) -> None:
     wait_for(driver, lambda d: all_by(d, "#versions tr[data-version='1'] [data-action='make-current']"), "versions")
     by(driver, "#versions tr[data-version='1'] [data-action='make-current']").click()
     wait_for(driver, lambda d: "v1 is now current" in text_of(d, "#versions-status"), "the rollback")
-    assert "(current)" in by(driver, "#versions tr[data-version='1']").text
+    wait_for(driver, lambda d: "(current)" in text_of(d, "#versions tr[data-version='1']"), "v1 marked current")
     assert httpx.get(f"{c['server'].url}/v1/adapters/bot", headers=auth(c["key"])).json()["version"] == 1
     shot(c, "adapter-versions")
+    assert_clean(driver)
+
+
+def test_import_by_reference(console: dict[str, Any]) -> None:
+    c = console
+    archive = c["zips"][1].read_bytes()
+    with source_server() as files:
+        files.routes["/lora.zip"] = Reply(200, archive)
+        driver = sign_in(c)
+        wait_for(driver, lambda d: d.find_element("id", "nav").is_displayed(), "signed in")
+        wait_for(driver, lambda d: all_by(d, "#import-form"), "the import form")
+        by(driver, "#import-name").send_keys("imported")
+        by(driver, "#import-source").send_keys(f"{files.url}/lora.zip")
+        by(driver, "#import-sha256").send_keys(hashlib.sha256(archive + b"!").hexdigest())  # a wrong checksum
+        by(driver, "#import-button").click()
+        wait_for(driver, lambda d: "checksum_mismatch" in text_of(d, "#import-status"), "the failed import's reason")
+        by(driver, "#import-sha256").clear()
+        by(driver, "#import-sha256").send_keys(hashlib.sha256(archive).hexdigest())
+        by(driver, "#import-button").click()
+        wait_for(driver, lambda d: "Imported imported version 1" in text_of(d, "#import-status"), "the import")
+        wait_for(driver, lambda d: "v1" in text_of(d, "#adapters tr[data-adapter='imported']"), "it listed")
+        assert files.paths() == ["/lora.zip", "/lora.zip"]
     assert_clean(driver)
 
 
@@ -226,10 +257,11 @@ def test_canary_endpoint_plot_promote_and_slider(console: dict[str, Any]) -> Non
     wait_for(driver, plotted, f"both versions' calls on the plot ({dict(served)})", timeout=30)
     assert len(all_by(driver, "svg[data-plot='requests'] polyline")) == 2
     assert len(all_by(driver, "svg[data-plot='latency'] polyline")) == 2
-    assert by(driver, "#version-totals tr[data-version='1'] .requests").text == str(served[1])
-    assert by(driver, "#version-totals tr[data-version='2'] .errors").text == "0"
-    legend = [t.text for t in all_by(driver, "svg[data-plot='requests'] text.legend")]
-    assert legend == ["v1", "v2"]
+    # (the charts are redrawn every 5 s: each read below is retried if it lands on a replaced element)
+    wait_for(driver, lambda d: text_of(d, "#version-totals tr[data-version='1'] .requests") == str(served[1]), "v1")
+    wait_for(driver, lambda d: text_of(d, "#version-totals tr[data-version='2'] .errors") == "0", "v2's errors")
+    legend = "svg[data-plot='requests'] text.legend"
+    wait_for(driver, lambda d: [t.text for t in all_by(d, legend)] == ["v1", "v2"], "the legend")
     shot(c, "endpoint")
 
     # deleting a version the endpoint serves is refused, and the console shows why
@@ -363,7 +395,8 @@ def test_usage_against_limits(console: dict[str, Any]) -> None:
     wait_for(driver, lambda d: d.find_element("id", "nav").is_displayed(), "signed in")
     driver.get(f"{c['server'].url}/console/#/usage")
     wait_for(driver, lambda d: all_by(d, "#usage tr[data-usage='queued_requests']"), "the usage table")
-    assert by(driver, "#usage tr[data-usage='tokens_this_minute'] .limit").text == "unlimited"
-    int(by(driver, "#usage tr[data-usage='tokens_this_minute'] .use").text)
+    row = "#usage tr[data-usage='tokens_this_minute']"
+    wait_for(driver, lambda d: text_of(d, f"{row} .limit") == "unlimited", "no token limit shown")
+    wait_for(driver, lambda d: text_of(d, f"{row} .use").isdigit(), "the tokens used this minute")
     shot(c, "usage")
     assert_clean(driver)

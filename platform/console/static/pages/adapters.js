@@ -50,6 +50,57 @@ function uploadForm(root, refresh) {
   return form;
 }
 
+/** Import by reference (s3://, https:// with its sha256, hf://): the server fetches it in the background; the
+ * form follows the import's status resource until it is ready (a new version) or failed (its error shown). */
+function importForm(refresh) {
+  const name = h("input", { id: "import-name", required: true, spellcheck: "false" });
+  const source = h("input", { id: "import-source", required: true, spellcheck: "false", placeholder: "https://…/adapter.zip, s3://bucket/prefix, hf://org/repo" });
+  const sha = h("input", { id: "import-sha256", spellcheck: "false", placeholder: "sha256 of the archive (https)" });
+  const bar = h("progress", { id: "import-progress", max: 1, value: 0 });
+  const status = h("span", { id: "import-status", role: "status" });
+  const form = h(
+    "form",
+    {
+      id: "import-form",
+      onsubmit: async (e) => {
+        e.preventDefault();
+        const body = { name: name.value.trim(), source: source.value.trim() };
+        if (sha.value.trim()) body.sha256 = sha.value.trim();
+        try {
+          let job = await api("POST", "/v1/adapters", body);
+          while (job.status !== "ready" && job.status !== "failed") {
+            status.className = "muted";
+            status.textContent = `Import ${job.status}…`;
+            bar.max = job.bytes_total || 1;
+            bar.value = job.bytes_total ? job.bytes_done : 0;
+            await new Promise((ok) => setTimeout(ok, 500));
+            job = await api("GET", `/v1/adapters/${enc(job.name)}/imports/${enc(job.id)}`);
+          }
+          if (job.status === "failed") {
+            status.className = "error";
+            status.textContent = `Import failed: ${job.error ? `${job.error.message} (code ${job.error.code})` : "no reason given"}`;
+            return;
+          }
+          bar.max = 1;
+          bar.value = 1;
+          form.reset();
+          await refresh();
+          status.className = "ok";
+          status.textContent = `Imported ${job.name} version ${job.version}`;
+        } catch (err) {
+          failure(status, err);
+        }
+      },
+    },
+    h("label", {}, "Name", name),
+    h("label", {}, "Source", source),
+    h("label", {}, "SHA-256", sha),
+    h("button", { type: "submit", id: "import-button" }, "Import"),
+    h("span", { class: "meter" }, bar, status),
+  );
+  return form;
+}
+
 async function versions(root, name) {
   const status = h("p", { id: "versions-status", role: "status" });
   const body = h("div");
@@ -80,9 +131,9 @@ async function versions(root, name) {
   const act = async (method, path, data, done) => {
     try {
       await api(method, path, data);
+      await load();
       status.className = "ok";
       status.textContent = done;
-      await load();
     } catch (err) {
       failure(status, err);
     }
@@ -117,7 +168,7 @@ export async function render(root, [name]) {
     );
     fill(list, rows.length ? table(["Name", "Model id", "Current", "LoRA", "Size", "Status"], rows, { id: "adapters" }) : h("p", { class: "muted" }, "No adapters yet."));
   };
-  fill(root, h("h1", {}, "Adapters"), uploadForm(root, refresh), list);
+  fill(root, h("h1", {}, "Adapters"), h("h2", {}, "Upload"), uploadForm(root, refresh), h("h2", {}, "Import by reference"), importForm(refresh), h("h2", {}, "Your adapters"), list);
   await refresh();
   return null;
 }
