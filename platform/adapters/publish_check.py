@@ -14,7 +14,7 @@ figures) unless the request accepted that (`accept_failed_check`): then it is st
 
 The reference is loaded once, lazily, and kept (float32, the base's Hugging Face folder, the same folder tests use
 as the oracle); on a base with more parameters than `max_reference_params` it is never loaded and every version
-records {"skipped": "<why>"} instead of figures."""
+records {"skipped": "<why>"} instead of figures (as does a version peft itself fails to run: logged, not blocked)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,11 @@ class PublishCheck:
         resident = info.content_hash in self.engine.stats().lora.host_adapters
         try:
             out = await self._engine_run(folder, info, name)
-            reference = await asyncio.to_thread(self._reference_logprobs, folder, self._prompt_ids + out.token_ids)
+            try:
+                reference = await asyncio.to_thread(self._reference_logprobs, folder, self._prompt_ids + out.token_ids)
+            except Exception as exc:  # the reference, not the adapter, failed: said so, the version not blocked
+                log.warning("the check at publish's reference failed on adapter %s: %r", name, exc)
+                return {"skipped": f"the float reference (peft) failed on this adapter: {exc}"[:500]}
         finally:
             if not resident:  # the check's copy goes; a request for the version loads it from the store
                 self.engine.remove_adapter(info.content_hash)
@@ -133,9 +137,12 @@ class PublishCheck:
         else:
             from transformers import AutoConfig, AutoModelForCausalLM
 
-            with torch.device("meta"):
-                meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.reference_dir))
-            params = sum(p.numel() for p in meta.parameters())
+            try:
+                with torch.device("meta"):
+                    meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.reference_dir))
+                params = sum(p.numel() for p in meta.parameters())
+            except Exception as exc:  # transformers cannot build this base: nothing to check against
+                self._skip, params = f"transformers cannot build the base model as a reference: {exc}"[:500], 0
             if params > self.config.max_reference_params:
                 self._skip = (
                     f"the base has {params} parameters, over publish_check_max_reference_params "

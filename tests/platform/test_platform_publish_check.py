@@ -86,6 +86,22 @@ def test_the_cap_records_a_skip_and_the_setting_turns_it_off(start_server, adapt
     assert r.status_code == 201 and r.json()["publish_check"] is None
 
 
+def test_a_reference_that_fails_records_a_skip(start_server, adapter_factory, monkeypatch) -> None:
+    from loraplex.platform.adapters.publish_check import PublishCheck
+
+    def broken(self: Any, folder: Any, token_ids: Any) -> Any:
+        raise RuntimeError("peft cannot load this")
+
+    monkeypatch.setattr(PublishCheck, "_reference_logprobs", broken)
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "unreferenced")
+    r = upload(server.url, key, "odd", archive=zip_folder(adapter_factory("check-odd", seed=45)))
+    assert r.status_code == 201, r.text
+    assert r.json()["publish_check"] == {
+        "skipped": "the float reference (peft) failed on this adapter: peft cannot load this"
+    }
+
+
 @pytest.mark.slow
 def test_the_check_on_the_bundled_model_and_what_it_costs(smol_dir, tmp_path) -> None:
     """SmolLM2-135M (the bundled model, float32 from its GGUF) behind a server: plain and DoRA versions pass with
