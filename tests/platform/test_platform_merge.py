@@ -126,7 +126,11 @@ def test_merged_version_is_an_ordinary_adapter(start_server, adapter_factory) ->
     assert [v["version"] for v in versions["data"]] == [1, 2, 3] and versions["current"] == 3
     back = httpx.put(f"{server.url}/v1/adapters/both/current", json={"version": 1}, headers=auth(key))
     assert back.status_code == 200 and back.json()["origin"] == {"kind": "upload"}
-    assert completion(server.url, key, "both@2")["text"]
+    endpoint = {"name": "mixbot", "adapter": "both@2"}
+    assert httpx.post(f"{server.url}/v1/endpoints", json=endpoint, headers=auth(key)).status_code == 201
+    assert completion(server.url, key, "mixbot") == completion(server.url, key, "both@2")
+    assert httpx.delete(f"{server.url}/v1/adapters/both@2", headers=auth(key)).status_code == 409  # served
+    assert httpx.delete(f"{server.url}/v1/endpoints/mixbot", headers=auth(key)).status_code == 200
     assert httpx.delete(f"{server.url}/v1/adapters/both@2", headers=auth(key)).status_code == 200
 
 
