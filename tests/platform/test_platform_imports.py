@@ -148,6 +148,22 @@ def test_an_https_source_needs_its_sha256_and_a_wrong_one_stores_nothing(start_s
         assert r.status_code == 400 and error_of(r)["param"] == param, (body, r.text)
     r = post_import(server.url, key, name="x", source="hf://org/repo", extra=1)
     assert r.status_code == 400 and error_of(r)["code"] == "unknown_field"
+    r = post_import(server.url, key, name=5, source="hf://org/repo")
+    assert r.status_code == 400 and error_of(r)["param"] == "name"
+    r = httpx.post(
+        f"{server.url}/v1/adapters", content=b"[1, 2]", headers={**auth(key), "Content-Type": "application/json"}
+    )
+    assert r.status_code == 400 and error_of(r)["code"] == "invalid_request"
+    r = httpx.post(
+        f"{server.url}/v1/adapters", content=b"{nope", headers={**auth(key), "Content-Type": "application/json"}
+    )
+    assert r.status_code == 400 and error_of(r)["code"] == "invalid_json"
+    deep = b'{"name": "x", "source": ' + b"[" * 100 + b"]" * 100 + b"}"
+    r = httpx.post(f"{server.url}/v1/adapters", content=deep, headers={**auth(key), "Content-Type": "application/json"})
+    assert r.status_code == 400 and error_of(r)["code"] == "json_too_deep"
+    big = b'{"name": "x", "source": "' + b"a" * (9 << 20) + b'"}'  # past max_request_bytes (8 MiB)
+    r = httpx.post(f"{server.url}/v1/adapters", content=big, headers={**auth(key), "Content-Type": "application/json"})
+    assert r.status_code == 413 and error_of(r)["code"] == "request_too_large"
 
     wrong = hashlib.sha256(archive + b"!").hexdigest()
     done = finished(server.url, key, started(server.url, key, name="x", source=f"{files.url}/a.zip", sha256=wrong))

@@ -11,14 +11,6 @@ from msgspec import Struct
 from loraplex.platform.db.models import AdapterImport, as_utc
 
 
-class ImportCreate(Struct, kw_only=True, forbid_unknown_fields=True):
-    """`POST /v1/adapters` as JSON: import `source` as a new version of `name` (in the background)."""
-
-    name: str
-    source: str  # s3://bucket/prefix, https://host/adapter.zip|.tar.gz, hf://org/repo[@revision]
-    sha256: str | None = None  # the archive's SHA-256; required for https:// sources
-
-
 class ImportErrorOut(Struct, kw_only=True):
     code: str
     message: str

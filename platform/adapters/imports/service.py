@@ -73,6 +73,8 @@ class ImportService:
         unknown = sorted(set(body) - {"name", "source", "sha256"})
         if unknown:
             raise Invalid(f"unknown field {unknown[0]!r} in an import request", param=unknown[0], code="unknown_field")
+        if not isinstance(body.get("name", ""), str):
+            raise Invalid("name must be a string (the model name clients will use)", param="name")
         name = self.adapters.check_new_name(body.get("name"))
         sha256 = body.get("sha256")
         if sha256 is not None and not isinstance(sha256, str):
