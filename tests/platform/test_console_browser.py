@@ -358,6 +358,57 @@ def test_playground_shows_json_schema_header_grounding_and_confidence(console: d
     assert_clean(driver)
 
 
+def test_playground_on_an_endpoint_with_its_own_schema(console: dict[str, Any]) -> None:
+    c = console
+    url, key = c["server"].url, c["key"]
+    schema = {
+        "type": "object",
+        # (no x-loraplex-grounded: an endpoint's schema is compiled at publish, without a request's source text)
+        "properties": {"person": {"type": "string", "maxLength": 40}, "angry": {"type": "boolean"}},
+        "required": ["person", "angry"],
+        "additionalProperties": False,
+    }
+    r = httpx.post(
+        f"{url}/v1/endpoints",
+        json={
+            "name": "triage",
+            "defaults": {
+                "system_prompt": "Extract who wrote the ticket and whether they are angry.",
+                "response_format": {"type": "json_schema", "json_schema": {"name": "triage", "schema": schema}},
+                "temperature": 0,
+                "max_tokens": 40,
+            },
+        },
+        headers=auth(key),
+    )
+    assert r.status_code == 201, r.text
+    driver = sign_in(c)
+    wait_for(driver, lambda d: d.find_element("id", "nav").is_displayed(), "signed in")
+    driver.get(f"{url}/console/#/playground")
+    wait_for(driver, lambda d: all_by(d, "#pg-form"), "the playground")
+    from selenium.webdriver.support.ui import Select
+
+    Select(by(driver, "#pg-model")).select_by_value(f"{TENANT}/triage")
+    # sending what the endpoint fixes is refused by name, and the console says so
+    by(driver, "#pg-send").click()
+    wait_for(driver, lambda d: "override_not_allowed" in text_of(d, "#pg-status"), "the refusal")
+    by(driver, "#pg-send-schema").click()  # the endpoint's own schema
+    by(driver, "#pg-max-tokens").clear()
+    by(driver, "#pg-temperature").clear()
+    by(driver, "#pg-send").click()
+    wait_for(driver, lambda d: all_by(d, "#pg-json"), "the answer", timeout=180)
+    answer = json.loads(by(driver, "#pg-json").text)
+    assert set(answer) == {"person", "angry"} and len(answer["person"]) <= 40
+    assert text_of(driver, "#pg-status") == "Answered by base"  # an endpoint on the base model says so
+    assert {r.get_attribute("data-pointer") for r in all_by(driver, "#pg-field-logprobs-table tr[data-pointer]")} == {
+        "/person",
+        "/angry",
+    }
+    assert not all_by(driver, "#grounded-source") and "No grounded values." in text_of(driver, "#pg-result")
+    assert text_of(driver, "#pg-schema-header") == "exact"
+    assert_clean(driver)
+
+
 def test_hostile_strings_render_as_text(console: dict[str, Any]) -> None:
     c = console
     url, key = c["server"].url, c["key"]

@@ -32,20 +32,25 @@ export async function render(root) {
   const user = h("textarea", { id: "pg-user", rows: 3 }, "Ticket from Maria Okafor: the printer is on fire, please come now.");
   const schema = h("textarea", { id: "pg-schema", rows: 10, spellcheck: "false" }, JSON.stringify(SCHEMA, null, 2));
   const maxTokens = h("input", { id: "pg-max-tokens", type: "number", min: 1, value: 64 });
+  const temperature = h("input", { id: "pg-temperature", type: "number", min: 0, max: 2, step: 0.1, value: 0 });
   const narrowing = h("input", { id: "pg-narrowing", type: "checkbox", checked: true });
   const logprobs = h("input", { id: "pg-field-logprobs", type: "checkbox", checked: true });
+  // off: no response_format is sent, so an endpoint's own schema (its defaults) applies
+  const sendSchema = h("input", { id: "pg-send-schema", type: "checkbox", checked: true });
   const status = h("p", { id: "pg-status", role: "status" });
   const result = h("div", { id: "pg-result" });
   const send = async (e) => {
     e.preventDefault();
     fill(result);
-    let parsedSchema;
-    try {
-      parsedSchema = JSON.parse(schema.value);
-    } catch (err) {
-      status.className = "error";
-      status.textContent = `The schema is not JSON: ${err.message}`;
-      return;
+    let parsedSchema = null;
+    if (sendSchema.checked) {
+      try {
+        parsedSchema = JSON.parse(schema.value);
+      } catch (err) {
+        status.className = "error";
+        status.textContent = `The schema is not JSON: ${err.message}`;
+        return;
+      }
     }
     const messages = [];
     if (system.value.trim()) messages.push({ role: "system", content: system.value.trim() });
@@ -53,12 +58,13 @@ export async function render(root) {
     const body = {
       model: model.value,
       messages,
-      max_tokens: Number(maxTokens.value),
-      temperature: 0,
-      response_format: { type: "json_schema", json_schema: { name: "playground", schema: parsedSchema } },
       schema_narrowing: narrowing.checked ? "allow" : "refuse",
       field_logprobs: logprobs.checked,
     };
+    // (left empty: not sent, so an endpoint's own default applies; setting what it fixes is refused by name)
+    if (maxTokens.value.trim()) body.max_tokens = Number(maxTokens.value);
+    if (temperature.value.trim()) body.temperature = Number(temperature.value);
+    if (parsedSchema !== null) body.response_format = { type: "json_schema", json_schema: { name: "playground", schema: parsedSchema } };
     status.className = "muted";
     status.textContent = "Generating…";
     let out;
@@ -79,6 +85,7 @@ export async function render(root) {
     const fields = Object.entries(choice.field_logprobs || {}).map(([ptr, f]) =>
       h("tr", { "data-pointer": ptr }, h("td", { class: "mono" }, ptr || "(root)"), h("td", {}, f.logprob.toFixed(3)), h("td", {}, f.min_logprob.toFixed(3)), h("td", {}, f.tokens), h("td", {}, `${(100 * Math.exp(f.logprob)).toFixed(1)}%`)),
     );
+    // spans copy user messages only, and this request has one (an endpoint's system prompt may shift its index)
     const grounded = choice.grounded_values || [];
     fill(
       result,
@@ -90,7 +97,7 @@ export async function render(root) {
       fields.length ? table(["Field", "Sum logprob", "Lowest", "Tokens", "P(all tokens)"], fields, { id: "pg-field-logprobs-table" }) : h("p", { class: "muted" }, "No field logprobs."),
       h("h2", {}, "Grounded spans"),
       grounded.length
-        ? [marked(user.value, grounded.filter((g) => g.message === messages.length - 1)), table(["Field", "Message", "Span"], grounded.map((g) => h("tr", {}, h("td", { class: "mono" }, g.pointer), h("td", {}, g.message), h("td", {}, `${g.start}–${g.end}`))), { id: "pg-grounded" })]
+        ? [marked(user.value, grounded), table(["Field", "Message", "Span"], grounded.map((g) => h("tr", {}, h("td", { class: "mono" }, g.pointer), h("td", {}, g.message), h("td", {}, `${g.start}–${g.end}`))), { id: "pg-grounded" })]
         : h("p", { class: "muted" }, "No grounded values."),
     );
   };
@@ -100,11 +107,11 @@ export async function render(root) {
     h(
       "form",
       { id: "pg-form", class: "stack", onsubmit: send },
-      h("span", { class: "meter" }, h("label", {}, "Endpoint or model", model), h("label", {}, "Max tokens", maxTokens)),
+      h("span", { class: "meter" }, h("label", {}, "Endpoint or model", model), h("label", {}, "Max tokens", maxTokens), h("label", {}, "Temperature", temperature)),
       h("label", {}, "System", system),
       h("label", {}, "User message", user),
-      h("label", {}, "JSON schema (x-loraplex-grounded: a verbatim span of the message)", schema),
-      h("span", { class: "meter" }, h("label", {}, "Allow narrowing", narrowing), h("label", {}, "Field logprobs", logprobs), h("button", { type: "submit", id: "pg-send" }, "Send")),
+      h("label", {}, "JSON schema (x-loraplex-grounded: a verbatim span of the message; unticked below: the endpoint's own)", schema),
+      h("span", { class: "meter" }, h("label", {}, "Send this schema", sendSchema), h("label", {}, "Allow narrowing", narrowing), h("label", {}, "Field logprobs", logprobs), h("button", { type: "submit", id: "pg-send" }, "Send")),
     ),
     status,
     result,
