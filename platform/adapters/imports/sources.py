@@ -281,6 +281,7 @@ async def _fetch_s3(
     digest = await asyncio.to_thread(_digest, folder)
     if sha256 is not None and digest != sha256:
         raise SourceError(
-            f"{source.text}: the files' sha256 is {digest}, not the {sha256} the request states", code="checksum_mismatch"
+            f"{source.text}: the files' sha256 is {digest}, not the {sha256} the request states",
+            code="checksum_mismatch",
         )
     return Fetched(folder, "etag:" + ",".join(etags), digest)
