@@ -440,6 +440,40 @@ def test_hostile_strings_render_as_text(console: dict[str, Any]) -> None:
     wait_for(driver, lambda d: d.execute_script("return window.__cspViolations") == 1, "the violation to be counted")
 
 
+def test_keys_created_revoked_and_this_tabs_key_rotated(console: dict[str, Any]) -> None:
+    c = console
+    url = c["server"].url
+    made = httpx.post(f"{url}/v1/tenants/{TENANT}/keys", headers=auth(c["key"]))
+    assert made.status_code in (200, 201), made.text
+    tab_key, tab_prefix = made.json()["key"], made.json()["prefix"]
+    driver = sign_in(c, key=tab_key)
+    wait_for(driver, lambda d: d.find_element("id", "nav").is_displayed(), "signed in")
+    driver.get(f"{url}/console/#/keys")
+    wait_for(driver, lambda d: "(this tab)" in text_of(d, f"#keys tr[data-prefix='{tab_prefix}']"), "this tab's key")
+
+    by(driver, "#create-key").click()
+    wait_for(driver, lambda d: all_by(d, "#new-key-value"), "the new key, shown once")
+    extra = by(driver, "#new-key-value").text
+    assert httpx.get(f"{url}/v1/adapters", headers=auth(extra)).status_code == 200
+    extra_prefix = extra.removeprefix("lpx-").split(".")[0]
+    wait_for(driver, lambda d: all_by(d, f"#keys tr[data-prefix='{extra_prefix}'] [data-action='revoke']"), "listed")
+    by(driver, f"#keys tr[data-prefix='{extra_prefix}'] [data-action='revoke']").click()
+    wait_for(driver, lambda d: f"Key {extra_prefix} revoked" in text_of(d, "#keys-status"), "the revocation")
+    assert httpx.get(f"{url}/v1/adapters", headers=auth(extra)).status_code == 401
+
+    by(driver, "#rotate-key").click()
+    wait_for(driver, lambda d: f"{tab_prefix} is revoked" in text_of(d, "#keys-status"), "the rotation")
+    new_key = driver.execute_script("return sessionStorage.getItem('loraplex.key')")
+    assert new_key != tab_key and new_key not in driver.execute_script("return JSON.stringify(localStorage)")
+    assert httpx.get(f"{url}/v1/adapters", headers=auth(tab_key)).status_code == 401
+    assert httpx.get(f"{url}/v1/adapters", headers=auth(new_key)).status_code == 200
+    assert httpx.get(f"{url}/v1/adapters", headers=auth(c["key"])).status_code == 200  # other keys untouched
+    driver.get(f"{url}/console/#/adapters")  # the tab goes on with its new key
+    wait_for(driver, lambda d: all_by(d, "#upload-form"), "the adapters page with the rotated key")
+    shot(c, "keys")
+    assert_clean(driver)
+
+
 def test_usage_against_limits(console: dict[str, Any]) -> None:
     c = console
     driver = sign_in(c)

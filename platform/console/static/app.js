@@ -5,10 +5,11 @@ import { fill, h } from "./dom.js";
 import * as adapters from "./pages/adapters.js";
 import * as batches from "./pages/batches.js";
 import * as endpoints from "./pages/endpoints.js";
+import * as keys from "./pages/keys.js";
 import * as playground from "./pages/playground.js";
 import * as usage from "./pages/usage.js";
 
-const PAGES = { adapters, endpoints, batches, usage, playground };
+const PAGES = { adapters, endpoints, batches, usage, keys, playground };
 const $ = (id) => document.getElementById(id);
 let cleanup = null;
 
