@@ -66,8 +66,9 @@ Loader = Callable[[], Awaitable[Any | None]]
 class LocalCache:
     """Bounded LRU with TTL and per-key invalidation versions (one process)."""
 
-    def __init__(self, ttl_s: float, max_entries: int = 10_000) -> None:
+    def __init__(self, ttl_s: float, max_entries: int = 10_000, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
+        self.clock = clock  # monotonic seconds; tests drive it to check expiry without waiting
         self.max_entries = max_entries
         self._entries: OrderedDict[str, tuple[float, tuple[int, int], Any]] = OrderedDict()
         self._versions: dict[str, int] = {}
@@ -81,7 +82,7 @@ class LocalCache:
         if hit is None:
             return None
         expires, version, value = hit
-        if expires < time.monotonic() or version != self.version(key):
+        if expires < self.clock() or version != self.version(key):
             self._entries.pop(key, None)
             return None
         self._entries.move_to_end(key)
@@ -90,7 +91,7 @@ class LocalCache:
     def put(self, key: str, value: Any, version: tuple[int, int]) -> None:
         if version != self.version(key):
             return  # invalidated (or everything cleared) while the value was being loaded
-        self._entries[key] = (time.monotonic() + self.ttl_s, version, value)
+        self._entries[key] = (self.clock() + self.ttl_s, version, value)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
@@ -126,8 +127,12 @@ class RegistryCache:
         *,
         heartbeat_s: float = HEARTBEAT_S,
         trust_s: float = TRUST_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.local = LocalCache(ttl_s)
+        # Monotonic seconds for the TTL, the heartbeats' send times and the trust window. Tests drive it to bound
+        # staleness exactly (what a missed invalidation can cost) without sleeping.
+        self.clock = clock
+        self.local = LocalCache(ttl_s, clock=clock)
         self.redis = redis
         self.ttl_s = ttl_s
         self.heartbeat_s = heartbeat_s
@@ -179,9 +184,7 @@ class RegistryCache:
         if self.redis is None:
             return True
         return (
-            time.monotonic() < self._trusted_until
-            and self._generation is not None
-            and self._epoch_bumped == self._outages
+            self.clock() < self._trusted_until and self._generation is not None and self._epoch_bumped == self._outages
         )
 
     async def get_or_load(self, key: str, loader: Loader) -> Any | None:
@@ -246,7 +249,7 @@ class RegistryCache:
         assert self.redis is not None
         client = self.redis.client
         while True:
-            started = time.monotonic()
+            started = self.clock()
             try:
                 async with asyncio.timeout(4 * self.trust_s):  # the socket timeout should fire first
                     outages, pending = self._outages, list(self._pending)
@@ -261,7 +264,7 @@ class RegistryCache:
                 self.redis.mark_down(exc)
             else:
                 await self.redis.mark_up()
-            await asyncio.sleep(max(0.0, self.heartbeat_s - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, self.heartbeat_s - (self.clock() - started)))
 
     def _on_message(self, channel: str, data: str, now: float) -> bool:
         """Apply one message; True when it was our own heartbeat."""
@@ -296,10 +299,10 @@ class RegistryCache:
                 if not first:
                     self._outage("resubscribed to invalidations")
                 first, delay = False, 0.2
-                heard = time.monotonic()
+                heard = self.clock()
                 while True:
                     message = await pubsub.get_message(timeout=self.heartbeat_s)
-                    now = time.monotonic()
+                    now = self.clock()
                     is_message = message is not None and message.get("type") == "message"
                     if is_message and self._on_message(_text(message["channel"]), _text(message["data"]), now):
                         heard = now
