@@ -68,7 +68,11 @@ class UploadOperation(Operation):
                                 description="s3://bucket/prefix, https://host/adapter.zip|.tar.gz or "
                                 "hf://org/repo[@revision]",
                             ),
-                            "sha256": Schema(type=OpenAPIType.STRING, description="required for https:// sources"),
+                            "sha256": Schema(
+                                type=OpenAPIType.STRING,
+                                description="the archive's SHA-256 (required for https:// sources); for an hf:// or "
+                                "s3:// folder, the weights file's (optional)",
+                            ),
                         },
                     )
                 ),

@@ -24,7 +24,11 @@ def register(cmds: argparse._SubParsersAction[argparse.ArgumentParser], common: 
     )
     p.add_argument("source", help="s3://bucket/prefix, https://host/adapter.zip|.tar.gz, or hf://org/repo[@revision]")
     p.add_argument("--name", required=True, help="the adapter's name (an existing name gets a new version)")
-    p.add_argument("--sha256", help="the archive's SHA-256 (required for https:// sources)")
+    p.add_argument(
+        "--sha256",
+        help="the archive's SHA-256 (required for https:// sources); for an hf:// or s3:// folder, the weights "
+        "file's (optional)",
+    )
     p.add_argument("--wait", action="store_true", help="follow the import to its end, with a progress bar")
     p.set_defaults(func=client_command(import_adapter))
 

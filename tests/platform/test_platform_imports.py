@@ -285,6 +285,19 @@ def test_hf_import_pins_the_commit_a_moving_branch_resolved_to(
     assert second != first
     two = finished(server.url, key, started(server.url, key, name="hub", source="hf://acme/support-lora@main"))
     assert two["resolved"] == second and two["version"] == 2
+    weights = (adapter_factory("imp-hub-2", seed=106) / "adapter_model.safetensors").read_bytes()
+    stated = finished(
+        server.url,
+        key,
+        started(
+            server.url, key, name="hub", source="hf://acme/support-lora", sha256=hashlib.sha256(weights).hexdigest()
+        ),
+    )
+    assert stated["status"] == "ready" and stated["version"] == 3, stated  # sha256: the weights file's
+    wrong = finished(
+        server.url, key, started(server.url, key, name="hub", source="hf://acme/support-lora", sha256="0" * 64)
+    )
+    assert wrong["status"] == "failed" and wrong["error"]["code"] == "checksum_mismatch", wrong
     pinned = finished(server.url, key, started(server.url, key, name="hub", source=f"hf://acme/support-lora@{first}"))
     assert pinned["status"] == "failed" and pinned["error"]["code"] == "source_error"  # no such revision served
 
@@ -364,12 +377,23 @@ def test_s3_import_with_the_tenants_own_keys(start_server, s3: S3Server, adapter
         (folder / n).stat().st_size for n in ("adapter_config.json", "adapter_model.safetensors")
     )
     assert chat(server.url, key, "from-s3").status_code == 200
+    weights_sha = hashlib.sha256((folder / "adapter_model.safetensors").read_bytes()).hexdigest()
+    assert httpx.get(f"{server.url}/v1/adapters/from-s3", headers=auth(key)).json()["origin"]["sha256"] == weights_sha
+
+    archive = zip_folder(adapter_factory("imp-s3-2", seed=109))
+    s3.client().put_object(Bucket=s3.bucket, Key="exports/adapter.zip", Body=archive)
+    zipped = f"s3://{s3.bucket}/exports/adapter.zip"
+    sha = hashlib.sha256(archive).hexdigest()
+    done = finished(server.url, key, started(server.url, key, name="from-s3", source=zipped, sha256=sha))
+    assert done["status"] == "ready" and done["version"] == 2 and done["bytes_done"] == len(archive), done
+    wrong = finished(server.url, key, started(server.url, key, name="from-s3", source=zipped, sha256="0" * 64))
+    assert wrong["status"] == "failed" and wrong["error"]["code"] == "checksum_mismatch", wrong
 
     missing = finished(server.url, key, started(server.url, key, name="from-s3", source=f"s3://{s3.bucket}/nothing"))
     assert missing["status"] == "failed" and missing["error"]["code"] == "source_error"
     assert f"s3://{s3.bucket}/nothing/adapter_config.json" in missing["error"]["message"]
 
-    responses = json.dumps([no_keys, done, missing])
+    responses = json.dumps([no_keys, done, missing, wrong])
     assert secret not in responses + caplog.text and "AKIATENANT" not in responses + caplog.text
     assert "Signature" not in responses and "loraplex.platform.imports" in caplog.text
 

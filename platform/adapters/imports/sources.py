@@ -9,7 +9,6 @@ botocore's SigV4 (no network) and sent through it too, so no connection bypasses
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -95,7 +94,8 @@ def parse_source(text: str, sha256: str | None) -> Source:
 
 @dataclass(frozen=True)
 class Fetched:
-    """A source in a local folder: the adapter's folder, what a moving reference resolved to, a content hash."""
+    """A source in a local folder: the adapter's folder, what a moving reference resolved to, and the sha256 of the
+    archive (https, an s3 archive) or of the weights file (hf, an s3 folder)."""
 
     root: Path
     resolved: str | None
@@ -141,14 +141,10 @@ async def fetch(
     if source.kind == "https":
         archive = workdir / ("source" + _suffix(urlsplit(source.url).path))
         got = await fetcher.download(source.url, archive, budget, progress.file())
-        if sha256 is not None and got.sha256 != sha256:
-            raise SourceError(
-                f"{source.shown}: the archive's sha256 is {got.sha256}, not the {sha256} the request states",
-                code="checksum_mismatch",
-            )
+        _check_sha256(sha256, got, f"{source.shown}: the archive")
         return Fetched(await _extracted(archive, workdir, limits), got.etag, got.sha256)
     if source.kind == "hf":
-        return await _fetch_hf(source, fetcher, workdir, budget, progress, credentials, hf_endpoint)
+        return await _fetch_hf(source, sha256, fetcher, workdir, budget, progress, credentials, hf_endpoint)
     return await _fetch_s3(source, sha256, fetcher, workdir, budget, progress, credentials, limits)
 
 
@@ -165,15 +161,17 @@ async def _extracted(archive: Path, workdir: Path, limits: AdapterLimits) -> Pat
     return root
 
 
-def _digest(folder: Path) -> str:
-    h = hashlib.sha256()
-    for name in (CONFIG_NAME, WEIGHTS_NAME):
-        h.update((folder / name).read_bytes())
-    return h.hexdigest()
+def _check_sha256(stated: str | None, got: Downloaded, what: str) -> None:
+    """The request's `sha256` against the archive's, or (a folder's two files) the weights file's, hash."""
+    if stated is not None and got.sha256 != stated:
+        raise SourceError(
+            f"{what}: its sha256 is {got.sha256}, not the {stated} the request states", code="checksum_mismatch"
+        )
 
 
 async def _fetch_hf(
     source: Source,
+    sha256: str | None,
     fetcher: Fetcher,
     workdir: Path,
     budget: Budget,
@@ -192,10 +190,11 @@ async def _fetch_hf(
     folder = workdir / "adapter"
     folder.mkdir()
     for name in (CONFIG_NAME, WEIGHTS_NAME):
-        await fetcher.download(
+        got = await fetcher.download(
             f"{endpoint}/{source.repo}/resolve/{commit}/{name}", folder / name, budget, progress.file(), headers
         )
-    return Fetched(folder, commit, await asyncio.to_thread(_digest, folder))
+    _check_sha256(sha256, got, f"{source.text}@{commit}: {WEIGHTS_NAME}")
+    return Fetched(folder, commit, got.sha256)
 
 
 @dataclass(frozen=True)
@@ -266,11 +265,7 @@ async def _fetch_s3(
     if source.key.lower().endswith(ARCHIVE_SUFFIXES):
         archive = workdir / ("source" + _suffix(source.key))
         got = await download(source.key, archive)
-        if sha256 is not None and got.sha256 != sha256:
-            raise SourceError(
-                f"{source.text}: the archive's sha256 is {got.sha256}, not the {sha256} the request states",
-                code="checksum_mismatch",
-            )
+        _check_sha256(sha256, got, f"{source.text}: the archive")
         return Fetched(await _extracted(archive, workdir, limits), got.etag, got.sha256)
     folder = workdir / "adapter"
     folder.mkdir()
@@ -278,10 +273,5 @@ async def _fetch_s3(
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         got = await download(f"{source.key}/{name}" if source.key else name, folder / name)
         etags.append((got.etag or "").strip('"'))
-    digest = await asyncio.to_thread(_digest, folder)
-    if sha256 is not None and digest != sha256:
-        raise SourceError(
-            f"{source.text}: the files' sha256 is {digest}, not the {sha256} the request states",
-            code="checksum_mismatch",
-        )
-    return Fetched(folder, "etag:" + ",".join(etags), digest)
+    _check_sha256(sha256, got, f"{source.text}: {WEIGHTS_NAME}")
+    return Fetched(folder, "etag:" + ",".join(etags), got.sha256)
