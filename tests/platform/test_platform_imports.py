@@ -27,6 +27,7 @@ from tests.platform.helpers import (
     auth,
     create_tenant,
     error_of,
+    eventually,
     leftover_tmp,
     stored_blobs,
     zip_folder,
@@ -258,6 +259,26 @@ def test_an_import_a_dead_replica_held_is_taken_over_when_its_lease_expires(star
     assert files.paths() == []  # not taken while the lease holds
     done = finished(server.url, key, held)
     assert done["status"] == "ready" and done["attempts"] == 2 and done["version"] == 1, done
+
+    # A replica that died after publishing but before recording it: the next one finds the version the import
+    # published (its origin names the import) and records it, publishing nothing twice and fetching nothing.
+    fetched = len(files.paths())
+    with sqlite3.connect(server.settings.data_dir / "loraplex.db") as db:
+        db.execute(
+            "UPDATE adapter_imports SET status = 'validating', version = NULL, lease_owner = 'dead-replica', "
+            "lease_until = ? WHERE id = ?",
+            ((now - timedelta(seconds=5)).strftime("%Y-%m-%d %H:%M:%S.%f"), row_id.hex),
+        )
+    eventually(
+        lambda: (
+            httpx.get(f"{server.url}/v1/adapters/held/imports/{held['id']}", headers=auth(key)).json()["attempts"] == 3
+        ),
+        "the import is taken over again",
+    )
+    again = finished(server.url, key, held)
+    assert again["status"] == "ready" and again["version"] == 1, again
+    versions = httpx.get(f"{server.url}/v1/adapters/held/versions", headers=auth(key)).json()["data"]
+    assert [v["version"] for v in versions] == [1] and len(files.paths()) == fetched
 
 
 # --------------------------------------------------------------------------------------------------- hf://
