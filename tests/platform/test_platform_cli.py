@@ -19,7 +19,7 @@ from loraplex.envvars.safe_path import python_module_command
 from loraplex.platform.client.adapters import CONFIG_NAME, WEIGHTS_NAME
 from loraplex.platform.client.http import Api, ApiError
 from loraplex.platform.client.upload import CHUNK, multipart
-from tests.platform.helpers import auth, create_tenant, free_port, upload, zip_folder
+from tests.platform.helpers import ADMIN_KEY, auth, create_tenant, free_port, upload, zip_folder
 
 ERROR_LINE = re.compile(r"^error (\S+)(?: \(param (\S+)\))?: .+", re.M)
 
@@ -263,6 +263,54 @@ def test_usage_and_keys_rotate(start_server, tmp_path: Path) -> None:
     assert get(server.url, new, "/v1/models").status_code == 401
     newest = re.search(r"lpx-\S+\.\S+", printed)
     assert newest and get(server.url, newest.group(0), "/v1/models").status_code == 200
+
+
+def test_tenants_create_logs_in_and_chat_answers_held_to_a_schema(start_server, tmp_path: Path) -> None:
+    """The newcomer's commands: `tenants create --login` with the admin key, then `chat --schema`."""
+    server = start_server()
+    config = tmp_path / "config"
+    assert "--admin-key" in cli("tenants", "create", "cli-new", "--base-url", server.url, config=config).stderr
+    wrong = cli(
+        "tenants", "create", "cli-new", "--base-url", server.url, "--admin-key", "lpx-admin.wrong", config=config
+    )
+    assert refused(wrong).group(1) == "invalid_api_key"
+    assert not (config / "loraplex" / "profile.json").exists()
+
+    created = ok(
+        cli(
+            "tenants", "create", "cli-new", "--base-url", server.url, "--admin-key", ADMIN_KEY, "--login", config=config
+        )
+    )
+    saved = json.loads((config / "loraplex" / "profile.json").read_text())["profiles"]["default"]
+    assert saved["tenant"] == "cli-new" and saved["base_url"] == server.url and saved["api_key"] not in created
+    assert get(server.url, saved["api_key"], "/v1/models").status_code == 200
+    assert (
+        refused(cli("tenants", "create", "cli-new", "--admin-key", ADMIN_KEY, config=config)).group(1)
+        == "tenant_exists"
+    )
+
+    model = get(server.url, saved["api_key"], "/v1/models").json()["data"][0]["id"]
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    answered = cli(
+        "chat", model, "Is it fine?", "--schema", str(tmp_path / "schema.json"), "--max-tokens", "32", config=config
+    )
+    assert json.loads(ok(answered)) in ({"ok": True}, {"ok": False})  # the tiny random model: either, never other
+    assert "schema: exact" in answered.stderr
+    full = ok_json(
+        cli("chat", model, "hi", "--schema", json.dumps(schema), "--field-logprobs", "--json", config=config)
+    )
+    assert set(full["choices"][0]["field_logprobs"]) == {"/ok"}
+
+    assert "not JSON" in cli("chat", model, "hi", "--schema", "{oops", config=config).stderr
+    assert "cannot read" in cli("chat", model, "hi", "--schema", str(tmp_path / "none.json"), config=config).stderr
+    assert cli("chat", model, "hi", "--field-logprobs", config=config).returncode == 2
+    assert refused(cli("chat", "no-such-model", "hi", config=config)).group(1) == "model_not_found"
 
 
 def test_exit_codes_for_usage_errors_and_an_unreachable_server(tmp_path: Path) -> None:

@@ -2,14 +2,19 @@
 SmolLM2, default settings, warm-up on; only a free port and a fresh `LORAPLEX_DATA_DIR`), readiness on `/ready`,
 the generated admin key it prints, the README's curl commands (read out of README.md, so the test breaks when the
 README drifts) to create a tenant, upload a zipped PEFT adapter and ask it for a JSON-schema constrained answer, then
-the same through the official `openai` client, each answer checked with `jsonschema`."""
+the same through the official `openai` client, each answer checked with `jsonschema`. And the newcomer's path with
+the `loraplex` commands only (the README's own lines: create the tenant and log in, push the adapter folder, ask
+for the constrained answer), timed from the server's start to that first answer."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import string
+import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +121,7 @@ def send(curl: Curl, url: str, files: dict[str, bytes] | None = None, **variable
 
 @pytest.fixture
 def readme_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    started = time.monotonic()
     server = ServerProcess(
         [],
         # empty is unset: the admin key is the one it generates and prints, as for someone following the README
@@ -125,19 +131,30 @@ def readme_server(tmp_path: Path) -> Iterator[ServerProcess]:
         cwd=ROOT,
         warmup=True,
     )
+    server.started = started  # type: ignore[attr-defined]  # when the README's first command ran
     try:
         yield server.wait_ready(timeout=600)  # liveness bound: model load, C kernels, warm-up on 2 shared cores
     finally:
         server.stop()
 
 
+def printed_admin_key(server: ServerProcess) -> str:
+    printed = re.search(r"generated admin key[^:]*:\s*(\S+)", server.log.read_text())
+    assert printed, server.log.read_text()[-3000:]
+    return printed.group(1)
+
+
+def readme_cli_commands() -> list[list[str]]:
+    """The README's `loraplex` tenant commands (the CLI path), as shell words."""
+    found = [shlex.split(c, comments=True) for c in readme_commands()]
+    return [w for w in found if w[:1] == [".venv/bin/loraplex"] and w[1:2] != ["serve"]]
+
+
 def test_the_readme_path_serves_a_tenants_adapter_with_schema_constrained_output(
     readme_server: ServerProcess, smol_dir: Path, tmp_path: Path
 ) -> None:
     url = readme_server.url
-    printed = re.search(r"generated admin key[^:]*:\s*(\S+)", readme_server.log.read_text())
-    assert printed, readme_server.log.read_text()[-3000:]
-    admin_key = printed.group(1)
+    admin_key = printed_admin_key(readme_server)
 
     r = send(readme_curl("/v1/tenants"), url, ADMIN_KEY=admin_key)
     assert r.status_code == 201, r.text
@@ -167,3 +184,43 @@ def test_the_readme_path_serves_a_tenants_adapter_with_schema_constrained_output
     )
     assert out.model == model and out.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(out.choices[0].message.content), PERSON)
+
+
+def test_a_newcomer_reaches_a_constrained_answer_with_the_readme_cli_commands_only(
+    readme_server: ServerProcess, smol_dir: Path, tmp_path: Path
+) -> None:
+    """The README's CLI lines, run as written from a folder holding `./support-bot` and `person.json` (the schema of
+    the README's curl request): `$ADMIN_KEY` is the key the server printed, its URL the started server's. The
+    seconds each step took are recorded (`timings.json` beside the test's files; no bound is asserted)."""
+    words = readme_cli_commands()
+    assert [w[1:3] for w in words] == [["tenants", "create"], ["adapters", "push"], ["chat", "acme/support-bot"]]
+    work = tmp_path / "newcomer"
+    work.mkdir()
+    make_peft_adapter(smol_dir, work / "support-bot")
+    asked = json.loads(readme_curl("/v1/chat/completions").data or "")
+    schema = asked["response_format"]["json_schema"]["schema"]
+    (work / "person.json").write_text(json.dumps(schema))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")  # a newcomer's empty profile
+    admin_key = printed_admin_key(readme_server)
+    timings = {"serve ready": time.monotonic() - readme_server.started}  # type: ignore[attr-defined]
+    outputs = []
+    for command in words:
+        argv = [str(ROOT / command[0])] + [
+            readme_server.url if w == "http://localhost:8000" else admin_key if w == "$ADMIN_KEY" else w
+            for w in command[1:]
+        ]
+        begun = time.monotonic()
+        done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        timings[" ".join(command[1:3])] = time.monotonic() - begun
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+        outputs.append(done)
+    timings["total"] = time.monotonic() - readme_server.started  # type: ignore[attr-defined]
+    (tmp_path / "timings.json").write_text(json.dumps(timings, indent=2))
+    print("newcomer's path, seconds:", json.dumps({k: round(v, 1) for k, v in timings.items()}))
+    created, pushed, answered = outputs
+    assert "key is saved in profile" in created.stdout and admin_key not in created.stdout
+    assert "acme/support-bot" in pushed.stdout
+    jsonschema.validate(json.loads(answered.stdout), schema)
+    # how the schema was enforced, from the x-loraplex-schema headers (the integer is narrowed to 16 digits)
+    assert re.search(r"^schema: narrowed \(\[.*at /properties/age", answered.stderr, re.M), answered.stderr
