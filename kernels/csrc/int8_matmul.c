@@ -3,9 +3,10 @@
  * computed in float32 and rounded once); row i of y at y + i ldy (ldy >= n: y may be columns of a wider matrix).
  * kernels/int8_channel.py holds the torch reference and checks shapes before calling.
  *
- * Float activations: 4 weight rows by up to 4 rows of x in registers, each row's sum scaled once at the end. Up to
- * FUSED_MAX_M rows of x (decode) the int8 rows are widened in registers only; beyond, a thread widens its 4 weight
- * rows once into float scratch (4 k floats: L1 or L2) and dots them with every row of x.
+ * Float activations: each row's sum scaled once at the end. One row of x (decode): each weight row read straight
+ * through, widened in registers (interleaving 4 rows here ran at a third of the speed on a 28 MB LM head). Up to
+ * FUSED_MAX_M rows: 4 weight rows by the rows of x in registers; beyond, a thread widens its 4 weight rows once
+ * into float scratch (4 k floats: L1 or L2) and dots them with every row of x, 4 by 4.
  * Decode reads one byte a weight (float32: four).
  *
  * int8 activations (int8_x): x quantized per group of 32 to int8 as llama.cpp's Q8_0 (d = max|x| / 127 rounded to
@@ -72,11 +73,19 @@ static inline vf load_i8_to_f32(const int8_t *p) /* sign-extended by the intrins
 }
 static inline vf loadv(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void storev(float *p, vf v) { memcpy(p, &v, sizeof v); }
-static inline float hsumv(vf v)
+static inline float hsumv(vf v) /* in shuffles: a loop over the lanes cost as much as a small product */
 {
+#if QVW == 16
+    return _mm512_reduce_add_ps((__m512)v);
+#elif defined(__AVX__)
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+#else
     float s = 0.0f;
     for (int l = 0; l < QVW; ++l) s += v[l];
     return s;
+#endif
 }
 #endif
 
@@ -146,9 +155,32 @@ static inline __attribute__((always_inline)) void fused_dot(const int MI, const 
             for (int r = 0; r < TILE; ++r) out[a][r] += x[a * k + e] * (float)w[r][e];
 }
 
+/* one weight row with one row of x, read straight through: two sums against the FMA's latency */
+static float row_dot(const int8_t *w, const float *x, int64_t k)
+{
+    int64_t e = 0;
+    float s = 0.0f;
+#if QVW
+    vf a0 = {0}, a1 = {0};
+    for (; e + 2 * QVW <= k; e += 2 * QVW) {
+        a0 += load_i8_to_f32(w + e) * loadv(x + e);
+        a1 += load_i8_to_f32(w + e + QVW) * loadv(x + e + QVW);
+    }
+    for (; e + QVW <= k; e += QVW) a0 += load_i8_to_f32(w + e) * loadv(x + e);
+    s = hsumv(a0 + a1);
+#endif
+    for (; e < k; ++e) s += x[e] * (float)w[e];
+    return s;
+}
+
 static void matmul_fused(const float *x, const int8_t *wq, const float *scale, int64_t m, int64_t n, int64_t k,
                          float *y, int64_t ldy, int num_threads)
 {
+    if (m == 1) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)
+        for (int64_t r = 0; r < n; ++r) y[r] = row_dot(wq + r * k, x, k) * scale[r];
+        return;
+    }
     const int64_t tiles = (n + TILE - 1) / TILE;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)
     for (int64_t t = 0; t < tiles; ++t) {

@@ -63,15 +63,15 @@ def test_reference_is_the_dequantized_product():
 @pytest.mark.parametrize("variant", sorted(quant._VARIANT_FLAGS))
 def test_every_path_matches_reference(variant):
     """Each build a CPU may run, on this one: float activations (k not a multiple of the vector width included:
-    the tails), int8 activations (an odd number of groups: the 512-bit path's tail; ties in x's rounding),
-    float32 and bfloat16 x, one to 70 rows of x, output rows not a multiple of 4."""
+    the tails; one row of x has a path of its own), int8 activations (an odd number of groups: the 512-bit path's
+    tail; ties in x's rounding), float32 and bfloat16 x, one to 70 rows of x, output rows not a multiple of 4."""
     lib = int8_channel._library(variant)
     flags = cpu_features.cpu_flags()
     expected_width = {"scalar": 0, "vw8": 8, "avx2": 8, "native": 16 if "avx512f" in flags else 8}[variant]
     assert lib.loraplex_int8_vector_width() == expected_width
     assert lib.loraplex_int8_int8_path() == _int8_path_expected(variant)
     g = torch.Generator().manual_seed(4)
-    for n, k in ((7, 32), (37, 37 * 32), (38, 70)):
+    for n, k in ((7, 32), (37, 37 * 32), (38, 70), (9, 56)):  # (56: one lone vector after the pairs, 16 or 8 wide)
         q, scale = random_weight(n, k, seed=n + k)
         for m in ROWS:
             rows = torch.randn(m, k, generator=g)
