@@ -308,6 +308,7 @@ def test_batch_submitted_and_output_downloaded(console: dict[str, Any]) -> None:
         }
         for i in range(3)
     ]
+    lines.append({**lines[0], "custom_id": "bad", "body": {**lines[0]["body"], "model": "no-such-model"}})
     by(driver, "#batch-lines").send_keys("\n".join(json.dumps(line) for line in lines))
     by(driver, "#batch-metadata").send_keys(HOSTILE_NAME)
     by(driver, "#batch-submit").click()
@@ -319,7 +320,7 @@ def test_batch_submitted_and_output_downloaded(console: dict[str, Any]) -> None:
         timeout=180,
     )
     done = "#batches tr[data-status='completed']"
-    wait_for(driver, lambda d: "3/3" in text_of(d, done), "3 of 3 lines done")
+    wait_for(driver, lambda d: "4/4" in text_of(d, done) and "(1 failed)" in text_of(d, done), "4/4 done, 1 failed")
     assert text_of(driver, f"{done} .metadata") == f"description: {HOSTILE_NAME}"  # as text: no <img> was made
     assert not all_by(driver, "#batches img")
     shot(c, "batches")
@@ -330,6 +331,25 @@ def test_batch_submitted_and_output_downloaded(console: dict[str, Any]) -> None:
     out = [json.loads(line) for line in target.read_text().splitlines()]
     assert sorted(o["custom_id"] for o in out) == ["q0", "q1", "q2"]
     assert all(o["response"]["status_code"] == 200 for o in out)
+    by(driver, f"{done} [data-action='download-errors']").click()
+    errors_file = c["downloads"] / f"{batch_id}-errors.jsonl"
+    wait_for(driver, lambda d: errors_file.exists() and errors_file.stat().st_size > 0, "the downloaded errors")
+    [failed] = [json.loads(line) for line in errors_file.read_text().splitlines()]
+    assert failed["custom_id"] == "bad" and "no-such-model" in json.dumps(failed)
+
+    # a long batch cancelled from its row: the lines not finished stop
+    by(driver, "#batch-lines").send_keys(
+        "\n".join(
+            json.dumps({**lines[0], "custom_id": f"long{i}", "body": {**lines[0]["body"], "max_tokens": 200}})
+            for i in range(24)
+        )
+    )
+    by(driver, "#batch-submit").click()
+    running = "#batches tr:not([data-status='completed']) [data-action='cancel']"
+    wait_for(driver, lambda d: all_by(d, running), "the new batch with its cancel button")
+    wait_for(driver, lambda d: by(d, running).click() or True, "the cancel click")
+    wait_for(driver, lambda d: "cancelled" in text_of(d, "#download-status"), "the cancellation")
+    wait_for(driver, lambda d: all_by(d, "#batches tr[data-status='cancelled']"), "the batch cancelled", timeout=120)
     assert_clean(driver)
 
 

@@ -71,6 +71,16 @@ export async function render(root) {
       failure(status, err);
     }
   };
+  const cancel = async (id) => {
+    try {
+      await api("POST", `/v1/batches/${encodeURIComponent(id)}/cancel`);
+      await refresh();
+      status.className = "ok";
+      status.textContent = `Batch ${id} cancelled: lines not finished stop`;
+    } catch (err) {
+      failure(status, err);
+    }
+  };
   const refresh = async () => {
     const out = await api("GET", "/v1/batches?limit=50");
     const rows = out.data.map((b) =>
@@ -87,6 +97,7 @@ export async function render(root) {
           { class: "row-actions" },
           b.output_file_id ? h("button", { class: "secondary", "data-action": "download-output", onclick: get(b.output_file_id, `${b.id}-output.jsonl`) }, "Output") : "",
           b.error_file_id ? h("button", { class: "secondary", "data-action": "download-errors", onclick: get(b.error_file_id, `${b.id}-errors.jsonl`) }, "Errors") : "",
+          ["validating", "in_progress", "finalizing"].includes(b.status) ? h("button", { class: "danger", "data-action": "cancel", onclick: () => cancel(b.id) }, "Cancel") : "",
         ),
       ),
     );
