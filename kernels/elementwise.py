@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from . import cpu_build
 from .cpu_build import load
 
 __all__ = [
@@ -49,6 +50,10 @@ _SIGNATURES = {f"{name}_{s}": (None, args) for name, args in _ARGS.items() for s
 
 
 def _library() -> ctypes.CDLL | None:
+    # The built library straight from the loader's cache (no lock): this runs several times per layer per step.
+    found = cpu_build._loaded.get("elementwise")
+    if isinstance(found, ctypes.CDLL):
+        return found
     return load("elementwise", _SIGNATURES)
 
 
@@ -59,15 +64,26 @@ def cpu_elementwise_available() -> bool:
 def c_ready(*tensors: torch.Tensor) -> bool:
     """All CPU tensors of one dtype the C kernels take, and the kernels built."""
     dtype = tensors[0].dtype
-    return (
-        dtype in _SUFFIX
-        and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
-        and cpu_elementwise_available()
-    )
+    if dtype not in _SUFFIX:
+        return False
+    for t in tensors:  # a plain loop: is_cpu needs no device object, and no generator per call
+        if not t.is_cpu or t.dtype != dtype:
+            return False
+    return cpu_elementwise_available()
 
 
-def _fn(name: str, dtype: torch.dtype) -> Callable[..., None]:
-    return getattr(_library(), f"{name}_{_SUFFIX[dtype]}")
+def _kernel(name: str, *tensors: torch.Tensor) -> Callable[..., None] | None:
+    """``name``'s C function for these tensors' dtype, or None where ``c_ready`` would say no: one lookup for
+    the check and the function (these kernels run several times per layer in every decode step)."""
+    dtype = tensors[0].dtype
+    suffix = _SUFFIX.get(dtype)
+    if suffix is None:
+        return None
+    for t in tensors:
+        if not t.is_cpu or t.dtype != dtype:
+            return None
+    lib = _library()
+    return None if lib is None else getattr(lib, f"{name}_{suffix}")
 
 
 # ------------------------------------------------------------------------------------------ add + RMSNorm
@@ -101,7 +117,8 @@ def add_rms_norm_c(
 ) -> torch.Tensor:
     """The C kernel; raises when it cannot serve these tensors."""
     _check_norm(residual, delta, weight)
-    if not c_ready(*_norm_tensors(residual, delta, weight)):
+    kernel = _kernel("loraplex_add_rms_norm", *_norm_tensors(residual, delta, weight))
+    if kernel is None:
         raise ValueError(
             "the C add_rms_norm kernel takes float32 or bfloat16 CPU tensors of one dtype (and a C compiler)"
         )
@@ -110,7 +127,7 @@ def add_rms_norm_c(
     delta = None if delta is None else delta.contiguous()
     weight = weight.contiguous()
     out = torch.empty_like(residual)
-    _fn("loraplex_add_rms_norm", residual.dtype)(
+    kernel(
         residual.data_ptr(),
         None if delta is None else delta.data_ptr(),
         weight.data_ptr(),
@@ -172,14 +189,19 @@ def rope_c(
     ``check_positions=False`` skips the bounds check of the positions against the tables, for a caller that
     checked the same positions already (the model checks once per forward, not in every layer)."""
     _check_rope(qkv, heads, head_dim, cos, sin, positions)
-    if not c_ready(qkv, cos, sin):
+    kernel = _kernel("loraplex_rope", qkv, cos, sin)
+    if kernel is None:
         raise ValueError("the C rope kernel takes float32 or bfloat16 CPU tensors of one dtype (and a C compiler)")
     if qkv.stride(1) != 1 or not cos.is_contiguous() or not sin.is_contiguous():
         raise ValueError("the C rope kernel needs unit-stride qkv rows and contiguous cos/sin tables")
     if check_positions and positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= cos.shape[0]):
         raise ValueError(f"positions must lie in [0, {cos.shape[0]})")
-    pos = positions.to(torch.int64).contiguous()
-    _fn("loraplex_rope", qkv.dtype)(
+    pos = (
+        positions
+        if positions.dtype == torch.int64 and positions.is_contiguous()
+        else positions.to(torch.int64).contiguous()
+    )
+    kernel(
         qkv.data_ptr(),
         qkv.shape[0],
         qkv.stride(0),
@@ -207,11 +229,10 @@ def silu_mul_ref(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
 def silu_mul_c(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
     """The C kernel; raises when it cannot serve this tensor."""
     _check_silu_mul(gate_up, inter)
-    if not c_ready(gate_up):
+    kernel = _kernel("loraplex_silu_mul", gate_up)
+    if kernel is None:
         raise ValueError("the C silu_mul kernel takes float32 or bfloat16 CPU tensors (and a C compiler)")
     gate_up = gate_up.contiguous()
     out = gate_up.new_empty((gate_up.shape[0], inter))
-    _fn("loraplex_silu_mul", gate_up.dtype)(
-        gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter, torch.get_num_threads()
-    )
+    kernel(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter, torch.get_num_threads())
     return out
