@@ -208,10 +208,12 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    all_valid: bool = False,
 ) -> None:
     """Write ``k``/``v`` (``[T, kv_heads, head_dim]``) into flat cache slots.
 
-    ``slot = block_id * block_size + offset``; slot ``-1`` skips the token.
+    ``slot = block_id * block_size + offset``; slot ``-1`` skips the token. ``all_valid``: the caller knows
+    no slot is ``-1`` (the attention metadata checks once per step), so no layer checks again.
     """
     if k.shape != v.shape or k.shape[0] != slot_mapping.shape[0]:
         raise ValueError(
@@ -221,6 +223,12 @@ def store_kv(
     if k.shape[1:] != k_cache.shape[2:]:
         raise ValueError(f"k rows {tuple(k.shape[1:])} do not match cache rows {tuple(k_cache.shape[2:])}")
     slots = slot_mapping.to(device=k_cache.device, dtype=torch.long)
+    if all_valid and k_cache.is_contiguous() and v_cache.is_contiguous():
+        # one copy per cache into its rows of slots (the same values as the indexed write below, in one
+        # op instead of a check, two divisions and an index_put: this runs in every layer of every step)
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+        return
     keep = slots >= 0
     if not bool(keep.all()):
         slots, k, v = slots[keep], k[keep], v[keep]

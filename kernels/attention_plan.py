@@ -20,7 +20,7 @@ into vectorised groups (no loop over sequences):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,7 @@ class CDecodePlan:
     tables: torch.Tensor  # [B, nblk] int32
     seq_lens: torch.Tensor  # [B] int32
     checked: bool = False  # the tables passed the kernel's bounds check (first layer); later layers skip it
+    whole: bool = False  # every token of the step is one of these decodes, in order: no gather, no scatter
 
 
 @dataclass
@@ -81,6 +82,7 @@ class AttentionMetadata:
     num_tokens: int
     backend: BackendName
     groups: list[GroupPlan | CDecodePlan | CausalPlan | CPrefillPlan]
+    slots_valid: bool = False  # no slot is -1: every layer's store_kv skips its own check
 
     @classmethod
     def build(
@@ -112,6 +114,7 @@ class AttentionMetadata:
             num_tokens=starts[-1],
             backend=backend,
             groups=[],
+            slots_valid=not slots or min(slots) >= 0,
         )
         c_kernels = backend == "cpu-c"
         if backend != "triton":
@@ -119,7 +122,9 @@ class AttentionMetadata:
             fresh = [i for i in range(num_seqs) if q_lens[i] > 1 and ctx_lens[i] == 0]
             continued = [i for i in range(num_seqs) if q_lens[i] > 1 and ctx_lens[i] > 0]
             if decode and c_kernels:
-                meta.groups.append(_c_decode_plan(decode, seq_lens, starts, block_tables, block_size, device))
+                plan = _c_decode_plan(decode, seq_lens, starts, block_tables, block_size, device)
+                plan.whole = len(decode) == num_seqs  # all decodes: row i is sequence i
+                meta.groups.append(plan)
             elif decode:
                 meta.groups.append(_group_plan(decode, q_lens, seq_lens, starts, block_tables, block_size, device))
             if (fresh or continued) and c_kernels:
@@ -227,11 +232,18 @@ def attention(inputs: PagedAttentionInputs, k: torch.Tensor, v: torch.Tensor, me
 
     ``inputs`` come from ``meta.paged_inputs`` (this step's tables). Every path takes the layer's ``window``
     and ``softcap``: the Triton and C kernels and the torch ones."""
-    store_kv(k, v, inputs.k_cache, inputs.v_cache, meta.slot_mapping)
+    store_kv(k, v, inputs.k_cache, inputs.v_cache, meta.slot_mapping, all_valid=meta.slots_valid)
     if meta.backend == "triton":
         return paged_attention_triton(inputs)
     q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
     scale, window, softcap = inputs.scale, inputs.window, inputs.softcap
+    if len(meta.groups) == 1:
+        g0 = meta.groups[0]
+        if isinstance(g0, CDecodePlan) and g0.whole:  # a decode-only step (batch 1 included): the kernel's output
+            decodes = PagedAttentionInputs(q, k_cache, v_cache, g0.tables, g0.seq_lens, None, scale, window, softcap)
+            result = paged_decode_attention_c(decodes, check_tables=not g0.checked)
+            g0.checked = True
+            return result
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, _bs, kvh, d = k_cache.shape
     for g in meta.groups:
@@ -240,7 +252,9 @@ def attention(inputs: PagedAttentionInputs, k: torch.Tensor, v: torch.Tensor, me
             g.checked = True
             continue
         if isinstance(g, CDecodePlan):
-            decodes = replace(inputs, q=q[g.rows], block_tables=g.tables, seq_lens=g.seq_lens, query_start_loc=None)
+            decodes = PagedAttentionInputs(
+                q[g.rows], k_cache, v_cache, g.tables, g.seq_lens, None, scale, window, softcap
+            )
             out[g.rows] = paged_decode_attention_c(decodes, check_tables=not g.checked)
             g.checked = True  # every layer's cache has the same number of blocks
             continue
