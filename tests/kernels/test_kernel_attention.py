@@ -210,3 +210,17 @@ def test_triton_pages_smaller_than_a_tile_or_not_a_power_of_two(block_size):
     batch = make_batch(CASES["mixed"], 6, 2, block_size, seed=block_size)
     out = paged_attention_triton(PagedAttentionInputs(*on_test_device(*batch), 0.5)).cpu()
     assert rel_err(out, paged_attention_ref(PagedAttentionInputs(*batch, 0.5))) < 1e-4
+
+
+def test_store_kv_all_valid_writes_what_the_checked_path_writes():
+    """all_valid (the metadata checked the slots once per step) takes one index_copy_ per cache: the same
+    caches as the checked indexed write, for strided k/v rows such as the views of a fused qkv row."""
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(5, 3 * 2 * 8, generator=g)
+    k, v = qkv[:, 16:32].view(5, 2, 8), qkv[:, 32:].view(5, 2, 8)  # strided rows
+    slots = torch.tensor([17, 3, 63, 40, 0])
+    caches = [torch.zeros(4, 16, 2, 8) for _ in range(4)]
+    store_kv(k, v, caches[0], caches[1], slots)
+    store_kv(k, v, caches[2], caches[3], slots, all_valid=True)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert torch.equal(caches[2][1, 1], k[0]) and torch.equal(caches[3][3, 15], v[2])
