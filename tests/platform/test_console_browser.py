@@ -288,6 +288,15 @@ def test_canary_endpoint_plot_promote_and_slider(console: dict[str, Any]) -> Non
     wait_for(driver, lambda d: "canary at 5%" in text_of(d, "#endpoint-status"), "the slider's change")
     after = httpx.get(f"{url}/v1/endpoints/support", headers=auth(key)).json()
     assert after["adapter"] == "canary-bot@2" and after["canary"] == {"version": 1, "weight": 0.05}
+    # a shadow the same way: v1 gets a copy of 3% of the calls
+    by(driver, "#shadow-version").send_keys("1")
+    shadow = by(driver, "#shadow-fraction")
+    for _ in range(3):
+        shadow.send_keys(Keys.ARROW_RIGHT)
+    wait_for(driver, lambda d: "shadow at 3%" in text_of(d, "#endpoint-status"), "the shadow slider's change")
+    after = httpx.get(f"{url}/v1/endpoints/support", headers=auth(key)).json()
+    assert after["shadow"] == {"version": 1, "fraction": 0.03} and after["canary"] == {"version": 1, "weight": 0.05}
+    wait_for(driver, lambda d: "shadow v1 3%" in text_of(d, "#split"), "the split line")
     assert_clean(driver)
 
 
