@@ -11,7 +11,7 @@ import tarfile
 import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +125,40 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
         self._log_file.close()
+
+
+def replica_args(
+    model: Path,
+    pg_schema: str,
+    *,
+    redis_url: str = REDIS_URL,
+    data_dir: Path | None = None,
+    log_level: str | None = "warning",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """`loraplex serve` arguments for one replica of a cluster sharing PostgreSQL (`pg_schema`) and Redis: the test
+    model with a small KV pool (256 blocks, 512 tokens); `data_dir` unless the cluster's store is elsewhere,
+    then `extra` (more flags)."""
+    args = ["--model", str(model), "--database-url", PG_URL, "--database-schema", pg_schema]
+    args += ["--redis-url", redis_url]
+    if data_dir is not None:
+        args += ["--data-dir", str(data_dir)]
+    args += ["--num-kv-blocks", "256", "--max-model-len", "512", *extra]
+    if log_level is not None:
+        args += ["--log-level", log_level]
+    return args
+
+
+@contextmanager
+def running_replicas(args: list[str], env: dict[str, str], logs: Path, count: int = 2) -> Iterator[list[ServerProcess]]:
+    """`count` replicas started together with the same `args` and `env` (logs `logs/replica-<i>.log`), yielded once
+    all are ready and stopped after (also when one fails to start)."""
+    procs = [ServerProcess(args, env, logs / f"replica-{i}.log") for i in range(count)]
+    try:
+        yield [p.wait_ready() for p in procs]
+    finally:
+        for p in procs:
+            p.stop()
 
 
 def auth(key: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from loraplex.platform.batch.ids import BATCH, parse
-from tests.platform.helpers import ADMIN_KEY, PG_URL, REDIS_URL, ServerProcess, auth, create_tenant
+from tests.platform.helpers import ADMIN_KEY, ServerProcess, auth, create_tenant, replica_args, running_replicas
 from tests.platform.test_platform_batch import (
     COMPLETIONS,
     client_for,
@@ -42,34 +42,15 @@ LEASE_TTL_S = 5  # short, so the takeover comes soon; long enough that a live re
 
 @pytest.fixture
 def replicas(tmp_path: Path, tiny_llama_dir: Path, pg_schema: str) -> Iterator[list[ServerProcess]]:
-    args = [
-        "--model",
-        str(tiny_llama_dir),
-        "--database-url",
-        PG_URL,
-        "--database-schema",
-        pg_schema,
-        "--redis-url",
-        REDIS_URL,
-        "--data-dir",
-        str(tmp_path / "shared-data"),
-        "--num-kv-blocks",
-        "256",
-        "--max-model-len",
-        "512",
+    more = [
         "--batch-max-in-flight",
         "2",  # a few lines each at a time: both replicas have some in hand for most of the job
         "--batch-lease-ttl-s",
         str(LEASE_TTL_S),
-        "--log-level",
-        "warning",
     ]
-    procs = [ServerProcess(args, {"LORAPLEX_ADMIN_KEY": ADMIN_KEY}, tmp_path / f"replica-{i}.log") for i in range(2)]
-    try:
-        yield [p.wait_ready() for p in procs]
-    finally:
-        for p in procs:
-            p.stop()
+    args = replica_args(tiny_llama_dir, pg_schema, data_dir=tmp_path / "shared-data", extra=more)
+    with running_replicas(args, {"LORAPLEX_ADMIN_KEY": ADMIN_KEY}, tmp_path) as procs:
+        yield procs
 
 
 def owner_pid(lease_owner: str) -> int:

@@ -10,7 +10,6 @@ on the calls that send none."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -23,31 +22,25 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.platform.helpers import (
     ADMIN_KEY,
-    PG_URL,
-    REDIS_URL,
     S3Server,
     ServerProcess,
     auth,
     create_tenant,
+    eventually,
+    replica_args,
     upload,
     zip_folder,
 )
 
 pytestmark = pytest.mark.services
 
+WAIT_S = 60.0  # liveness bound for what another replica must come to see (invalidations, warm-up from S3)
 SCHEMA = {
     "type": "object",
     "properties": {"ok": {"type": "boolean"}},
     "required": ["ok"],
     "additionalProperties": False,
 }
-
-
-def _eventually(condition, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.05)
 
 
 def _gauge(url: str, name: str) -> float:
@@ -63,24 +56,7 @@ def _host_adapters(url: str) -> float:
 @pytest.fixture
 def cluster(tmp_path: Path, tiny_llama_dir: Path, pg_schema: str):
     s3 = S3Server(tmp_path / "moto.log")
-    args = [
-        "--model",
-        str(tiny_llama_dir),
-        "--database-url",
-        PG_URL,
-        "--database-schema",
-        pg_schema,
-        "--redis-url",
-        REDIS_URL,
-        "--blob-url",
-        f"s3://{s3.bucket}/adapters",
-        "--num-kv-blocks",
-        "256",
-        "--max-model-len",
-        "512",
-        "--log-level",
-        "warning",
-    ]
+    args = replica_args(tiny_llama_dir, pg_schema, extra=["--blob-url", f"s3://{s3.bucket}/adapters"])
     env = {"LORAPLEX_ADMIN_KEY": ADMIN_KEY, "LORAPLEX_CACHE_TTL_S": "3600", **s3.env}
 
     def start(i: int) -> ServerProcess:
@@ -115,7 +91,7 @@ def test_canary_across_replicas_with_object_storage(cluster, adapter_factory) ->
     r = httpx.post(f"{one.url}/v1/endpoints", json=body, headers=auth(key), timeout=120)
     assert r.status_code == 201 and r.json()["adapter"] == "bot@1", r.text
     # Publishing warmed version 1 on replica two too (read from S3, nothing asked for it there yet).
-    _eventually(lambda: _host_adapters(two.url) >= 1, "replica two holds version 1 in host memory")
+    eventually(lambda: _host_adapters(two.url) >= 1, "replica two holds version 1 in host memory", timeout=WAIT_S)
 
     def call(url: str, user: str, schema: bool = False) -> tuple[str, str]:
         chat = {"model": "extract", "user": user, "messages": [{"role": "user", "content": "ok?"}]}
@@ -132,7 +108,7 @@ def test_canary_across_replicas_with_object_storage(cluster, adapter_factory) ->
     assert upload(one.url, key, "bot", archive=zip_folder(adapter_factory("rep-2", seed=112))).json()["version"] == 2
     canary = {"canary": {"version": 2, "weight": 0.1}}
     assert httpx.patch(f"{one.url}/v1/endpoints/extract", json=canary, headers=auth(key)).json()["revision"] == 2
-    _eventually(lambda: call(two.url, "probe")[0] == "extract@2", "replica two serves revision 2")
+    eventually(lambda: call(two.url, "probe")[0] == "extract@2", "replica two serves revision 2", timeout=WAIT_S)
 
     users = [f"user-{i}" for i in range(400)]
     with ThreadPoolExecutor(8) as pool:
@@ -155,13 +131,17 @@ def test_canary_across_replicas_with_object_storage(cluster, adapter_factory) ->
     assert [v["version"] for v in versions["data"]] == [1, 2]
 
     assert httpx.post(f"{one.url}/v1/endpoints/extract/promote", headers=auth(key)).json()["adapter"] == "bot@2"
-    _eventually(lambda: call(two.url, "after-promote")[0] == "extract@3", "replica two serves the promotion")
+    eventually(
+        lambda: call(two.url, "after-promote")[0] == "extract@3", "replica two serves the promotion", timeout=WAIT_S
+    )
     assert {call(two.url, u)[1] for u in users[:10]} == {"bot@2"}
     half = {"canary": {"version": 1, "weight": 0.5}}
     assert httpx.patch(f"{one.url}/v1/endpoints/extract", json=half, headers=auth(key)).status_code == 200
     r = httpx.post(f"{one.url}/v1/endpoints/extract/rollback", headers=auth(key))
     assert r.status_code == 200 and (r.json()["adapter"], r.json()["canary"]) == ("bot@2", None)
-    _eventually(lambda: call(two.url, "after-rollback")[0] == "extract@5", "replica two serves the rollback")
+    eventually(
+        lambda: call(two.url, "after-rollback")[0] == "extract@5", "replica two serves the rollback", timeout=WAIT_S
+    )
     assert {call(two.url, u)[1] for u in users[:10]} == {"bot@2"}
 
     # Deleting version 1 reaches both engines (their host copies go) and the bucket.
@@ -169,7 +149,9 @@ def test_canary_across_replicas_with_object_storage(cluster, adapter_factory) ->
     held = [_host_adapters(p.url) for p in (one, two)]
     assert httpx.delete(f"{one.url}/v1/adapters/bot@1", headers=auth(key)).status_code == 200
     for p, before in zip((one, two), held):
-        _eventually(lambda p=p, before=before: _host_adapters(p.url) < before, f"{p.url} drops version 1")
+        eventually(
+            lambda p=p, before=before: _host_adapters(p.url) < before, f"{p.url} drops version 1", timeout=WAIT_S
+        )
     blobs = {k.split("/")[1] for k in s3.keys("adapters/")}
     assert len(blobs) == 1  # version 2's only
     assert httpx.delete(f"{one.url}/v1/endpoints/extract", headers=auth(key)).status_code == 200
@@ -178,7 +160,7 @@ def test_canary_across_replicas_with_object_storage(cluster, adapter_factory) ->
         json={"model": "extract", "messages": [{"role": "user", "content": "x"}]},
         headers=auth(key),
     )
-    _eventually(
+    eventually(
         lambda: (
             httpx.post(
                 f"{two.url}/v1/chat/completions",
@@ -188,6 +170,7 @@ def test_canary_across_replicas_with_object_storage(cluster, adapter_factory) ->
             == 404
         ),
         "replica two forgets the deleted endpoint",
+        timeout=WAIT_S,
     )
 
 
@@ -201,16 +184,24 @@ def test_pins_reach_every_replica_and_a_restarted_one(cluster, adapter_factory) 
     body = {"name": "pinned", "adapter": "bot@1", "pinned": True}
     assert httpx.post(f"{one.url}/v1/endpoints", json=body, headers=auth(key)).status_code == 201
     for p in (one, two):
-        _eventually(lambda p=p: _gauge(p.url, "loraplex_lora_pinned_adapters") == 1, f"{p.url} pins bot@1")
+        eventually(
+            lambda p=p: _gauge(p.url, "loraplex_lora_pinned_adapters") == 1, f"{p.url} pins bot@1", timeout=WAIT_S
+        )
     assert _host_adapters(two.url) >= 1
 
     two.proc.kill()
     two.proc.wait()
     two = procs[1] = start(1)
-    _eventually(lambda: _gauge(two.url, "loraplex_lora_pinned_adapters") == 1, "the restarted replica pins bot@1")
-    _eventually(lambda: _host_adapters(two.url) >= 1, "the restarted replica loads the pinned version")
+    eventually(
+        lambda: _gauge(two.url, "loraplex_lora_pinned_adapters") == 1,
+        "the restarted replica pins bot@1",
+        timeout=WAIT_S,
+    )
+    eventually(lambda: _host_adapters(two.url) >= 1, "the restarted replica loads the pinned version", timeout=WAIT_S)
 
     r = httpx.patch(f"{two.url}/v1/endpoints/pinned", json={"pinned": False}, headers=auth(key))
     assert r.status_code == 200 and r.json()["pinned"] is False
     for p in (one, two):
-        _eventually(lambda p=p: _gauge(p.url, "loraplex_lora_pinned_adapters") == 0, f"{p.url} unpins bot@1")
+        eventually(
+            lambda p=p: _gauge(p.url, "loraplex_lora_pinned_adapters") == 0, f"{p.url} unpins bot@1", timeout=WAIT_S
+        )

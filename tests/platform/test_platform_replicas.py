@@ -5,54 +5,34 @@ within the tests' waiting time; how fast it arrives is not asserted (bench/, not
 
 from __future__ import annotations
 
-import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.platform.helpers import ADMIN_KEY, PG_URL, REDIS_URL, ServerProcess, auth, create_tenant, upload, zip_folder
+from tests.platform.helpers import (
+    ADMIN_KEY,
+    ServerProcess,
+    auth,
+    create_tenant,
+    eventually,
+    replica_args,
+    running_replicas,
+    upload,
+    zip_folder,
+)
 
 pytestmark = pytest.mark.services
 
 
-def _eventually(condition, what: str, timeout: float = 30.0) -> None:
-    """Wait for ``condition`` (well inside the cache's hour: only an invalidation can make it true)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.02)
-
-
 @pytest.fixture
-def replicas(tmp_path: Path, tiny_llama_dir: Path, pg_schema: str):
-    shared = tmp_path / "shared-data"
-    args = [
-        "--model",
-        str(tiny_llama_dir),
-        "--database-url",
-        PG_URL,
-        "--database-schema",
-        pg_schema,
-        "--redis-url",
-        REDIS_URL,
-        "--data-dir",
-        str(shared),
-        "--num-kv-blocks",
-        "256",
-        "--max-model-len",
-        "512",
-        "--log-level",
-        "warning",
-    ]
+def replicas(tmp_path: Path, tiny_llama_dir: Path, pg_schema: str) -> Iterator[list[ServerProcess]]:
+    args = replica_args(tiny_llama_dir, pg_schema, data_dir=tmp_path / "shared-data")
     env = {"LORAPLEX_ADMIN_KEY": ADMIN_KEY, "LORAPLEX_CACHE_TTL_S": "3600"}
-    procs = [ServerProcess(args, env, tmp_path / f"replica-{i}.log") for i in range(2)]
-    try:
-        yield [p.wait_ready() for p in procs]
-    finally:
-        for p in procs:
-            p.stop()
+    with running_replicas(args, env, tmp_path) as procs:
+        yield procs
 
 
 def test_upload_on_one_replica_is_served_by_the_other_and_delete_propagates(replicas, adapter_factory) -> None:
@@ -72,7 +52,7 @@ def test_upload_on_one_replica_is_served_by_the_other_and_delete_propagates(repl
     # A re-upload through one is the version the other uses next.
     r = upload(one.url, key, "roaming", archive=zip_folder(adapter_factory("basic-r8", r=8, seed=1)))
     assert r.status_code == 201 and r.json()["version"] == 2
-    _eventually(
+    eventually(
         lambda: httpx.get(f"{two.url}/v1/adapters/roaming", headers=auth(key)).json()["version"] == 2,
         "replica two serves version 2",
     )
@@ -92,7 +72,7 @@ def test_upload_on_one_replica_is_served_by_the_other_and_delete_propagates(repl
         )
         return r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
-    _eventually(refused, "replica two refuses the deleted adapter")
+    eventually(refused, "replica two refuses the deleted adapter")
 
     # Keys are shared as well: a key revoked through two is refused by one.
     new_key = httpx.post(f"{two.url}/v1/tenants/{tenant}/keys", headers=auth(ADMIN_KEY)).json()
@@ -100,7 +80,7 @@ def test_upload_on_one_replica_is_served_by_the_other_and_delete_propagates(repl
     assert (
         httpx.delete(f"{two.url}/v1/tenants/{tenant}/keys/{new_key['id']}", headers=auth(ADMIN_KEY)).status_code == 200
     )
-    _eventually(
+    eventually(
         lambda: httpx.get(f"{one.url}/v1/models", headers=auth(new_key["key"])).status_code == 401,
         "replica one refuses the revoked key",
     )

@@ -29,11 +29,12 @@ from loraplex.platform.adapters.service import cache_key
 from loraplex.platform.storage.cache import queue_invalidation
 from tests.platform.helpers import (
     ADMIN_KEY,
-    PG_URL,
     ServerProcess,
     auth,
     create_tenant,
     free_port,
+    replica_args,
+    running_replicas,
     upload,
     zip_folder,
 )
@@ -95,29 +96,13 @@ def replicas(
     private_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path, pg_schema: str
 ) -> Iterator[list[ServerProcess]]:
     root = tmp_path_factory.mktemp("staleness")
-    args = [
-        "--model",
-        str(tiny_llama_dir),
-        "--database-url",
-        PG_URL,
-        "--database-schema",
-        pg_schema,
-        "--redis-url",
-        private_redis.url,
-        "--data-dir",
-        str(root / "shared-data"),
-        "--num-kv-blocks",
-        "256",
-        "--max-model-len",
-        "512",
-    ]
+    # No --log-level: these replicas log at the server's default level.
+    args = replica_args(
+        tiny_llama_dir, pg_schema, redis_url=private_redis.url, data_dir=root / "shared-data", log_level=None
+    )
     env = {"LORAPLEX_ADMIN_KEY": ADMIN_KEY, "LORAPLEX_CACHE_TTL_S": str(CACHE_TTL_S)}
-    procs = [ServerProcess(args, env, root / f"replica-{i}.log") for i in range(2)]
-    try:
-        yield [p.wait_ready() for p in procs]
-    finally:
-        for p in procs:
-            p.stop()
+    with running_replicas(args, env, root) as procs:
+        yield procs
 
 
 def _client(server: ServerProcess, key: str) -> openai.OpenAI:
