@@ -228,6 +228,7 @@ def test_canary_endpoint_plot_promote_and_slider(console: dict[str, Any]) -> Non
     by(driver, "#create-button").click()
     listed = "#endpoints tr[data-endpoint='support']"
     wait_for(driver, lambda d: "canary v2 10%" in text_of(d, listed), "the endpoint listed with its canary")
+    shot(c, "endpoints")
     endpoint = httpx.get(f"{url}/v1/endpoints/support", headers=auth(key)).json()
     assert endpoint["canary"] == {"version": 2, "weight": 0.1} and endpoint["adapter"] == "canary-bot@1"
 
