@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from litestar import Response, Router
+from litestar import Request, Response, Router
+from litestar.exceptions import NotFoundException
 from litestar.static_files import create_static_files_router
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -42,13 +43,20 @@ async def _secure(response: Response) -> Response:
     return response
 
 
+def _not_found(request: Request, exc: NotFoundException) -> Response:
+    """A missing console file: a plain 404 with the same headers (the app's JSON error handler would drop them)."""
+    return Response("not found", status_code=404, media_type="text/plain", headers=SECURITY_HEADERS)
+
+
 def console_router() -> Router:
-    """The static files at /console (index.html for /console/), each response with the security headers."""
+    """The static files at /console (index.html for /console/), each response (a 404 too) with the security
+    headers."""
     return create_static_files_router(
         path=PATH,
         directories=[STATIC_DIR],
         html_mode=True,
         name="console",
         after_request=_secure,
+        exception_handlers={NotFoundException: _not_found},
         include_in_schema=False,
     )

@@ -35,6 +35,9 @@ def test_every_console_file_is_served_with_the_policy(start_server) -> None:
     assert httpx.get(f"{server.url}/console/").text == (STATIC_DIR / "index.html").read_text()
     # nothing outside the folder, and the console is no API route: it is absent from the OpenAPI document
     assert httpx.get(f"{server.url}/console/../settings.py").status_code == 404
+    missing = httpx.get(f"{server.url}/console/no-such-page.js")
+    assert missing.status_code == 404 and missing.headers["content-security-policy"] == CSP
+    assert missing.headers["x-frame-options"] == "DENY"
     assert httpx.get(f"{server.url}/console/%2e%2e/__init__.py").status_code == 404
     paths = httpx.get(f"{server.url}/schema/openapi.json").json()["paths"]
     assert not [p for p in paths if p.startswith("/console")]
