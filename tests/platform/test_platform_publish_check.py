@@ -14,7 +14,17 @@ import pytest
 from loraplex.engine.lora import manager
 from tests.platform.helpers import auth, create_tenant, error_of, stored_blobs, upload, zip_folder
 
-FIGURES = {"passed", "max_logit_diff", "tokens_equal", "tokens", "reference_tokens", "prompt", "seconds", "tolerance"}
+FIGURES = {
+    "passed",
+    "max_logit_diff",
+    "tokens_equal",
+    "tokens",
+    "reference_tokens",
+    "prompt",
+    "seconds",
+    "base_logit_diff",
+    "tolerance",
+}
 
 
 @pytest.fixture
@@ -37,7 +47,8 @@ def test_a_good_adapter_passes_and_records_its_figures(server, adapter_factory) 
     check = r.json()["publish_check"]
     assert set(check) == FIGURES, check
     assert check["passed"] is True and check["tokens_equal"] is True and check["tokens"] == check["reference_tokens"]
-    assert 0 <= check["max_logit_diff"] < 1e-3 and check["tolerance"] == 0.05  # a float32 engine's default
+    assert 0 <= check["max_logit_diff"] < 1e-3 and 0 <= check["base_logit_diff"] < 1e-3  # float32 throughout
+    assert check["tolerance"] == pytest.approx(0.05 + 4 * check["base_logit_diff"], abs=1e-6)
     assert len(check["tokens"]) == 4 and check["seconds"] > 0
     assert httpx.get(f"{server.url}/v1/adapters/good", headers=auth(key)).json()["publish_check"] == check
     assert r.json()["origin"] == {"kind": "upload"}
@@ -51,7 +62,7 @@ def test_a_wrong_kernel_path_is_caught_and_refused(start_server, adapter_factory
     error = error_of(r)
     assert error["code"] == "adapter_check_failed" and error["param"] == "name"
     assert "failed the publish check" in error["message"] and "max_logit_diff" in error["message"]
-    assert "(tolerance 0.05)" in error["message"] and "nothing was stored" in error["message"]
+    assert "(tolerance 0.05" in error["message"] and "nothing was stored" in error["message"]
     assert stored_blobs(server.settings.data_dir) == []
     assert httpx.get(f"{server.url}/v1/adapters/bent", headers=auth(key)).status_code == 404
 
@@ -89,7 +100,11 @@ def test_the_cap_records_a_skip_and_the_setting_turns_it_off(start_server, adapt
 def test_a_reference_that_fails_records_a_skip(start_server, adapter_factory, monkeypatch) -> None:
     from loraplex.platform.adapters.publish_check import PublishCheck
 
+    base_only = PublishCheck._reference_logprobs
+
     def broken(self: Any, folder: Any, token_ids: Any) -> Any:
+        if folder is None:  # the base alone still runs
+            return base_only(self, folder, token_ids)
         raise RuntimeError("peft cannot load this")
 
     monkeypatch.setattr(PublishCheck, "_reference_logprobs", broken)
