@@ -16,6 +16,7 @@ import ctypes
 
 import torch
 
+from . import cpu_build
 from .attention import PagedAttentionInputs, paged_attention_ref
 from .cpu_build import load
 
@@ -40,7 +41,16 @@ _SIGNATURES = dict.fromkeys(
 
 
 def _library() -> ctypes.CDLL | None:
+    # straight from the loader's cache once built (no lock): every layer of a decode step calls the kernel
+    found = cpu_build._loaded.get("paged_decode_attention")
+    if isinstance(found, ctypes.CDLL):
+        return found
     return load("paged_decode_attention", _SIGNATURES)
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as contiguous int32, itself where it is one already (the plans build their tables so)."""
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
 
 
 def cpu_decode_kernel_available() -> bool:
@@ -114,10 +124,10 @@ def paged_decode_attention_c(inputs: PagedAttentionInputs, *, check_tables: bool
     if num_seqs == 0:
         return out
     q = q.contiguous()
-    lens = inputs.seq_lens.to(torch.int32).contiguous()
+    lens = _int32(inputs.seq_lens)
     if check_tables and int(lens.min()) < 1:
         raise ValueError("every decode sequence needs a context of at least one token")
-    tables = inputs.block_tables.to(torch.int32).contiguous()
+    tables = _int32(inputs.block_tables)
     if check_tables:
         check_block_tables(tables, lens, num_blocks, block_size)
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
