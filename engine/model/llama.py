@@ -137,9 +137,15 @@ class DecoderModel:
         h = self.embed_rows(input_ids)  # the residual stream, updated in place by add_rms_norm
         if self.embed_scale is not None:
             h = h * self.embed_scale
+        # the shape's numbers once per forward, not per layer (each is a property lookup)
         q_size, kv_size = s.q_size, s.kv_size
+        qk_end = q_size + kv_size
+        heads, kv_heads, head_dim = s.num_heads, s.num_kv_heads, s.head_dim
+        rope_heads = heads + kv_heads
         inter = s.intermediate_size
         softcap = s.attn_softcap
+        scale = self.scale
+        metas = meta if isinstance(meta, list) else [meta] * len(self.layers)
         delta: torch.Tensor | None = None  # the previous layer's MLP output, added to h by the next norm
         for i, layer in enumerate(self.layers):
             x = add_rms_norm(h, delta, layer.input_norm, eps)
@@ -149,16 +155,15 @@ class DecoderModel:
             if layer.q_norm is not None:
                 self._qk_norm(qkv, layer)
             # q and k heads, in place; the positions are the same in every layer, checked in the first
-            cos, sin = layer.rotary.cos, layer.rotary.sin
-            rope_(qkv, s.num_heads + s.num_kv_heads, s.head_dim, cos, sin, positions, check_positions=i == 0)
-            q = qkv[:, :q_size].view(-1, s.num_heads, s.head_dim)
-            k = qkv[:, q_size : q_size + kv_size].view(-1, s.num_kv_heads, s.head_dim)
-            v = qkv[:, q_size + kv_size :].view(-1, s.num_kv_heads, s.head_dim)
+            rotary = layer.rotary
+            rope_(qkv, rope_heads, head_dim, rotary.cos, rotary.sin, positions, check_positions=i == 0)
+            q = qkv[:, :q_size].view(-1, heads, head_dim)
+            k = qkv[:, q_size:qk_end].view(-1, kv_heads, head_dim)
+            v = qkv[:, qk_end:].view(-1, kv_heads, head_dim)
             k_cache, v_cache = kv_caches[i]
-            layer_meta = meta[i] if isinstance(meta, list) else meta
-            inputs = layer_meta.paged_inputs(q, k_cache, v_cache, self.scale, window=layer.window, softcap=softcap)
-            a = attention(inputs, k, v, layer_meta)
-            a = a.view(-1, q_size)
+            layer_meta = metas[i]
+            inputs = layer_meta.paged_inputs(q, k_cache, v_cache, scale, window=layer.window, softcap=softcap)
+            a = attention(inputs, k, v, layer_meta).view(-1, q_size)
             o = layer.o(a)
             if lora is not None:
                 lora.apply(i, "o", a, o)
