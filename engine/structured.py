@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -74,7 +74,11 @@ class StructuredOutputManager:
         self.probe: EngineProbe | None = None  # set through LLMEngine.probe
         self._byte_table: ByteTable | None = None  # byte-level jump-forward's tables, built on first use
         self.reasoning: ReasoningFormat | None = None  # the engine's reasoning parser (set by the engine)
-        self._reasoning_vocab: ReasoningVocab | None = None  # built on the first constrained reasoning request
+        # The reasoning matchers' shared tables (~0.2 s): built once, for the first constrained reasoning request,
+        # in this worker after its grammar compiled (`_compiled`), never on the engine thread.
+        self._reasoning_vocab: ReasoningVocab | None = None
+        self._reasoning_vocab_lock = threading.Lock()
+        self._vocab_builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reasoning-vocab")
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -120,8 +124,50 @@ class StructuredOutputManager:
         )
 
     def close(self) -> None:
+        self._vocab_builder.shutdown(wait=False, cancel_futures=True)
         if self._compiler is not None:
             self._compiler.close()
+
+    def _compiled(
+        self, spec: StructuredSpec, sources: tuple[SourceText, ...] | None, phase: Phase | None
+    ) -> Future[CompiledGrammar]:
+        """``spec`` compiled (the compiler's future); for an output that starts before its answer, resolved only
+        once the reasoning tables exist too, built in ``_vocab_builder`` (a callback on an already compiled
+        grammar runs on the caller's thread, which may be the engine's: it only hands the build over)."""
+        compiled = self.compiler.submit(spec, sources)
+        if not _before_answer(phase) or self._reasoning_vocab is not None:
+            return compiled
+        out: Future[CompiledGrammar] = Future()
+
+        def build(fut: Future[CompiledGrammar]) -> None:
+            try:
+                grammar = fut.result()
+                self._reasoning_vocab_for(grammar)
+            except BaseException as exc:  # GrammarError, timeout; anything else fails this request only
+                out.set_exception(exc)
+            else:
+                out.set_result(grammar)
+
+        def hand_over(fut: Future[CompiledGrammar]) -> None:
+            try:
+                self._vocab_builder.submit(build, fut)
+            except RuntimeError:  # shut down meanwhile
+                out.set_exception(RequestError("the engine is closing"))
+
+        compiled.add_done_callback(hand_over)
+        return out
+
+    def _reasoning_vocab_for(self, grammar: CompiledGrammar) -> ReasoningVocab:
+        """The reasoning tables, built on first use (one pass over the vocabulary); thread-safe."""
+        with self._reasoning_vocab_lock:
+            if self._reasoning_vocab is None:
+                from loraplex.grammar.reasoning import ReasoningVocab
+
+                assert self.reasoning is not None  # (a phase is only set on an engine with a parser)
+                v = self.compiler.vocab
+                words = grammar.new_matcher().bitmask_words()
+                self._reasoning_vocab = ReasoningVocab.of(self.reasoning, v.token_bytes, frozenset(self._eos), words)
+            return self._reasoning_vocab
 
     def precheck(
         self,
@@ -144,7 +190,7 @@ class StructuredOutputManager:
             else:
                 checked.set_result(grammar)
 
-        self.compiler.submit(spec, sources).add_done_callback(finish)
+        self._compiled(spec, sources, phase).add_done_callback(finish)
         return checked
 
     def attach(self, seq: Sequence, grammar: CompiledGrammar | None) -> None:
@@ -156,20 +202,17 @@ class StructuredOutputManager:
         if grammar is not None:
             self._start(seq, grammar)
         else:
-            seq.grammar_future = self.compiler.submit(spec, seq.params.grounding_sources)
+            seq.grammar_future = self._compiled(spec, seq.params.grounding_sources, seq.reasoning_phase)
 
     def _start(self, seq: Sequence, grammar: CompiledGrammar) -> None:
         matcher = grammar.new_matcher()
         phase = seq.reasoning_phase
-        if phase is not None and phase != Phase.ANSWER:  # the constraint applies after the reasoning
-            from loraplex.grammar.reasoning import ReasoningMatcher, ReasoningVocab
+        if phase is not None and _before_answer(phase):  # the constraint applies after the reasoning
+            from loraplex.grammar.reasoning import ReasoningMatcher
 
-            assert self.reasoning is not None  # (a phase is only set on an engine with a parser)
-            if self._reasoning_vocab is None:
-                v = self.compiler.vocab
-                eos = frozenset(self._eos)
-                self._reasoning_vocab = ReasoningVocab.of(self.reasoning, v.token_bytes, eos, matcher.bitmask_words())
-            matcher = ReasoningMatcher(matcher, self._reasoning_vocab, phase)
+            # (built by the time the grammar reached here: `_compiled`; only a grammar that did not come through
+            # it, such as one precheck compiled for another phase, would build it here)
+            matcher = ReasoningMatcher(matcher, self._reasoning_vocab_for(grammar), phase)
         seq.grammar = matcher
         seq.narrowing = grammar.narrowing
         seq.grounding = grammar.grounding
@@ -264,6 +307,11 @@ class StructuredOutputManager:
         if remaining is not None and remaining <= 0:
             return "stop" if m.is_accepting() else "length"
         return None
+
+
+def _before_answer(phase: Phase | None) -> bool:
+    """Whether an output starting in ``phase`` may reason before its answer (its constraint waits for it)."""
+    return phase is not None and phase != Phase.ANSWER
 
 
 class BudgetCheck:
