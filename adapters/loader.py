@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,9 @@ from .safetensors_header import SafetensorsHeader, TensorEntry, read_safetensors
 from .spec import ALL_LORA_MODULES, FUSED_MODULES, BaseModelSpec
 from .targets import TargetModule, resolve_targets
 from .tensors import parse_tensor_name
+
+if TYPE_CHECKING:
+    from .stacking import BaseWeights
 
 
 @dataclass
@@ -76,15 +80,24 @@ def inspect_adapter(
     *,
     max_lora_rank: int,
     limits: AdapterLimits = AdapterLimits(),
+    base_weights: BaseWeights | None = None,
 ) -> AdapterInfo:
-    """The same checks as ``load_adapter`` (hash included) holding one tensor at a time."""
-    info, _ = _read(Path(source), base, max_lora_rank, limits, keep=False)
+    """The same checks as ``load_adapter`` (hash included) holding one tensor at a time.
+
+    ``base_weights``: the base model's weights; with them a DoRA adapter's factors (which need them) are held to
+    the bound the engine applies when it reads the adapter (``scale_too_large``), its tensors then held at once."""
+    info, weights = _read(Path(source), base, max_lora_rank, limits, keep=False, keep_dora=base_weights is not None)
+    if base_weights is not None and info.use_dora:
+        from .stacking import check_dora_factors  # (stacking builds on this module)
+
+        check_dora_factors(LoadedAdapter(**vars(info), weights=weights), base, base_weights)
     return info
 
 
 def _read(
-    source: Path, base: BaseModelSpec, max_lora_rank: int, limits: AdapterLimits, *, keep: bool
+    source: Path, base: BaseModelSpec, max_lora_rank: int, limits: AdapterLimits, *, keep: bool, keep_dora: bool = False
 ) -> tuple[AdapterInfo, dict[tuple[int, str], LoRAModuleWeights]]:
+    """The checked adapter and, if ``keep`` (or ``keep_dora`` and it is a DoRA adapter), its tensors."""
     if not isinstance(max_lora_rank, int) or max_lora_rank <= 0:
         raise ValueError(f"max_lora_rank must be a positive integer, got {max_lora_rank!r}")
     with _adapter_folder(source, limits) as (folder, scan_root):
@@ -106,6 +119,7 @@ def _read(
         targets = resolve_targets(config, base)
         _check_scale(targets, config.use_rslora)
         pairs = _check_tensors(header, targets, config, base, max_lora_rank)
+        keep = keep or (keep_dora and config.use_dora)
         return _load_tensors(weights_path, header, pairs, targets, config, base, keep=keep)
 
 

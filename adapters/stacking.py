@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .errors import AdapterError
-from .loader import LoadedAdapter
+from .loader import MAX_LORA_GAIN, LoadedAdapter
 from .spec import BaseModelSpec
 
 # The engine's fused projections and the LoRA slices each one carries, in output order.
@@ -15,6 +17,10 @@ LORA_GROUPS: dict[str, tuple[str, ...]] = {
     "gate_up": ("gate_proj", "up_proj"),
     "down": ("down_proj",),
 }
+
+# The base model's weight of one (layer, group) as floats [out_total, in_features] (a tensor the caller may free)
+# and its bias: what DoRA's row norms are computed from (the engine's DecoderModel.group_weight).
+BaseWeights = Callable[[int, str], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def stack_adapter(
@@ -80,3 +86,40 @@ def dora_scale(
             scale[row : row + rows] = w.magnitude.to(weight.device, wide) / norm
         row += rows
     return scale
+
+
+def bounded_dora_scale(
+    adapter: LoadedAdapter, base: BaseModelSpec, layer: int, group: str, weight: torch.Tensor
+) -> torch.Tensor | None:
+    """``dora_scale``, refused (``scale_too_large``) when a factor is over MAX_LORA_GAIN, or NaN (a zero row of
+    ``W + scaling * B @ A``): the output times such a factor could overflow float32 arithmetic."""
+    scale = dora_scale(adapter, base, layer, group, weight)
+    if scale is None:
+        return None
+    largest = float(scale.abs().max())
+    if not largest <= MAX_LORA_GAIN:  # NaN too
+        raise AdapterError(
+            f"layers.{layer}: a DoRA factor magnitude / ||W + scaling * B @ A|| of the {group} projection "
+            f"is {largest:g}, over the bound of 2^32 (a magnitude far above its row's norm, or a zero row)",
+            code="scale_too_large",
+        )
+    return scale
+
+
+def dora_groups(adapter: LoadedAdapter) -> list[tuple[int, str]]:
+    """The (layer, group) pairs where some module of the adapter has a DoRA magnitude vector."""
+    return [
+        (layer, group)
+        for layer in adapter.layers
+        for group, modules in LORA_GROUPS.items()
+        if any(getattr(adapter.weights.get((layer, m)), "magnitude", None) is not None for m in modules)
+    ]
+
+
+def check_dora_factors(adapter: LoadedAdapter, base: BaseModelSpec, base_weights: BaseWeights) -> None:
+    """Refuse the adapter if any DoRA factor is over the bound (``bounded_dora_scale``), computed against the base
+    weights one group at a time (each float copy freed before the next)."""
+    for layer, group in dora_groups(adapter):
+        weight, _bias = base_weights(layer, group)
+        bounded_dora_scale(adapter, base, layer, group, weight)
+        del weight

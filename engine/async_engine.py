@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loraplex.adapters import BaseModelSpec
+from loraplex.adapters.stacking import BaseWeights
 from loraplex.engine.config import EngineArgs
 from loraplex.engine.core.share import DEFAULT_SHARE, Share
 from loraplex.engine.llm_engine import LLMEngine
@@ -113,6 +114,8 @@ class AsyncEngine:
         self.model_name = self.engine.model_name
         self.max_model_len = self.engine.max_model_len
         self.base_spec = self.engine.base_spec
+        # the base model's weights by (layer, group), as DoRA's factors need them (any thread; None: not given)
+        self.base_weights: BaseWeights | None = self.engine.lora_manager.base_weights
         self.args = self.engine.args
 
     # ------------------------------------------------------------------ asyncio side

@@ -123,6 +123,7 @@ async def build_services(settings: Settings, engine: AsyncEngine | None = None) 
                 settings.default_max_adapter_bytes,
                 settings.default_adapter_versions_kept,
             ),
+            base_weights=engine.base_weights,
         )
         warmer = Warmer(engine, store, cache, enabled=settings.warm_adapters)
         adapters.on_publish = warmer.publish

@@ -26,7 +26,7 @@ import functools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +40,10 @@ from loraplex.adapters import (
     AdapterLimits,
     BaseModelSpec,
     LoadedAdapter,
-    dora_scale,
     load_adapter,
     stack_adapter,
 )
-from loraplex.adapters.loader import MAX_LORA_GAIN
+from loraplex.adapters.stacking import BaseWeights, bounded_dora_scale, dora_groups
 from loraplex.engine.core.sequence import Sequence
 from loraplex.engine.lora.context import StepLoRAContext
 from loraplex.engine.lora.ref import AdapterRef
@@ -55,10 +54,6 @@ from loraplex.engine.threads import single_threaded_torch
 from loraplex.kernels.backend import ComputeBackend
 
 log = logging.getLogger(__name__)
-
-# The base model's weight of one (layer, group) as floats [out_total, in_features] (a tensor the caller may free)
-# and its bias: what DoRA's row norms are computed from (DecoderModel.group_weight).
-BaseWeights = Callable[[int, str], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 @dataclass(frozen=True)
@@ -299,23 +294,13 @@ class LoRAManager:
                 "DoRA adapters need the base model's weights, which this engine does not give", code="dora"
             )
         out: dict[LayerGroup, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        for layer in adapter.layers:
-            for group, modules in LORA_GROUPS.items():
-                if all(getattr(adapter.weights.get((layer, m)), "magnitude", None) is None for m in modules):
-                    continue
-                weight, bias = self.base_weights(layer, group)
-                scale = dora_scale(adapter, self.base, layer, group, weight)
-                del weight
-                assert scale is not None  # (some module of the group has a magnitude)
-                largest = float(scale.abs().max())
-                if not largest <= MAX_LORA_GAIN:  # NaN too: a zero row of W + scaling * B @ A
-                    raise AdapterError(
-                        f"layers.{layer}: a DoRA factor magnitude / ||W + scaling * B @ A|| of the {group} projection "
-                        f"is {largest:g}, over the bound of 2^32 (a magnitude far above its row's norm, or a zero row)",
-                        code="scale_too_large",
-                    )
-                shift = None if bias is None else ((1 - scale) * bias.to(scale.dtype)).to("cpu", self.compute_dtype)
-                out[(layer, group)] = (scale.to("cpu", self.compute_dtype), shift)
+        for layer, group in dora_groups(adapter):
+            weight, bias = self.base_weights(layer, group)
+            scale = bounded_dora_scale(adapter, self.base, layer, group, weight)  # (uploads are checked alike)
+            del weight
+            assert scale is not None  # (some module of the group has a magnitude)
+            shift = None if bias is None else ((1 - scale) * bias.to(scale.dtype)).to("cpu", self.compute_dtype)
+            out[(layer, group)] = (scale.to("cpu", self.compute_dtype), shift)
         return out
 
     def _host_has_room(self) -> bool:

@@ -25,6 +25,7 @@ from loraplex.adapters import (
     extract_archive,
     inspect_adapter,
 )
+from loraplex.adapters.stacking import BaseWeights
 from loraplex.engine.threads import single_threaded_torch
 from loraplex.platform.db.models import Adapter, AdapterCurrent, Endpoint, Tenant, as_utc, utcnow
 from loraplex.platform.db.session import Database
@@ -108,6 +109,7 @@ class AdapterService:
         max_lora_rank: int,
         limits: AdapterLimits,
         quotas: QuotaDefaults,
+        base_weights: BaseWeights | None = None,
     ) -> None:
         self.db = db
         self.store = store
@@ -117,6 +119,9 @@ class AdapterService:
         self.max_lora_rank = max_lora_rank
         self.limits = limits
         self.quotas = quotas
+        # The engine's base weights: a DoRA adapter's factors need them, and one over the bound is refused at upload
+        # (scale_too_large) rather than stored and failing when the engine reads it. None: not checked here.
+        self.base_weights = base_weights
         # Called with each newly published version (set by the app: adapters/warm.py loads it on every replica).
         self.on_publish: Callable[[list[AdapterRecord]], Awaitable[None]] | None = None
         # Run on every new version's files before it is stored (upload, import, merge): raises to refuse the
@@ -232,7 +237,9 @@ class AdapterService:
 
     def _inspect(self, source: Path) -> AdapterInfo:
         try:
-            return inspect_adapter(source, self.base, max_lora_rank=self.max_lora_rank, limits=self.limits)
+            return inspect_adapter(
+                source, self.base, max_lora_rank=self.max_lora_rank, limits=self.limits, base_weights=self.base_weights
+            )
         except AdapterError as exc:
             raise refused(exc) from None
 

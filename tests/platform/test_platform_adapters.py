@@ -124,6 +124,35 @@ def test_dora_adapter_is_accepted_and_served(start_server, adapter_factory, tiny
     assert complete("dora-bot") == tokenizer.decode(out[0, len(prompt) :].tolist())
 
 
+def test_dora_factor_past_the_bound_is_refused_at_upload(start_server, adapter_factory, tmp_path) -> None:
+    """A DoRA factor magnitude / ||W + s B A|| over 2^32 (one magnitude vector scaled by 1e12) is refused by the
+    upload's inspection, computed against the engine's base weights: a 400 naming it, and nothing stored (not a
+    version that fails when the engine first reads it)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "dora-huge")
+    folder = tmp_path / "huge"
+    shutil.copytree(adapter_factory("dora", seed=21, lora_overrides={"use_dora": True}, magnitude_noise=0.3), folder)
+    weights = folder / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(k for k in tensors if k.endswith("layers.1.mlp.down_proj.lora_magnitude_vector"))
+    tensors[name] = tensors[name] * 1e12
+    save_file(tensors, str(weights))
+
+    for kwargs in ({"archive": zip_folder(folder)}, {"folder": folder}):
+        r = upload(server.url, key, "dora-bot", **kwargs)
+        assert r.status_code == 400, r.text
+        err = error_of(r)
+        assert err["code"] == "scale_too_large", err
+        assert "layers.1: a DoRA factor" in err["message"] and "down projection" in err["message"], err
+    assert httpx.get(f"{server.url}/v1/adapters", headers=auth(key)).json()["data"] == []
+    assert stored_blobs(server.settings.data_dir) == []
+    assert leftover_tmp(server.settings.data_dir) == []
+
+
 def test_isolation_between_tenants(server, adapter_factory) -> None:
     key_a = create_tenant(server.url, "iso-a")
     key_b = create_tenant(server.url, "iso-b")
