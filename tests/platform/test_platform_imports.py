@@ -488,18 +488,18 @@ def test_credentials_under_another_servers_key_are_refused_by_name(start_server,
 
 @pytest.mark.services
 def test_two_replicas_run_each_import_once(start_server, files, adapter_factory, tmp_path) -> None:
-    """On PostgreSQL the runners claim with SKIP LOCKED: whichever replica takes an import, it runs once."""
+    """On PostgreSQL the runners claim with SKIP LOCKED: whichever replica takes an import, it runs once. (Four
+    different adapters: the check at publish of two copies of one adapter at once is another question.)"""
     one = start_server("postgres+redis", data_dir=tmp_path / "one", **LOCAL)
     two = start_server("postgres+redis", data_dir=tmp_path / "two", **LOCAL)
     key = create_tenant(one.url, "imp-replicas")
-    archive = zip_folder(adapter_factory("imp-6", seed=110))
-    sha = hashlib.sha256(archive).hexdigest()
     created = []
-    for i in range(6):
+    for i in range(4):
+        archive = zip_folder(adapter_factory(f"imp-rep-{i}", seed=120 + i))
         files.routes[f"/a{i}.zip"] = Reply(200, archive)
-        replica = (one, two)[i % 2]
-        created.append((replica, started(replica.url, key, name=f"rep{i}", source=f"{files.url}/a{i}.zip", sha256=sha)))
-    for i, (_, imp) in enumerate(created):
+        body = dict(name=f"rep{i}", source=f"{files.url}/a{i}.zip", sha256=hashlib.sha256(archive).hexdigest())
+        created.append(started((one, two)[i % 2].url, key, **body))
+    for i, imp in enumerate(created):
         done = finished((two, one)[i % 2].url, key, imp)  # read from the other replica
         assert (done["status"], done["attempts"], done["version"]) == ("ready", 1, 1), done["error"]
-    assert sorted(files.paths()) == sorted(f"/a{i}.zip" for i in range(6))  # each fetched once
+    assert sorted(files.paths()) == [f"/a{i}.zip" for i in range(4)]  # each fetched once
