@@ -178,9 +178,10 @@ class AsyncEngine:
         return adapter.ref
 
     def compile_grammar(self, spec: StructuredSpec) -> Future[CompiledGrammar]:
-        """Compile a constraint ahead of the requests that will use it (they then hit the compile cache); fails
-        with GrammarError as a request's compile would. Thread-safe."""
-        return self.engine.structured.compiler.submit(spec)
+        """Compile a constraint ahead of the requests that will use it (they then hit the compile cache; a schema
+        with grounded values compiles to its template, bound to each request's text later); fails with GrammarError
+        as a request's compile would. Thread-safe."""
+        return self.engine.structured.compiler.prepare(spec)
 
     def remove_adapter(self, adapter: AdapterRef | str) -> None:
         """Drop the adapter's cached copies (on the engine thread); requests naming it later reload it."""

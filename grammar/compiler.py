@@ -154,6 +154,12 @@ class GrammarCompiler:
         base.add_done_callback(compiled)
         return out
 
+    def prepare(self, spec: StructuredSpec) -> Future[CompiledGrammar]:
+        """Compile ahead of the requests that will use it: what is cached, so a schema with grounded values compiles
+        to its template (binding needs each request's own text). Fails with GrammarError as a request's compile
+        would, except for what only a request's source text decides (no span satisfying a grounded value)."""
+        return self._submit(spec)
+
     def _submit(self, spec: StructuredSpec) -> Future[CompiledGrammar]:
         try:
             key = (self.vocab.identity, spec.cache_key())

@@ -9,13 +9,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
 
 from loraplex.platform.app import create_app
 from tests.platform.conftest import settings_for
-from tests.platform.helpers import ServerThread, create_tenant, make_peft_adapter, upload, zip_folder
+from tests.platform.helpers import ServerThread, auth, create_tenant, make_peft_adapter, upload, zip_folder
 
 pytestmark = pytest.mark.slow
 
@@ -250,6 +251,30 @@ def test_grounded_values_are_spans_of_the_user_message_and_say_where(smol) -> No
     )
     last = [c["choices"][0] for c in chunks if c["choices"]][-1]
     assert last["grounded_values"] == choice["grounded_values"]
+
+
+def test_an_endpoint_may_default_to_a_schema_with_grounded_values(smol) -> None:
+    """Publishing compiles the schema's template (no request text yet: nothing to bind); each call through the
+    endpoint binds it to its own messages and answers as the same request sent to the base model directly."""
+    server, key, client, engine = smol
+    fmt = {"type": "json_schema", "json_schema": {"name": "invoice", "schema": GROUNDED_INVOICE}}
+    r = httpx.post(
+        f"{server.url}/v1/endpoints",
+        json={"name": "invoices", "adapter": None, "defaults": {"response_format": fmt, "temperature": 0.0}},
+        headers=auth(key),
+        timeout=120,
+    )
+    assert r.status_code == 201, r.text
+    messages = [
+        {"role": "system", "content": "Extract the invoice fields as JSON. Vendor: Nobody Inc (not in the text)."},
+        {"role": "user", "content": INVOICE_TEXT},
+    ]
+    via = client.post(
+        "/chat/completions", body={"model": "invoices", "messages": messages, "max_tokens": 120}, cast_to=object
+    )
+    direct = _grounded_chat(client, engine.model_name)
+    assert via["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]  # type: ignore[index]
+    assert via["choices"][0]["grounded_values"] == direct["choices"][0]["grounded_values"]  # type: ignore[index]
 
 
 def test_grounded_values_on_completions_copy_the_prompt(smol) -> None:
