@@ -1,5 +1,5 @@
-"""`loraplex adapters push|import|list|versions|rollback|delete`: the caller's adapters and their versions
-(`import` lives in imports.py)."""
+"""`loraplex adapters push|import|merge|list|versions|rollback|delete`: the caller's adapters and their versions
+(`import` lives in imports.py, `merge` in merge.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from loraplex.platform.client import imports
+from loraplex.platform.client import imports, merge
 from loraplex.platform.client.http import Connection, UsageError, client_command, seg
 from loraplex.platform.client.output import emit, show
 from loraplex.platform.client.upload import post_file
@@ -20,7 +20,7 @@ COLUMNS = ("name", "version", "model", "status", "rank", "size_bytes", "created_
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
-    group = sub.add_parser("adapters", help="your LoRA adapters: push, import, list, versions, rollback, delete")
+    group = sub.add_parser("adapters", help="your LoRA adapters: push, import, merge, list, versions, rollback, delete")
     cmds = group.add_subparsers(dest="adapters_command", required=True)
 
     p = cmds.add_parser("push", parents=[common], help="zip a PEFT adapter folder and upload it (a new version)")
@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     p.add_argument("--name", required=True, help="the adapter's name (an existing name gets a new version)")
     p.set_defaults(func=client_command(push))
     imports.register(cmds, common)
+    merge.register(cmds, common)
 
     p = cmds.add_parser("list", parents=[common], help="your adapters (each at its current version)")
     p.set_defaults(func=client_command(list_adapters))

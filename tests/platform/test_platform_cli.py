@@ -140,6 +140,39 @@ def test_adapters_push_versions_rollback_delete(start_server, adapter_factory, t
     assert result.returncode == 2 and CONFIG_NAME in result.stderr
 
 
+def test_adapters_merge_publishes_a_version_that_records_its_sources(start_server, adapter_factory, tmp_path) -> None:
+    server = start_server()
+    key = create_tenant(server.url, "cli-merge")
+    for name, seed in (("a", 61), ("b", 62)):
+        assert upload(
+            server.url, key, name, archive=zip_folder(adapter_factory(f"cli-merge-{name}", seed=seed))
+        ).is_success
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return cli(*args, config=tmp_path / "config", url=server.url, key=key)
+
+    out = ok_json(
+        run("adapters", "merge", "ab", "--source", "a@1:0.7", "--source", "b:0.3", "--method", "linear", "--json")
+    )
+    assert (out["name"], out["version"]) == ("ab", 1)
+    assert out["origin"]["method"] == "linear"
+    assert [(s["name"], s["version"], s["weight"]) for s in out["origin"]["sources"]] == [("a", 1, 0.7), ("b", 1, 0.3)]
+    listed = get(server.url, key, "/v1/adapters/ab").json()
+    assert listed["sha256"] == out["sha256"] and listed["origin"] == out["origin"]
+    human = ok(run("adapters", "merge", "ab", "--source", "a", "--source", "b", "--method", "svd", "--svd-rank", "2"))
+    assert "merged a@1 x1.0, b@1 x1.0 (svd) into cli-merge/ab version 2" in human
+
+    assert refused(run("adapters", "merge", "ab", "--source", "a", "--source", "nope", "--method", "cat")).group(1) == (
+        "adapter_not_found"
+    )
+    assert run("adapters", "merge", "ab", "--source", "a", "--method", "cat").returncode == 2  # one source
+    assert (
+        "is not a number"
+        in run("adapters", "merge", "ab", "--source", "a:x", "--source", "b", "--method", "cat").stderr
+    )
+    assert run("adapters", "merge", "ab", "--source", "a", "--source", "b", "--method", "mean").returncode == 2
+
+
 def test_endpoints_create_split_promote_rollback(start_server, adapter_factory, tmp_path: Path) -> None:
     server = start_server()
     key = create_tenant(server.url, "cli-endpoints")
