@@ -146,6 +146,15 @@ class PublishCheck:
         async for out in self.engine.generate(self._prompt_ids, params, adapter=ref, every_step=False):
             last = out
         assert last is not None
+        if last.finish_reason == "error" or len(last.token_ids) != self.config.max_tokens:
+            # Nothing to compare: an engine that cannot serve the version fails the check whatever the flag says.
+            what = "the adapter" if ref is not None else "the base model"
+            raise Invalid(
+                f"the check at publish could not run {what} on the engine: "
+                f"{last.error or f'{len(last.token_ids)} of {self.config.max_tokens} tokens'}; nothing was stored",
+                code="adapter_check_failed",
+                param="name",
+            )
         return last
 
     def _skip_reason(self) -> str | None:

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loraplex.adapters import AdapterError
 from loraplex.engine.lora import manager
 from tests.platform.helpers import auth, create_tenant, error_of, stored_blobs, upload, zip_folder
 
@@ -81,6 +82,28 @@ def test_the_request_may_accept_a_failed_check_with_a_warning(start_server, adap
     body["accept_failed_check"] = "maybe"
     r = httpx.post(f"{server.url}/v1/adapters", data=body, files=files, headers=auth(key), timeout=60)
     assert r.status_code == 400 and error_of(r)["param"] == "accept_failed_check"
+
+
+def test_a_version_the_engine_cannot_load_fails_the_check_whatever_the_flag(
+    start_server, adapter_factory, monkeypatch
+) -> None:
+    """The engine's run ends in an error (the adapter fails to load): nothing to compare is no pass."""
+
+    def broken(adapter: Any, *args: Any, **kwargs: Any) -> Any:
+        raise AdapterError("injected: this adapter cannot be stacked", code="invalid_adapter")
+
+    monkeypatch.setattr(manager, "stack_adapter", broken)
+    server = start_server("sqlite")
+    key = create_tenant(server.url, "unloadable")
+    files = {"file": ("adapter.zip", zip_folder(adapter_factory("check-unloadable", seed=44)), "application/zip")}
+    for accept in ("false", "true"):
+        body = {"name": "broken", "accept_failed_check": accept}
+        r = httpx.post(f"{server.url}/v1/adapters", data=body, files=files, headers=auth(key), timeout=60)
+        assert r.status_code == 400, r.text
+        error = error_of(r)
+        assert error["code"] == "adapter_check_failed" and "could not run the adapter on the engine" in error["message"]
+        assert "injected: this adapter cannot be stacked" in error["message"]
+    assert stored_blobs(server.settings.data_dir) == []
 
 
 def test_the_cap_records_a_skip_and_the_setting_turns_it_off(start_server, adapter_factory) -> None:
