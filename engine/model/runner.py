@@ -151,6 +151,8 @@ class ModelRunner:
         if not sample_rows:
             empty = hidden.new_empty((0, self.shape.vocab_size), dtype=torch.float32)
             return RunResult([], empty, [], prompt_logits)
+        if len(sample_rows) == len(ids):  # every row samples (rows only increase): no gather (decode steps)
+            return RunResult(sample_seq_idx, self.model.logits(hidden), sample_counts, prompt_logits)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
         return RunResult(sample_seq_idx, self.model.logits(hidden[rows]), sample_counts, prompt_logits)
 
