@@ -27,7 +27,7 @@ SDIST=$DEST/src/llama_cpp_python-$VERSION.tar.gz
 fetch_sdist() {
     if [ ! -f "$SDIST" ]; then
         mkdir -p "$DEST/src"
-        "$PIP" download --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$DEST/src"
+        "$PIP" download --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$DEST/src"
     fi
 }
 
