@@ -62,6 +62,8 @@ _VARIANT_FLAGS: dict[str, tuple[str, ...]] = {
     "scalar": ("-DLORAPLEX_QUANT_SCALAR",),  # plain C only
 }
 _p, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_BF16_FLAG = {torch.float32: _int(0), torch.bfloat16: _int(1)}  # the kernel's bf16 argument, per x dtype
+_ONE_ROW = _i64(1)
 _SIGNATURES = {
     "loraplex_quant_matmul": (_int, [_p, _int, _p, _int, _i64, _i64, _i64, _p, _i64, _int]),
     "loraplex_quant_matmul_int8": (_int, [_p, _int, _p, _int, _i64, _i64, _i64, _p, _i64, _int]),
@@ -252,7 +254,8 @@ class QuantWeight:
     """``y = x @ W.T`` for a fixed weight ``W [n, k]`` kept as GGUF blocks (uint8 ``[n, row_bytes(qtype, k)]``),
     prepared once for repeated calls: the blocks are checked, and on the CPU the C kernel and the blocks' address
     looked up, at construction. A call then checks only ``x`` (and ``out``) before the kernel: ~3 us of Python
-    against quant_matmul's ~10 (a decode step makes one call per projection: ~120 for SmolLM2-135M). ``out``:
+    against quant_matmul's ~10, ~2 for one contiguous row without ``out`` (decode's case: the shape, dtype and
+    layout in one test each); a decode step makes one call per projection: ~120 for SmolLM2-135M. ``out``:
     written in place, ``[m, n]`` in x's dtype with contiguous rows, which may be columns of a wider matrix (the
     parts of a fused projection). Off the CPU, or without the C kernels, the torch reference."""
 
@@ -271,10 +274,33 @@ class QuantWeight:
         # the constant arguments as ctypes values once: ctypes passes those without converting (~1 us a call)
         self._blocks_arg, self._qtype_arg = ctypes.c_void_p(self.blocks.data_ptr()), _int(_QTYPE_INDEX[self.qtype])
         self._n_arg, self._k_arg = _i64(self.n), _i64(self.k)
+        # one row of x (decode): checked against these once a call, then the kernel (x's element size, its k
+        # values and y's n are all the C call relies on); None where there is no such path (no kernel, or n = 0)
+        self._row = torch.Size((1, self.k)) if self._kernel is not None and self.n else None
         return self
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         kernel = self._kernel
+        if out is None and x.shape == self._row and x.is_cpu and x.is_contiguous():
+            bf16 = _BF16_FLAG.get(x.dtype)  # (None: not an activation dtype; the full path below refuses it)
+            if bf16 is not None:
+                assert kernel is not None  # (_row is set only with a kernel)
+                y = x.new_empty(1, self.n)
+                rc = kernel(
+                    x.data_ptr(),
+                    bf16,
+                    self._blocks_arg,
+                    self._qtype_arg,
+                    _ONE_ROW,
+                    self._n_arg,
+                    self._k_arg,
+                    y.data_ptr(),
+                    self._n_arg,
+                    torch.get_num_threads(),
+                )
+                if rc != 0:
+                    raise MemoryError("the C quantized matmul could not allocate its scratch buffers")
+                return y
         if kernel is None or not x.is_cpu:
             y = quant_matmul_ref(x, self.blocks, self.qtype, self.k, self.int8_activations)
             return y if out is None else out.copy_(y)

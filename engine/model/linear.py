@@ -114,12 +114,20 @@ class QuantizedLinear:
         self.in_features = parts[0].k
         self.out_features = sum(p.rows for p in parts)
         self.bias = bias
+        # one part and no bias (every projection of the bundled SmolLM2 GGUF): a call with a contiguous x goes
+        # straight to the prepared weight, which checks x itself (the same call as below, ~2 us less Python)
+        self._single: Callable[[torch.Tensor], torch.Tensor] | None = None
+        if len(self._weights) == 1 and bias is None:
+            self._single = self._weights[0].__call__  # (a bound method: called without the instance's slot)
 
     @property
     def weight_bytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        single = self._single
+        if single is not None and x.is_contiguous() and x.shape[0]:
+            return single(x)
         if x.shape[0] == 0:
             return x.new_empty((0, self.out_features))
         x = x.contiguous()

@@ -234,6 +234,12 @@ def test_quant_weight_is_quant_matmul_prepared():
     weight = QuantWeight(blocks, "Q6_K", 256)
     x = torch.randn(3, 256)
     assert torch.equal(weight(x.t().contiguous().t()), weight(x))  # a strided x: copied
+    row = torch.randn(256, 2, generator=g).t()[:1]  # one row, strided: not the one-row fast path, copied
+    assert not row.is_contiguous() and torch.equal(weight(row), weight(row.contiguous()))
+    with pytest.raises(ValueError, match=r"x must be float32 or bfloat16, got torch.float64"):
+        weight(torch.randn(1, 256, dtype=torch.float64))  # one row in a dtype the kernel does not read
+    with pytest.raises(ValueError, match=r"x must be \[m, k=256\], got \(1, 32\)"):
+        weight(torch.randn(1, 32))
     with pytest.raises(ValueError, match=r"x must be \[m, k=256\], got \(3, 32\)"):
         weight(torch.randn(3, 32))
     for bad in (torch.empty(3, 36), torch.empty(3, 37, dtype=torch.bfloat16), torch.empty(37, 3).t()):
