@@ -41,6 +41,11 @@ from loraplex.platform.domain_errors import Invalid
 from loraplex.platform.tenants.service import Principal
 
 log = logging.getLogger("loraplex.platform")
+# One model build or reference forward at a time in the whole process, not per check object: transformers swaps
+# process-wide functions while it builds a model (torch.nn.init's, in no_init_weights) and puts back what it found,
+# so two builds that overlap (two replicas' checks in one process) can leave them swapped: every model built later,
+# the kept reference included, then has uninitialised weights (NaN logits, the check refusing good adapters).
+_TRANSFORMERS_LOCK = threading.Lock()
 TOP = 20  # the engine's largest number of top logprobs per position
 BASE_FACTOR = 4.0  # the tolerance grows by this times the base model's own difference (see above)
 
@@ -63,7 +68,7 @@ class PublishCheck:
         self.reference_dir = reference_dir
         self.new_tmp_dir = new_tmp_dir  # a private scratch folder per check (the blob store's), removed after
         self.config = config
-        self._lock = threading.Lock()  # one reference forward at a time (it rewires the kept model)
+        self._lock = _TRANSFORMERS_LOCK  # (also: one reference forward at a time, as it rewires the kept model)
         self._reference: Any = None
         self._skip: str | None = None
         self._sized = False
@@ -167,7 +172,7 @@ class PublishCheck:
             from transformers import AutoConfig, AutoModelForCausalLM
 
             try:
-                with torch.device("meta"):
+                with self._lock, torch.device("meta"):
                     meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.reference_dir))
                 params = sum(p.numel() for p in meta.parameters())
             except Exception as exc:  # transformers cannot build this base: nothing to check against
