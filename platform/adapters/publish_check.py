@@ -42,9 +42,10 @@ from loraplex.platform.tenants.service import Principal
 
 log = logging.getLogger("loraplex.platform")
 # One model build or reference forward at a time in the whole process, not per check object: transformers swaps
-# process-wide functions while it builds a model (torch.nn.init's, in no_init_weights) and puts back what it found,
-# so two builds that overlap (two replicas' checks in one process) can leave them swapped: every model built later,
-# the kept reference included, then has uninitialised weights (NaN logits, the check refusing good adapters).
+# process-wide functions while it builds a model (PreTrainedModel.tie_weights in no_tie_weights, torch.nn.init's) and
+# puts back what it found, so two builds that overlap (two replicas' checks in one process) can leave them swapped:
+# every model built later, the kept reference included, then has an untied, uninitialised lm_head (NaN logits, the
+# check refusing good adapters).
 _TRANSFORMERS_LOCK = threading.Lock()
 TOP = 20  # the engine's largest number of top logprobs per position
 BASE_FACTOR = 4.0  # the tolerance grows by this times the base model's own difference (see above)
