@@ -19,7 +19,7 @@ import ctypes
 import torch
 
 from .cpu_build import load
-from .quant import _VARIANT_FLAGS, quantize_activations
+from .quant import _VARIANT_FLAGS, output_rows, quantize_activations
 
 __all__ = [
     "Int8Weight",
@@ -131,19 +131,7 @@ class Int8Weight:
             _check_x(x, self.k, self.int8_activations)
         x = x.contiguous()
         m = x.shape[0]
-        if out is None:
-            out = torch.empty((m, self.n), dtype=x.dtype)
-        elif (
-            out.shape != (m, self.n)
-            or out.dtype != x.dtype
-            or not out.is_cpu
-            or out.stride(1) != 1
-            or (m > 1 and out.stride(0) < self.n)
-        ):
-            raise ValueError(
-                f"out must be a CPU {x.dtype} [{m}, {self.n}] with contiguous rows, got {out.dtype} "
-                f"{tuple(out.shape)} on {out.device} with strides {out.stride()}"
-            )
+        out = output_rows(out, m, self.n, x.dtype)
         if m and self.n:
             rc = kernel(
                 x.data_ptr(),

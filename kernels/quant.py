@@ -103,6 +103,25 @@ def _check_x(x: torch.Tensor, k: int) -> None:
         raise ValueError(f"x must be float32 or bfloat16, got {x.dtype}")
 
 
+def output_rows(out: torch.Tensor | None, m: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """The [m, n] CPU output a prepared weight's C kernel writes: a new one, or `out` once checked (rows
+    contiguous, each at least n apart: the kernel writes through its row stride)."""
+    if out is None:
+        return torch.empty((m, n), dtype=dtype)
+    if (
+        out.shape != (m, n)
+        or out.dtype != dtype
+        or not out.is_cpu
+        or out.stride(1) != 1
+        or (m > 1 and out.stride(0) < n)
+    ):
+        raise ValueError(
+            f"out must be a CPU {dtype} [{m}, {n}] with contiguous rows, got {out.dtype} "
+            f"{tuple(out.shape)} on {out.device} with strides {out.stride()}"
+        )
+    return out
+
+
 def _f16(b: torch.Tensor) -> torch.Tensor:
     """[..., 2] bytes holding a little-endian float16 -> float32 [..., 1]"""
     return b.contiguous().view(torch.float16).float()
@@ -308,19 +327,7 @@ class QuantWeight:
             _check_x(x, self.k)
         x = x.contiguous()
         m = x.shape[0]
-        if out is None:
-            out = torch.empty((m, self.n), dtype=x.dtype)
-        elif (
-            out.shape != (m, self.n)
-            or out.dtype != x.dtype
-            or not out.is_cpu
-            or out.stride(1) != 1
-            or (m > 1 and out.stride(0) < self.n)
-        ):
-            raise ValueError(
-                f"out must be a CPU {x.dtype} [{m}, {self.n}] with contiguous rows, got {out.dtype} "
-                f"{tuple(out.shape)} on {out.device} with strides {out.stride()}"
-            )
+        out = output_rows(out, m, self.n, x.dtype)
         if m and self.n:
             rc = kernel(
                 x.data_ptr(),
