@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from litestar import Controller, Request, Response, delete, get, post, put
 from litestar.di import NamedDependency, Provide
+from litestar.openapi import ResponseSpec
 from litestar.openapi.spec import OpenAPIFormat, OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import FromPath, JSONBody
 
@@ -51,6 +52,14 @@ class UploadOperation(Operation):
     multipart form it expects into the OpenAPI document."""
 
     def __post_init__(self) -> None:
+        # The handler returns AdapterOut (201, an upload) or a Response[ImportOut] (202, an import): Litestar writes
+        # the 201 as oneOf the two, the second empty; the 201 is the adapter, the 202 its own entry (responses=).
+        created = self.responses.get("201") if self.responses else None
+        content = getattr(created, "content", None) or {}
+        for media in content.values():
+            one_of = getattr(media.schema, "one_of", None)
+            if one_of:
+                media.schema = one_of[0]
         binary = Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY)
         self.request_body = RequestBody(
             required=True,
@@ -111,7 +120,14 @@ class AdapterController(Controller):
         status_code=201,
         request_max_body_size=None,
         operation_class=UploadOperation,
-        responses=error_responses(400, 401, 403, 409, 413, 415, 429),  # 429: rate or concurrent-upload limit
+        responses={
+            202: ResponseSpec(
+                data_container=ImportOut,
+                description="Import by reference accepted (JSON body)",
+                generate_examples=False,
+            ),
+            **error_responses(400, 401, 403, 409, 413, 415, 429),  # 429: rate or concurrent-upload limit
+        },
         summary="Upload a PEFT LoRA adapter (a new version if the name exists), or import one by reference (JSON)",
     )
     async def upload(

@@ -127,7 +127,7 @@ def test_openapi_document_is_served_and_accurate(start_server) -> None:
     ]:
         assert method in paths[path], (path, method)
     upload_body = paths["/v1/adapters"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
-    assert set(upload_body["properties"]) == {"name", "file", "adapter_config", "adapter_model"}
+    assert set(upload_body["properties"]) == {"name", "file", "adapter_config", "adapter_model", "accept_failed_check"}
     chat = paths["/v1/chat/completions"]["post"]
     assert "text/event-stream" in chat["responses"]["200"]["content"]
     schemas = doc["components"]["schemas"]
@@ -150,6 +150,8 @@ def test_openapi_document_is_served_and_accurate(start_server) -> None:
     assert doc["components"]["securitySchemes"]["BearerAuth"]["scheme"] == "bearer"
     created = paths["/v1/adapters"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]
     assert created["$ref"].endswith("/AdapterOut")
+    imported = paths["/v1/adapters"]["post"]["responses"]["202"]["content"]["application/json"]["schema"]
+    assert imported["$ref"].endswith("/ImportOut")
     # Every documented error is in OpenAI's error body, as the server sends it.
     errors = [
         (path, code, r["content"]["application/json"]["schema"]["$ref"])
@@ -173,7 +175,10 @@ def test_openapi_document_is_served_and_accurate(start_server) -> None:
         "created_at",
         "status",
         "broken_reason",
+        "origin",
+        "publish_check",
     }
+    assert {"id", "status", "source", "version"} <= set(schemas["ImportOut"]["properties"])
 
 
 def test_disconnecting_streams_free_every_kv_block(start_server, tiny_engine) -> None:

@@ -66,7 +66,7 @@ class ImportController(Controller):
 
     @get(
         "/{name:str}/imports/{import_id:str}",
-        responses=error_responses(401, 404, 429),
+        responses=error_responses(400, 401, 404, 429),
         summary="The status of an import: queued, downloading (bytes done), validating, ready (version), failed",
     )
     async def get_import(
@@ -111,7 +111,7 @@ class CredentialController(Controller):
         await services.import_credentials.put(principal.tenant_id, kind, body)
         return CredentialOut(kind=kind, configured=True)
 
-    @delete("/{kind:str}", status_code=200, responses=error_responses(401, 404, 429), summary="Forget credentials")
+    @delete("/{kind:str}", status_code=200, responses=error_responses(400, 401, 404, 429), summary="Forget credentials")
     async def delete_credentials(
         self, kind: FromPath[str], principal: NamedDependency[Principal], services: NamedDependency[Services]
     ) -> CredentialOut:
