@@ -10,6 +10,7 @@ from loraplex.platform.client.http import Connection, client_command, seg
 from loraplex.platform.client.output import emit
 
 COLUMNS = ("name", "revision", "adapter", "canary", "shadow", "pinned", "updated_at")
+ONE_COLUMNS = (*COLUMNS, "description")  # one endpoint: its description too (too long for the list)
 
 
 def json_object(text: str) -> dict[str, Any]:
@@ -43,6 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     p.add_argument("--defaults", type=json_object, help="request defaults, e.g. '{\"max_tokens\": 64}'")
     p.add_argument("--overridable", nargs="+", default=[], metavar="FIELD", help="fields callers may override")
     p.add_argument("--pinned", action="store_true", help="keep its versions loaded in every replica")
+    p.add_argument("--description", help="what the endpoint is for (free text, at most 1,000 characters)")
     p.set_defaults(func=client_command(create))
 
     p = cmds.add_parser("show", parents=[common], help="one endpoint")
@@ -66,7 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
 
 
 def _one(args: argparse.Namespace, out: dict[str, Any]) -> int:
-    emit(args, out, COLUMNS, [{**out, "canary": canary_text(out["canary"])}])
+    emit(args, out, ONE_COLUMNS, [{**out, "canary": canary_text(out["canary"])}])
     return 0
 
 
@@ -86,6 +88,8 @@ def create(args: argparse.Namespace, conn: Connection) -> int:
         body["defaults"] = args.defaults
     if args.pinned:
         body["pinned"] = True
+    if args.description is not None:
+        body["description"] = args.description
     return _one(args, conn.api.json("POST", "/v1/endpoints", json=body))
 
 

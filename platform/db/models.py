@@ -150,6 +150,7 @@ class Endpoint(Base):
     pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    description: Mapped[str | None] = mapped_column(Text)  # the tenant's own words (revision 0009)
 
 
 class BatchFile(Base):

@@ -39,6 +39,7 @@ def endpoint_out(r: EndpointRecord) -> EndpointOut:
         defaults=r.defaults,
         overridable=sorted(r.overridable),
         pinned=r.pinned,
+        description=r.description,
         created_at=datetime.fromisoformat(r.created_at),
         updated_at=datetime.fromisoformat(r.updated_at),
     )

@@ -25,6 +25,7 @@ Overridable = Literal[
     "max_tokens",
 ]
 Fraction = Annotated[float, Meta(gt=0.0, lt=1.0)]
+Description = Annotated[str, Meta(max_length=1000)]  # the tenant's own words, shown as text (never as markup)
 
 
 class EndpointDefaults(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -68,6 +69,7 @@ class EndpointCreate(Struct, kw_only=True, forbid_unknown_fields=True):
     defaults: EndpointDefaults = msgspec.field(default_factory=EndpointDefaults)
     overridable: list[Overridable] = msgspec.field(default_factory=list)
     pinned: bool = False  # keep its adapter versions in every replica's host tier (counted against a limit)
+    description: Description | None = None
 
 
 class EndpointUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -79,6 +81,7 @@ class EndpointUpdate(Struct, kw_only=True, forbid_unknown_fields=True):
     defaults: EndpointDefaults | msgspec.UnsetType = msgspec.UNSET
     overridable: list[Overridable] | msgspec.UnsetType = msgspec.UNSET
     pinned: bool | msgspec.UnsetType = msgspec.UNSET
+    description: Description | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class EndpointOut(Struct, kw_only=True):
@@ -92,6 +95,7 @@ class EndpointOut(Struct, kw_only=True):
     defaults: EndpointDefaults
     overridable: list[str]
     pinned: bool
+    description: str | None
     created_at: datetime
     updated_at: datetime
 

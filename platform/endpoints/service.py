@@ -46,6 +46,7 @@ class EndpointRecord:
     created_at: str
     updated_at: str
     pinned: bool = False
+    description: str | None = None  # (a record cached by an older replica has none)
 
     @classmethod
     def from_row(cls, row: Endpoint) -> EndpointRecord:
@@ -62,6 +63,7 @@ class EndpointRecord:
             as_utc(row.created_at).isoformat(),
             as_utc(row.updated_at).isoformat(),
             bool(row.pinned),
+            row.description,
         )
 
     @property
@@ -147,6 +149,7 @@ class EndpointService:
                 created_at=now,
                 updated_at=now,
                 pinned=body.pinned,
+                description=body.description,
             )
             session.add(row)
             if body.pinned:
@@ -197,6 +200,8 @@ class EndpointService:
                 row.config = _config(defaults, overridable, old.shadow)
             if body.pinned is not msgspec.UNSET:
                 row.pinned = body.pinned
+            if body.description is not msgspec.UNSET:
+                row.description = body.description
 
         return await self._change(principal, name, change, adapter=body.adapter, canary=body.canary, shadow=body.shadow)
 

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 TENANT = "console-tenant"
 HOSTILE_NAME = "<img src=x onerror=alert(1)>"
 HOSTILE_PROMPT = "<script>window.__pwned = 1; alert('endpoint')</script>"
+HOSTILE_DESCRIPTION = "<script>window.__pwned = 2; alert('description')</script><b onmouseover=alert(2)>x</b>"
 
 
 @pytest.fixture(scope="module")
@@ -442,14 +443,20 @@ def test_playground_on_an_endpoint_with_its_own_schema(console: dict[str, Any]) 
 def test_hostile_strings_render_as_text(console: dict[str, Any]) -> None:
     c = console
     url, key = c["server"].url, c["key"]
-    r = httpx.post(
-        f"{url}/v1/endpoints",
-        json={"name": "hostile", "defaults": {"system_prompt": HOSTILE_PROMPT}},
-        headers=auth(key),
-    )
-    assert r.status_code == 201, r.text
     driver = sign_in(c)
     wait_for(driver, lambda d: d.find_element("id", "nav").is_displayed(), "signed in")
+    # an endpoint whose description and system prompt are markup, made through the console's own form
+    driver.get(f"{url}/console/#/endpoints")
+    wait_for(driver, lambda d: all_by(d, "#create-endpoint"), "the endpoint form")
+    by(driver, "#ep-name").send_keys("hostile")
+    by(driver, "#ep-description").send_keys(HOSTILE_DESCRIPTION)
+    by(driver, "#ep-system").send_keys(HOSTILE_PROMPT)
+    by(driver, "#create-button").click()
+    wait_for(driver, lambda d: text_of(d, "#create-status") == "Endpoint hostile created", "the endpoint made")
+    stored = httpx.get(f"{url}/v1/endpoints/hostile", headers=auth(key)).json()
+    assert (stored["description"], stored["defaults"]["system_prompt"]) == (HOSTILE_DESCRIPTION, HOSTILE_PROMPT)
+    driver.get(f"{url}/console/#/adapters")
+    wait_for(driver, lambda d: all_by(d, "#upload-form"), "the adapters page")
     # an adapter named like an <img>: refused by the name rules, and the refusal quoting it is shown as text
     by(driver, "#upload-name").send_keys(HOSTILE_NAME)
     by(driver, "#upload-file").send_keys(str(c["zips"][0]))
@@ -459,10 +466,12 @@ def test_hostile_strings_render_as_text(console: dict[str, Any]) -> None:
     assert not all_by(driver, "#page img")
     driver.get(f"{url}/console/#/endpoints")
     wait_for(driver, lambda d: all_by(d, "#endpoints tr[data-endpoint='hostile']"), "the endpoint list")
-    assert by(driver, "#endpoints tr[data-endpoint='hostile'] .description").text == HOSTILE_PROMPT
+    assert by(driver, "#endpoints tr[data-endpoint='hostile'] .description").text == HOSTILE_DESCRIPTION
+    assert by(driver, "#endpoints tr[data-endpoint='hostile'] .system-prompt").text == HOSTILE_PROMPT
     driver.get(f"{url}/console/#/endpoints/hostile")
     wait_for(driver, lambda d: text_of(d, "#system-prompt") == HOSTILE_PROMPT, "the endpoint's system prompt")
-    assert not all_by(driver, "#page script")
+    assert text_of(driver, "#description") == HOSTILE_DESCRIPTION
+    assert not all_by(driver, "#page script") and not all_by(driver, "#page b")
     shot(c, "hostile")
     assert_clean(driver)
     # the counter counts: an image from another origin is a violation of img-src

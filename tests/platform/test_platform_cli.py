@@ -189,14 +189,27 @@ def test_endpoints_create_split_promote_rollback(start_server, adapter_factory, 
         return get(server.url, key, "/v1/endpoints/extract").json()
 
     made = ok_json(
-        run("endpoints", "create", "extract", "--adapter", "bot@1", "--defaults", '{"max_tokens": 4}', "--json")
+        run(
+            "endpoints",
+            "create",
+            "extract",
+            "--adapter",
+            "bot@1",
+            "--defaults",
+            '{"max_tokens": 4}',
+            "--description",
+            "Invoices: who & how much",
+            "--json",
+        )
     )
-    assert (made["revision"], made["adapter"], made["canary"], made["defaults"]) == (
+    assert (made["revision"], made["adapter"], made["canary"], made["defaults"], made["description"]) == (
         1,
         "bot@1",
         None,
         {"max_tokens": 4},
+        "Invoices: who & how much",
     )
+    assert re.search(r"\sInvoices: who & how much\s*$", ok(run("endpoints", "show", "extract")), re.M)
     assert re.search(r"^extract\s+2\s+bot@1\s+v2 at 0.3\s", ok(run("endpoints", "split", "extract", "2", "0.3")), re.M)
     assert endpoint()["canary"] == {"version": 2, "weight": 0.3}
     ok(run("endpoints", "promote", "extract"))

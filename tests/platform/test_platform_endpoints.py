@@ -202,6 +202,28 @@ def test_versions_an_endpoint_serves_cannot_be_deleted_or_retired(published, ada
     assert httpx.delete(f"{server.url}/v1/adapters/bot@1", headers=auth(key)).status_code == 200
 
 
+def test_a_description_is_kept_as_written_and_changed_by_patch(published) -> None:
+    server, key, *_ = published
+    url = f"{server.url}/v1/endpoints"
+    assert httpx.get(f"{url}/extract", headers=auth(key)).json()["description"] is None
+    words = 'Invoices <b>bold</b> & "quotes"\nsecond line, 1,000 characters at most: ' + "é" * 900
+    r = _endpoint(server.url, key, name="described", description=words)
+    assert r.status_code == 201, r.text
+    assert (r.json()["description"], r.json()["revision"]) == (words, 1)
+    assert httpx.get(f"{url}/described", headers=auth(key)).json()["description"] == words
+    listed = {e["name"]: e for e in httpx.get(url, headers=auth(key)).json()["data"]}
+    assert (listed["described"]["description"], listed["extract"]["description"]) == (words, None)
+    r = httpx.patch(f"{url}/described", json={"description": "only this"}, headers=auth(key))
+    assert (r.status_code, r.json()["description"], r.json()["revision"]) == (200, "only this", 2)
+    r = httpx.patch(f"{url}/described", json={"pinned": False}, headers=auth(key))
+    assert (r.json()["description"], r.json()["revision"]) == ("only this", 3)  # left out: unchanged
+    r = httpx.patch(f"{url}/described", json={"description": None}, headers=auth(key))
+    assert (r.json()["description"], r.json()["revision"]) == (None, 4)
+    r = httpx.patch(f"{url}/described", json={"description": "y" * 1001}, headers=auth(key))
+    assert (r.status_code, error_of(r)["param"]) == (400, "description")
+    assert httpx.get(f"{url}/described", headers=auth(key)).json()["revision"] == 4
+
+
 def test_hostile_input_is_refused_with_nothing_written(published, adapter_factory) -> None:
     server, key, _v1, _v2, _ = published
     before = httpx.get(f"{server.url}/v1/endpoints", headers=auth(key)).json()["data"]
@@ -216,6 +238,8 @@ def test_hostile_input_is_refused_with_nothing_written(published, adapter_factor
         ({"name": "new", "canary": {"version": 2, "weight": 0.1}}, 400, "canary"),
         ({"name": "extract", "adapter": "bot@1"}, 409, "name"),
         ({"name": "bot", "adapter": "bot@1"}, 409, "name"),
+        ({"name": "new", "description": "x" * 1001}, 400, "description"),
+        ({"name": "new", "description": 7}, 400, "description"),
         (
             {
                 "name": "new",

@@ -31,6 +31,7 @@ function createForm(refresh) {
         e.preventDefault();
         const v = (id) => form.querySelector(`#${id}`).value.trim();
         const body = { name: v("ep-name"), adapter: v("ep-adapter") || null, defaults: {} };
+        if (v("ep-description")) body.description = v("ep-description");
         if (v("ep-system")) body.defaults.system_prompt = v("ep-system");
         if (v("ep-max-tokens")) body.defaults.max_tokens = Number(v("ep-max-tokens"));
         if (v("ep-canary-version")) body.canary = { version: Number(v("ep-canary-version")), weight: Number(v("ep-canary-weight")) / 100 };
@@ -47,7 +48,8 @@ function createForm(refresh) {
     },
     field("ep-name", "Name", { required: true }),
     field("ep-adapter", "Adapter (name@N; empty: base model)"),
-    field("ep-system", "System prompt (its description)"),
+    field("ep-description", "Description", { maxlength: 1000 }),
+    field("ep-system", "System prompt"),
     field("ep-max-tokens", "Max tokens", { type: "number", min: 1 }),
     field("ep-canary-version", "Canary version", { type: "number", min: 1 }),
     field("ep-canary-weight", "Canary %", { type: "number", min: 1, max: 99, value: 10 }),
@@ -68,11 +70,12 @@ async function list(root) {
         h("td", {}, h("a", { href: `#/endpoints/${enc(e.name)}` }, e.name)),
         h("td", {}, e.adapter || "base model"),
         h("td", {}, split(e)),
-        h("td", { class: "description" }, e.defaults.system_prompt || ""),
+        h("td", { class: "description" }, e.description || ""),
+        h("td", { class: "system-prompt" }, e.defaults.system_prompt || ""),
         h("td", {}, `r${e.revision}`),
       ),
     );
-    fill(body, rows.length ? table(["Name", "Serves", "Split", "System prompt", "Revision"], rows, { id: "endpoints" }) : h("p", { class: "muted" }, "No endpoints yet."));
+    fill(body, rows.length ? table(["Name", "Serves", "Split", "Description", "System prompt", "Revision"], rows, { id: "endpoints" }) : h("p", { class: "muted" }, "No endpoints yet."));
   };
   fill(root, h("h1", {}, "Endpoints"), h("h2", {}, "New endpoint"), createForm(refresh), body);
   await refresh();
@@ -132,6 +135,7 @@ async function detail(root, name) {
   const serves = h("strong", { id: "serves" });
   const revision = h("span", { id: "revision" });
   const splitText = h("span", { id: "split" });
+  const description = h("span", { class: "description", id: "description" });
   const system = h("span", { class: "description", id: "system-prompt" });
   const defaults = h("pre", { id: "defaults" });
   const overridable = h("p", { class: "muted" });
@@ -147,6 +151,7 @@ async function detail(root, name) {
     serves.textContent = e.adapter || "the base model";
     revision.textContent = `revision ${e.revision}`;
     splitText.textContent = split(e);
+    description.textContent = e.description || "—";
     system.textContent = e.defaults.system_prompt || "—";
     defaults.textContent = JSON.stringify(e.defaults, null, 2);
     overridable.textContent = `Callers may override: ${e.overridable.join(", ") || "nothing"}`;
@@ -190,6 +195,7 @@ async function detail(root, name) {
       "div",
       { class: "card" },
       h("p", {}, "Serves ", serves, " · ", revision, " · ", splitText),
+      h("p", {}, description),
       h("p", {}, "System prompt: ", system),
       h("h2", {}, "Defaults"),
       defaults,
