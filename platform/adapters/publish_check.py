@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,16 +36,11 @@ import torch
 from loraplex.adapters import CONFIG_NAME, WEIGHTS_NAME, AdapterInfo
 from loraplex.engine import AdapterRef, AsyncEngine, SamplingParams
 from loraplex.engine.threads import single_threaded_torch
+from loraplex.platform.adapters.hf_builds import hf_build
 from loraplex.platform.domain_errors import Invalid
 from loraplex.platform.tenants.service import Principal
 
 log = logging.getLogger("loraplex.platform")
-# One model build or reference forward at a time in the whole process, not per check object: transformers swaps
-# process-wide functions while it builds a model (PreTrainedModel.tie_weights in no_tie_weights, torch.nn.init's) and
-# puts back what it found, so two builds that overlap (two replicas' checks in one process) can leave them swapped:
-# every model built later, the kept reference included, then has an untied, uninitialised lm_head (NaN logits, the
-# check refusing good adapters).
-_TRANSFORMERS_LOCK = threading.Lock()
 TOP = 20  # the engine's largest number of top logprobs per position
 BASE_FACTOR = 4.0  # the tolerance grows by this times the base model's own difference (see above)
 
@@ -69,7 +63,9 @@ class PublishCheck:
         self.reference_dir = reference_dir
         self.new_tmp_dir = new_tmp_dir  # a private scratch folder per check (the blob store's), removed after
         self.config = config
-        self._lock = _TRANSFORMERS_LOCK  # (also: one reference forward at a time, as it rewires the kept model)
+        # One model build or reference forward at a time in the whole process, not per check object (two replicas'
+        # checks in one process): hf_builds.py says why; a reference forward also rewires the kept model.
+        self._lock = hf_build
         self._reference: Any = None
         self._skip: str | None = None
         self._sized = False
@@ -173,7 +169,7 @@ class PublishCheck:
             from transformers import AutoConfig, AutoModelForCausalLM
 
             try:
-                with self._lock, torch.device("meta"):
+                with self._lock(), torch.device("meta"):
                     meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.reference_dir))
                 params = sum(p.numel() for p in meta.parameters())
             except Exception as exc:  # transformers cannot build this base: nothing to check against
@@ -192,7 +188,7 @@ class PublishCheck:
         single_threaded_torch()
         from peft import PeftModel
 
-        with self._lock:
+        with self._lock():
             if self._reference is None:
                 from transformers import AutoModelForCausalLM
 

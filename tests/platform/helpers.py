@@ -194,14 +194,20 @@ def make_peft_adapter(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from loraplex.platform.adapters.hf_builds import hf_build
+
     torch.manual_seed(seed)
-    if config_overrides:
-        cfg = AutoConfig.from_pretrained(base_dir, **config_overrides)
-        model = AutoModelForCausalLM.from_config(cfg)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(base_dir)
-    lora = dict(r=r, lora_alpha=2 * r, target_modules=list(targets), init_lora_weights=False, **(lora_overrides or {}))
-    peft_model = get_peft_model(model, LoraConfig(**lora))
+    # A server of the test may be building its check's reference in another thread meanwhile: one build at a time.
+    with hf_build():
+        if config_overrides:
+            cfg = AutoConfig.from_pretrained(base_dir, **config_overrides)
+            model = AutoModelForCausalLM.from_config(cfg)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(base_dir)
+        lora = dict(
+            r=r, lora_alpha=2 * r, target_modules=list(targets), init_lora_weights=False, **(lora_overrides or {})
+        )
+        peft_model = get_peft_model(model, LoraConfig(**lora))
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
             if magnitude_noise and "lora_magnitude_vector" in name:
