@@ -82,6 +82,10 @@ class UploadOperation(Operation):
                                 description="the archive's SHA-256 (required for https:// sources); for an hf:// or "
                                 "s3:// folder, the weights file's (optional)",
                             ),
+                            "accept_failed_check": Schema(
+                                type=OpenAPIType.BOOLEAN,
+                                description="true: store the version even if the check at publish fails (warning)",
+                            ),
                         },
                     )
                 ),

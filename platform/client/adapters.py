@@ -26,6 +26,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     p = cmds.add_parser("push", parents=[common], help="zip a PEFT adapter folder and upload it (a new version)")
     p.add_argument("folder", type=Path, help="the folder peft's save_pretrained wrote")
     p.add_argument("--name", required=True, help="the adapter's name (an existing name gets a new version)")
+    p.add_argument(
+        "--accept-failed-check",
+        action="store_true",
+        help="store the version even if the check at publish fails (recorded, with a warning)",
+    )
     p.set_defaults(func=client_command(push))
     imports.register(cmds, common)
     merge.register(cmds, common)
@@ -64,7 +69,8 @@ def zip_adapter(folder: Path, dest: Path) -> Path:
 def push(args: argparse.Namespace, conn: Connection) -> int:
     with tempfile.TemporaryDirectory(prefix="loraplex-push-") as tmp:
         archive = zip_adapter(args.folder, Path(tmp) / f"{args.name}.zip")
-        out = post_file(conn.api, "/v1/adapters", {"name": args.name}, "file", archive.name, archive)
+        fields = {"name": args.name} | ({"accept_failed_check": "true"} if args.accept_failed_check else {})
+        out = post_file(conn.api, "/v1/adapters", fields, "file", archive.name, archive)
     show(
         args,
         out,

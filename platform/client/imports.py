@@ -29,14 +29,21 @@ def register(cmds: argparse._SubParsersAction[argparse.ArgumentParser], common: 
         help="the archive's SHA-256 (required for https:// sources); for an hf:// or s3:// folder, the weights "
         "file's (optional)",
     )
+    p.add_argument(
+        "--accept-failed-check",
+        action="store_true",
+        help="store the version even if the check at publish fails (recorded, with a warning)",
+    )
     p.add_argument("--wait", action="store_true", help="follow the import to its end, with a progress bar")
     p.set_defaults(func=client_command(import_adapter))
 
 
 def import_adapter(args: argparse.Namespace, conn: Connection) -> int:
-    body = {"name": args.name, "source": args.source}
+    body: dict[str, Any] = {"name": args.name, "source": args.source}
     if args.sha256:
         body["sha256"] = args.sha256
+    if args.accept_failed_check:
+        body["accept_failed_check"] = True
     response = conn.api.request("POST", "/v1/adapters", json=body)
     status, location = response.json(), response.headers["location"]
     if args.wait:

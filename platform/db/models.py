@@ -245,6 +245,8 @@ class AdapterImport(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     resolved: Mapped[str | None] = mapped_column(String(256))
     version: Mapped[int | None] = mapped_column(Integer)
+    # store the version even if the check at publish fails, with a warning (revision 0010)
+    accept_failed_check: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     lease_owner: Mapped[str | None] = mapped_column(String(64))
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -108,6 +108,24 @@ def server(request: pytest.FixtureRequest, start_server: StartServer) -> ServerT
     return start_server(request.param)
 
 
+@pytest.fixture
+def wrong_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine stacks every adapter with its first module's LoRA scale doubled (a kernel-path bug the check at
+    publish must catch)."""
+    from dataclasses import replace
+
+    from loraplex.engine.lora import manager
+
+    original = manager.stack_adapter
+
+    def stack(adapter: Any, *args: Any, **kwargs: Any) -> Any:
+        first = next(iter(adapter.weights))
+        adapter.weights[first] = replace(adapter.weights[first], scaling=2 * adapter.weights[first].scaling)
+        return original(adapter, *args, **kwargs)
+
+    monkeypatch.setattr(manager, "stack_adapter", stack)
+
+
 @pytest.fixture(scope="session")
 def adapter_factory(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """`adapter_factory(name, **kwargs) -> folder` of a real peft adapter for the tiny model (cached by name)."""

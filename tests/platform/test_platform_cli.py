@@ -140,6 +140,21 @@ def test_adapters_push_versions_rollback_delete(start_server, adapter_factory, t
     assert result.returncode == 2 and CONFIG_NAME in result.stderr
 
 
+def test_push_may_accept_a_failed_check(start_server, adapter_factory, wrong_scale, tmp_path: Path) -> None:
+    server = start_server()
+    key = create_tenant(server.url, "cli-accept")
+    folder = adapter_factory("cli-accept", seed=95)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return cli(*args, config=tmp_path / "config", url=server.url, key=key)
+
+    assert refused(run("adapters", "push", str(folder), "--name", "bent")).groups() == ("adapter_check_failed", "name")
+    assert get(server.url, key, "/v1/adapters").json()["data"] == []
+    pushed = ok_json(run("adapters", "push", str(folder), "--name", "bent", "--accept-failed-check", "--json"))
+    assert pushed["version"] == 1 and pushed["publish_check"]["passed"] is False
+    assert pushed["publish_check"]["accepted_with_warning"] is True
+
+
 def test_adapters_merge_publishes_a_version_that_records_its_sources(start_server, adapter_factory, tmp_path) -> None:
     server = start_server()
     key = create_tenant(server.url, "cli-merge")

@@ -68,7 +68,7 @@ async def test_migrations_on_sqlite_match_the_models(tmp_path: Path) -> None:
     assert await current_revision(url) is None
     await upgrade(url)
     await upgrade(url)  # idempotent
-    assert await current_revision(url) == "0009"
+    assert await current_revision(url) == "0010"
     assert await _schema_diff(url, None) == []
     await downgrade(url, "base")
     assert await _tables(url, None) == {"alembic_version"} and await current_revision(url) is None
@@ -79,7 +79,7 @@ async def test_migrations_on_postgresql_match_the_models() -> None:
     schema = f"lpx_mig_{uuid.uuid4().hex[:8]}"
     try:
         await asyncio.gather(upgrade(PG_URL, schema), upgrade(PG_URL, schema))  # concurrent replicas
-        assert await current_revision(PG_URL, schema) == "0009"
+        assert await current_revision(PG_URL, schema) == "0010"
         assert await _schema_diff(PG_URL, schema) == []
         assert {"tenants", "api_keys", "admin_keys", "adapters"} <= await _tables(PG_URL, schema)
     finally:
@@ -99,7 +99,7 @@ def test_cli_db_upgrade(tmp_path: Path) -> None:
         cwd="/",
     )
     assert out.returncode == 0, out.stderr
-    assert "registry at revision 0009" in out.stdout
+    assert "registry at revision 0010" in out.stdout
     assert (tmp_path / "loraplex.db").is_file()
 
 

@@ -128,6 +128,31 @@ def test_an_https_import_becomes_a_version_that_serves(backend, start_server, fi
         assert r.status_code == 404 and error_of(r)["code"] == "import_not_found"
 
 
+def test_a_failed_check_fails_the_import_unless_it_accepts_it(
+    start_server, files, adapter_factory, wrong_scale
+) -> None:
+    server = start_server(**LOCAL)
+    key = create_tenant(server.url, "imp-check")
+    scratch = leftover_tmp(server.settings.data_dir)
+    archive = zip_folder(adapter_factory("imp-check", seed=110))
+    files.routes["/checked.zip"] = Reply(200, archive)
+    body = dict(name="bent", source=f"{files.url}/checked.zip", sha256=hashlib.sha256(archive).hexdigest())
+
+    refused = finished(server.url, key, started(server.url, key, **body))
+    assert refused["status"] == "failed" and refused["accept_failed_check"] is False, refused
+    assert refused["error"]["code"] == "adapter_check_failed" and "max_logit_diff" in refused["error"]["message"]
+    assert refused["attempts"] == 1  # a refusal, not retried
+    nothing_stored(server, key, scratch)
+
+    for bad in ("yes", 1, None):
+        r = httpx.post(f"{server.url}/v1/adapters", json={**body, "accept_failed_check": bad}, headers=auth(key))
+        assert (r.status_code, error_of(r)["param"]) == (400, "accept_failed_check"), r.text
+    accepted = finished(server.url, key, started(server.url, key, **body, accept_failed_check=True))
+    assert accepted["status"] == "ready" and accepted["accept_failed_check"] is True, accepted
+    check = httpx.get(f"{server.url}/v1/adapters/bent", headers=auth(key)).json()["publish_check"]
+    assert check["passed"] is False and check["accepted_with_warning"] is True, check
+
+
 def test_an_https_source_needs_its_sha256_and_a_wrong_one_stores_nothing(start_server, files, adapter_factory) -> None:
     server = start_server(**LOCAL)
     key = create_tenant(server.url, "imp-sha")

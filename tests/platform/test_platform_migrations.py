@@ -177,7 +177,7 @@ def test_upgrade_from_0003_with_data_to_versions(tiny_engine, tmp_path: Path) ->
 
     asyncio.run(at_0003())
     _serve_and_check(settings, tiny_engine)
-    assert asyncio.run(current_revision(url)) == _head() == "0009"
+    assert asyncio.run(current_revision(url)) == _head() == "0010"
 
 
 # The endpoints table as revision 0004 created it.

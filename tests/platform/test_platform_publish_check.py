@@ -5,7 +5,6 @@ reference records a skip; the setting turns it off."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -26,19 +25,6 @@ FIGURES = {
     "base_logit_diff",
     "tolerance",
 }
-
-
-@pytest.fixture
-def wrong_scale(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The engine stacks every adapter with its first module's LoRA scale doubled (a kernel-path bug)."""
-    original = manager.stack_adapter
-
-    def stack(adapter: Any, *args: Any, **kwargs: Any) -> Any:
-        first = next(iter(adapter.weights))
-        adapter.weights[first] = replace(adapter.weights[first], scaling=2 * adapter.weights[first].scaling)
-        return original(adapter, *args, **kwargs)
-
-    monkeypatch.setattr(manager, "stack_adapter", stack)
 
 
 def test_a_good_adapter_passes_and_records_its_figures(server, adapter_factory) -> None:

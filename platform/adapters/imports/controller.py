@@ -52,7 +52,9 @@ async def start_import(request: Request, principal: Principal, services: Service
     settings = services.settings
     body = await _json_body(request, settings.max_request_bytes, settings.max_json_depth)
     if not isinstance(body, dict):
-        raise Invalid("an import request is a JSON object {name, source, sha256}", code="invalid_request")
+        raise Invalid(
+            "an import request is a JSON object {name, source, sha256, accept_failed_check}", code="invalid_request"
+        )
     row = await services.imports.create(principal, body)
     location = f"/v1/adapters/{row.name}/imports/{public_id(row.id)}"
     return Response(show(row), status_code=202, headers={"Location": location})

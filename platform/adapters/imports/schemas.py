@@ -30,6 +30,7 @@ class ImportOut(Struct, kw_only=True):
     attempts: int
     resolved: str | None
     version: int | None
+    accept_failed_check: bool  # the version is stored even if the check at publish fails (with a warning)
     error: ImportErrorOut | None
     created_at: datetime
     updated_at: datetime
@@ -62,6 +63,7 @@ def import_out(row: AdapterImport, public_id: str, shown_source: str) -> ImportO
         attempts=row.attempts or 0,
         resolved=row.resolved,
         version=row.version,
+        accept_failed_check=bool(row.accept_failed_check),
         error=error,
         created_at=as_utc(row.created_at),
         updated_at=as_utc(row.updated_at),

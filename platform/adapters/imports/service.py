@@ -70,7 +70,7 @@ class ImportService:
 
     async def create(self, principal: Principal, body: dict[str, Any]) -> AdapterImport:
         """Check the request (name, the source's shape, a literal address against the policy) and queue it."""
-        unknown = sorted(set(body) - {"name", "source", "sha256"})
+        unknown = sorted(set(body) - {"name", "source", "sha256", "accept_failed_check"})
         if unknown:
             raise Invalid(f"unknown field {unknown[0]!r} in an import request", param=unknown[0], code="unknown_field")
         if not isinstance(body.get("name", ""), str):
@@ -79,6 +79,9 @@ class ImportService:
         sha256 = body.get("sha256")
         if sha256 is not None and not isinstance(sha256, str):
             raise Invalid("sha256 must be a string of 64 hexadecimal digits", param="sha256", code="invalid_source")
+        accept_failed_check = body.get("accept_failed_check", False)
+        if not isinstance(accept_failed_check, bool):
+            raise Invalid("accept_failed_check must be true or false", param="accept_failed_check")
         source = parse_source(body.get("source"), sha256.lower() if sha256 else None)
         self._check_literal(source)
         row = AdapterImport(
@@ -90,6 +93,7 @@ class ImportService:
             status="queued",
             bytes_done=0,
             attempts=0,
+            accept_failed_check=accept_failed_check,
         )
         async with self.db.session() as session:
             session.add(row)
@@ -236,11 +240,23 @@ class ImportRunner:
                     now,
                 )
                 row.bytes_done, row.bytes_total = 0, None
-                claimed.append((row.id, row.tenant_id, row.name, row.source, row.sha256, row.attempts))
+                claimed.append(
+                    (
+                        row.id,
+                        row.tenant_id,
+                        row.name,
+                        row.source,
+                        row.sha256,
+                        bool(row.accept_failed_check),
+                        row.attempts,
+                    )
+                )
             await session.commit()
-        for import_id, tenant_id, name, source, sha256, attempt in claimed:
+        for import_id, tenant_id, name, source, sha256, accept_failed_check, attempt in claimed:
             job = self._jobs[import_id] = _Job()
-            job.task = asyncio.create_task(self._run(import_id, tenant_id, name, source, sha256, attempt, job))
+            job.task = asyncio.create_task(
+                self._run(import_id, tenant_id, name, source, sha256, accept_failed_check, attempt, job)
+            )
 
     async def _update(self, import_id: uuid.UUID, **values: Any) -> None:
         async with self.db.session() as session:
@@ -258,6 +274,7 @@ class ImportRunner:
         name: str,
         text: str,
         sha256: str | None,
+        accept_failed_check: bool,
         attempt: int,
         job: _Job,
     ) -> None:
@@ -274,7 +291,7 @@ class ImportRunner:
                 done = await self._published(tenant_id, name, import_id)
                 if done is None:
                     done = await self._fetch_and_publish(
-                        principal, import_id, name, source, sha256, fetcher, workdir, job
+                        principal, import_id, name, source, sha256, fetcher, workdir, job, accept_failed_check
                     )
             finally:
                 await fetcher.close()
@@ -356,6 +373,7 @@ class ImportRunner:
         fetcher: Fetcher,
         workdir: Any,
         job: _Job,
+        accept_failed_check: bool,
     ) -> tuple[int, str | None]:
         def report(done: int, total: int | None) -> None:
             job.done, job.total = done, total
@@ -382,5 +400,7 @@ class ImportRunner:
             "sha256": fetched.sha256,
             "import_id": public_id(import_id),
         }
-        record = await self.adapters.publish(principal, name, info, files, origin=origin)
+        record = await self.adapters.publish(
+            principal, name, info, files, origin=origin, accept_failed_check=accept_failed_check
+        )
         return record.version, fetched.resolved
