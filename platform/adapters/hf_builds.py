@@ -51,9 +51,9 @@ def swapped_functions() -> list[tuple[object, str, object]]:
         for name, original in TORCH_INIT_FUNCTIONS.items():
             if hasattr(module, name) and getattr(module, name) is not original:
                 swapped.append((module, name, original))
-    for name, original in _PRETRAINED_METHODS.items():
-        if PreTrainedModel.__dict__.get(name) is not original:
-            swapped.append((PreTrainedModel, name, original))
+    for name, method in _PRETRAINED_METHODS.items():
+        if PreTrainedModel.__dict__.get(name) is not method:
+            swapped.append((PreTrainedModel, name, method))
     return swapped
 
 
