@@ -235,7 +235,10 @@ class AdapterImport(Base):
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(64))
-    source: Mapped[str] = mapped_column(String(2048))
+    source: Mapped[str] = mapped_column(String(2048))  # as shown: an https URL without its query
+    # the whole https URL when it has a query (a presigned signature is a credential), Fernet ciphertext under the
+    # import credentials' key (revision 0010); None: `source` is the whole source
+    source_sealed: Mapped[str | None] = mapped_column(Text)
     sha256: Mapped[str | None] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16), index=True)
     bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)

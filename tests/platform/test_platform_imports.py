@@ -128,6 +128,29 @@ def test_an_https_import_becomes_a_version_that_serves(backend, start_server, fi
         assert r.status_code == 404 and error_of(r)["code"] == "import_not_found"
 
 
+def test_a_presigned_urls_query_is_sent_and_never_stored_in_clear(start_server, files, adapter_factory, caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    server = start_server(**LOCAL)
+    key = create_tenant(server.url, "imp-signed")
+    archive = zip_folder(adapter_factory("imp-signed", seed=111))
+    secret = "s3cr3t-signature-0123456789"
+    path = f"/bucket/signed.zip?X-Amz-Expires=60&X-Amz-Signature={secret}"
+    files.routes[path] = Reply(200, archive)
+    sha = hashlib.sha256(archive).hexdigest()
+
+    created = started(server.url, key, name="signed", source=f"{files.url}{path}", sha256=sha)
+    done = finished(server.url, key, created)
+    assert done["status"] == "ready" and done["version"] == 1, done
+    assert path in files.paths()  # the whole URL was fetched
+    assert done["source"] == created["source"] == f"{files.url}/bucket/signed.zip"
+    assert origins(server.settings.data_dir, "signed")[1]["source"] == f"{files.url}/bucket/signed.zip"
+    with sqlite3.connect(server.settings.data_dir / "loraplex.db") as db:
+        stored, sealed = db.execute("SELECT source, source_sealed FROM adapter_imports").fetchone()
+    assert stored == f"{files.url}/bucket/signed.zip" and sealed and secret not in sealed
+    on_disk = b"".join(p.read_bytes() for p in server.settings.data_dir.glob("loraplex.db*"))
+    assert secret.encode() not in on_disk and secret not in caplog.text
+
+
 def test_a_failed_check_fails_the_import_unless_it_accepts_it(
     start_server, files, adapter_factory, wrong_scale
 ) -> None:

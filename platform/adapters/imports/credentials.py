@@ -89,6 +89,20 @@ class CredentialStore:
             await session.commit()
         return bool(result.rowcount)  # type: ignore[attr-defined]  # (a DELETE's CursorResult)
 
+    def seal(self, text: str) -> str:
+        """Ciphertext of a secret that is not a credential kind (an https source's query: a presigned signature)."""
+        return self.fernet.encrypt(text.encode()).decode()
+
+    def unseal(self, token: str) -> str:
+        try:
+            return self.fernet.decrypt(token.encode()).decode()
+        except InvalidToken:
+            raise Failed(
+                "the import's stored source cannot be decrypted with this server's key (import_credentials_key "
+                "differs between replicas?)",
+                code="credentials_unreadable",
+            ) from None
+
     async def kinds(self, tenant_id: str) -> list[str]:
         async with self.db.session() as session:
             rows = await session.scalars(

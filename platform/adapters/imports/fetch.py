@@ -6,6 +6,7 @@ arrive, and failures sorted into transient (connection errors, 5xx, 429: retried
 from __future__ import annotations
 
 import hashlib
+import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,20 @@ def shown(url: httpx.URL | str) -> str:
     """A URL as logs and errors show it: no user info, no query (a presigned URL's signature is a credential)."""
     u = httpx.URL(str(url))
     return str(u.copy_with(userinfo=b"", query=None, fragment=None))
+
+
+class _ShownUrls(logging.Filter):
+    """httpx logs every request's whole URL at INFO ("HTTP Request: GET <url> ..."): the URLs in its records are
+    written as `shown` writes them, so a server at log level info never logs a presigned signature."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, httpx.URL) for a in record.args):
+            record.args = tuple(shown(a) if isinstance(a, httpx.URL) else a for a in record.args)
+        return True
+
+
+if not any(isinstance(f, _ShownUrls) for f in logging.getLogger("httpx").filters):
+    logging.getLogger("httpx").addFilter(_ShownUrls())
 
 
 def transport_error(url: httpx.URL | str, exc: httpx.TransportError) -> SourceError:

@@ -61,10 +61,11 @@ def import_not_found(name: str, import_id: str) -> NotFound:
 
 
 class ImportService:
-    def __init__(self, db: Database, adapters: AdapterService, policy: AddressPolicy) -> None:
+    def __init__(self, db: Database, adapters: AdapterService, policy: AddressPolicy, sealer: CredentialStore) -> None:
         self.db = db
         self.adapters = adapters
         self.policy = policy
+        self.sealer = sealer  # an https source's query is kept encrypted (a presigned signature is a credential)
         self.on_created: Any = None  # the runner's wake (set by the app)
         self.runner: Any = None  # the ImportRunner of this process (set by the app)
 
@@ -88,7 +89,8 @@ class ImportService:
             id=uuid.uuid4(),
             tenant_id=uuid.UUID(principal.tenant_id),
             name=name,
-            source=source.text,
+            source=source.shown,
+            source_sealed=self.sealer.seal(source.text) if source.text != source.shown else None,
             sha256=sha256.lower() if sha256 else None,
             status="queued",
             bytes_done=0,
@@ -246,16 +248,17 @@ class ImportRunner:
                         row.tenant_id,
                         row.name,
                         row.source,
+                        row.source_sealed,
                         row.sha256,
                         bool(row.accept_failed_check),
                         row.attempts,
                     )
                 )
             await session.commit()
-        for import_id, tenant_id, name, source, sha256, accept_failed_check, attempt in claimed:
+        for import_id, tenant_id, name, source, sealed, sha256, accept_failed_check, attempt in claimed:
             job = self._jobs[import_id] = _Job()
             job.task = asyncio.create_task(
-                self._run(import_id, tenant_id, name, source, sha256, accept_failed_check, attempt, job)
+                self._run(import_id, tenant_id, name, source, sealed, sha256, accept_failed_check, attempt, job)
             )
 
     async def _update(self, import_id: uuid.UUID, **values: Any) -> None:
@@ -273,16 +276,17 @@ class ImportRunner:
         tenant_id: uuid.UUID,
         name: str,
         text: str,
+        sealed: str | None,
         sha256: str | None,
         accept_failed_check: bool,
         attempt: int,
         job: _Job,
     ) -> None:
-        source = parse_source(text, sha256)
         workdir = await asyncio.to_thread(self.store.new_tmp_dir)
         fetcher = Fetcher(self.policy, allow_http=self.settings.import_allow_http)
         try:
             try:  # the scratch folder goes before the outcome is written (a client seeing it sees a clean store)
+                source = parse_source(self.credentials.unseal(sealed) if sealed else text, sha256)
                 async with self.db.session() as session:
                     tenant = await session.get(Tenant, tenant_id)
                 if tenant is None:

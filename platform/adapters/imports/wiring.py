@@ -13,7 +13,7 @@ def start_imports(services: Services) -> ImportRunner:
     settings = services.settings
     policy = AddressPolicy(parse_networks(settings.import_allow_networks))
     credentials = CredentialStore(services.db, server_key(settings.import_credentials_key, settings.data_dir))
-    imports = ImportService(services.db, services.adapters, policy)
+    imports = ImportService(services.db, services.adapters, policy, credentials)
     runner = ImportRunner(services.db, services.adapters, services.store, credentials, policy, settings)
     imports.on_created = runner.wake
     imports.runner = runner

@@ -1,5 +1,6 @@
-"""An import's accept_failed_check: the tenant's flag that stores the version even if the check at publish fails
-(with a warning), as an upload's form field and a merge's body field do.
+"""Two columns of adapter_imports: accept_failed_check, the tenant's flag that stores the version even if the check
+at publish fails (with a warning), as an upload's form field and a merge's body field do; and source_sealed, an
+https source with a query (a presigned URL's signature) encrypted at rest, `source` keeping it without the query.
 
 Revision ID: 0010
 Revises: 0009
@@ -22,7 +23,9 @@ def upgrade() -> None:
         "adapter_imports",
         sa.Column("accept_failed_check", sa.Boolean(), server_default=sa.false(), nullable=False),
     )
+    op.add_column("adapter_imports", sa.Column("source_sealed", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("adapter_imports", "source_sealed")
     op.drop_column("adapter_imports", "accept_failed_check")
