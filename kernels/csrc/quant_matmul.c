@@ -197,7 +197,15 @@ enum { NV = 32 / QVW };
 /* Bytes to floats through int32: GCC 12 converts bytes straight to floats one lane at a time, but unsigned bytes
  * to int32 (vpmovzxbd) and int32 to float (vcvtdq2ps) a vector at a time. Signed bytes loaded from memory it
  * also widens one at a time, so on x86 they are loaded and sign-extended by the intrinsic. */
-static inline vf u8_to_f32(vu8 q) { return __builtin_convertvector(__builtin_convertvector(q, vi32), vf); }
+static inline vu32 u8_to_u32(vu8 q)
+{
+#if QVW == 8 && defined(__AVX2__) /* a computed 8-byte vector GCC widened a byte at a time (vpextrb, vpinsrd) */
+    return (vu32)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)&q));
+#else
+    return __builtin_convertvector(q, vu32);
+#endif
+}
+static inline vf u8_to_f32(vu8 q) { return __builtin_convertvector((vi32)u8_to_u32(q), vf); }
 static inline vf load_i8_to_f32(const uint8_t *p)
 {
 #if QVW == 16
@@ -208,6 +216,32 @@ static inline vf load_i8_to_f32(const uint8_t *p)
     vi8 q;
     memcpy(&q, p, sizeof q);
     return __builtin_convertvector(__builtin_convertvector(q, vi32), vf);
+#endif
+}
+
+/* Each byte shifted: on x86 GCC has no vector mode for 8-byte vectors (AVX2's QVW 8), so it shifted their bytes
+ * one lane at a time through general registers (Q6_K at one row ran at a seventeenth of float32 F.linear on an
+ * AVX2 host); there they go through one 16-bit lane shift and a mask that drops the bits from a neighbour byte. */
+static inline vu8 shr_u8(vu8 q, int s)
+{
+#if QVW == 8 && defined(__AVX2__)
+    __m128i x = _mm_loadl_epi64((const __m128i *)&q);
+    x = _mm_and_si128(_mm_srli_epi16(x, s), _mm_set1_epi8((char)(0xFFu >> s)));
+    _mm_storel_epi64((__m128i *)&q, x);
+    return q;
+#else
+    return q >> s;
+#endif
+}
+static inline vu8 shl_u8(vu8 q, int s)
+{
+#if QVW == 8 && defined(__AVX2__)
+    __m128i x = _mm_loadl_epi64((const __m128i *)&q);
+    x = _mm_and_si128(_mm_slli_epi16(x, s), _mm_set1_epi8((char)((0xFFu << s) & 0xFFu)));
+    _mm_storel_epi64((__m128i *)&q, x);
+    return q;
+#else
+    return q << s;
 #endif
 }
 
@@ -236,7 +270,7 @@ static inline void vnibbles(const uint8_t *qs, vf w[NV])
         vu8 q;
         memcpy(&q, qs + v * QVW, sizeof q);
         w[v] = u8_to_f32(q & 15);
-        w[v + NV / 2] = u8_to_f32(q >> 4);
+        w[v + NV / 2] = u8_to_f32(shr_u8(q, 4));
     }
 }
 
@@ -269,7 +303,7 @@ static inline void vfive_bits(const uint8_t *qh_bytes, const uint8_t *qs, vf w[N
         vu8 q;
         memcpy(&q, qs + v * QVW, sizeof q);
         const vu32 lo = (vu32){0} + (qh >> (v * QVW)), hi = (vu32){0} + (qh >> (16 + v * QVW));
-        const vu32 nib_lo = __builtin_convertvector(q & 15, vu32), nib_hi = __builtin_convertvector(q >> 4, vu32);
+        const vu32 nib_lo = u8_to_u32(q & 15), nib_hi = u8_to_u32(shr_u8(q, 4));
         w[v] = __builtin_convertvector((vi32)(nib_lo | ((lo >> LANE_INDEX) & 1) << 4), vf);
         w[v + NV / 2] = __builtin_convertvector((vi32)(nib_hi | ((hi >> LANE_INDEX) & 1) << 4), vf);
     }
@@ -359,7 +393,7 @@ static void vstore_q4_k(const uint8_t *b, float *out)
             vu8 q;
             memcpy(&q, qs + 32 * g + l, sizeof q);
             storev(out + 64 * g + l, u8_to_f32(q & 15) * d_lo - m_lo);
-            storev(out + 64 * g + 32 + l, u8_to_f32(q >> 4) * d_hi - m_hi);
+            storev(out + 64 * g + 32 + l, u8_to_f32(shr_u8(q, 4)) * d_hi - m_hi);
         }
     }
 }
@@ -375,7 +409,7 @@ static void vstore_q6_k(const uint8_t *b, float *out)
                 vu8 lo, hi;
                 memcpy(&lo, ql + 64 * h + 32 * (s & 1) + l, sizeof lo);
                 memcpy(&hi, qh + 32 * h + l, sizeof hi);
-                const vu8 q = ((lo >> (4 * (s >> 1))) & 15) | (((hi >> (2 * s)) & 3) << 4);
+                const vu8 q = (shr_u8(lo, 4 * (s >> 1)) & 15) | shl_u8(shr_u8(hi, 2 * s) & 3, 4);
                 const float dl = d * (float)scales[8 * h + 2 * s + l / 16];
                 storev(out + 128 * h + 32 * s + l, (u8_to_f32(q) - 32.0f) * dl);
             }
