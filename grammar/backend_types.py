@@ -11,8 +11,9 @@ import torch
 if TYPE_CHECKING:
     from loraplex.grammar.backend_llguidance.grounded import Grounding
 
-# What serves a compiled grammar: a token automaton (outlines_core's Index) or llguidance.
-ServingBackend: TypeAlias = Literal["outlines", "llguidance"]
+# What serves a compiled grammar: a token automaton (outlines_core's Index), llguidance, or (a grounded schema bound
+# to a request's sources) our span automaton (grammar/span_grammar.py).
+ServingBackend: TypeAlias = Literal["outlines", "llguidance", "span"]
 # What a GrammarCompiler is asked to use: one of them always, or "auto" (workers/job.py says how it chooses).
 GrammarBackend: TypeAlias = Literal["auto", "outlines", "llguidance"]
 GRAMMAR_BACKENDS: tuple[GrammarBackend, ...] = get_args(GrammarBackend)

@@ -101,6 +101,7 @@ class GrammarCompiler:
         self._rows: Any = None
         self._automaton_search: Any = None
         self._byte_tables: Any = None
+        self._token_trie: Any = None  # the vocabulary's byte trie, for grounded schemas our span automaton serves
         self._ll_lock = threading.Lock()  # building the llguidance tokenizer is slow: not under _lock
         # llguidance matchers built here from the grammar text a worker sent ahead (llguidance releases the GIL
         # while it builds), while the worker builds its own and plans: per cache key, (text, template future)
@@ -326,6 +327,7 @@ class GrammarCompiler:
                 artifact.automaton_language,
                 artifact.tags,
                 artifact.plan,
+                spans=None if artifact.span_template is None else self._span_parts(artifact.span_template),
             )
         elif isinstance(artifact, AutomatonArtifact):
             from loraplex.grammar.backend_outlines.grammar import AutomatonGrammar
@@ -373,6 +375,20 @@ class GrammarCompiler:
                 self._search = CompletionSearch(v)
                 self._rows = VocabRows.of(v)
             return self._ll_tokenizer, self._search, self._rows
+
+    def _span_parts(self, template: Any) -> Any:
+        """A grounded schema's byte DFA with what our span automaton needs beside it (the vocabulary's trie, built
+        once); None where the span automaton cannot run here (no C compiler): llguidance then binds each request."""
+        from loraplex.grammar.span_automaton import TokenTrie, span_automaton_available
+        from loraplex.grammar.span_grammar import SpanTemplate
+
+        if not span_automaton_available():
+            return None
+        with self._ll_lock:
+            if self._token_trie is None:
+                self._token_trie = TokenTrie.of(self.vocab.token_bytes)
+            trie = self._token_trie
+        return SpanTemplate(template, trie, self.vocab.token_bytes, self.vocab.eos_ids, self.vocab.words)
 
     def _automaton_parts(self) -> tuple[Any, Any]:
         """(CompletionSearch of the automaton's language, ByteTables): built once, shared by every grammar that

@@ -96,8 +96,9 @@ def _slot_lines(slots: Sequence[GroundedSlot]) -> str:
     return "".join(lines)
 
 
-def source_segments(sources: Sequence[SourceText]) -> list[list[str]]:
-    """Each source split at the characters no output holds, as chunk lists (one chunk per character, escaped)."""
+def source_pieces(sources: Sequence[SourceText]) -> list[str]:
+    """The sources' text split at the characters no output holds: the runs a span may copy from (checked against
+    ``MAX_SOURCE_CHARS``)."""
     total = sum(len(s.text) for s in sources)
     if total > MAX_SOURCE_CHARS:
         raise GrammarError(
@@ -105,8 +106,13 @@ def source_segments(sources: Sequence[SourceText]) -> list[list[str]]:
             "are accepted",
             code="unsupported_schema",
         )
+    return [piece for s in sources for piece in _BREAKS.split(s.text) if piece]
+
+
+def source_segments(sources: Sequence[SourceText]) -> list[list[str]]:
+    """Each source split at the characters no output holds, as chunk lists (one chunk per character, escaped)."""
     escaped = _ESCAPED
-    segments = [[escaped.get(c, c) for c in piece] for s in sources for piece in _BREAKS.split(s.text) if piece]
+    segments = [[escaped.get(c, c) for c in piece] for piece in source_pieces(sources)]
     return segments or [[]]  # no text: only the empty span
 
 

@@ -38,6 +38,7 @@ from loraplex.grammar.schema.normalize import GROUNDED, NotRegular
 from loraplex.grammar.schema.strict import close_schema
 from loraplex.grammar.schema.to_regex import SchemaRegex
 from loraplex.grammar.search import CompletionSearch
+from loraplex.grammar.span_automaton import TemplateDFA
 from loraplex.grammar.spec import GrammarError, StructuredSpec
 from loraplex.grammar.vocab import VocabInfo
 from loraplex.grammar.workers.messages import (
@@ -66,6 +67,7 @@ class CompileOptions:
     upgrade_max_chars: int = 50_000  # longer regexes are never tried in the background
     probe_seconds: float = 0.25  # give up counting states after this long (and recycle the worker)
     max_ref_depth: int = 3
+    span_template_states: int = 4096  # grounded schemas' byte DFAs up to this size (1 KB a state) are ours to serve
     any_depth: int = 2
 
 
@@ -82,6 +84,7 @@ class Translation:
     grounded: list[GroundedSlot] = field(default_factory=list)
     grounded_schema: Any = None  # the internal schema (local references only) `grounding.locate` walks
     grounded_tags: tuple[str, str] | None = None  # tool calls: the open and close tags around each value
+    grounded_regex: str | None = None  # a response format's regex with grounded strings as placeholders
 
     @property
     def automaton_language(self) -> bool:
@@ -119,10 +122,18 @@ def translate(
         parts = _schema_parts(schema, spec, options, drop_pattern_properties, small_one_of)
         schema, narrowing, rx, why, cuts = parts[:5]
         if parts[5]:
-            template = grounding.template_lark(_grounded_regex(rx, why, cuts, parts[5]), parts[5])
+            regex = _grounded_regex(rx, why, cuts, parts[5])
+            template = grounding.template_lark(regex, parts[5])
             why = "grounded values are built per request"
             return Translation(
-                None, why, template, "schema cannot be enforced", narrowing, grounded=parts[5], grounded_schema=schema
+                None,
+                why,
+                template,
+                "schema cannot be enforced",
+                narrowing,
+                grounded=parts[5],
+                grounded_schema=schema,
+                grounded_regex=regex,
             )
         if rx is not None and not cuts:
             llg = llg_text.automaton_language_grammar(rx)
@@ -403,7 +414,21 @@ def _grounded(ctx: WorkerContext, tr: Translation) -> GroundedArtifact:
         automaton_language=automaton_language,
         tags=tr.grounded_tags,
         plan=plan,
+        span_template=_span_template(ctx, tr) if automaton_language else None,
     )
+
+
+def _span_template(ctx: WorkerContext, tr: Translation) -> TemplateDFA | None:
+    """The byte DFA our span automaton serves the schema with (grammar/span_automaton.py), where it can: every
+    grounded string without other keywords (intersections are llguidance's), one grounded string at a place, at
+    most ``span_template_states`` states; else None (llguidance serves each request, as before)."""
+    if tr.grounded_regex is None or any(slot.content for slot in tr.grounded):
+        return None
+    try:
+        template = TemplateDFA.of_regex(tr.grounded_regex, len(tr.grounded))
+    except GrammarError:
+        return None
+    return template if len(template.hole) <= ctx.options.span_template_states else None
 
 
 def _build(ctx: WorkerContext, tr: Translation) -> JobResult:

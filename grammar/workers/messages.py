@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TypeAlias
 if TYPE_CHECKING:
     from loraplex.grammar.backend_outlines.automaton import AutomatonData
     from loraplex.grammar.grounding import GroundedSlot
+    from loraplex.grammar.span_automaton import TemplateDFA
     from loraplex.grammar.vocab import VocabInfo
     from loraplex.grammar.workers.job import CompileOptions
 
@@ -55,6 +56,8 @@ class GroundedArtifact:
     tags: tuple[str, str] | None = None  # tool calls: open and close tags around each call
     plan: list[int] | None = None  # a completion through empty spans (valid whatever the source), if there is one
     narrowing: tuple[str, ...] = ()
+    # the schema as our span automaton serves it (grammar/span_automaton.py), where it can; None: llguidance does
+    span_template: TemplateDFA | None = None
 
 
 Artifact: TypeAlias = AutomatonArtifact | LLGuidanceArtifact | GroundedArtifact

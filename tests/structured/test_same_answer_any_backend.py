@@ -88,3 +88,55 @@ def test_smollm2_extractions_are_the_same_on_both_backends() -> None:
         finally:
             llm.engine.structured.compiler.close()
     assert answers[0] == answers[1]
+
+
+GROUNDED = {"type": "string", "x-loraplex-grounded": True}
+GROUNDED_SCHEMAS = [
+    GROUNDED,
+    {"type": "object", "properties": {"name": GROUNDED, "age": {"type": "integer"}}, "required": ["name", "age"]},
+    {"type": "array", "items": GROUNDED, "minItems": 1, "maxItems": 3},
+    {
+        "type": "object",
+        "properties": {"who": {"anyOf": [GROUNDED, {"type": "null"}]}, "tags": {"type": "array", "items": GROUNDED}},
+    },
+]
+
+
+def test_grounded_values_give_the_same_tokens_from_our_span_automaton_and_llguidance(tiny_llama_dir, monkeypatch):
+    """A grounded schema without other keywords is bound to our span automaton; the same requests bound by
+    llguidance (the span automaton switched off) must give the same tokens, budgets tight and loose."""
+    from loraplex.grammar.compiler import GrammarCompiler
+    from loraplex.grammar.grounding import SourceText
+
+    text, _ = TASKS[0]
+    sources = (SourceText(1, text),)
+
+    def run() -> tuple[list[tuple[list[int], str | None]], list[str]]:
+        llm = LLM(model=str(tiny_llama_dir), num_kv_blocks=512, enable_prefix_caching=False)
+        compiler = llm.engine.structured.compiler
+        try:
+            prompts, params, served = [], [], []
+            for schema in GROUNDED_SCHEMAS:
+                spec = StructuredSpec(json=schema)
+                grammar = compiler.compile(spec, sources)
+                served.append(grammar.backend)
+                for slack in (0, 2, 12, 60):
+                    prompts.append(llm.chat_prompt(messages(text, schema)))
+                    params.append(
+                        SamplingParams(
+                            max_tokens=grammar.min_tokens + slack,
+                            temperature=0.0,
+                            structured=spec,
+                            grounding_sources=sources,
+                        )
+                    )
+            return _answers(llm, prompts, params), served
+        finally:
+            compiler.close()
+
+    ours, served = run()
+    assert set(served) == {"span"}
+    monkeypatch.setattr(GrammarCompiler, "_span_parts", lambda self, template: None)
+    theirs, served = run()
+    assert set(served) == {"llguidance"}
+    assert ours == theirs
