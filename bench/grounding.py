@@ -14,6 +14,11 @@ extract planted in it) and an extraction schema with three grounded strings, one
   drawn from (its lexer states already built: "warm") and each through a grammar bound for it alone, as a request
   is served ("as served": llguidance builds lexer states on first use, so the first masks of a bind cost more).
 
+A second table does the same for the schema with its grounded strings' other keywords removed: what our own span
+automaton serves (grammar/span_automaton.py; strings with other keywords stay with llguidance). There the build is
+the span automaton's bind (``Grounding.build_seconds``) against llguidance's bind of the same template and sources,
+and the masks are replayed through both bound grammars and the ungrounded schema's token automaton.
+
 The vocabulary is SmolLM2's (the bundled model); no model runs.
 """
 
@@ -38,15 +43,19 @@ PLANTED = (
 )
 
 
-def schema(grounded: bool) -> dict[str, Any]:
+def schema(grounded: bool, keywords: bool = True) -> dict[str, Any]:
     g = {"x-loraplex-grounded": True} if grounded else {}
+
+    def kw(**them: Any) -> dict[str, Any]:
+        return them if keywords else {}
+
     return {
         "type": "object",
         "properties": {
-            "invoice": {"type": "string", "pattern": "^INV-[0-9-]+$", **g},
-            "vendor": {"type": "string", "maxLength": 60, **g},
-            "email": {"type": "string", "format": "email", **g},
-            "notes": {"type": "array", "items": {"type": "string", "maxLength": 40, **g}, "maxItems": 3},
+            "invoice": {"type": "string", **kw(pattern="^INV-[0-9-]+$"), **g},
+            "vendor": {"type": "string", **kw(maxLength=60), **g},
+            "email": {"type": "string", **kw(format="email"), **g},
+            "notes": {"type": "array", "items": {"type": "string", **kw(maxLength=40), **g}, "maxItems": 3},
             "total": {"type": "number", "minimum": 0, "maximum": 1e9},
         },
         "required": ["invoice", "vendor", "email", "notes", "total"],
@@ -147,6 +156,52 @@ def main() -> None:
                 f"{p(g, 0.99) / p(u, 0.99):.2f}x / {p(g, 0.99) / p(a, 0.99):.2f}x | "
                 f"{p(served, 0.99) / p(u, 0.99):.2f}x / {p(served, 0.99) / p(a, 0.99):.2f}x |"
             )
+
+        span_table(auto, args, rng, budget)
+
+
+def span_table(auto: GrammarCompiler, args: argparse.Namespace, rng: random.Random, budget: int) -> None:
+    """The schema without other keywords beside grounding: our span automaton against llguidance's bind."""
+    import copy
+
+    spec = StructuredSpec(json=schema(True, keywords=False))
+    plain = StructuredSpec(json=schema(False, keywords=False))
+    auto.compile(plain)
+    auto.wait_for_upgrades(300)
+    plain_automaton = auto.compile(plain)
+    template = auto.prepare(spec).result()
+    llg_template = copy.copy(template)
+    llg_template.spans = None  # the same template bound by llguidance
+    print(
+        f"\nwithout other keywords: grounded served by {auto.compile(spec, [SourceText(0, PLANTED)]).backend}, "
+        f"ungrounded by {plain_automaton.backend}"
+    )
+    print(
+        "| source chars | span automaton build ms (median of 5) | per 10k chars | llguidance bind ms | span mask p50 / "
+        "p99 ms | llguidance-bound p50 / p99 | ungrounded automaton p50 / p99 | span p99 vs llguidance / automaton |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for chars in (int(s) for s in args.sizes.split(",")):
+        text = source(chars, rng)
+        sources = [SourceText(1, text)]
+        builds = []
+        for _ in range(5):
+            grammar = auto.compile(spec, sources)
+            assert grammar.grounding is not None
+            builds.append(grammar.grounding.build_seconds)
+        llg_builds = []
+        for _ in range(3):
+            t = time.perf_counter()
+            bound = llg_template.bind(sources)
+            llg_builds.append(time.perf_counter() - t)
+        build, llg_build = statistics.median(builds) * 1e3, statistics.median(llg_builds) * 1e3
+        paths = [walk(grammar, rng, budget) for _ in range(args.walks)]
+        g, u, a = (mask_times(x, paths, budget) for x in (grammar, bound, plain_automaton))
+        print(
+            f"| {len(text)} | {build:.2f} | {build / len(text) * 1e4:.2f} | {llg_build:.1f} | "
+            f"{p(g, 0.5):.3f} / {p(g, 0.99):.3f} | {p(u, 0.5):.3f} / {p(u, 0.99):.3f} | "
+            f"{p(a, 0.5):.3f} / {p(a, 0.99):.3f} | {p(g, 0.99) / p(u, 0.99):.2f}x / {p(g, 0.99) / p(a, 0.99):.2f}x |"
+        )
 
 
 if __name__ == "__main__":
