@@ -17,8 +17,9 @@ vocabulary's byte trie (``TokenTrie``, built once per tokenizer) in C (kernels/c
 wherever no state follows. ``reference_mask`` and ``ReferenceSpans`` are the same in plain Python, the oracle of the
 C code's tests; llguidance's grounded grammar is the oracle of the language (tests/grammar/test_span_automaton.py).
 
-Not yet serving requests: grounded schemas are still bound to llguidance grammars (grammar/backend_llguidance/
-grounded.py). What is here is the automaton, its masks and the template, measured by ``bench.grounding``.
+It serves a grounded schema whose grounded strings carry no other keyword (grammar/span_grammar.py binds each request
+to it; the template is built in the compile worker, grammar/workers/job.py). A string with other keywords (minLength,
+pattern, format, enum) is intersected by llguidance (grammar/backend_llguidance/grounded.py), as before.
 """
 
 from __future__ import annotations

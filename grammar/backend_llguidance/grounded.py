@@ -1,7 +1,9 @@
 """A schema with grounded values (grammar/grounding.py): compiled once as a template, bound to each request's
 source text as an ordinary llguidance grammar.
 
-The template is what the compiler caches; it serves no request itself (``new_matcher`` refuses). ``bind`` builds
+The template is what the compiler caches; it serves no request itself (``new_matcher`` refuses). Where every
+grounded string is free of other keywords, ``bind`` hands the request to our span automaton instead (``spans``:
+grammar/span_grammar.py), which enforces the same language in a fraction of the build time. ``bind`` builds
 the request's grammar (the span terminal of its sources: llguidance's suffix automaton), plans its shortest
 completion (the budget logic of grammar/budget.py, as for every llguidance grammar), and finds the grounded
 strings no span of this source can satisfy: where that leaves no output the request is refused by name, else the
@@ -34,8 +36,8 @@ class Grounding:
         self.schema = schema
         self.tags = tags
         self.sources = tuple(sources)
-        # how long llguidance took to build the request's grammar (its span automaton and the template's lexemes),
-        # the larger part of a bind: bench.grounding reports it beside the whole
+        # how long the request's grammar took to build (llguidance's span automaton and the template's lexemes, or
+        # our span automaton's whole bind): bench.grounding reports it
         self.build_seconds = build_seconds
 
     def locate(self, text: str) -> list[GroundedValue]:
