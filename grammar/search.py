@@ -14,6 +14,7 @@ achievable and short, an upper bound on the true distance (not always the minimu
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -55,13 +56,14 @@ class SearchNode(Protocol):
 
 
 class StateMemo:
-    """What the search found from each state of a grammar with numbered states (the token automaton): the search is a
-    function of the state, so each state's completion is computed once per grammar instead of once per step."""
+    """What the search found from each state of a grammar with named states (the token automaton's numbers, the span
+    automaton's tuples): the search is a function of the state, so each state's completion is computed once per
+    grammar instead of once per step."""
 
     def __init__(self) -> None:
-        self.paths: dict[int, tuple[bytes | None, int]] = {}  # state -> (completion bytes, masks it took)
-        self.out_of_masks: set[int] = set()  # states whose bounded run ran out (an unbounded run may still succeed)
-        self.tokens: dict[int, list[int]] = {}  # state -> its completion bytes tokenized
+        self.paths: dict[Hashable, tuple[bytes | None, int]] = {}  # state -> (completion bytes, masks it took)
+        self.out_of_masks: set[Hashable] = set()  # states whose bounded run ran out (an unbounded run may succeed)
+        self.tokens: dict[Hashable, list[int]] = {}  # state -> its completion bytes tokenized
 
 
 class _OutOfMasks(Exception):

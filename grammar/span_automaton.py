@@ -1,5 +1,5 @@
-"""Our own span automaton for grounded values: the per-request part built in well under a millisecond per 10,000
-characters, where llguidance's substring lexeme takes 12-20 ms (bench/README.md, issue 37's build target).
+"""Our own span automaton for grounded values: the per-request part built in 1-3 ms per 10,000 characters, where
+llguidance's bind takes 17-25 ms (bench/README.md, issue 37's build target).
 
 The language is the one grammar/grounding.py gives llguidance: a grounded string's content is the canonical JSON
 spelling of a run of consecutive characters of one source segment (``grounding.source_segments``). Here the
@@ -17,9 +17,12 @@ vocabulary's byte trie (``TokenTrie``, built once per tokenizer) in C (kernels/c
 wherever no state follows. ``reference_mask`` and ``ReferenceSpans`` are the same in plain Python, the oracle of the
 C code's tests; llguidance's grounded grammar is the oracle of the language (tests/grammar/test_span_automaton.py).
 
-It serves a grounded schema whose grounded strings carry no other keyword (grammar/span_grammar.py binds each request
-to it; the template is built in the compile worker, grammar/workers/job.py). A string with other keywords (minLength,
-pattern, format, enum) is intersected by llguidance (grammar/backend_llguidance/grounded.py), as before.
+A grounded string's other keywords (minLength/maxLength, pattern, format, enum) are its content DFA
+(``TemplateDFA.content_table``: their intersection, lengths counted unit by unit), read beside the span automaton;
+a mask then only follows paths from which the value can still end (the C ``live`` search, memoised per request, with
+a bound past which the value is narrowed). grammar/span_grammar.py binds each request to it; the template is built
+in the compile worker (grammar/workers/job.py). llguidance binds what this does not serve (tool calls, templates
+too large or too slow to build, no C compiler), in the same language.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from loraplex.grammar.grounding import SourceText, placeholder, source_pieces
+from loraplex.grammar.schema.json_text import UNIT
 from loraplex.grammar.spec import GrammarError
 
 SEPARATOR = 512  # between two segments: no output reads it, so no span crosses from one into the next
@@ -152,58 +156,166 @@ def reference_mask(
 
 
 # ---- the template: the schema's regex as a byte DFA with holes ----------------------------------------------------
+def _byte_dfa(regex: str, holes: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``regex`` as a byte DFA: (table [states, 256], accepting, hole [states]: the state after the hole starting
+    there, hole_slot [states]: its grounded string). Placeholders ``grounding.placeholder(k)`` for k < ``holes`` are
+    holes: each one token of its own in outlines_core's Index over single bytes; no output holds a raw NUL (their
+    first byte), so the placeholders' inner states are left out. States that cannot reach the end are dropped."""
+    from outlines_core import Index, Vocabulary
+
+    from loraplex.grammar.backend_outlines.automaton import SENTINEL_BYTES, SENTINEL_CHAR
+
+    probe: dict[bytes, list[int]] = {bytes([b]): [b] for b in range(256) if b != 0xF4}
+    probe[SENTINEL_BYTES] = [256]
+    for k in range(holes):
+        probe[placeholder(k).encode("utf-8")] = [257 + k]
+    try:
+        index = Index(f"(?:{regex}){SENTINEL_CHAR}", Vocabulary(257 + holes, probe))
+    except ValueError as e:
+        raise GrammarError(f"the span automaton cannot serve this regex: {e}") from None
+    raw: dict[int, dict[int, int]] = index.get_transitions()
+    finals = set(index.get_final_states())
+    order = [index.get_initial_state()]
+    number = {order[0]: 0}
+    for s in order:  # breadth first; the list grows as it is read
+        for token, nxt in raw.get(s, {}).items():
+            if token != 0 and nxt not in finals and nxt not in number:
+                number[nxt] = len(order)
+                order.append(nxt)
+    n = len(order)
+    table = np.full((n, 256), -1, dtype=np.int32)
+    hole = np.full(n, -1, dtype=np.int32)
+    hole_slot = np.full(n, -1, dtype=np.int32)
+    accepting = np.zeros(n, dtype=bool)
+    for i, s in enumerate(order):
+        for token, nxt in raw.get(s, {}).items():
+            if 0 < token < 256 and nxt in number:
+                table[i, token] = number[nxt]
+            elif token == 256 and nxt in finals:
+                accepting[i] = True
+            elif token > 256 and nxt in number:
+                if hole[i] >= 0:
+                    raise GrammarError("two grounded strings start at one place of the schema")
+                hole[i], hole_slot[i] = number[nxt], token - 257
+    dead = _dead_states(table, hole, accepting, np.zeros(n, dtype=bool))
+    table[np.isin(table, np.flatnonzero(dead))] = -1
+    return table, accepting, hole, hole_slot
+
+
+def _dead_states(table: np.ndarray, hole: np.ndarray, accepting: np.ndarray, closed: np.ndarray) -> np.ndarray:
+    """bool [states]: the states from which no path reaches an accepting one (a hole at a state of ``closed`` is no
+    way through)."""
+    n = len(accepting)
+    src, _ = np.nonzero(table >= 0)
+    dst = table[table >= 0]
+    with_hole = np.flatnonzero((hole >= 0) & ~closed)
+    src = np.concatenate([src, with_hole])
+    dst = np.concatenate([dst, hole[with_hole]])
+    order = np.argsort(dst, kind="stable")
+    src, dst = src[order], dst[order]
+    starts = np.searchsorted(dst, np.arange(n + 1))
+    live = accepting.copy()
+    queue: list[int] = np.flatnonzero(live).tolist()
+    while queue:
+        t = queue.pop()
+        for p in src[starts[t] : starts[t + 1]]:
+            if not live[p]:
+                live[p] = True
+                queue.append(int(p))
+    return ~live
+
+
+_LENGTHS = re.compile(re.escape(UNIT) + r"\{(\d+),(\d*)\}")  # minLength/maxLength's content regex (to_regex.py)
+
+
+def _content_dfa(regex: str) -> tuple[np.ndarray, np.ndarray]:
+    """One content regex as a byte DFA (table, accepting). A length bound is counted here, unit by unit: outlines_core
+    takes minutes on a counted repetition of JSON's string unit (``UNIT{0,60}``)."""
+    lengths = _LENGTHS.fullmatch(regex)
+    if lengths is None:
+        table, accepting, _, _ = _byte_dfa(regex)
+        return table, accepting
+    lo, hi = int(lengths.group(1)), int(lengths.group(2)) if lengths.group(2) else None
+    unit, unit_done, _, _ = _byte_dfa(UNIT)  # one character's spelling; its accepting states read nothing more
+    top = hi if hi is not None else lo  # counts saturate at lo when there is no upper bound
+    u = len(unit_done)
+    table = np.full(((top + 1) * u, 256), -1, dtype=np.int32)  # state c * u + j: c characters, then unit state j
+    for c in range(top + 1):
+        nxt = unit  # (the unit's start is state 0)
+        rows = table[c * u : (c + 1) * u]
+        done = unit_done[np.maximum(nxt, 0)] & (nxt >= 0)
+        after = min(c + 1, top) if hi is None else c + 1
+        rows[:] = np.where(nxt < 0, -1, np.where(done, after * u if after <= top else -1, c * u + nxt))
+    accepting = np.zeros((top + 1) * u, dtype=bool)
+    accepting[[c * u for c in range(lo, top + 1)]] = True
+    return table, accepting
+
+
+def _intersection(regexes: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The byte DFA of the strings every regex matches (the product of their DFAs), without dead states."""
+    table, accepting = _content_dfa(regexes[0])
+    for rx in regexes[1:]:
+        other, other_accepting = _content_dfa(rx)
+        pairs = {(0, 0): 0}
+        order = [(0, 0)]
+        rows = []
+        for p, q in order:
+            a, b = table[p], other[q]
+            row = np.full(256, -1, dtype=np.int32)
+            for byte in np.flatnonzero((a >= 0) & (b >= 0)):
+                key = (int(a[byte]), int(b[byte]))
+                if key not in pairs:
+                    pairs[key] = len(order)
+                    order.append(key)
+                row[byte] = pairs[key]
+            rows.append(row)
+        table = np.stack(rows) if rows else np.full((1, 256), -1, dtype=np.int32)
+        accepting = np.asarray([accepting[p] and other_accepting[q] for p, q in order], dtype=bool)
+        dead = _dead_states(table, np.full(len(order), -1, dtype=np.int32), accepting, np.zeros(len(order), bool))
+        table[np.isin(table, np.flatnonzero(dead))] = -1
+    return table, accepting
+
+
 @dataclass(frozen=True)
 class TemplateDFA:
-    """A byte DFA of a regex whose grounded strings' contents are holes. State 0 is the start; ``table[t, b]`` the
-    next state (-1: none); ``hole[t]``: the state after the hole that starts at ``t`` (-1: none; a hole state reads
-    no byte of its own: the content is the span automaton's), ``accepting[t]``: the output may end at ``t``."""
+    """A byte DFA of a schema regex whose grounded strings' contents are holes, with the content DFAs of their other
+    keywords. State 0 is the start; ``table[t, b]`` the next state (-1: none); ``hole[t]``: the state after the hole
+    that starts at ``t`` (-1: none; a hole state reads no byte of its own: the content is the span automaton's);
+    ``hole_content[t]``: that hole's content DFA's start state in ``content_table`` (-1: no other keyword);
+    ``accepting[t]``: the output may end at ``t``."""
 
     table: np.ndarray  # int32 [states, 256]
     hole: np.ndarray  # int32 [states]
+    hole_slot: np.ndarray  # int32 [states]: the grounded string (slot) of the hole at t, -1: none
+    hole_content: np.ndarray  # int32 [states]
     accepting: np.ndarray  # bool [states]
+    content_table: np.ndarray  # int32 [content states, 256]: every slot's content DFA, one table
+    content_accepting: np.ndarray  # bool [content states]
 
     @classmethod
-    def of_regex(cls, regex: str, slots: int) -> TemplateDFA:
-        """The DFA of ``regex`` (holding ``grounding.placeholder(k)`` for each of ``slots`` grounded strings).
-        Raises GrammarError where a state may both start a hole and read a byte of its own (a grounded string
-        beside another alternative for the same text), which this automaton does not serve."""
-        from outlines_core import Index, Vocabulary
-
-        from loraplex.grammar.backend_outlines.automaton import SENTINEL_BYTES, SENTINEL_CHAR
-
-        # Single bytes, and each placeholder (NUL, k's digits, NUL) as one symbol of its own: a hole. No output
-        # holds a raw NUL, so the placeholders' inner states, reached by byte 0 only, are left out.
-        probe: dict[bytes, list[int]] = {bytes([b]): [b] for b in range(256) if b != 0xF4}
-        probe[SENTINEL_BYTES] = [256]
-        for k in range(slots):
-            probe[placeholder(k).encode("utf-8")] = [257 + k]
-        index = Index(f"(?:{regex}){SENTINEL_CHAR}", Vocabulary(257 + slots, probe))
-        raw: dict[int, dict[int, int]] = index.get_transitions()
-        finals = set(index.get_final_states())
-        order = [index.get_initial_state()]
-        number = {order[0]: 0}
-        for s in order:  # breadth first; the list grows as it is read
-            for token, nxt in raw.get(s, {}).items():
-                if token != 0 and nxt not in finals and nxt not in number:
-                    number[nxt] = len(order)
-                    order.append(nxt)
-        n = len(order)
-        table = np.full((n, 256), -1, dtype=np.int32)
-        hole = np.full(n, -1, dtype=np.int32)
-        accepting = np.zeros(n, dtype=bool)
-        for i, s in enumerate(order):
-            for token, nxt in raw.get(s, {}).items():
-                if 0 < token < 256 and nxt in number:
-                    table[i, token] = number[nxt]
-                elif token == 256 and nxt in finals:
-                    accepting[i] = True
-                elif token > 256 and nxt in number:
-                    if hole[i] >= 0:
-                        raise GrammarError("two grounded strings start at one place of the schema")
-                    hole[i] = number[nxt]
-            if hole[i] >= 0 and (table[i] >= 0).any():
-                raise GrammarError("a grounded string starts where other text may also be written")
-        return cls(table, hole, accepting)
+    def of_regex(cls, regex: str, contents: Sequence[Sequence[str]]) -> TemplateDFA:
+        """The DFA of ``regex``, holding ``grounding.placeholder(k)`` for grounded string k, whose other keywords'
+        regexes (over the string's JSON content) are ``contents[k]``. Raises GrammarError where a state may both
+        start a hole and read a byte of its own (a grounded string beside another alternative for the same text),
+        which this automaton does not serve."""
+        table, accepting, hole, hole_slot = _byte_dfa(regex, len(contents))
+        if ((hole >= 0) & (table >= 0).any(axis=1)).any():
+            raise GrammarError("a grounded string starts where other text may also be written")
+        tables, accepts, starts, offset = [], [], [], 0
+        for regexes in contents:
+            if not regexes:
+                starts.append(-1)
+                continue
+            ct, ca = _intersection(regexes)
+            tables.append(np.where(ct >= 0, ct + offset, -1).astype(np.int32))
+            accepts.append(ca)
+            starts.append(offset)
+            offset += len(ca)
+        content_table = np.concatenate(tables) if tables else np.full((1, 256), -1, dtype=np.int32)
+        content_accepting = np.concatenate(accepts) if accepts else np.zeros(1, dtype=bool)
+        slot_start = np.asarray(starts + [-1], dtype=np.int32)
+        hole_content = np.where(hole_slot >= 0, slot_start[hole_slot], -1).astype(np.int32)
+        return cls(table, hole, hole_slot, hole_content, accepting, content_table, content_accepting)
 
 
 # ---- the vocabulary's byte trie ------------------------------------------------------------------------------------
@@ -264,15 +376,22 @@ class TokenTrie:
 # ---- the C automaton ---------------------------------------------------------------------------------------------
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
+_I32 = ctypes.c_int32
 _SIGNATURES: dict[str, tuple[object, list[Any]]] = {
     "loraplex_sam_build": (_P, [_P, _I64]),
     "loraplex_sam_free": (None, [_P]),
     "loraplex_sam_states": (_I64, [_P]),
-    "loraplex_span_consume": (_I64, [_P, _P, _P, _P, _P, _I64]),
-    "loraplex_span_mask": (_I64, [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P]),
-    "loraplex_span_next_bytes": (_I64, [_P, _P, _P, _P, _P]),
-    "loraplex_span_forced": (_I64, [_P, _P, _P, _P, _P, _P, _I64]),
+    "loraplex_span_grammar_new": (_P, [_P, _P, _P, _P, _P, _P, _P, _I64, _I64]),
+    "loraplex_span_grammar_free": (None, [_P]),
+    "loraplex_span_hole_live": (_I64, [_P, _I32]),
+    "loraplex_span_consume": (_I64, [_P, _P, _P, _I64]),
+    "loraplex_span_mask": (_I64, [_P, _P, _P, _P, _P, _P, _P, _P, _P]),
+    "loraplex_span_next_bytes": (_I64, [_P, _P, _P]),
+    "loraplex_span_forced": (_I64, [_P, _P, _P, _P, _I64]),
 }
+# Product states (span state, content state, decoder) one question "can this grounded value still end?" may expand
+# before it is answered no: the value is then narrowed (never widened). Measured questions take a few hundred.
+LIVENESS_FUEL = 200_000
 
 
 def _library() -> ctypes.CDLL | None:
@@ -290,16 +409,20 @@ def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
+def _lib() -> ctypes.CDLL:
+    lib = _library()
+    if lib is None:
+        raise GrammarError("the span automaton needs the C kernels (a C compiler, LORAPLEX_CPU_KERNELS not 0)")
+    return lib
+
+
 class SpanAutomaton:
     """The suffix automaton of one request's sources, in C (freed with the object)."""
 
     def __init__(self, sources: Sequence[SourceText]) -> None:
-        lib = _library()
-        if lib is None:
-            raise GrammarError("the span automaton needs the C kernels (a C compiler, LORAPLEX_CPU_KERNELS not 0)")
-        self._lib = lib
+        self._lib = _lib()
         self.symbols = source_symbols(sources)
-        handle = lib.loraplex_sam_build(_ptr(self.symbols), len(self.symbols))
+        handle = self._lib.loraplex_sam_build(_ptr(self.symbols), len(self.symbols))
         if not handle:
             raise MemoryError("the span automaton could not be allocated")
         self._handle: ctypes.c_void_p | None = ctypes.c_void_p(handle)
@@ -315,28 +438,73 @@ class SpanAutomaton:
             self._handle = None
 
 
-class SpanMatcher:
-    """A grammar state of one request (template + span automaton + decoder) with what a backend needs from it:
-    reading bytes, the bytes that may come next, and a mask. EOS is not part of it (``accepting`` says where the
-    output may end)."""
+class SpanRequest:
+    """One request's grammar in C: the template, its content DFAs, the span automaton of the request's sources, and
+    which grounded strings no span satisfies (their holes closed, and the template states that then lead nowhere).
+    Its memo of which values can still end lives as long as it does."""
 
-    def __init__(self, spans: SpanAutomaton, template: TemplateDFA, trie: TokenTrie, state: np.ndarray | None = None):
-        self.spans, self.template, self.trie = spans, template, trie
-        table = np.ascontiguousarray(template.table, dtype=np.int32)
-        hole = np.ascontiguousarray(template.hole, dtype=np.int32)
-        self._accepting = np.ascontiguousarray(template.accepting, dtype=np.uint8)
-        self._held = (table, hole)  # (kept: the C functions read them by address)
-        if state is None:
-            state = np.array([0, 0 if hole[0] >= 0 else -1, 0], dtype=np.int32)  # (t, s, d)
-        self.state = state
+    def __init__(self, spans: SpanAutomaton, template: TemplateDFA, fuel: int = LIVENESS_FUEL) -> None:
+        self.spans, self.template = spans, template
+        self._lib = spans._lib
+        i32 = np.int32
+        self._arrays = (
+            np.ascontiguousarray(template.table, dtype=i32),
+            np.ascontiguousarray(template.hole, dtype=i32),
+            np.ascontiguousarray(template.hole_content, dtype=i32),
+            np.zeros(len(template.hole), dtype=np.uint8),  # dead template states (filled below)
+            np.ascontiguousarray(template.content_table, dtype=i32),
+            np.ascontiguousarray(template.content_accepting, dtype=np.uint8),
+        )
+        self.dead = self._arrays[3]
+        self.accepting = np.ascontiguousarray(template.accepting, dtype=np.uint8)
+        handle = self._lib.loraplex_span_grammar_new(
+            spans._handle, *(_ptr(a) for a in self._arrays), len(template.content_accepting), fuel
+        )
+        if not handle:
+            raise MemoryError("the span automaton's grammar could not be allocated")
+        self._handle: ctypes.c_void_p | None = ctypes.c_void_p(handle)
+        closed = np.zeros(len(template.hole), dtype=bool)
+        for t in np.flatnonzero(template.hole_content >= 0):
+            closed[t] = not self._lib.loraplex_span_hole_live(self._handle, int(t))
+        # the grounded strings no span of these sources satisfies (with their other keywords)
+        self.empty_slots = sorted({int(k) for k in template.hole_slot[closed]})
+        if closed.any():
+            self.dead[:] = _dead_states(template.table, template.hole, template.accepting, closed)
+            self.dead[closed] = 1
+
+    @property
+    def satisfiable(self) -> bool:
+        return not self.dead[0]
+
+    def start(self) -> np.ndarray:
+        """The grammar state (t, s, d, q) at the start of the output."""
+        t = 0
+        if self.template.hole[t] >= 0:
+            return np.array([t, 0, 0, self.template.hole_content[t]], dtype=np.int32)
+        return np.array([t, -1, 0, -1], dtype=np.int32)
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle:
+            self._lib.loraplex_span_grammar_free(handle)
+            self._handle = None
+
+
+class SpanMatcher:
+    """A grammar state of one request with what a backend needs from it: reading bytes, the bytes that may come
+    next, the forced ones, and a mask. EOS is not part of it (``accepting`` says where the output may end)."""
+
+    def __init__(self, request: SpanRequest, trie: TokenTrie, state: np.ndarray | None = None) -> None:
+        self.request, self.trie = request, trie
+        self.state = request.start() if state is None else state  # (t, s, d, q)
         self.visited = 0  # trie nodes the last mask reached
-        lib, p = spans._lib, ctypes.c_void_p
-        self._lib = lib
-        # the constant arguments as ctypes values once (ctypes then passes them without converting)
-        self._args = (spans._handle, p(_ptr(table)), p(_ptr(hole)))
+        self._lib = request._lib
+        self._g = request._handle  # (the request, kept above, owns it)
+        p = ctypes.c_void_p
         self._trie_args = tuple(
             p(_ptr(a)) for a in (trie.child_start, trie.child_node, trie.child_byte, trie.token_start, trie.token_ids)
         )
+        self._accepting = p(_ptr(request.accepting))
         self._stack = _stack_for(trie)
         self._forced_buf = np.empty(4096, dtype=np.uint8)
 
@@ -347,38 +515,39 @@ class SpanMatcher:
         twin.state = self.state.copy()
         return twin
 
-    def key(self) -> tuple[int, int, int]:
-        return (int(self.state[0]), int(self.state[1]), int(self.state[2]))
+    def key(self) -> tuple[int, int, int, int]:
+        s = self.state
+        return (int(s[0]), int(s[1]), int(s[2]), int(s[3]))
 
     def consume(self, data: bytes) -> bool:
         """Read ``data``; False (state unchanged) if some byte is not allowed."""
         trial = self.state.copy()
         buf = np.frombuffer(data, dtype=np.uint8)
-        if self._lib.loraplex_span_consume(*self._args, _ptr(trial), _ptr(buf), len(data)) != len(data):
+        if self._lib.loraplex_span_consume(self._g, _ptr(trial), _ptr(buf), len(data)) != len(data):
             return False
         self.state[:] = trial
         return True
 
     @property
     def accepting(self) -> bool:
-        return int(self.state[1]) < 0 and bool(self.template.accepting[int(self.state[0])])
+        return int(self.state[1]) < 0 and bool(self.request.accepting[int(self.state[0])])
 
     def next_bytes(self) -> np.ndarray:
         """uint8 [256]: 1 where that byte can be read from here."""
         out = np.zeros(256, dtype=np.uint8)
-        self._lib.loraplex_span_next_bytes(*self._args, _ptr(self.state), _ptr(out))
+        self._lib.loraplex_span_next_bytes(self._g, _ptr(self.state), _ptr(out))
         return out
 
     def forced_bytes(self) -> bytes:
         """The bytes every continuation from here starts with (empty where the output may end here), at most 4096."""
         buf = self._forced_buf
-        n = self._lib.loraplex_span_forced(*self._args, _ptr(self._accepting), _ptr(self.state), _ptr(buf), len(buf))
+        n = self._lib.loraplex_span_forced(self._g, self._accepting, _ptr(self.state), _ptr(buf), len(buf))
         return buf[:n].tobytes()
 
     def mask_into(self, ptr: int) -> None:
         """Set the bit of every token readable from here in the uint32 words at ``ptr`` (not cleared first)."""
         self.visited = int(
-            self._lib.loraplex_span_mask(*self._args, _ptr(self.state), *self._trie_args, ptr, _ptr(self._stack))
+            self._lib.loraplex_span_mask(self._g, _ptr(self.state), *self._trie_args, ptr, _ptr(self._stack))
         )
 
     def mask(self, out: np.ndarray) -> None:
@@ -390,10 +559,10 @@ _stacks: dict[tuple[int, int], np.ndarray] = {}
 
 
 def _stack_for(trie: TokenTrie) -> np.ndarray:
-    """The walk's scratch (4 x the trie's nodes, 1.6 MB for SmolLM2's), one per trie and thread: a walk runs to its
+    """The walk's scratch (5 x the trie's nodes, 2 MB for SmolLM2's), one per trie and thread: a walk runs to its
     end on its thread, so the matchers of that thread share it instead of allocating their own."""
     key = (id(trie), threading.get_ident())
     stack = _stacks.get(key)
     if stack is None:
-        stack = _stacks[key] = np.empty(4 * trie.nodes + 4, dtype=np.int32)
+        stack = _stacks[key] = np.empty(5 * trie.nodes + 5, dtype=np.int32)
     return stack

@@ -1,6 +1,6 @@
 """A grounded schema bound to one request's sources, served by our span automaton (grammar/span_automaton.py)
 instead of an llguidance grammar: the same language (tests compare the masks token by token), built per request in
-about a millisecond per 10,000 characters instead of 15-20.
+1-3 ms per 10,000 characters instead of 17-25.
 
 It follows the same budget logic as every other grammar (grammar/budget.py's ``PlannedMatcher``: the completion
 search over a node of the state), so a greedy request gets the same tokens from either. Masks are our C walk of the
@@ -10,8 +10,10 @@ vocabulary's trie, EOS bits where the output may end.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -19,38 +21,96 @@ import torch
 from loraplex.grammar.backend_types import CompiledGrammar
 from loraplex.grammar.budget import PlannedMatcher
 from loraplex.grammar.grounding import SourceText
-from loraplex.grammar.search import CompletionSearch
-from loraplex.grammar.span_automaton import SpanAutomaton, SpanMatcher, TemplateDFA, TokenTrie
-from loraplex.grammar.spec import GrammarError
+from loraplex.grammar.search import CompletionSearch, StateMemo
+from loraplex.grammar.span_automaton import QUOTE, SpanAutomaton, SpanMatcher, SpanRequest, TemplateDFA, TokenTrie
+
+MASK_CACHE_ROWS = 256  # per request: 6 KB a row for SmolLM2's vocabulary
 
 
 @dataclass(frozen=True)
 class SpanTemplate:
-    """A grounded schema as our span automaton serves it: its byte DFA, and the vocabulary's trie and bytes."""
+    """A grounded schema as our span automaton serves it: its byte DFA, and the vocabulary's trie and bytes; and the
+    budget search's completions that hold for every request of the schema (``SharedPlans``)."""
 
     template: TemplateDFA
     trie: TokenTrie
     token_bytes: tuple[bytes | None, ...]
     eos_ids: tuple[int, ...]
     words: int
+    shared: SharedPlans = field(default_factory=lambda: SharedPlans(), compare=False)
 
     def bind(
         self, sources: Sequence[SourceText], search: CompletionSearch, plan: list[int] | None, close: bool
-    ) -> SpanGrammar:
-        """The grammar of one request: the span automaton of its sources (``plan``: a completion valid whatever the
-        source, else the search makes one). Raises GrammarError where no output is possible."""
-        spans = SpanAutomaton(sources)
-        grammar = SpanGrammar(
-            spans, self.template, self.trie, self.token_bytes, self.eos_ids, self.words, search, [], close
-        )
+    ) -> tuple[SpanGrammar | None, list[int]]:
+        """The grammar of one request (None: no output is possible with these sources) and the grounded strings
+        (slots) no span of them satisfies. ``plan``: a completion valid whatever the source, else the search makes
+        one."""
+        request = SpanRequest(SpanAutomaton(sources), self.template)
+        if not request.satisfiable:
+            return None, request.empty_slots
+        grammar = SpanGrammar(request, self.trie, self.token_bytes, self.eos_ids, self.words, search, [], close)
+        if not request.dead.any():  # (a request with a closed grounded string has its own completions)
+            grammar.memo = SharedMemo(self.shared, grammar)
         if plan is None:
-            plan = search.plan(SpanNode(grammar, SpanMatcher(spans, self.template, self.trie)))
+            plan = search.plan(SpanNode(grammar, SpanMatcher(request, self.trie)))
             if plan is None:
-                raise GrammarError(
-                    "no output can satisfy the schema with this request's source text", code="unsatisfiable_schema"
-                )
+                return None, request.empty_slots
         grammar.plan, grammar.min_tokens = list(plan), len(plan)
-        return grammar
+        return grammar, request.empty_slots
+
+
+@dataclass
+class SharedPlans:
+    """What the completion search found from template states (outside every grounded string) along completions that
+    read no byte of a grounded string's content: those depend on the template alone (an empty span is a span of every
+    source), so every request of the schema may reuse them, as every request of a token automaton does."""
+
+    paths: dict[Hashable, tuple[bytes | None, int]] = field(default_factory=dict)
+    tokens: dict[Hashable, list[int]] = field(default_factory=dict)
+
+
+class _Layered(dict):  # type: ignore[type-arg]
+    """A request's own memo entries, over the schema's shared ones (``share(key, value)``: may it be shared)."""
+
+    def __init__(self, shared: dict[Hashable, Any], share: Callable[[Hashable, Any], bool]) -> None:
+        super().__init__()
+        self._shared, self._share = shared, share
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        hit = super().get(key)
+        if hit is None:
+            hit = self._shared.get(key)
+        return default if hit is None else hit
+
+    def __setitem__(self, key: Hashable, value: Any) -> None:
+        super().__setitem__(key, value)
+        if self._share(key, value):
+            self._shared[key] = value
+
+
+class SharedMemo(StateMemo):
+    """A request's memo of the search (grammar/search.py's ``StateMemo``) that reads and adds to the schema's
+    ``SharedPlans`` where a completion holds for every request: from a template state, reading no content byte."""
+
+    def __init__(self, shared: SharedPlans, grammar: SpanGrammar) -> None:
+        super().__init__()
+        self._grammar = grammar
+        self.paths = _Layered(shared.paths, self._path_holds_for_all)
+        self.tokens = _Layered(shared.tokens, lambda key, _: key in shared.paths)
+
+    def _path_holds_for_all(self, key: Hashable, value: tuple[bytes | None, int]) -> bool:
+        t, s, d, q, stopped = cast(tuple[int, int, int, int, bool], key)
+        path = value[0]
+        if s >= 0 or stopped or path is None:
+            return False
+        probe = SpanMatcher(self._grammar.request, self._grammar.trie, np.array([t, s, d, q], dtype=np.int32))
+        for b in path:
+            state = probe.state
+            if state[1] >= 0 and not (state[2] == 0 and b == QUOTE):
+                return False  # a byte of a grounded string's content: chosen from this request's source
+            if not probe.consume(bytes((b,))):
+                return False
+        return True
 
 
 class SpanNode:
@@ -61,6 +121,15 @@ class SpanNode:
 
     def __init__(self, grammar: SpanGrammar, matcher: SpanMatcher, stopped: bool = False) -> None:
         self._g, self._m, self._stopped = grammar, matcher, stopped
+
+    @property
+    def memo(self) -> StateMemo:
+        """The request's memo of what the search found from each state (the search is a function of the state)."""
+        return self._g.memo
+
+    @property
+    def state(self) -> tuple[int, int, int, int, bool]:
+        return (*self._m.key(), self._stopped)
 
     def deep_copy(self) -> SpanNode:
         return SpanNode(self._g, self._m.copy(), self._stopped)
@@ -106,8 +175,7 @@ class SpanGrammar(CompiledGrammar):
 
     def __init__(
         self,
-        spans: SpanAutomaton,
-        template: TemplateDFA,
+        request: SpanRequest,
         trie: TokenTrie,
         token_bytes: tuple[bytes | None, ...],
         eos_ids: tuple[int, ...],
@@ -118,7 +186,7 @@ class SpanGrammar(CompiledGrammar):
     ) -> None:
         if not search.automaton_language:
             raise ValueError("a span grammar is in the automaton's language: its search must be that one")
-        self.spans, self.template, self.trie = spans, template, trie
+        self.request, self.trie = request, trie
         self._token_bytes = token_bytes
         self.eos_ids = frozenset(eos_ids)
         self.words = words
@@ -126,6 +194,10 @@ class SpanGrammar(CompiledGrammar):
         self.plan = list(plan)
         self.min_tokens = len(plan)
         self.close_within_budget = close_within_budget
+        self.memo: StateMemo = StateMemo()
+        # the plain masks of the states seen lately (a value's start, a key's name: states a request comes back to,
+        # and that the budget's search asks about again and again), as a few hundred rows at most
+        self._masks: OrderedDict[tuple[int, int, int, int], np.ndarray] = OrderedDict()
         eos = np.zeros(words, dtype=np.uint32)
         for e in eos_ids:
             eos[e >> 5] |= np.uint32(1 << (e & 31))
@@ -137,15 +209,25 @@ class SpanGrammar(CompiledGrammar):
 
     def fill(self, matcher: SpanMatcher, words: np.ndarray, stopped: bool = False) -> None:
         """The plain mask of a state into uint32 ``words``: the tokens readable from it, EOS where it may end."""
-        words[:] = 0
         if stopped:
+            words[:] = 0
             return
-        matcher.mask(words)
-        if matcher.accepting:
-            words |= self._eos_words
+        key = matcher.key()
+        row = self._masks.get(key)
+        if row is None:
+            row = np.zeros(self.words, dtype=np.uint32)
+            matcher.mask(row)
+            if matcher.accepting:
+                row |= self._eos_words
+            self._masks[key] = row
+            if len(self._masks) > MASK_CACHE_ROWS:
+                self._masks.popitem(last=False)
+        else:
+            self._masks.move_to_end(key)
+        words[:] = row
 
     def new_matcher(self) -> SpanGrammarMatcher:
-        return SpanGrammarMatcher(self, SpanMatcher(self.spans, self.template, self.trie))
+        return SpanGrammarMatcher(self, SpanMatcher(self.request, self.trie))
 
 
 class SpanGrammarMatcher(PlannedMatcher):

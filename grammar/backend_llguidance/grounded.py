@@ -104,10 +104,11 @@ class GroundedTemplate(CompiledGrammar):
 
         if self.spans is not None:
             started = time.perf_counter()
-            spanned = self.spans.bind(sources, self._search, self.plan, self._close)
-            spanned.narrowing = self.narrowing
-            spanned.grounding = Grounding(self.schema, self._tags, sources, time.perf_counter() - started)
-            return spanned
+            spanned, empty_slots = self.spans.bind(sources, self._search, self.plan, self._close)
+            empty = [self.slots[k] for k in empty_slots]
+            if spanned is None:
+                raise _unsatisfiable(empty)
+            return self._finish(spanned, empty, sources, time.perf_counter() - started)
         limits = _limits(sum(len(s.text) for s in sources))
         checked = [k for k, slot in enumerate(self.slots) if slot.content]
         text = LLMatcher.grammar_from_lark(grounding.request_lark(self.template, checked, sources))
@@ -121,12 +122,7 @@ class GroundedTemplate(CompiledGrammar):
             raise GrammarError("internal: the grounded grammar refused its own start tag")
         plan = self.plan if self.plan is not None else self._search.plan(matcher)
         if plan is None:
-            named = "; ".join(f"{s.pointer} (with its other keywords)" for s in empty) or "the grounded values"
-            raise GrammarError(
-                "no output can satisfy the schema with this request's source text: no span of it fits the grounded "
-                f"string at {named}",
-                code="unsatisfiable_schema",
-            )
+            raise _unsatisfiable(empty)
         grammar = LLGuidanceGrammar(
             text,
             self._tokenizer,
@@ -138,12 +134,19 @@ class GroundedTemplate(CompiledGrammar):
             matcher,
             automaton_language=self.automaton_language,
         )
+        return self._finish(grammar, empty, sources, build_seconds)
+
+    def _finish(
+        self, grammar: CompiledGrammar, empty: Sequence[GroundedSlot], sources: Sequence[SourceText], seconds: float
+    ) -> CompiledGrammar:
+        """A bound grammar with its narrowing (the template's, and the grounded strings no span satisfies) and what
+        finding its values' spans needs."""
         grammar.narrowing = self.narrowing + tuple(
             f"x-loraplex-grounded at {s.pointer}: no span of the source text satisfies the string's other keywords, "
             "so it is never written"
             for s in empty
         )
-        grammar.grounding = Grounding(self.schema, self._tags, sources, build_seconds)
+        grammar.grounding = Grounding(self.schema, self._tags, sources, seconds)
         return grammar
 
     def _empty(self, built: Any, tag: str) -> bool:
@@ -152,6 +155,15 @@ class GroundedTemplate(CompiledGrammar):
         if not trial.consume_tokens(self._tokenizer.tokenize_str(tag)):
             raise GrammarError(f"internal: the grounded grammar refused its own tag {tag!r}")
         return not trial.is_accepting() and self._search.plan(trial) is None
+
+
+def _unsatisfiable(empty: Sequence[GroundedSlot]) -> GrammarError:
+    named = "; ".join(f"{s.pointer} (with its other keywords)" for s in empty) or "the grounded values"
+    return GrammarError(
+        "no output can satisfy the schema with this request's source text: no span of it fits the grounded "
+        f"string at {named}",
+        code="unsatisfiable_schema",
+    )
 
 
 # llguidance's default budget for analysing a grammar's lexemes at build time (its LLParserLimits), and what a

@@ -68,6 +68,7 @@ class CompileOptions:
     probe_seconds: float = 0.25  # give up counting states after this long (and recycle the worker)
     max_ref_depth: int = 3
     span_template_states: int = 4096  # grounded schemas' byte DFAs up to this size (1 KB a state) are ours to serve
+    span_template_seconds: float = 1.0  # ...built within this long (else llguidance binds the schema's requests)
     any_depth: int = 2
 
 
@@ -386,7 +387,7 @@ def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> JobResult:
     return replace(result, artifact=replace(result.artifact, narrowing=narrowing))
 
 
-def _grounded(ctx: WorkerContext, tr: Translation) -> GroundedArtifact:
+def _grounded(ctx: WorkerContext, tr: Translation) -> JobResult:
     """A grounded schema's template, checked by binding it to a one-character source (each request binds its own)."""
     from llguidance import LLMatcher
 
@@ -407,34 +408,55 @@ def _grounded(ctx: WorkerContext, tr: Translation) -> GroundedArtifact:
     plan = None
     if automaton_language and checked.consume_tokens(ctx.ll_tokenizer.tokenize_str(grounding.DOCUMENT_TAG)):
         plan = ctx.automaton_search.plan(checked, thorough=True)
-    return GroundedArtifact(
+    span_template, finished = _span_template_bounded(ctx, tr) if automaton_language else (None, True)
+    artifact = GroundedArtifact(
         tr.llg,
         tuple(tr.grounded),
         json.dumps(tr.grounded_schema),
         automaton_language=automaton_language,
         tags=tr.grounded_tags,
         plan=plan,
-        span_template=_span_template(ctx, tr) if automaton_language else None,
+        span_template=span_template,
     )
+    return JobResult(artifact, recycle=not finished)  # a build still running: start a fresh worker
+
+
+def _span_template_bounded(ctx: WorkerContext, tr: Translation) -> tuple[TemplateDFA | None, bool]:
+    """``_span_template`` within ``span_template_seconds`` (outlines_core's Index takes minutes on a few regexes:
+    a counted repetition of JSON's string unit, a uri-reference format), and whether it finished; unfinished, the
+    schema's requests are bound by llguidance (the same language) and the worker is recycled."""
+    result: list[TemplateDFA | None] = []
+
+    def run() -> None:
+        try:
+            result.append(_span_template(ctx, tr))
+        except Exception:  # (any refusal: llguidance binds the requests)
+            result.append(None)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(ctx.options.span_template_seconds)
+    return (result[0], True) if result else (None, False)
 
 
 def _span_template(ctx: WorkerContext, tr: Translation) -> TemplateDFA | None:
-    """The byte DFA our span automaton serves the schema with (grammar/span_automaton.py), where it can: every
-    grounded string without other keywords (intersections are llguidance's), one grounded string at a place, at
-    most ``span_template_states`` states; else None (llguidance serves each request, as before)."""
-    if tr.grounded_regex is None or any(slot.content for slot in tr.grounded):
+    """The byte DFA our span automaton serves the schema with (grammar/span_automaton.py), where it can: one
+    grounded string at a place, at most ``span_template_states`` template states and as many content states (the
+    grounded strings' other keywords, intersected); else None (llguidance binds each request, as before)."""
+    if tr.grounded_regex is None:
         return None
     try:
-        template = TemplateDFA.of_regex(tr.grounded_regex, len(tr.grounded))
+        template = TemplateDFA.of_regex(tr.grounded_regex, [slot.content for slot in tr.grounded])
     except GrammarError:
         return None
-    return template if len(template.hole) <= ctx.options.span_template_states else None
+    limit = ctx.options.span_template_states
+    return template if len(template.hole) <= limit and len(template.content_accepting) <= limit else None
 
 
 def _build(ctx: WorkerContext, tr: Translation) -> JobResult:
     opts = ctx.options
     if tr.grounded:
-        return JobResult(_grounded(ctx, tr))
+        return _grounded(ctx, tr)
     if opts.backend == "outlines":
         if tr.regex is None:
             raise GrammarError(f"cannot be compiled into a token automaton: {tr.why_not_regex}")

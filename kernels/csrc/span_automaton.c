@@ -144,75 +144,264 @@ int64_t loraplex_sam_states(const sam_t *a) { return a->states; }
  * UTF-8 continuation bytes to come. In an escape (1..5) a byte is read as symbol byte + 256. */
 #define QUOTE 34
 #define BACKSLASH 92
+#define SEPARATOR 512
+
+/* What one request's grammar reads with: the template (a byte DFA of the schema, one hole per grounded string), the
+ * content DFAs of the grounded strings' other keywords (their intersection, one DFA per string, all in one table),
+ * and the memo of which (span state, content state, decoder) can still end a value. */
+typedef struct {
+    const sam_t *a;
+    const int32_t *table;        /* [T, 256]: next template state, -1: none */
+    const int32_t *hole;         /* [T]: the state after the hole that starts at t, -1: none */
+    const int32_t *hole_content; /* [T]: the content DFA's start state for the hole at t, -1: no other keyword */
+    const uint8_t *dead;         /* [T]: 1 where this request's sources leave no way to the end */
+    const int32_t *ctable;       /* [Q, 256]: next content state, -1: none */
+    const uint8_t *caccept;      /* [Q] */
+    int64_t q_states;
+    int64_t fuel; /* product states one liveness question may expand before it is answered "no" (narrowing) */
+    /* memo: key (s, q, d) -> 1 live, 2 dead */
+    int64_t *keys;
+    uint8_t *values;
+    int64_t mask, used;
+    /* scratch of the liveness search */
+    int32_t *stack;
+    int64_t stack_cap;
+} grammar_t;
 
 typedef struct {
-    const int32_t *table; /* [template states, 256]: next template state, -1: none */
-    const int32_t *hole;  /* [template states]: the state after the hole (a grounded string's content), -1: none */
-} template_t;
-
-typedef struct {
-    int32_t t, s, d; /* template state; span state (-1: not in a hole); decoder */
+    int32_t t, s, d, q; /* template state; span state (-1: not in a hole); decoder; content state (-1: none) */
 } gstate_t;
 
-static inline int step(const sam_t *a, const template_t *tp, gstate_t *g, int b)
+static inline int next_decoder(int d, int b)
 {
-    if (g->s < 0) {
-        int32_t t = tp->table[(int64_t)g->t * 256 + b];
-        if (t < 0)
-            return 0;
-        g->t = t;
-        if (tp->hole[t] >= 0) { /* a hole starts: its content is read by the span automaton */
-            g->s = 0;
-            g->d = 0;
-        }
-        return 1;
-    }
-    int d = g->d;
-    if (d == 0 && b >= 0x80 && b < 0xc0) /* a continuation byte where a character starts: never a span's start */
-        return 0;
-    if (d == 0 && b == QUOTE) { /* the content ends: back to the template after the hole */
-        int32_t t = tp->table[(int64_t)tp->hole[g->t] * 256 + b];
-        if (t < 0)
-            return 0;
-        g->t = t;
-        g->s = -1;
-        if (tp->hole[t] >= 0) {
-            g->s = 0;
-            g->d = 0;
-        }
-        return 1;
-    }
-    int sym = (d >= 1 && d <= 5) ? b + 256 : b;
-    int32_t s = sam_get(a, g->s, sym);
-    if (s < 0)
-        return 0;
-    int nd;
     if (d == 0)
-        nd = b == BACKSLASH ? 1 : (b >= 0xf0 ? 8 : b >= 0xe0 ? 7 : b >= 0xc0 ? 6 : 0);
-    else if (d == 1)
-        nd = b == 'u' ? 5 : 0;
-    else if (d == 2 || d == 6)
-        nd = 0;
-    else
-        nd = d - 1;
-    g->s = s;
-    g->d = nd;
+        return b == BACKSLASH ? 1 : (b >= 0xf0 ? 8 : b >= 0xe0 ? 7 : b >= 0xc0 ? 6 : 0);
+    if (d == 1)
+        return b == 'u' ? 5 : 0;
+    if (d == 2 || d == 6)
+        return 0;
+    return d - 1;
+}
+
+static inline int64_t live_key(const grammar_t *g, int32_t s, int32_t q, int d)
+{
+    return ((int64_t)s * g->q_states + q) * 9 + d;
+}
+
+static int memo_get(const grammar_t *g, int64_t key)
+{
+    for (uint64_t i = mix((uint64_t)key) & (uint64_t)g->mask;; i = (i + 1) & (uint64_t)g->mask) {
+        if (g->keys[i] == key)
+            return g->values[i];
+        if (g->keys[i] < 0)
+            return 0;
+    }
+}
+
+static void memo_put(grammar_t *g, int64_t key, uint8_t value)
+{
+    if (2 * (g->used + 1) > g->mask + 1) { /* grow: keep the load under a half */
+        int64_t old_slots = g->mask + 1, slots = 2 * old_slots;
+        int64_t *keys = malloc(slots * sizeof *keys);
+        uint8_t *values = malloc(slots);
+        if (!keys || !values) { /* out of memory: forget this answer (it is found again when asked) */
+            free(keys);
+            free(values);
+            return;
+        }
+        memset(keys, 0xff, slots * sizeof *keys);
+        for (int64_t j = 0; j < old_slots; j++) {
+            if (g->keys[j] < 0)
+                continue;
+            uint64_t i = mix((uint64_t)g->keys[j]) & (uint64_t)(slots - 1);
+            while (keys[i] >= 0)
+                i = (i + 1) & (uint64_t)(slots - 1);
+            keys[i] = g->keys[j];
+            values[i] = g->values[j];
+        }
+        free(g->keys);
+        free(g->values);
+        g->keys = keys;
+        g->values = values;
+        g->mask = slots - 1;
+    }
+    uint64_t i = mix((uint64_t)key) & (uint64_t)g->mask;
+    while (g->keys[i] >= 0 && g->keys[i] != key)
+        i = (i + 1) & (uint64_t)g->mask;
+    if (g->keys[i] < 0)
+        g->used++;
+    g->keys[i] = key;
+    g->values[i] = value;
+}
+
+/* Whether a value in (span state s, content state q, decoder d) can still end: some continuation the span
+ * automaton reads leaves the decoder at a character boundary with the content DFA accepting. The span automaton
+ * is acyclic, so a depth-first search over the product ends; answers are memoised for the request. A search that
+ * expands more than the fuel answers no (the value is narrowed, never widened). */
+static int live(grammar_t *g, int32_t s, int32_t q, int d)
+{
+    if (q < 0 || (d == 0 && g->caccept[q]))
+        return 1;
+    int64_t root = live_key(g, s, q, d);
+    int known = memo_get(g, root);
+    if (known)
+        return known == 1;
+    const sam_t *a = g->a;
+    int64_t top = 0, fuel = g->fuel;
+    /* frames: s, q, d, the next edge of s to try */
+#define PUSH(S, Q, D)                                                                                                  \
+    do {                                                                                                               \
+        if (4 * (top + 1) > g->stack_cap) {                                                                            \
+            int64_t cap = 2 * g->stack_cap + 64;                                                                       \
+            int32_t *grown = realloc(g->stack, cap * sizeof *grown);                                                   \
+            if (!grown)                                                                                                \
+                return 0;                                                                                              \
+            g->stack = grown;                                                                                          \
+            g->stack_cap = cap;                                                                                        \
+        }                                                                                                              \
+        g->stack[4 * top] = (S);                                                                                       \
+        g->stack[4 * top + 1] = (Q);                                                                                   \
+        g->stack[4 * top + 2] = (D);                                                                                   \
+        g->stack[4 * top + 3] = a->first_edge[(S)];                                                                    \
+        top++;                                                                                                         \
+    } while (0)
+    PUSH(s, q, d);
+    while (top > 0) {
+        int32_t *f = g->stack + 4 * (top - 1);
+        int32_t e = f[3];
+        if (e < 0) { /* every edge tried: no way to the end from here */
+            memo_put(g, live_key(g, f[0], f[1], f[2]), 2);
+            top--;
+            continue;
+        }
+        f[3] = a->edge_next[e];
+        int sym = a->edge_sym[e];
+        if (sym >= SEPARATOR)
+            continue;
+        int b = sym & 255, fd = f[2];
+        int escaped = fd >= 1 && fd <= 5;
+        if ((escaped ? b + 256 : b) != sym || (fd == 0 && b >= 0x80 && b < 0xc0))
+            continue;
+        int32_t q2 = g->ctable[(int64_t)f[1] * 256 + b];
+        if (q2 < 0)
+            continue;
+        int d2 = next_decoder(fd, b);
+        int32_t s2 = sam_get(a, f[0], sym);
+        int found = (d2 == 0 && g->caccept[q2]) ? 1 : memo_get(g, live_key(g, s2, q2, d2));
+        if (found == 1) { /* a way to the end: from every state on the stack */
+            for (int64_t i = 0; i < top; i++)
+                memo_put(g, live_key(g, g->stack[4 * i], g->stack[4 * i + 1], g->stack[4 * i + 2]), 1);
+            return 1;
+        }
+        if (found == 2)
+            continue;
+        if (--fuel < 0) { /* out of fuel: the question is answered no, and remembered so */
+            memo_put(g, root, 2);
+            return 0;
+        }
+        PUSH(s2, q2, d2);
+    }
+#undef PUSH
+    return 0;
+}
+
+static inline int enter(grammar_t *g, gstate_t *st, int32_t t)
+{
+    if (g->dead[t])
+        return 0;
+    st->t = t;
+    st->s = -1;
+    st->d = 0;
+    st->q = -1;
+    if (g->hole[t] >= 0) { /* a hole starts: its content is read by the span automaton */
+        st->s = 0;
+        st->q = g->hole_content[t];
+        return live(g, 0, st->q, 0);
+    }
     return 1;
 }
 
-/* Reads bytes[0..n) from state[3] (t, s, d), writing the state reached; returns how many bytes were read (n: all). */
-int64_t loraplex_span_consume(const sam_t *a, const int32_t *table, const int32_t *hole, int32_t *state,
-                              const uint8_t *bytes, int64_t n)
+static inline int step(grammar_t *g, gstate_t *st, int b)
 {
-    template_t tp = {table, hole};
-    gstate_t g = {state[0], state[1], state[2]};
+    if (st->s < 0) {
+        int32_t t = g->table[(int64_t)st->t * 256 + b];
+        return t >= 0 && enter(g, st, t);
+    }
+    int d = st->d;
+    if (d == 0 && b >= 0x80 && b < 0xc0) /* a continuation byte where a character starts: never a span's start */
+        return 0;
+    if (d == 0 && b == QUOTE) { /* the content ends: back to the template after the hole */
+        if (st->q >= 0 && !g->caccept[st->q])
+            return 0;
+        int32_t t = g->table[(int64_t)g->hole[st->t] * 256 + b];
+        return t >= 0 && enter(g, st, t);
+    }
+    int sym = (d >= 1 && d <= 5) ? b + 256 : b;
+    int32_t s = sam_get(g->a, st->s, sym);
+    if (s < 0)
+        return 0;
+    int32_t q = st->q;
+    if (q >= 0) {
+        q = g->ctable[(int64_t)q * 256 + b];
+        if (q < 0)
+            return 0;
+    }
+    int nd = next_decoder(d, b);
+    if (q >= 0 && !live(g, s, q, nd))
+        return 0;
+    st->s = s;
+    st->d = nd;
+    st->q = q;
+    return 1;
+}
+
+grammar_t *loraplex_span_grammar_new(const sam_t *a, const int32_t *table, const int32_t *hole,
+                                     const int32_t *hole_content, const uint8_t *dead, const int32_t *ctable,
+                                     const uint8_t *caccept, int64_t q_states, int64_t fuel)
+{
+    grammar_t *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    *g = (grammar_t){a, table, hole, hole_content, dead, ctable, caccept, q_states > 0 ? q_states : 1, fuel};
+    g->mask = 63;
+    g->keys = malloc(64 * sizeof *g->keys);
+    g->values = malloc(64);
+    if (!g->keys || !g->values) {
+        free(g->keys);
+        free(g->values);
+        free(g);
+        return NULL;
+    }
+    memset(g->keys, 0xff, 64 * sizeof *g->keys);
+    return g;
+}
+
+void loraplex_span_grammar_free(grammar_t *g)
+{
+    if (!g)
+        return;
+    free(g->keys);
+    free(g->values);
+    free(g->stack);
+    free(g);
+}
+
+/* Whether a value can start and end in the hole at template state t (its content DFA's start, from the span
+ * automaton's start): 0 where no span of the sources satisfies the string's other keywords. */
+int64_t loraplex_span_hole_live(grammar_t *g, int32_t t) { return live(g, 0, g->hole_content[t], 0); }
+
+/* Reads bytes[0..n) from state[4] (t, s, d, q), writing the state reached; returns how many bytes were read. */
+int64_t loraplex_span_consume(grammar_t *g, int32_t *state, const uint8_t *bytes, int64_t n)
+{
+    gstate_t st = {state[0], state[1], state[2], state[3]};
     int64_t i = 0;
     for (; i < n; i++)
-        if (!step(a, &tp, &g, bytes[i]))
+        if (!step(g, &st, bytes[i]))
             break;
-    state[0] = g.t;
-    state[1] = g.s;
-    state[2] = g.d;
+    state[0] = st.t;
+    state[1] = st.s;
+    state[2] = st.d;
+    state[3] = st.q;
     return i;
 }
 
@@ -220,44 +409,37 @@ int64_t loraplex_span_consume(const sam_t *a, const int32_t *table, const int32_
 /* Trie nodes in breadth-first order, node 0 the root; node i's children are child_node[child_start[i] ..
  * child_start[i + 1]) on bytes child_byte[...]; the tokens whose bytes end at node i are
  * token_ids[token_start[i] .. token_start[i + 1]). */
-typedef struct {
-    const int32_t *child_start, *child_node, *token_start, *token_ids;
-    const uint8_t *child_byte;
-} trie_t;
 
-/* Sets the bit of every token readable from state[3] in mask (uint32 words, LSB first; not cleared first).
- * stack: int32 scratch of 4 x the trie's nodes (a node is pushed at most once). Returns the trie nodes reached. */
-int64_t loraplex_span_mask(const sam_t *a, const int32_t *table, const int32_t *hole, const int32_t *state,
-                           const int32_t *child_start, const int32_t *child_node, const uint8_t *child_byte,
-                           const int32_t *token_start, const int32_t *token_ids, uint32_t *mask, int32_t *stack)
+/* Sets the bit of every token readable from state[4] in mask (uint32 words, LSB first; not cleared first).
+ * stack: int32 scratch of 5 x the trie's nodes (a node is pushed at most once). Returns the trie nodes reached. */
+int64_t loraplex_span_mask(grammar_t *g, const int32_t *state, const int32_t *child_start, const int32_t *child_node,
+                           const uint8_t *child_byte, const int32_t *token_start, const int32_t *token_ids,
+                           uint32_t *mask, int32_t *stack)
 {
-    template_t tp = {table, hole};
-    trie_t tr = {child_start, child_node, token_start, token_ids, child_byte};
-    int64_t top = 0, visited = 0;
+    int64_t top = 1, visited = 0;
     stack[0] = 0;
-    stack[1] = state[0];
-    stack[2] = state[1];
-    stack[3] = state[2];
-    top = 1;
+    memcpy(stack + 1, state, 4 * sizeof *stack);
     while (top > 0) {
         top--;
-        int32_t node = stack[4 * top];
-        gstate_t from = {stack[4 * top + 1], stack[4 * top + 2], stack[4 * top + 3]};
-        for (int32_t c = tr.child_start[node]; c < tr.child_start[node + 1]; c++) {
-            gstate_t g = from;
-            if (!step(a, &tp, &g, tr.child_byte[c]))
+        int32_t node = stack[5 * top];
+        gstate_t from = {stack[5 * top + 1], stack[5 * top + 2], stack[5 * top + 3], stack[5 * top + 4]};
+        for (int32_t c = child_start[node]; c < child_start[node + 1]; c++) {
+            gstate_t st = from;
+            if (!step(g, &st, child_byte[c]))
                 continue;
-            int32_t child = tr.child_node[c];
+            int32_t child = child_node[c];
             visited++;
-            for (int32_t k = tr.token_start[child]; k < tr.token_start[child + 1]; k++) {
-                uint32_t id = (uint32_t)tr.token_ids[k];
+            for (int32_t k = token_start[child]; k < token_start[child + 1]; k++) {
+                uint32_t id = (uint32_t)token_ids[k];
                 mask[id >> 5] |= 1u << (id & 31);
             }
-            if (tr.child_start[child] < tr.child_start[child + 1]) {
-                stack[4 * top] = child;
-                stack[4 * top + 1] = g.t;
-                stack[4 * top + 2] = g.s;
-                stack[4 * top + 3] = g.d;
+            if (child_start[child] < child_start[child + 1]) {
+                int32_t *f = stack + 5 * top;
+                f[0] = child;
+                f[1] = st.t;
+                f[2] = st.s;
+                f[3] = st.d;
+                f[4] = st.q;
                 top++;
             }
         }
@@ -265,40 +447,37 @@ int64_t loraplex_span_mask(const sam_t *a, const int32_t *table, const int32_t *
     return visited;
 }
 
-/* Which bytes can be read from state[3]: out[b] = 1 or 0; returns how many can. */
-int64_t loraplex_span_next_bytes(const sam_t *a, const int32_t *table, const int32_t *hole, const int32_t *state,
-                                 uint8_t *out)
+/* Which bytes can be read from state[4]: out[b] = 1 or 0; returns how many can. */
+int64_t loraplex_span_next_bytes(grammar_t *g, const int32_t *state, uint8_t *out)
 {
-    template_t tp = {table, hole};
     int64_t count = 0;
     for (int b = 0; b < 256; b++) {
-        gstate_t g = {state[0], state[1], state[2]};
-        out[b] = (uint8_t)step(a, &tp, &g, b);
+        gstate_t st = {state[0], state[1], state[2], state[3]};
+        out[b] = (uint8_t)step(g, &st, b);
         count += out[b];
     }
     return count;
 }
 
-/* The bytes every continuation from state[3] starts with, up to limit (none where the output may end: the
+/* The bytes every continuation from state[4] starts with, up to limit (none where the output may end: the
  * template's accepting[t] outside a hole); returns how many were written to out. */
-int64_t loraplex_span_forced(const sam_t *a, const int32_t *table, const int32_t *hole, const uint8_t *accepting,
-                             const int32_t *state, uint8_t *out, int64_t limit)
+int64_t loraplex_span_forced(grammar_t *g, const uint8_t *accepting, const int32_t *state, uint8_t *out,
+                             int64_t limit)
 {
-    template_t tp = {table, hole};
-    gstate_t g = {state[0], state[1], state[2]};
+    gstate_t st = {state[0], state[1], state[2], state[3]};
     int64_t n = 0;
-    while (n < limit && !(g.s < 0 && accepting[g.t])) {
+    while (n < limit && !(st.s < 0 && accepting[st.t])) {
         int only = -1, count = 0;
         for (int b = 0; b < 256 && count < 2; b++) {
-            gstate_t probe = g;
-            if (step(a, &tp, &probe, b)) {
+            gstate_t probe = st;
+            if (step(g, &probe, b)) {
                 only = b;
                 count++;
             }
         }
         if (count != 1)
             break;
-        step(a, &tp, &g, only);
+        step(g, &st, only);
         out[n++] = (uint8_t)only;
     }
     return n;

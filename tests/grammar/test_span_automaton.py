@@ -9,16 +9,18 @@ import json
 import random
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 import torch
 
-from loraplex.grammar import StructuredSpec
+from loraplex.grammar import GrammarError, StructuredSpec
 from loraplex.grammar.grounding import SourceText
 from loraplex.grammar.span_automaton import (
     ReferenceSpans,
     SpanAutomaton,
     SpanMatcher,
+    SpanRequest,
     TemplateDFA,
     TokenTrie,
     reference_mask,
@@ -26,7 +28,7 @@ from loraplex.grammar.span_automaton import (
 )
 from tests.c_kernels import needs_c_kernels
 from tests.grammar.helpers import EOS, allowed_ids
-from tests.grammar.test_grammar_grounded import random_source
+from tests.grammar.test_grammar_grounded import random_schema, random_source
 
 G = {"type": "string", "x-loraplex-grounded": True}
 
@@ -69,7 +71,7 @@ def template_of(compiler, schema: dict[str, Any]) -> TemplateDFA:
 
     tr = translate(StructuredSpec(json=schema), CompileOptions())
     assert tr.grounded_regex is not None
-    return TemplateDFA.of_regex(tr.grounded_regex, len(tr.grounded))
+    return TemplateDFA.of_regex(tr.grounded_regex, [slot.content for slot in tr.grounded])
 
 
 @needs_c_kernels
@@ -78,15 +80,17 @@ def test_the_c_masks_equal_the_python_reference(compiler, trie, seed):
     rng = random.Random(seed)
     sources = [SourceText(1, random_source(rng)), SourceText(3, random_source(rng))]
     template = template_of(compiler, {"type": "object", "properties": {"a": G, "b": {"type": "array", "items": G}}})
-    spans, reference = SpanAutomaton(sources), ReferenceSpans(source_symbols(sources).tolist())
-    matcher = SpanMatcher(spans, template, trie)
+    reference = ReferenceSpans(source_symbols(sources).tolist())
+    matcher = SpanMatcher(SpanRequest(SpanAutomaton(sources), template), trie)
     token_bytes = compiler.vocab.token_bytes
     words = np.zeros(compiler.vocab.words, dtype=np.uint32)
     for _ in range(14):
         words[:] = 0
         matcher.mask(words)
         ours = set(allowed_ids(torch.from_numpy(words.view(np.int32))))
-        assert ours == reference_mask(reference, template, token_bytes, matcher.key())
+        t, s, d, q = matcher.key()
+        assert q == -1  # (no other keyword: the reference has no content DFA)
+        assert ours == reference_mask(reference, template, token_bytes, (t, s, d))
         if not ours:
             break
         inside = [t for t in sorted(ours) if b'"' not in token_bytes[t]]  # mostly stay inside a value
@@ -111,26 +115,47 @@ def random_plain_schema(rng: random.Random, depth: int = 0) -> dict[str, Any]:
     return {"type": "string", "maxLength": 4}
 
 
-def both_bindings(compiler, schema: dict[str, Any], sources: list[SourceText]):
-    """The request bound by the span automaton (what the compiler serves) and by llguidance (the same template
-    without it)."""
-    spec = StructuredSpec(json=schema)
-    template = compiler.prepare(spec).result()
-    assert template.spans is not None, "a grounded schema without other keywords is the span automaton's"
+def llguidance_binding(compiler, schema: dict[str, Any], sources: list[SourceText]):
+    """The request bound by llguidance: the compiler's template with the span automaton switched off."""
+    template = compiler.prepare(StructuredSpec(json=schema)).result()
+    assert template.spans is not None, "a grounded response format is the span automaton's"
     by_llguidance = copy.copy(template)
     by_llguidance.spans = None
-    return compiler.compile(spec, sources), by_llguidance.bind(sources)
+    return by_llguidance.bind(sources)
+
+
+def both_bindings(compiler, schema: dict[str, Any], sources: list[SourceText]):
+    """The request bound by the span automaton (what the compiler serves) and by llguidance."""
+    return compiler.compile(StructuredSpec(json=schema), sources), llguidance_binding(compiler, schema, sources)
 
 
 @needs_c_kernels
+@pytest.mark.parametrize("keywords", [False, True], ids=["grounded only", "with other keywords"])
 @pytest.mark.parametrize("seed", range(16))
-def test_masks_equal_llguidance_token_by_token_under_a_budget(compiler, seed):
+def test_masks_equal_llguidance_token_by_token_under_a_budget(compiler, seed, keywords):
     rng = random.Random(seed)
-    schema = random_plain_schema(rng)
+    schema = random_schema(rng, 0, [], "") if keywords else random_plain_schema(rng)
     if "x-loraplex-grounded" not in json.dumps(schema):
         schema = {"type": "object", "properties": {"g": G, "other": schema}, "required": ["g"]}
-    sources = [SourceText(i * 2 + 1, random_source(rng)) for i in range(rng.randint(1, 3))]
-    ours, theirs = both_bindings(compiler, schema, sources)
+    # several requests of one schema (the completions every request shares are found by one, used by the next),
+    # one of them with no text at all
+    for sources in (
+        [SourceText(i * 2 + 1, random_source(rng)) for i in range(rng.randint(1, 3))],
+        [SourceText(1, "")],
+        [SourceText(1, random_source(rng))],
+    ):
+        compare_with_llguidance(compiler, schema, sources, rng)
+
+
+def compare_with_llguidance(compiler, schema: dict[str, Any], sources: list[SourceText], rng: random.Random) -> None:
+    """Random walks under random budgets, every mask, forced run and budget decision of the two bindings equal."""
+    try:
+        ours, theirs = both_bindings(compiler, schema, sources)
+    except GrammarError as e:  # a required grounded string no span satisfies: refused by both, in the same words
+        with pytest.raises(GrammarError) as theirs_error:
+            llguidance_binding(compiler, schema, sources)
+        assert (e.code, str(e)) == (theirs_error.value.code, str(theirs_error.value))
+        return
     assert (ours.backend, theirs.backend) == ("span", "llguidance")
     assert ours.min_tokens == theirs.min_tokens and ours.narrowing == theirs.narrowing
     for _ in range(3):
@@ -166,12 +191,36 @@ def test_masks_equal_llguidance_token_by_token_under_a_budget(compiler, seed):
 
 
 @needs_c_kernels
-def test_keywords_beside_grounding_stay_with_llguidance(compiler):
-    sources = [SourceText(1, "order ABC-12")]
-    for extra in ({"maxLength": 3}, {"pattern": "^[A-Z]+$"}, {"enum": ["ABC", "x"]}):
+def test_keywords_beside_grounding_are_intersected_by_the_span_automaton(compiler):
+    sources = [SourceText(1, "order ABC-12, code XY, ticket 7")]
+    for extra, values in (
+        ({"maxLength": 3}, None),
+        ({"pattern": "^[A-Z]+$"}, {"A", "AB", "ABC", "B", "BC", "C", "X", "XY", "Y"}),
+        ({"enum": ["ABC", "x", "XY"]}, {"ABC", "XY"}),
+        ({"minLength": 6, "pattern": "^[A-Z]{3}-[0-9]+$"}, {"ABC-12"}),
+    ):
         grammar = compiler.compile(StructuredSpec(json={**G, **extra}), sources)
-        assert grammar.backend == "llguidance", extra
-    assert compiler.compile(StructuredSpec(json=G), sources).backend == "span"
+        assert grammar.backend == "span", extra
+        rng = random.Random(0)
+        seen = set()
+        for _ in range(25):
+            m = grammar.new_matcher()
+            mask = torch.zeros(m.bitmask_words(), dtype=torch.int32)
+            out: list[int] = []
+            for step in range(12):
+                m.fill_bitmask(mask, 12 - step)
+                token = rng.choice(allowed_ids(mask))
+                if m.needs_budget_check() and not m.fits_budget(token, 12 - step - 1):
+                    token = m.budget_fallback()
+                assert m.accept_token(token)
+                if token == EOS:
+                    break
+                out.append(token)
+            value = json.loads(b"".join(compiler.vocab.token_bytes[t] or b"" for t in out).decode())
+            assert value in sources[0].text and jsonschema.Draft202012Validator({**G, **extra}).is_valid(value)
+            seen.add(value)
+        if values is not None:
+            assert seen <= values, extra
 
 
 @needs_c_kernels
@@ -195,3 +244,28 @@ def test_a_large_source_is_served_and_every_value_is_a_span(compiler):
             out.append(token)
         values = json.loads(b"".join(compiler.vocab.token_bytes[t] or b"" for t in out).decode())
         assert all(v in text for v in values)
+
+
+@needs_c_kernels
+def test_completions_that_hold_for_every_source_are_shared_and_others_are_not(compiler):
+    free = {"type": "object", "properties": {"a": G, "n": {"type": "integer"}}, "required": ["a", "n"]}
+    needs_text = {"type": "object", "properties": {"a": {**G, "minLength": 1}}, "required": ["a"]}
+    for schema, shared in ((free, True), (needs_text, False)):
+        spec = StructuredSpec(json=schema)
+        template = compiler.prepare(spec).result()
+        first = compiler.compile(spec, [SourceText(1, "Ada Lovelace")])
+        brace = compiler.vocab.token_bytes.index(b"{")
+        m = first.new_matcher()
+        assert m.accept_token(brace)  # (off the start's plan, which the worker made)
+        m.fill_bitmask(torch.zeros(m.bitmask_words(), dtype=torch.int32), 1)  # a tight budget: a plan is made
+        paths = template.spans.shared.paths
+        assert bool(paths) == shared, schema
+        for key, (path, _) in paths.items():  # a shared completion reads no grounded string's content
+            assert key[1] == -1 and path is not None
+        second = compiler.compile(spec, [SourceText(1, "Grace Hopper")])
+        n = second.new_matcher()
+        assert n.accept_token(brace)
+        if shared:  # the second request finds the first one's completion without searching
+            before = second.search.masks_computed
+            assert n.min_tokens_to_accept() == m.min_tokens_to_accept()
+            assert second.search.masks_computed == before

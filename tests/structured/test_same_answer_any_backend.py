@@ -5,6 +5,8 @@ budget logic shows in its outputs; the real SmolLM2 model checks the extraction 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from loraplex.engine import LLM, SamplingParams
@@ -99,27 +101,38 @@ GROUNDED_SCHEMAS = [
         "type": "object",
         "properties": {"who": {"anyOf": [GROUNDED, {"type": "null"}]}, "tags": {"type": "array", "items": GROUNDED}},
     },
+    {  # other keywords beside the grounding: intersected
+        "type": "object",
+        "properties": {
+            "short": {**GROUNDED, "maxLength": 6},
+            "word": {**GROUNDED, "pattern": "^[A-Za-z]+$", "minLength": 2},
+            "pick": {**GROUNDED, "enum": ["nurse", "nowhere-in-the-text", "Valencia"]},
+            "absent": {**GROUNDED, "pattern": "^[0-9]{5}$"},  # no span fits: narrowed, said so
+        },
+        "required": ["short", "word"],
+    },
 ]
 
 
 def test_grounded_values_give_the_same_tokens_from_our_span_automaton_and_llguidance(tiny_llama_dir, monkeypatch):
-    """A grounded schema without other keywords is bound to our span automaton; the same requests bound by
-    llguidance (the span automaton switched off) must give the same tokens, budgets tight and loose."""
+    """A grounded response format is bound to our span automaton; the same requests bound by llguidance (the span
+    automaton switched off) must give the same tokens and narrowing, budgets tight and loose."""
     from loraplex.grammar.compiler import GrammarCompiler
     from loraplex.grammar.grounding import SourceText
 
     text, _ = TASKS[0]
     sources = (SourceText(1, text),)
 
-    def run() -> tuple[list[tuple[list[int], str | None]], list[str]]:
+    def run() -> tuple[list[Any], list[str]]:
         llm = LLM(model=str(tiny_llama_dir), num_kv_blocks=512, enable_prefix_caching=False)
         compiler = llm.engine.structured.compiler
         try:
-            prompts, params, served = [], [], []
+            prompts, params, served, narrowings = [], [], [], []
             for schema in GROUNDED_SCHEMAS:
                 spec = StructuredSpec(json=schema)
                 grammar = compiler.compile(spec, sources)
                 served.append(grammar.backend)
+                narrowings.append(grammar.narrowing)
                 for slack in (0, 2, 12, 60):
                     prompts.append(llm.chat_prompt(messages(text, schema)))
                     params.append(
@@ -130,7 +143,7 @@ def test_grounded_values_give_the_same_tokens_from_our_span_automaton_and_llguid
                             grounding_sources=sources,
                         )
                     )
-            return _answers(llm, prompts, params), served
+            return [*_answers(llm, prompts, params), narrowings], served
         finally:
             compiler.close()
 
@@ -140,3 +153,4 @@ def test_grounded_values_give_the_same_tokens_from_our_span_automaton_and_llguid
     theirs, served = run()
     assert set(served) == {"llguidance"}
     assert ours == theirs
+    assert any("/properties/absent" in n for n in ours[-1][-1])  # (the narrowing is said, by both)
