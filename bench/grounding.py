@@ -1,23 +1,16 @@
 """What grounded values cost: `python -P -m bench.grounding`.
 
 For source texts of 1,000 to 100,000 characters (prose with quotes, backslashes and newlines, the fields to
-extract planted in it) and an extraction schema with three grounded strings, one grounded array and a number:
+extract planted in it) and an extraction schema with three grounded strings, one grounded array and a number, once
+with the strings' other keywords (pattern, maxLength, format) and once without:
 
-* build: the per-request part (GroundedTemplate.bind: llguidance's span automaton, the completion plan, the check of
-  strings with other keywords), median of 3, per 10,000 characters, and how much of it is llguidance building the
-  request's grammar (``Grounding.build_seconds``; the rest is our Python around it: the grammar text, the checks
-  and the plan);
-* masks: the same token paths (random walks of the grounded language, which the ungrounded one also allows) replayed
-  through the grounded matcher and through the same schema without the keyword, served by llguidance (a schema's
-  first requests) and by the token automaton (after the background build); p50 and p99 of `fill_bitmask`, and the
-  grounded p99 over each ungrounded p99. The grounded paths are replayed twice: through the grammar the walks were
-  drawn from (its lexer states already built: "warm") and each through a grammar bound for it alone, as a request
-  is served ("as served": llguidance builds lexer states on first use, so the first masks of a bind cost more).
-
-A second table does the same for the schema with its grounded strings' other keywords removed: what our own span
-automaton serves (grammar/span_automaton.py; strings with other keywords stay with llguidance). There the build is
-the span automaton's bind (``Grounding.build_seconds``) against llguidance's bind of the same template and sources,
-and the masks are replayed through both bound grammars and the ungrounded schema's token automaton.
+* build: the per-request part, our span automaton's bind (``Grounding.build_seconds``; grammar/span_automaton.py),
+  median of 5, and per 10,000 characters; beside it llguidance's bind of the same template and text (what served
+  grounded values before, and still does where the span automaton cannot: no C compiler, a template too large);
+* masks: random walks of the grounded language replayed through each binding, each path through a grammar bound
+  for it alone (as a request is served: nothing cached from the walks), and through the same schema without the
+  keyword, served by llguidance (a schema's first requests) and by the token automaton (after the background
+  build); p50 and p99 of `fill_bitmask`, and the span automaton's p99 over each other p99.
 
 The vocabulary is SmolLM2's (the bundled model); no model runs.
 """
@@ -124,63 +117,42 @@ def main() -> None:
         GrammarCompiler(tokenizer, eos_token_ids=eos, vocab_size=49152) as auto,
         GrammarCompiler(tokenizer, eos_token_ids=eos, vocab_size=49152, backend="llguidance") as llg,
     ):
-        plain_llg = llg.compile(StructuredSpec(json=schema(False)))
-        auto.compile(StructuredSpec(json=schema(False)))
-        auto.wait_for_upgrades(300)
-        plain_automaton = auto.compile(StructuredSpec(json=schema(False)))
-        template = auto.compile(StructuredSpec(json=schema(True)), [SourceText(0, PLANTED)])  # compiles the template
-        print(f"ungrounded served by: {plain_llg.backend} and {plain_automaton.backend}; grounded: {template.backend}")
-        print(
-            "| source chars | build ms (median of 3) | of which llguidance | ms per 10k chars | grounded mask p50 / "
-            "p99 ms, warm | as served | ungrounded llguidance p50 / p99 | automaton p50 / p99 | p99 ratio vs "
-            "llguidance / automaton, warm | as served |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        spec = StructuredSpec(json=schema(True))
-        for chars in (int(s) for s in args.sizes.split(",")):
-            text = source(chars, rng)
-            builds = []
-            for _ in range(3):
-                t = time.perf_counter()
-                grammar = auto.compile(spec, [SourceText(1, text)])
-                assert grammar.grounding is not None
-                builds.append((time.perf_counter() - t, grammar.grounding.build_seconds))
-            build, llguidance = (statistics.median(b[i] for b in builds) * 1e3 for i in (0, 1))
-            paths = [walk(grammar, rng, budget) for _ in range(args.walks)]
-            g, u, a = (mask_times(x, paths, budget) for x in (grammar, plain_llg, plain_automaton))
-            served = [t for x in paths for t in mask_times(auto.compile(spec, [SourceText(1, text)]), [x], budget)]
-            print(
-                f"| {len(text)} | {build:.1f} | {llguidance:.1f} | {build / len(text) * 1e4:.1f} | "
-                f"{p(g, 0.5):.3f} / {p(g, 0.99):.3f} | {p(served, 0.5):.3f} / {p(served, 0.99):.3f} | "
-                f"{p(u, 0.5):.3f} / {p(u, 0.99):.3f} | {p(a, 0.5):.3f} / {p(a, 0.99):.3f} | "
-                f"{p(g, 0.99) / p(u, 0.99):.2f}x / {p(g, 0.99) / p(a, 0.99):.2f}x | "
-                f"{p(served, 0.99) / p(u, 0.99):.2f}x / {p(served, 0.99) / p(a, 0.99):.2f}x |"
-            )
-
-        span_table(auto, args, rng, budget)
+        for keywords in (True, False):
+            span_table(auto, llg, args, rng, budget, keywords)
 
 
-def span_table(auto: GrammarCompiler, args: argparse.Namespace, rng: random.Random, budget: int) -> None:
-    """The schema without other keywords beside grounding: our span automaton against llguidance's bind."""
+def span_table(
+    auto: GrammarCompiler,
+    llg: GrammarCompiler,
+    args: argparse.Namespace,
+    rng: random.Random,
+    budget: int,
+    keywords: bool,
+) -> None:
+    """One table: the schema grounded (our span automaton's bind, and llguidance's of the same template) and not
+    (served by llguidance, and by the token automaton after its build)."""
     import copy
 
-    spec = StructuredSpec(json=schema(True, keywords=False))
-    plain = StructuredSpec(json=schema(False, keywords=False))
+    spec = StructuredSpec(json=schema(True, keywords=keywords))
+    plain = StructuredSpec(json=schema(False, keywords=keywords))
+    plain_llg = llg.compile(plain)
     auto.compile(plain)
     auto.wait_for_upgrades(300)
     plain_automaton = auto.compile(plain)
     template = auto.prepare(spec).result()
     llg_template = copy.copy(template)
     llg_template.spans = None  # the same template bound by llguidance
+    served = auto.compile(spec, [SourceText(0, PLANTED)]).backend
     print(
-        f"\nwithout other keywords: grounded served by {auto.compile(spec, [SourceText(0, PLANTED)]).backend}, "
-        f"ungrounded by {plain_automaton.backend}"
+        f"\n{'with' if keywords else 'without'} other keywords beside the grounding: grounded served by {served}, "
+        f"ungrounded by {plain_llg.backend} and then {plain_automaton.backend}"
     )
     print(
         "| source chars | span automaton build ms (median of 5) | per 10k chars | llguidance bind ms | span mask p50 / "
-        "p99 ms | llguidance-bound p50 / p99 | ungrounded automaton p50 / p99 | span p99 vs llguidance / automaton |"
+        "p99 ms, as served | llguidance-bound p50 / p99, as served | ungrounded: llguidance p50 / p99 | token "
+        "automaton p50 / p99 | span p99 vs llguidance-bound / ungrounded llguidance / ungrounded automaton |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for chars in (int(s) for s in args.sizes.split(",")):
         text = source(chars, rng)
         sources = [SourceText(1, text)]
@@ -192,15 +164,21 @@ def span_table(auto: GrammarCompiler, args: argparse.Namespace, rng: random.Rand
         llg_builds = []
         for _ in range(3):
             t = time.perf_counter()
-            bound = llg_template.bind(sources)
+            llg_template.bind(sources)
             llg_builds.append(time.perf_counter() - t)
         build, llg_build = statistics.median(builds) * 1e3, statistics.median(llg_builds) * 1e3
         paths = [walk(grammar, rng, budget) for _ in range(args.walks)]
-        g, u, a = (mask_times(x, paths, budget) for x in (grammar, bound, plain_automaton))
+        # as served: each path through a grammar bound for it alone (what a request's masks cost: nothing of the
+        # walks above is cached in it)
+        g = [t for x in paths for t in mask_times(auto.compile(spec, sources), [x], budget)]
+        u = [t for x in paths for t in mask_times(llg_template.bind(sources), [x], budget)]
+        a = mask_times(plain_automaton, paths, budget)
+        n = mask_times(plain_llg, paths, budget)
         print(
             f"| {len(text)} | {build:.2f} | {build / len(text) * 1e4:.2f} | {llg_build:.1f} | "
             f"{p(g, 0.5):.3f} / {p(g, 0.99):.3f} | {p(u, 0.5):.3f} / {p(u, 0.99):.3f} | "
-            f"{p(a, 0.5):.3f} / {p(a, 0.99):.3f} | {p(g, 0.99) / p(u, 0.99):.2f}x / {p(g, 0.99) / p(a, 0.99):.2f}x |"
+            f"{p(n, 0.5):.3f} / {p(n, 0.99):.3f} | {p(a, 0.5):.3f} / {p(a, 0.99):.3f} | "
+            f"{p(g, 0.99) / p(u, 0.99):.2f}x / {p(g, 0.99) / p(n, 0.99):.2f}x / {p(g, 0.99) / p(a, 0.99):.2f}x |"
         )
 
 
