@@ -497,6 +497,7 @@ class SpanMatcher:
     def __init__(self, request: SpanRequest, trie: TokenTrie, state: np.ndarray | None = None) -> None:
         self.request, self.trie = request, trie
         self.state = request.start() if state is None else state  # (t, s, d, q)
+        self._state = ctypes.c_void_p(self.state.ctypes.data)  # (its address, as ctypes passes it without converting)
         self.visited = 0  # trie nodes the last mask reached
         self._lib = request._lib
         self._g = request._handle  # (the request, kept above, owns it)
@@ -506,6 +507,7 @@ class SpanMatcher:
         )
         self._accepting = p(_ptr(request.accepting))
         self._stack = _stack_for(trie)
+        self._stack_ptr = p(_ptr(self._stack))
         self._forced_buf = np.empty(4096, dtype=np.uint8)
 
     def copy(self) -> SpanMatcher:
@@ -513,6 +515,7 @@ class SpanMatcher:
         twin = object.__new__(SpanMatcher)
         twin.__dict__.update(self.__dict__)
         twin.state = self.state.copy()
+        twin._state = ctypes.c_void_p(twin.state.ctypes.data)
         return twin
 
     def key(self) -> tuple[int, int, int, int]:
@@ -521,12 +524,7 @@ class SpanMatcher:
 
     def consume(self, data: bytes) -> bool:
         """Read ``data``; False (state unchanged) if some byte is not allowed."""
-        trial = self.state.copy()
-        buf = np.frombuffer(data, dtype=np.uint8)
-        if self._lib.loraplex_span_consume(self._g, _ptr(trial), _ptr(buf), len(data)) != len(data):
-            return False
-        self.state[:] = trial
-        return True
+        return bool(self._lib.loraplex_span_consume(self._g, self._state, data, len(data)) == len(data))
 
     @property
     def accepting(self) -> bool:
@@ -535,20 +533,18 @@ class SpanMatcher:
     def next_bytes(self) -> np.ndarray:
         """uint8 [256]: 1 where that byte can be read from here."""
         out = np.zeros(256, dtype=np.uint8)
-        self._lib.loraplex_span_next_bytes(self._g, _ptr(self.state), _ptr(out))
+        self._lib.loraplex_span_next_bytes(self._g, self._state, _ptr(out))
         return out
 
     def forced_bytes(self) -> bytes:
         """The bytes every continuation from here starts with (empty where the output may end here), at most 4096."""
         buf = self._forced_buf
-        n = self._lib.loraplex_span_forced(self._g, self._accepting, _ptr(self.state), _ptr(buf), len(buf))
+        n = self._lib.loraplex_span_forced(self._g, self._accepting, self._state, _ptr(buf), len(buf))
         return buf[:n].tobytes()
 
     def mask_into(self, ptr: int) -> None:
         """Set the bit of every token readable from here in the uint32 words at ``ptr`` (not cleared first)."""
-        self.visited = int(
-            self._lib.loraplex_span_mask(self._g, _ptr(self.state), *self._trie_args, ptr, _ptr(self._stack))
-        )
+        self.visited = int(self._lib.loraplex_span_mask(self._g, self._state, *self._trie_args, ptr, self._stack_ptr))
 
     def mask(self, out: np.ndarray) -> None:
         """``mask_into`` a numpy array of words."""

@@ -390,19 +390,20 @@ void loraplex_span_grammar_free(grammar_t *g)
  * automaton's start): 0 where no span of the sources satisfies the string's other keywords. */
 int64_t loraplex_span_hole_live(grammar_t *g, int32_t t) { return live(g, 0, g->hole_content[t], 0); }
 
-/* Reads bytes[0..n) from state[4] (t, s, d, q), writing the state reached; returns how many bytes were read. */
+/* Reads bytes[0..n) from state[4] (t, s, d, q); returns how many bytes were read, and writes the state reached only
+ * when that is all of them (else state is left as it was). */
 int64_t loraplex_span_consume(grammar_t *g, int32_t *state, const uint8_t *bytes, int64_t n)
 {
     gstate_t st = {state[0], state[1], state[2], state[3]};
     int64_t i = 0;
     for (; i < n; i++)
         if (!step(g, &st, bytes[i]))
-            break;
+            return i;
     state[0] = st.t;
     state[1] = st.s;
     state[2] = st.d;
     state[3] = st.q;
-    return i;
+    return n;
 }
 
 /* ---- masks: the vocabulary's byte trie walked from a state --------------------------------------------------- */
