@@ -1,9 +1,10 @@
 """A schema with grounded values (grammar/grounding.py): compiled once as a template, bound to each request's
 source text as an ordinary llguidance grammar.
 
-The template is what the compiler caches; it serves no request itself (``new_matcher`` refuses). Where every
-grounded string is free of other keywords, ``bind`` hands the request to our span automaton instead (``spans``:
-grammar/span_grammar.py), which enforces the same language in a fraction of the build time. ``bind`` builds
+The template is what the compiler caches; it serves no request itself (``new_matcher`` refuses). Where our span
+automaton serves the schema (a response format whose template the compile worker could build: ``spans``,
+grammar/span_grammar.py), ``bind`` hands each request to it: the same language in a fraction of the build time.
+Otherwise (tool calls, no C compiler, a template too large) ``bind`` builds
 the request's grammar (the span terminal of its sources: llguidance's suffix automaton), plans its shortest
 completion (the budget logic of grammar/budget.py, as for every llguidance grammar), and finds the grounded
 strings no span of this source can satisfy: where that leaves no output the request is refused by name, else the
