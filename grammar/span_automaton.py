@@ -506,8 +506,8 @@ class SpanMatcher:
             p(_ptr(a)) for a in (trie.child_start, trie.child_node, trie.child_byte, trie.token_start, trie.token_ids)
         )
         self._accepting = p(_ptr(request.accepting))
-        self._stack = _stack_for(trie)
-        self._stack_ptr = p(_ptr(self._stack))
+        self._stack_thread = -1  # the thread whose walk scratch _stack_ptr points to (looked up at the first mask)
+        self._stack_ptr = p(0)
         self._forced_buf = np.empty(4096, dtype=np.uint8)
 
     def copy(self) -> SpanMatcher:
@@ -544,6 +544,11 @@ class SpanMatcher:
 
     def mask_into(self, ptr: int) -> None:
         """Set the bit of every token readable from here in the uint32 words at ``ptr`` (not cleared first)."""
+        thread = threading.get_ident()
+        if (
+            thread != self._stack_thread
+        ):  # (a matcher made on one thread may walk on another: the scratch is per thread)
+            self._stack_thread, self._stack_ptr = thread, ctypes.c_void_p(_ptr(_stack_for(self.trie)))
         self.visited = int(self._lib.loraplex_span_mask(self._g, self._state, *self._trie_args, ptr, self._stack_ptr))
 
     def mask(self, out: np.ndarray) -> None:
@@ -556,7 +561,7 @@ _stacks: dict[tuple[int, int], np.ndarray] = {}
 
 def _stack_for(trie: TokenTrie) -> np.ndarray:
     """The walk's scratch (5 x the trie's nodes, 2 MB for SmolLM2's), one per trie and thread: a walk runs to its
-    end on its thread, so the matchers of that thread share it instead of allocating their own."""
+    end on its thread, so the matchers walking on that thread share it instead of allocating their own."""
     key = (id(trie), threading.get_ident())
     stack = _stacks.get(key)
     if stack is None:
