@@ -37,6 +37,12 @@ from typing import Any
 
 import numpy as np
 
+from loraplex.grammar.backend_outlines.automaton import (
+    SENTINEL_BYTES,
+    SENTINEL_CHAR,
+    UNREACHABLE,
+    distances_to_accept,
+)
 from loraplex.grammar.grounding import SourceText, placeholder, source_pieces
 from loraplex.grammar.schema.json_text import UNIT
 from loraplex.grammar.spec import GrammarError
@@ -163,8 +169,6 @@ def _byte_dfa(regex: str, holes: int = 0) -> tuple[np.ndarray, np.ndarray, np.nd
     first byte), so the placeholders' inner states are left out. States that cannot reach the end are dropped."""
     from outlines_core import Index, Vocabulary
 
-    from loraplex.grammar.backend_outlines.automaton import SENTINEL_BYTES, SENTINEL_CHAR
-
     probe: dict[bytes, list[int]] = {bytes([b]): [b] for b in range(256) if b != 0xF4}
     probe[SENTINEL_BYTES] = [256]
     for k in range(holes):
@@ -205,24 +209,11 @@ def _byte_dfa(regex: str, holes: int = 0) -> tuple[np.ndarray, np.ndarray, np.nd
 def _dead_states(table: np.ndarray, hole: np.ndarray, accepting: np.ndarray, closed: np.ndarray) -> np.ndarray:
     """bool [states]: the states from which no path reaches an accepting one (a hole at a state of ``closed`` is no
     way through)."""
-    n = len(accepting)
-    src, _ = np.nonzero(table >= 0)
-    dst = table[table >= 0]
-    with_hole = np.flatnonzero((hole >= 0) & ~closed)
-    src = np.concatenate([src, with_hole])
-    dst = np.concatenate([dst, hole[with_hole]])
-    order = np.argsort(dst, kind="stable")
-    src, dst = src[order], dst[order]
-    starts = np.searchsorted(dst, np.arange(n + 1))
-    live = accepting.copy()
-    queue: list[int] = np.flatnonzero(live).tolist()
-    while queue:
-        t = queue.pop()
-        for p in src[starts[t] : starts[t + 1]]:
-            if not live[p]:
-                live[p] = True
-                queue.append(int(p))
-    return ~live
+    succ = [np.unique(row[row >= 0]).tolist() for row in table]
+    for t in np.flatnonzero((hole >= 0) & ~closed):
+        succ[t].append(int(hole[t]))
+    dead: np.ndarray = distances_to_accept(len(accepting), succ, accepting) == UNREACHABLE
+    return dead
 
 
 _LENGTHS = re.compile(re.escape(UNIT) + r"\{(\d+),(\d*)\}")  # minLength/maxLength's content regex (to_regex.py)

@@ -18,6 +18,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from loraplex.grammar.backend_outlines.automaton import token_row
 from loraplex.grammar.backend_types import CompiledGrammar
 from loraplex.grammar.budget import PlannedMatcher
 from loraplex.grammar.grounding import SourceText
@@ -198,11 +199,8 @@ class SpanGrammar(CompiledGrammar):
         # the plain masks of the states seen lately (a value's start, a key's name: states a request comes back to,
         # and that the budget's search asks about again and again), as a few hundred rows at most
         self._masks: OrderedDict[tuple[int, int, int, int], np.ndarray] = OrderedDict()
-        eos = np.zeros(words, dtype=np.uint32)
-        for e in eos_ids:
-            eos[e >> 5] |= np.uint32(1 << (e & 31))
-        self._eos_words = eos
-        self.eos_row = torch.from_numpy(eos.view(np.int32).copy())
+        self.eos_row = torch.from_numpy(token_row(np.asarray(sorted(eos_ids)), words))
+        self._eos_words = self.eos_row.numpy().view(np.uint32)
 
     def token_bytes(self, token: int) -> bytes | None:
         return self._token_bytes[token] if 0 <= token < len(self._token_bytes) else None

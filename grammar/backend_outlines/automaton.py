@@ -98,7 +98,7 @@ def build_automaton(regex: str, vocab: OutlinesVocab) -> AutomatonData:
     n = len(order)
     accepting = np.array([raw.get(s, {}).get(sentinel) in finals for s in order], dtype=bool)
     succ = [[number[d] for d in set(raw.get(s, {}).values()) if d in number] for s in order]
-    dist = _distances(n, succ, accepting)
+    dist = distances_to_accept(n, succ, accepting)
     if dist[0] == UNREACHABLE:
         raise GrammarError("the constraint matches no output")
     lookup = np.full(max(max(number), max(finals, default=0)) + 1, -1, dtype=np.int64)
@@ -141,7 +141,7 @@ def build_automaton(regex: str, vocab: OutlinesVocab) -> AutomatonData:
     return AutomatonData(token_class, table, accepting, rows)
 
 
-def _distances(n: int, succ: list[list[int]], accepting: np.ndarray) -> np.ndarray:
+def distances_to_accept(n: int, succ: list[list[int]], accepting: np.ndarray) -> np.ndarray:
     """Fewest tokens from each state to an accepting one: BFS backwards over the state graph."""
     incoming: list[list[int]] = [[] for _ in range(n)]
     for a, outs in enumerate(succ):

@@ -317,25 +317,31 @@ def _automaton(ctx: WorkerContext, regex: str, states: int | None = None) -> Aut
     return AutomatonArtifact(data, plan, states)
 
 
-def _count_states_bounded(regex: str, ctx: WorkerContext) -> int | None:
-    """State count, or None when counting takes too long (the worker is then recycled)."""
-    result: list[int | BaseException] = []
+def _bounded(work: Callable[[], Any], seconds: float) -> list[Any]:
+    """``work()`` in a daemon thread, waited for at most ``seconds``: ``[its result or the exception it raised]``,
+    or ``[]`` while it still runs (the caller then recycles the worker, which ends the thread)."""
+    result: list[Any] = []
 
     def run() -> None:
         try:
-            result.append(count_states(regex, ctx.outlines))
+            result.append(work())
         except BaseException as e:  # handed to the caller
             result.append(e)
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    t.join(ctx.options.probe_seconds)
+    t.join(seconds)
+    return result
+
+
+def _count_states_bounded(regex: str, ctx: WorkerContext) -> int | None:
+    """State count, or None when counting takes too long (the worker is then recycled)."""
+    result = _bounded(lambda: count_states(regex, ctx.outlines), ctx.options.probe_seconds)
     if not result:
         return None
-    found = result[0]
-    if isinstance(found, BaseException):
-        raise found
-    return found
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return int(result[0])
 
 
 def compile_spec(ctx: WorkerContext, spec: StructuredSpec) -> JobResult:
@@ -424,19 +430,12 @@ def _grounded(ctx: WorkerContext, tr: Translation) -> JobResult:
 def _span_template_bounded(ctx: WorkerContext, tr: Translation) -> tuple[TemplateDFA | None, bool]:
     """``_span_template`` within ``span_template_seconds`` (outlines_core's Index takes minutes on a few regexes:
     a counted repetition of JSON's string unit, a uri-reference format), and whether it finished; unfinished, the
-    schema's requests are bound by llguidance (the same language) and the worker is recycled."""
-    result: list[TemplateDFA | None] = []
-
-    def run() -> None:
-        try:
-            result.append(_span_template(ctx, tr))
-        except Exception:  # (any refusal: llguidance binds the requests)
-            result.append(None)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(ctx.options.span_template_seconds)
-    return (result[0], True) if result else (None, False)
+    schema's requests are bound by llguidance (the same language) and the worker is recycled. A template that cannot
+    be built (any error) is not ours to serve either: llguidance binds the requests."""
+    result = _bounded(lambda: _span_template(ctx, tr), ctx.options.span_template_seconds)
+    if not result:
+        return None, False
+    return (None if isinstance(result[0], BaseException) else result[0]), True
 
 
 def _span_template(ctx: WorkerContext, tr: Translation) -> TemplateDFA | None:

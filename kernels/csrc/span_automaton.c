@@ -30,24 +30,27 @@ static inline uint64_t mix(uint64_t k)
     return k;
 }
 
+/* The slot of key in an open-addressing table of keys (-1: empty), linear probing: where the key is, else the empty
+ * slot where it goes. Both tables here (the span automaton's edges, the liveness memo) use it. */
+static inline uint64_t find_slot(const int64_t *keys, int64_t mask, int64_t key)
+{
+    uint64_t i = mix((uint64_t)key) & (uint64_t)mask;
+    while (keys[i] >= 0 && keys[i] != key)
+        i = (i + 1) & (uint64_t)mask;
+    return i;
+}
+
 static inline int32_t sam_get(const sam_t *a, int32_t s, int32_t sym)
 {
     int64_t key = (int64_t)s * ALPHABET + sym;
-    for (uint64_t i = mix((uint64_t)key) & (uint64_t)a->mask;; i = (i + 1) & (uint64_t)a->mask) {
-        int64_t k = a->keys[i];
-        if (k == key)
-            return a->values[i];
-        if (k < 0)
-            return -1;
-    }
+    uint64_t i = find_slot(a->keys, a->mask, key);
+    return a->keys[i] == key ? a->values[i] : -1;
 }
 
 static void sam_put(sam_t *a, int32_t s, int32_t sym, int32_t to)
 {
     int64_t key = (int64_t)s * ALPHABET + sym;
-    uint64_t i = mix((uint64_t)key) & (uint64_t)a->mask;
-    while (a->keys[i] >= 0 && a->keys[i] != key)
-        i = (i + 1) & (uint64_t)a->mask;
+    uint64_t i = find_slot(a->keys, a->mask, key);
     if (a->keys[i] < 0) { /* a new edge: also on the state's list */
         a->keys[i] = key;
         int64_t e = a->edges++;
@@ -190,12 +193,8 @@ static inline int64_t live_key(const grammar_t *g, int32_t s, int32_t q, int d)
 
 static int memo_get(const grammar_t *g, int64_t key)
 {
-    for (uint64_t i = mix((uint64_t)key) & (uint64_t)g->mask;; i = (i + 1) & (uint64_t)g->mask) {
-        if (g->keys[i] == key)
-            return g->values[i];
-        if (g->keys[i] < 0)
-            return 0;
-    }
+    uint64_t i = find_slot(g->keys, g->mask, key);
+    return g->keys[i] == key ? g->values[i] : 0;
 }
 
 static void memo_put(grammar_t *g, int64_t key, uint8_t value)
@@ -213,9 +212,7 @@ static void memo_put(grammar_t *g, int64_t key, uint8_t value)
         for (int64_t j = 0; j < old_slots; j++) {
             if (g->keys[j] < 0)
                 continue;
-            uint64_t i = mix((uint64_t)g->keys[j]) & (uint64_t)(slots - 1);
-            while (keys[i] >= 0)
-                i = (i + 1) & (uint64_t)(slots - 1);
+            uint64_t i = find_slot(keys, slots - 1, g->keys[j]);
             keys[i] = g->keys[j];
             values[i] = g->values[j];
         }
@@ -225,9 +222,7 @@ static void memo_put(grammar_t *g, int64_t key, uint8_t value)
         g->values = values;
         g->mask = slots - 1;
     }
-    uint64_t i = mix((uint64_t)key) & (uint64_t)g->mask;
-    while (g->keys[i] >= 0 && g->keys[i] != key)
-        i = (i + 1) & (uint64_t)g->mask;
+    uint64_t i = find_slot(g->keys, g->mask, key);
     if (g->keys[i] < 0)
         g->used++;
     g->keys[i] = key;
