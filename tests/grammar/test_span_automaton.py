@@ -190,6 +190,24 @@ def compare_with_llguidance(compiler, schema: dict[str, Any], sources: list[Sour
             assert 0 <= v.start <= v.end <= len(source.text)
 
 
+def budgeted_walk(compiler, grammar, rng: random.Random, budget: int) -> Any:
+    """A random output within ``budget`` tokens under the engine's rule (a sampled token that does not fit the budget
+    gives way to the fallback), parsed."""
+    m = grammar.new_matcher()
+    mask = torch.zeros(m.bitmask_words(), dtype=torch.int32)
+    out: list[int] = []
+    for step in range(budget):
+        m.fill_bitmask(mask, budget - step)
+        token = rng.choice(allowed_ids(mask))
+        if m.needs_budget_check() and not m.fits_budget(token, budget - step - 1):
+            token = m.budget_fallback()
+        assert m.accept_token(token)
+        if token == EOS:
+            break
+        out.append(token)
+    return json.loads(b"".join(compiler.vocab.token_bytes[t] or b"" for t in out).decode())
+
+
 @needs_c_kernels
 def test_keywords_beside_grounding_are_intersected_by_the_span_automaton(compiler):
     sources = [SourceText(1, "order ABC-12, code XY, ticket 7")]
@@ -204,19 +222,7 @@ def test_keywords_beside_grounding_are_intersected_by_the_span_automaton(compile
         rng = random.Random(0)
         seen = set()
         for _ in range(25):
-            m = grammar.new_matcher()
-            mask = torch.zeros(m.bitmask_words(), dtype=torch.int32)
-            out: list[int] = []
-            for step in range(12):
-                m.fill_bitmask(mask, 12 - step)
-                token = rng.choice(allowed_ids(mask))
-                if m.needs_budget_check() and not m.fits_budget(token, 12 - step - 1):
-                    token = m.budget_fallback()
-                assert m.accept_token(token)
-                if token == EOS:
-                    break
-                out.append(token)
-            value = json.loads(b"".join(compiler.vocab.token_bytes[t] or b"" for t in out).decode())
+            value = budgeted_walk(compiler, grammar, rng, 12)
             assert value in sources[0].text and jsonschema.Draft202012Validator({**G, **extra}).is_valid(value)
             seen.add(value)
         if values is not None:
@@ -230,19 +236,7 @@ def test_a_large_source_is_served_and_every_value_is_a_span(compiler):
     grammar = compiler.compile(StructuredSpec(json={"type": "array", "items": G, "maxItems": 4}), [SourceText(1, text)])
     assert grammar.backend == "span"
     for _ in range(4):
-        m = grammar.new_matcher()
-        mask = torch.zeros(m.bitmask_words(), dtype=torch.int32)
-        out: list[int] = []
-        for step in range(40):
-            m.fill_bitmask(mask, 40 - step)
-            token = rng.choice(allowed_ids(mask))
-            if m.needs_budget_check() and not m.fits_budget(token, 40 - step - 1):
-                token = m.budget_fallback()
-            assert m.accept_token(token)
-            if token == EOS:
-                break
-            out.append(token)
-        values = json.loads(b"".join(compiler.vocab.token_bytes[t] or b"" for t in out).decode())
+        values = budgeted_walk(compiler, grammar, rng, 40)
         assert all(v in text for v in values)
 
 
