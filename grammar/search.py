@@ -15,10 +15,12 @@ achievable and short, an upper bound on the true distance (not always the minimu
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import numpy as np
 
+from loraplex.grammar.token_split import TokenSplitter
 from loraplex.grammar.vocab import VocabInfo
 
 MAX_TOKEN_BYTES = 48
@@ -70,6 +72,19 @@ class _OutOfMasks(Exception):
     """A bounded search computed its allowance of masks."""
 
 
+@dataclass(frozen=True)
+class WalkInputs:
+    """What a node's own greedy walk (``native_greedy``: the span automaton's, in C) needs of the search to walk as
+    `CompletionSearch._greedy` does."""
+
+    byte_token: np.ndarray  # int64 [256]: each byte's one-byte token, -1: none
+    usable: np.ndarray  # uint8 [256]: 1 where that token may be in the normalised mask of a state that does not accept
+    order: np.ndarray  # uint8 [256]: the bytes in the walk's order of preference
+    kept: np.ndarray  # uint32 [words]: the tokens the normalised mask of a state that does not accept may hold
+    max_bytes: int
+    repeat: int
+
+
 def token_filter(info: VocabInfo, automaton_language: bool) -> tuple[np.ndarray, np.ndarray]:
     """(kept, eos) int32 bitmask rows: the tokens a mask may hold (tokens with bytes; in the automaton's language
     none holding byte 0xF4, see backend_outlines.automaton) and the EOS ids."""
@@ -99,7 +114,11 @@ class CompletionSearch:
         max_expansions: int = 120,
         beam: int = 16,
         max_bytes: int = 2048,
+        native_split: bool = True,
     ) -> None:
+        """``native_split``: tokenize plans with the C programme (grammar/token_split.py) where the C kernels run;
+        the compile workers pass False (their process does not import torch, which the C kernels' loader does), and
+        get the same tokens from the Python one."""
         self.words = info.words
         self.automaton_language = automaton_language
         self._kept, self._eos = token_filter(info, automaton_language)
@@ -121,6 +140,17 @@ class CompletionSearch:
         self._order = [ord(c) for c in CLOSING_ORDER] + [b for b in range(256) if chr(b) not in CLOSING_ORDER]
         self._masks_left: int | None = None  # None: unbounded
         self.masks_computed = 0  # masks computed by the last completion_bytes (a bounded run fails above the bound)
+        self.splitter = TokenSplitter(self.by_bytes, MAX_TOKEN_BYTES) if native_split else None
+        kept_plain = (self._kept & ~self._eos).view(np.uint32)
+        bit = ((kept_plain[self.byte_token.clip(0) >> 5] >> (self.byte_token.clip(0) & 31)) & 1).astype(np.uint8)
+        self.walk_inputs = WalkInputs(
+            self.byte_token.copy(),
+            np.where(self.byte_token >= 0, bit, 0).astype(np.uint8),
+            np.asarray(self._order, dtype=np.uint8),
+            kept_plain,
+            max_bytes,
+            REPEAT,
+        )
 
     def _mask(self, m: Any) -> np.ndarray:
         if self._masks_left is not None:
@@ -210,6 +240,20 @@ class CompletionSearch:
         return path
 
     def _greedy(self, matcher: Any, loop_exits: int | None) -> bytes | None:
+        """`_python_greedy`'s walk; a node with its own (``native_greedy``: the span automaton's, in C, which must
+        choose the same bytes) walks itself."""
+        native = getattr(matcher, "native_greedy", None)
+        if native is None:
+            return self._python_greedy(matcher, loop_exits)
+        path, masks, out_of_masks = native(self.walk_inputs, loop_exits, self._masks_left)
+        self.masks_computed += masks
+        if self._masks_left is not None:
+            self._masks_left -= masks
+        if out_of_masks:
+            raise _OutOfMasks()
+        return cast("bytes | None", path)
+
+    def _python_greedy(self, matcher: Any, loop_exits: int | None) -> bytes | None:
         """Close as soon as possible: forced bytes, else the first allowed byte in CLOSING_ORDER.
 
         Back in a state whose mask was seen since the last forced bytes means the walk is looping (digits of
@@ -336,7 +380,9 @@ class CompletionSearch:
         return self._tokenize(matcher, data)
 
     def _tokenize(self, matcher: Any, data: bytes) -> list[int]:
-        tokens = self._fewest_tokens(data, None)
+        tokens = None if self.splitter is None else self.splitter.split(data)
+        if tokens is None:
+            tokens = self._fewest_tokens(data, None)
         if matcher.deep_copy().validate_tokens(tokens) == len(tokens):
             return tokens
         return self._fewest_tokens(data, matcher)

@@ -379,7 +379,10 @@ _SIGNATURES: dict[str, tuple[object, list[Any]]] = {
     "loraplex_span_mask": (_I64, [_P, _P, _P, _P, _P, _P, _P, _P, _P]),
     "loraplex_span_next_bytes": (_I64, [_P, _P, _P]),
     "loraplex_span_forced": (_I64, [_P, _P, _P, _P, _I64]),
+    "loraplex_span_greedy": (_I64, [_P, _P, _P, _P, _P, _I64, _I64, _P, _P]),
 }
+_WALK_OUT_OF_MASKS, _WALK_NO_MEMORY = -2, -3  # loraplex_span_greedy's WALK_*
+
 # Product states (span state, content state, decoder) one question "can this grounded value still end?" may expand
 # before it is answered no: the value is then narrowed (never widened). Measured questions take a few hundred.
 LIVENESS_FUEL = 200_000
@@ -481,6 +484,63 @@ class SpanRequest:
             self._handle = None
 
 
+FORCED_LIMIT = 4096  # forced bytes one call returns at most (SpanMatcher.forced_bytes, the greedy walk)
+
+
+class _WalkTables(ctypes.Structure):
+    """kernels/csrc/span_automaton.c's walk_tables_t."""
+
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in (
+            "child_start",
+            "child_node",
+            "child_byte",
+            "token_start",
+            "token_ids",
+            "byte_token",
+            "usable",
+            "order",
+            "kept",
+        )
+    ] + [(name, ctypes.c_int64) for name in ("words", "max_bytes", "forced_limit", "repeat")]
+
+
+class GreedyWalk:
+    """What the C greedy walk reads beside a grammar: the vocabulary's trie and the completion search's tables
+    (grammar/search.py's ``WalkInputs``), kept alive as long as the walk is."""
+
+    def __init__(self, trie: TokenTrie, inputs: Any) -> None:
+        self.inputs = inputs
+        self._arrays = (
+            trie,
+            np.ascontiguousarray(inputs.byte_token, dtype=np.int32),
+            np.ascontiguousarray(inputs.usable, dtype=np.uint8),
+            np.ascontiguousarray(inputs.order, dtype=np.uint8),
+            np.ascontiguousarray(inputs.kept, dtype=np.uint32),
+        )
+        _, byte_token, usable, order, kept = self._arrays
+        self.tables = _WalkTables(
+            *(_ptr(a) for a in (trie.child_start, trie.child_node, trie.child_byte, trie.token_start, trie.token_ids)),
+            _ptr(byte_token),
+            _ptr(usable),
+            _ptr(order),
+            _ptr(kept),
+            len(kept),
+            inputs.max_bytes,
+            FORCED_LIMIT,
+            inputs.repeat,
+        )
+        self._out = threading.local()  # the walk's output buffer, one per thread
+        self._room = inputs.max_bytes + FORCED_LIMIT
+
+    def buffer(self) -> np.ndarray:
+        out: np.ndarray | None = getattr(self._out, "buffer", None)
+        if out is None:
+            out = self._out.buffer = np.empty(self._room, dtype=np.uint8)
+        return out
+
+
 class SpanMatcher:
     """A grammar state of one request with what a backend needs from it: reading bytes, the bytes that may come
     next, the forced ones, and a mask. EOS is not part of it (``accepting`` says where the output may end)."""
@@ -499,7 +559,7 @@ class SpanMatcher:
         self._accepting = p(_ptr(request.accepting))
         self._stack_thread = -1  # the thread whose walk scratch _stack_ptr points to (looked up at the first mask)
         self._stack_ptr = p(0)
-        self._forced_buf = np.empty(4096, dtype=np.uint8)
+        self._forced_buf = np.empty(FORCED_LIMIT, dtype=np.uint8)
 
     def copy(self) -> SpanMatcher:
         """The same grammar state, independent of this one (everything else shared)."""
@@ -517,6 +577,10 @@ class SpanMatcher:
         """Read ``data``; False (state unchanged) if some byte is not allowed."""
         return bool(self._lib.loraplex_span_consume(self._g, self._state, data, len(data)) == len(data))
 
+    def readable(self, data: bytes) -> int:
+        """How many bytes of ``data`` can be read from here (reading all of them moves the state there)."""
+        return int(self._lib.loraplex_span_consume(self._g, self._state, data, len(data)))
+
     @property
     def accepting(self) -> bool:
         return int(self.state[1]) < 0 and bool(self.request.accepting[int(self.state[0])])
@@ -533,14 +597,40 @@ class SpanMatcher:
         n = self._lib.loraplex_span_forced(self._g, self._accepting, self._state, _ptr(buf), len(buf))
         return buf[:n].tobytes()
 
+    def _stack(self) -> ctypes.c_void_p:
+        thread = threading.get_ident()
+        if thread != self._stack_thread:  # (a matcher made on one thread may walk on another: scratch is per thread)
+            self._stack_thread, self._stack_ptr = thread, ctypes.c_void_p(_ptr(_stack_for(self.trie)))
+        return self._stack_ptr
+
     def mask_into(self, ptr: int) -> None:
         """Set the bit of every token readable from here in the uint32 words at ``ptr`` (not cleared first)."""
-        thread = threading.get_ident()
-        if (
-            thread != self._stack_thread
-        ):  # (a matcher made on one thread may walk on another: the scratch is per thread)
-            self._stack_thread, self._stack_ptr = thread, ctypes.c_void_p(_ptr(_stack_for(self.trie)))
-        self.visited = int(self._lib.loraplex_span_mask(self._g, self._state, *self._trie_args, ptr, self._stack_ptr))
+        self.visited = int(self._lib.loraplex_span_mask(self._g, self._state, *self._trie_args, ptr, self._stack()))
+
+    def greedy(
+        self, walk: GreedyWalk, loop_exits: int | None, masks_left: int | None
+    ) -> tuple[bytes | None, int, bool]:
+        """The completion search's greedy walk from here (grammar/search.py's ``CompletionSearch._greedy``), in C:
+        (its bytes, or None where it finds none; the masks it computed; whether it stopped because it needed more
+        than ``masks_left``)."""
+        out = walk.buffer()
+        masks = ctypes.c_int64(0)
+        n = int(
+            self._lib.loraplex_span_greedy(
+                self._g,
+                self._accepting,
+                self._state,
+                ctypes.byref(walk.tables),
+                self._stack(),
+                -1 if loop_exits is None else loop_exits,
+                -1 if masks_left is None else masks_left,
+                _ptr(out),
+                ctypes.byref(masks),
+            )
+        )
+        if n == _WALK_NO_MEMORY:
+            raise MemoryError("the span automaton's greedy walk ran out of memory")
+        return (None if n < 0 else out[:n].tobytes()), masks.value, n == _WALK_OUT_OF_MASKS
 
     def mask(self, out: np.ndarray) -> None:
         """``mask_into`` a numpy array of words."""

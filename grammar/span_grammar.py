@@ -22,8 +22,16 @@ from loraplex.grammar.backend_outlines.automaton import token_row
 from loraplex.grammar.backend_types import CompiledGrammar
 from loraplex.grammar.budget import PlannedMatcher
 from loraplex.grammar.grounding import SourceText
-from loraplex.grammar.search import CompletionSearch, StateMemo
-from loraplex.grammar.span_automaton import QUOTE, SpanAutomaton, SpanMatcher, SpanRequest, TemplateDFA, TokenTrie
+from loraplex.grammar.search import CompletionSearch, StateMemo, WalkInputs
+from loraplex.grammar.span_automaton import (
+    QUOTE,
+    GreedyWalk,
+    SpanAutomaton,
+    SpanMatcher,
+    SpanRequest,
+    TemplateDFA,
+    TokenTrie,
+)
 
 MASK_CACHE_ROWS = 64  # per request: 6 KB a row for SmolLM2's vocabulary (384 KB; 64 requests in a batch: 25 MB)
 
@@ -39,6 +47,14 @@ class SpanTemplate:
     eos_ids: tuple[int, ...]
     words: int
     shared: SharedPlans = field(default_factory=lambda: SharedPlans(), compare=False)
+    # the C greedy walk's tables, per search: id(search's WalkInputs) -> (them, the walk)
+    walks: dict[int, tuple[WalkInputs, GreedyWalk]] = field(default_factory=dict, compare=False)
+
+    def walk_for(self, search: CompletionSearch) -> GreedyWalk:
+        hit = self.walks.get(id(search.walk_inputs))
+        if hit is None:
+            hit = self.walks[id(search.walk_inputs)] = (search.walk_inputs, GreedyWalk(self.trie, search.walk_inputs))
+        return hit[1]
 
     def bind(
         self, sources: Sequence[SourceText], search: CompletionSearch, plan: list[int] | None, close: bool
@@ -50,6 +66,7 @@ class SpanTemplate:
         if not request.satisfiable:
             return None, request.empty_slots
         grammar = SpanGrammar(request, self.trie, self.token_bytes, self.eos_ids, self.words, search, [], close)
+        grammar.walk = self.walk_for(search)
         if not request.dead.any():  # (a request with a closed grounded string has its own completions)
             grammar.memo = SharedMemo(self.shared, grammar)
         if plan is None:
@@ -147,6 +164,17 @@ class SpanNode:
     def compute_ff_bytes(self) -> bytes:
         return b"" if self._stopped else self._m.forced_bytes()
 
+    def native_greedy(
+        self, inputs: WalkInputs, loop_exits: int | None, masks_left: int | None
+    ) -> tuple[bytes | None, int, bool]:
+        """The search's greedy walk from here in C (grammar/search.py's ``CompletionSearch._greedy``)."""
+        if self._stopped:
+            return b"", 0, False
+        walk = self._g.walk
+        if walk is None or walk.inputs is not inputs:
+            walk = self._g.walk = GreedyWalk(self._g.trie, inputs)
+        return self._m.greedy(walk, loop_exits, masks_left)
+
     def is_accepting(self) -> bool:
         return self._stopped or self._m.accepting
 
@@ -158,6 +186,13 @@ class SpanNode:
         self._g.fill(self._m, words, self._stopped)
 
     def validate_tokens(self, tokens: Iterable[int]) -> int:
+        tokens = list(tokens)
+        if self._stopped:
+            return 0
+        spelled = [self._g.token_bytes(t) for t in tokens]
+        if None not in spelled and self._g.eos_ids.isdisjoint(tokens):  # bytes only: one read of them all
+            read = self._m.copy().readable(b"".join(cast(list[bytes], spelled)))
+            return int(np.searchsorted(np.cumsum([len(b) for b in cast(list[bytes], spelled)]), read, side="right"))
         trial, n = self._m.copy(), 0
         for token in tokens:
             if self._stopped:
@@ -196,6 +231,7 @@ class SpanGrammar(CompiledGrammar):
         self.min_tokens = len(plan)
         self.close_within_budget = close_within_budget
         self.memo: StateMemo = StateMemo()
+        self.walk: GreedyWalk | None = None  # the C greedy walk's tables (SpanTemplate.walk_for)
         # the plain masks of the states seen lately (a value's start, a key's name: states a request comes back to,
         # and that the budget's search asks about again and again), as a few hundred rows at most
         self._masks: OrderedDict[tuple[int, int, int, int], np.ndarray] = OrderedDict()

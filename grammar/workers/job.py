@@ -103,8 +103,9 @@ class WorkerContext:
         self.options = options
         self.outlines = OutlinesVocab(info)
         self.ll_tokenizer = LLTokenizer(info.tokenizer_json, n_vocab=info.vocab_size, eos_token=list(info.eos_ids))
-        self.search = CompletionSearch(info)  # for llguidance's own languages
-        self.automaton_search = CompletionSearch(info, automaton_language=True)  # for exact regexes, either backend
+        # (plans tokenized in Python: the C kernels' loader would import torch into this process)
+        self.search = CompletionSearch(info, native_split=False)  # for llguidance's own languages
+        self.automaton_search = CompletionSearch(info, automaton_language=True, native_split=False)  # exact regexes
         self.byte_tables = ByteTables.of(info)
         # tells the parent what it can start on before the job ends (set per job by the worker loop)
         self.notify: Callable[[PrebuildHint], None] = lambda body: None

@@ -169,6 +169,13 @@ typedef struct {
     /* scratch of the liveness search */
     int32_t *stack;
     int64_t stack_cap;
+    /* the greedy walk's record of each state's mask signature (see loraplex_span_greedy), and its scratch */
+    struct signature *sigs;
+    int64_t sig_mask, sig_used;
+    uint32_t *words;
+    int64_t words_cap;
+    uint64_t *seen;
+    int64_t seen_cap;
 } grammar_t;
 
 typedef struct {
@@ -378,6 +385,9 @@ void loraplex_span_grammar_free(grammar_t *g)
     free(g->keys);
     free(g->values);
     free(g->stack);
+    free(g->sigs);
+    free(g->words);
+    free(g->seen);
     free(g);
 }
 
@@ -455,14 +465,13 @@ int64_t loraplex_span_next_bytes(grammar_t *g, const int32_t *state, uint8_t *ou
     return count;
 }
 
-/* The bytes every continuation from state[4] starts with, up to limit (none where the output may end: the
- * template's accepting[t] outside a hole); returns how many were written to out. */
-int64_t loraplex_span_forced(grammar_t *g, const uint8_t *accepting, const int32_t *state, uint8_t *out,
-                             int64_t limit)
+static inline int accepting_at(const uint8_t *accepting, const gstate_t *st) { return st->s < 0 && accepting[st->t]; }
+
+/* The bytes every continuation from st starts with, up to limit, into out (none where the output may end). */
+static int64_t forced_run(grammar_t *g, const uint8_t *accepting, gstate_t st, uint8_t *out, int64_t limit)
 {
-    gstate_t st = {state[0], state[1], state[2], state[3]};
     int64_t n = 0;
-    while (n < limit && !(st.s < 0 && accepting[st.t])) {
+    while (n < limit && !accepting_at(accepting, &st)) {
         int only = -1, count = 0;
         for (int b = 0; b < 256 && count < 2; b++) {
             gstate_t probe = st;
@@ -477,4 +486,239 @@ int64_t loraplex_span_forced(grammar_t *g, const uint8_t *accepting, const int32
         out[n++] = (uint8_t)only;
     }
     return n;
+}
+
+/* The bytes every continuation from state[4] starts with, up to limit (none where the output may end: the
+ * template's accepting[t] outside a hole); returns how many were written to out. */
+int64_t loraplex_span_forced(grammar_t *g, const uint8_t *accepting, const int32_t *state, uint8_t *out,
+                             int64_t limit)
+{
+    gstate_t st = {state[0], state[1], state[2], state[3]};
+    return forced_run(g, accepting, st, out, limit);
+}
+
+/* ---- the completion search's greedy walk, for span grammars ----------------------------------------------------- */
+/* grammar/search.py's CompletionSearch._greedy is the budget logic every backend follows, and its docstring says what
+ * the walk does; this is the same walk over this grammar's states (a span grammar's plans are made per request, where
+ * the token automaton's are shared by all of a schema's requests, so their cost is on every request's masks). It
+ * must choose exactly the bytes the Python walk chooses (tests/grammar/test_span_greedy.py compares them). The
+ * walk tells masks apart by a 64-bit hash of the normalised mask (Python: hash() of its bytes); a state's hash is
+ * computed once per request. */
+
+/* What the walk reads besides the grammar: the vocabulary's trie, and the search's tables. */
+typedef struct {
+    const int32_t *child_start, *child_node;
+    const uint8_t *child_byte;
+    const int32_t *token_start, *token_ids;
+    const int32_t *byte_token; /* [256]: the byte's one-byte token, -1: none (the search's byte_token) */
+    const uint8_t *usable;     /* [256]: 1 where the byte's token may be in a normalised mask of a state that does not
+                                  accept (a token the vocabulary filter keeps, not EOS) */
+    const uint8_t *order;      /* [256]: the bytes in the walk's order of preference (CLOSING_ORDER, then the rest) */
+    const uint32_t *kept;      /* [words]: the tokens a normalised mask of a state that does not accept may hold */
+    int64_t words, max_bytes, forced_limit, repeat;
+} walk_tables_t;
+
+struct signature {
+    int32_t t, s, d, q; /* t = -1: an empty slot */
+    uint64_t hash;
+};
+
+static inline uint64_t state_slot(const grammar_t *g, const gstate_t *st)
+{
+    uint64_t k = ((uint64_t)(uint32_t)st->t << 32 | (uint32_t)st->s) ^ mix((uint64_t)(uint32_t)st->q << 8 | st->d);
+    uint64_t i = mix(k) & (uint64_t)g->sig_mask;
+    while (g->sigs[i].t >= 0 && !(g->sigs[i].t == st->t && g->sigs[i].s == st->s && g->sigs[i].d == st->d &&
+                                  g->sigs[i].q == st->q))
+        i = (i + 1) & (uint64_t)g->sig_mask;
+    return i;
+}
+
+#define SIGNATURES_KEPT (1 << 16) /* a request's record of signatures is forgotten past this many states */
+
+/* Makes room for one more signature; 0 when out of memory. */
+static int signatures_room(grammar_t *g)
+{
+    if (g->sigs && 2 * (g->sig_used + 1) <= g->sig_mask + 1)
+        return 1;
+    int64_t slots = g->sigs ? 2 * (g->sig_mask + 1) : 256;
+    if (g->sig_used + 1 > SIGNATURES_KEPT) { /* forget them all: each is computed again when asked */
+        slots = 256;
+        g->sig_used = 0;
+        free(g->sigs);
+        g->sigs = NULL;
+    }
+    struct signature *old = g->sigs, *sigs = malloc(slots * sizeof *sigs);
+    if (!sigs)
+        return 0;
+    for (int64_t i = 0; i < slots; i++)
+        sigs[i].t = -1;
+    int64_t old_slots = old ? g->sig_mask + 1 : 0;
+    g->sigs = sigs;
+    g->sig_mask = slots - 1;
+    for (int64_t j = 0; j < old_slots; j++) {
+        if (old[j].t < 0)
+            continue;
+        gstate_t st = {old[j].t, old[j].s, old[j].d, old[j].q};
+        g->sigs[state_slot(g, &st)] = old[j];
+    }
+    free(old);
+    return 1;
+}
+
+/* The hash of the normalised mask of st (a state that does not accept), or 0 when out of memory (and *ok = 0). */
+static uint64_t signature_of(grammar_t *g, const gstate_t *st, const walk_tables_t *w, int32_t *stack, int *ok)
+{
+    if (g->sigs) {
+        uint64_t i = state_slot(g, st);
+        if (g->sigs[i].t >= 0)
+            return g->sigs[i].hash;
+    }
+    if (g->words_cap < w->words) {
+        uint32_t *words = realloc(g->words, w->words * sizeof *words);
+        if (!words) {
+            *ok = 0;
+            return 0;
+        }
+        g->words = words;
+        g->words_cap = w->words;
+    }
+    memset(g->words, 0, w->words * sizeof *g->words);
+    int32_t state[4] = {st->t, st->s, st->d, st->q};
+    loraplex_span_mask(g, state, w->child_start, w->child_node, w->child_byte, w->token_start, w->token_ids,
+                       g->words, stack);
+    uint64_t h = 0x243f6a8885a308d3ULL;
+    for (int64_t i = 0; i < w->words; i++)
+        h = mix((h ^ (g->words[i] & w->kept[i])) + 0x9e3779b97f4a7c15ULL);
+    if (!signatures_room(g)) {
+        *ok = 0;
+        return 0;
+    }
+    uint64_t i = state_slot(g, st);
+    g->sigs[i] = (struct signature){st->t, st->s, st->d, st->q, h};
+    g->sig_used++;
+    return h;
+}
+
+static int seen_has(const grammar_t *g, int64_t n, uint64_t sig)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (g->seen[i] == sig)
+            return 1;
+    return 0;
+}
+
+#define WALK_NONE (-1)         /* the walk found no completion (Python: None) */
+#define WALK_OUT_OF_MASKS (-2) /* the walk needed more masks than masks_left (Python: _OutOfMasks) */
+#define WALK_NO_MEMORY (-3)
+
+/* Walks greedily from state[4] to a state where the output may end; the bytes go to out (room for max_bytes +
+ * forced_limit), their count is returned (or WALK_*). loop_exits: how many searches for a way out of a loop the walk
+ * may make (-1: no bound); masks_left: how many masks it may compute (-1: no bound); *masks: how many it computed.
+ * stack: the mask walk's scratch (loraplex_span_mask). */
+int64_t loraplex_span_greedy(grammar_t *g, const uint8_t *accepting, const int32_t *state, const walk_tables_t *w,
+                             int32_t *stack, int64_t loop_exits, int64_t masks_left, uint8_t *out, int64_t *masks)
+{
+    gstate_t st = {state[0], state[1], state[2], state[3]};
+    int64_t n = 0, computed = 0, seen_n = 0;
+    int32_t used[256];
+    uint8_t allowed[256];
+    uint64_t last = 0;
+    int has_last = 0, trapped = 0, ok = 1;
+    int64_t result = WALK_NONE;
+    memset(used, 0, sizeof used);
+    if (g->seen_cap < w->max_bytes + 1) {
+        uint64_t *seen = realloc(g->seen, (w->max_bytes + 1) * sizeof *seen);
+        if (!seen)
+            return WALK_NO_MEMORY;
+        g->seen = seen;
+        g->seen_cap = w->max_bytes + 1;
+    }
+    while (!accepting_at(accepting, &st)) {
+        if (n >= w->max_bytes)
+            goto done;
+        int64_t f = forced_run(g, accepting, st, out + n, w->forced_limit);
+        if (f > 0) {
+            for (int64_t i = 0; i < f; i++)
+                if (w->byte_token[out[n + i]] < 0 || !step(g, &st, out[n + i]))
+                    goto done;
+            n += f;
+            seen_n = 0;
+            continue;
+        }
+        if (masks_left >= 0 && computed >= masks_left) {
+            result = WALK_OUT_OF_MASKS;
+            goto done;
+        }
+        computed++;
+        for (int b = 0; b < 256; b++) {
+            gstate_t probe = st;
+            allowed[b] = w->usable[b] && step(g, &probe, b);
+        }
+        uint64_t sig = signature_of(g, &st, w, stack, &ok);
+        if (!ok) {
+            result = WALK_NO_MEMORY;
+            goto done;
+        }
+        if (!has_last || sig != last) { /* repeats count within one run of a mask */
+            memset(used, 0, sizeof used);
+            trapped = 0;
+        }
+        last = sig;
+        has_last = 1;
+        int in_seen = seen_has(g, seen_n, sig), b = -1;
+        if (in_seen && !trapped) { /* looping: the first byte that accepts or reaches an unseen mask, else the first
+                                      that leaves this mask (CompletionSearch._leave_loop) */
+            if (loop_exits >= 0) {
+                if (loop_exits == 0)
+                    goto done;
+                loop_exits--;
+            }
+            int other = -1;
+            for (int k = 0; k < 256 && b < 0; k++) {
+                int c = w->order[k];
+                if (!allowed[c])
+                    continue;
+                gstate_t child = st;
+                if (!step(g, &child, c))
+                    continue;
+                if (masks_left >= 0 && computed >= masks_left) {
+                    result = WALK_OUT_OF_MASKS;
+                    goto done;
+                }
+                computed++;
+                if (accepting_at(accepting, &child)) {
+                    b = c;
+                    break;
+                }
+                uint64_t child_sig = signature_of(g, &child, w, stack, &ok);
+                if (!ok) {
+                    result = WALK_NO_MEMORY;
+                    goto done;
+                }
+                if (!seen_has(g, seen_n, child_sig))
+                    b = c;
+                else if (other < 0 && child_sig != sig)
+                    other = c;
+            }
+            if (b < 0)
+                b = other;
+        }
+        trapped = b < 0 && in_seen; /* no way out of this mask yet: not looked for again in this run */
+        if (!in_seen)
+            g->seen[seen_n++] = sig;
+        if (b < 0)
+            for (int k = 0; k < 256; k++)
+                if (allowed[w->order[k]] && used[w->order[k]] < w->repeat) {
+                    b = w->order[k];
+                    break;
+                }
+        if (b < 0 || !step(g, &st, b))
+            goto done;
+        used[b]++;
+        out[n++] = (uint8_t)b;
+    }
+    result = n;
+done:
+    *masks = computed;
+    return result;
 }
