@@ -5,7 +5,8 @@
  * vocabulary's byte trie that stops where no state follows. The grammar state is (template state, span state,
  * decoder): the template is a byte DFA of the schema's regex with one "hole" (a grounded string's content) per hole
  * state; while in a hole, bytes are read by the span automaton until a closing quote at a character boundary returns
- * to the template. Edges live in one open-addressing hash table keyed by (state, symbol).
+ * to the template. Edges live in one open-addressing hash table keyed by (state, symbol), the start state's in an
+ * array.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,10 +14,15 @@
 
 #define ALPHABET 1024 /* symbols are below 513; keys are state * ALPHABET + symbol */
 
+#define STATE_BITS 27 /* states below 2^27: a source of up to 2^26 symbols (the service accepts 1,000,000 characters) */
+#define STATE_MASK ((UINT64_C(1) << STATE_BITS) - 1)
+
 typedef struct {
-    int64_t *keys; /* -1: empty */
-    int32_t *values;
+    /* edges: one open-addressing table of words (key + 1) << STATE_BITS | target, key = state * ALPHABET + symbol,
+     * 0: empty (a probe reads one word: a hole's first mask probes hundreds of edges, each a likely cache miss) */
+    uint64_t *slots;
     int64_t mask;
+    int32_t root[ALPHABET]; /* state 0's edges, where every span starts (-1: none) */
     int32_t *len, *link;
     int32_t *first_edge, *edge_next, *edge_sym; /* each state's edges, for copying them to a clone */
     int64_t states, edges, capacity_states, capacity_edges;
@@ -31,7 +37,7 @@ static inline uint64_t mix(uint64_t k)
 }
 
 /* The slot of key in an open-addressing table of keys (-1: empty), linear probing: where the key is, else the empty
- * slot where it goes. Both tables here (the span automaton's edges, the liveness memo) use it. */
+ * slot where it goes (the liveness memo's table). */
 static inline uint64_t find_slot(const int64_t *keys, int64_t mask, int64_t key)
 {
     uint64_t i = mix((uint64_t)key) & (uint64_t)mask;
@@ -40,33 +46,48 @@ static inline uint64_t find_slot(const int64_t *keys, int64_t mask, int64_t key)
     return i;
 }
 
+static inline uint64_t sam_slot(const sam_t *a, uint64_t key)
+{
+    const uint64_t tag = (key + 1) << STATE_BITS;
+    uint64_t i = mix(key) & (uint64_t)a->mask;
+    while (a->slots[i] && (a->slots[i] & ~STATE_MASK) != tag)
+        i = (i + 1) & (uint64_t)a->mask;
+    return i;
+}
+
 static inline int32_t sam_get(const sam_t *a, int32_t s, int32_t sym)
 {
-    int64_t key = (int64_t)s * ALPHABET + sym;
-    uint64_t i = find_slot(a->keys, a->mask, key);
-    return a->keys[i] == key ? a->values[i] : -1;
+    if (s == 0)
+        return a->root[sym];
+    uint64_t word = a->slots[sam_slot(a, (uint64_t)s * ALPHABET + sym)];
+    return word ? (int32_t)(word & STATE_MASK) : -1;
 }
 
 static void sam_put(sam_t *a, int32_t s, int32_t sym, int32_t to)
 {
-    int64_t key = (int64_t)s * ALPHABET + sym;
-    uint64_t i = find_slot(a->keys, a->mask, key);
-    if (a->keys[i] < 0) { /* a new edge: also on the state's list */
-        a->keys[i] = key;
+    uint64_t key = (uint64_t)s * ALPHABET + sym, i = 0;
+    int fresh;
+    if (s == 0) {
+        fresh = a->root[sym] < 0;
+        a->root[sym] = to;
+    } else {
+        i = sam_slot(a, key);
+        fresh = !a->slots[i];
+        a->slots[i] = (key + 1) << STATE_BITS | (uint64_t)to;
+    }
+    if (fresh) { /* a new edge: also on the state's list */
         int64_t e = a->edges++;
         a->edge_sym[e] = sym;
         a->edge_next[e] = a->first_edge[s];
         a->first_edge[s] = (int32_t)e;
     }
-    a->values[i] = to;
 }
 
 void loraplex_sam_free(sam_t *a)
 {
     if (!a)
         return;
-    free(a->keys);
-    free(a->values);
+    free(a->slots);
     free(a->len);
     free(a->link);
     free(a->first_edge);
@@ -84,22 +105,26 @@ sam_t *loraplex_sam_build(const int16_t *syms, int64_t n)
         return NULL;
     a->capacity_states = 2 * n + 2;
     a->capacity_edges = 3 * n + 4;
+    if (a->capacity_states > (int64_t)STATE_MASK) {
+        free(a);
+        return NULL;
+    }
     int64_t slots = 1;
     while (slots < 2 * a->capacity_edges)
         slots <<= 1;
     a->mask = slots - 1;
-    a->keys = malloc(slots * sizeof *a->keys);
-    a->values = malloc(slots * sizeof *a->values);
+    a->slots = calloc(slots, sizeof *a->slots);
+    for (int i = 0; i < ALPHABET; i++)
+        a->root[i] = -1;
     a->len = malloc(a->capacity_states * sizeof *a->len);
     a->link = malloc(a->capacity_states * sizeof *a->link);
     a->first_edge = malloc(a->capacity_states * sizeof *a->first_edge);
     a->edge_next = malloc(a->capacity_edges * sizeof *a->edge_next);
     a->edge_sym = malloc(a->capacity_edges * sizeof *a->edge_sym);
-    if (!a->keys || !a->values || !a->len || !a->link || !a->first_edge || !a->edge_next || !a->edge_sym) {
+    if (!a->slots || !a->len || !a->link || !a->first_edge || !a->edge_next || !a->edge_sym) {
         loraplex_sam_free(a);
         return NULL;
     }
-    memset(a->keys, 0xff, slots * sizeof *a->keys);
     a->states = 1;
     a->len[0] = 0;
     a->link[0] = -1;
@@ -174,7 +199,7 @@ typedef struct {
     int64_t sig_mask, sig_used;
     uint32_t *words;
     int64_t words_cap;
-    uint64_t *seen;
+    struct mask_key *seen;
     int64_t seen_cap;
 } grammar_t;
 
@@ -502,8 +527,9 @@ int64_t loraplex_span_forced(grammar_t *g, const uint8_t *accepting, const int32
  * the walk does; this is the same walk over this grammar's states (a span grammar's plans are made per request, where
  * the token automaton's are shared by all of a schema's requests, so their cost is on every request's masks). It
  * must choose exactly the bytes the Python walk chooses (tests/grammar/test_span_greedy.py compares them). The
- * walk tells masks apart by a 64-bit hash of the normalised mask (Python: hash() of its bytes); a state's hash is
- * computed once per request. */
+ * walk tells masks apart as Python does by a hash of the normalised mask (here 64 bits), but only where the states
+ * differ and their one-byte tokens agree (masks that differ there differ); a state's hash is computed once per
+ * request (a request's grammar is always walked with its one search's tables). */
 
 /* What the walk reads besides the grammar: the vocabulary's trie, and the search's tables. */
 typedef struct {
@@ -599,10 +625,41 @@ static uint64_t signature_of(grammar_t *g, const gstate_t *st, const walk_tables
     return h;
 }
 
-static int seen_has(const grammar_t *g, int64_t n, uint64_t sig)
+/* A state's mask as the walk compares it: the state, and the bytes whose one-byte tokens the mask holds. Two masks
+ * with different bytes differ; two with the same bytes are compared by their signatures, computed only then (a
+ * signature is a walk of the vocabulary's trie, which where a grounded string opens reads the whole source). */
+typedef struct mask_key {
+    gstate_t st;
+    uint64_t bytes[4];
+} mask_key_t;
+
+static void key_of(grammar_t *g, const gstate_t *st, const walk_tables_t *w, mask_key_t *key, uint8_t allowed[256])
 {
-    for (int64_t i = 0; i < n; i++)
-        if (g->seen[i] == sig)
+    key->st = *st;
+    memset(key->bytes, 0, sizeof key->bytes);
+    for (int b = 0; b < 256; b++) {
+        gstate_t probe = *st;
+        allowed[b] = w->usable[b] && step(g, &probe, b);
+        key->bytes[b >> 6] |= (uint64_t)allowed[b] << (b & 63);
+    }
+}
+
+/* Whether the normalised masks of a and b are equal (*ok = 0: out of memory) */
+static int same_mask(grammar_t *g, const mask_key_t *a, const mask_key_t *b, const walk_tables_t *w, int32_t *stack,
+                     int *ok)
+{
+    if (a->st.t == b->st.t && a->st.s == b->st.s && a->st.d == b->st.d && a->st.q == b->st.q)
+        return 1;
+    if (memcmp(a->bytes, b->bytes, sizeof a->bytes) != 0)
+        return 0;
+    uint64_t x = signature_of(g, &a->st, w, stack, ok);
+    return *ok && x == signature_of(g, &b->st, w, stack, ok);
+}
+
+static int seen_has(grammar_t *g, int64_t n, const mask_key_t *key, const walk_tables_t *w, int32_t *stack, int *ok)
+{
+    for (int64_t i = 0; i < n && *ok; i++)
+        if (same_mask(g, &g->seen[i], key, w, stack, ok))
             return 1;
     return 0;
 }
@@ -621,13 +678,13 @@ int64_t loraplex_span_greedy(grammar_t *g, const uint8_t *accepting, const int32
     gstate_t st = {state[0], state[1], state[2], state[3]};
     int64_t n = 0, computed = 0, seen_n = 0;
     int32_t used[256];
-    uint8_t allowed[256];
-    uint64_t last = 0;
+    uint8_t allowed[256], child_allowed[256];
+    mask_key_t here, last, child;
     int has_last = 0, trapped = 0, ok = 1;
     int64_t result = WALK_NONE;
     memset(used, 0, sizeof used);
     if (g->seen_cap < w->max_bytes + 1) {
-        uint64_t *seen = realloc(g->seen, (w->max_bytes + 1) * sizeof *seen);
+        mask_key_t *seen = realloc(g->seen, (w->max_bytes + 1) * sizeof *seen);
         if (!seen)
             return WALK_NO_MEMORY;
         g->seen = seen;
@@ -650,22 +707,16 @@ int64_t loraplex_span_greedy(grammar_t *g, const uint8_t *accepting, const int32
             goto done;
         }
         computed++;
-        for (int b = 0; b < 256; b++) {
-            gstate_t probe = st;
-            allowed[b] = w->usable[b] && step(g, &probe, b);
-        }
-        uint64_t sig = signature_of(g, &st, w, stack, &ok);
-        if (!ok) {
-            result = WALK_NO_MEMORY;
-            goto done;
-        }
-        if (!has_last || sig != last) { /* repeats count within one run of a mask */
+        key_of(g, &st, w, &here, allowed);
+        if (!has_last || !same_mask(g, &here, &last, w, stack, &ok)) { /* repeats count within one run of a mask */
             memset(used, 0, sizeof used);
             trapped = 0;
         }
-        last = sig;
+        last = here;
         has_last = 1;
-        int in_seen = seen_has(g, seen_n, sig), b = -1;
+        int in_seen = seen_has(g, seen_n, &here, w, stack, &ok), b = -1;
+        if (!ok)
+            goto no_memory;
         if (in_seen && !trapped) { /* looping: the first byte that accepts or reaches an unseen mask, else the first
                                       that leaves this mask (CompletionSearch._leave_loop) */
             if (loop_exits >= 0) {
@@ -678,34 +729,32 @@ int64_t loraplex_span_greedy(grammar_t *g, const uint8_t *accepting, const int32
                 int c = w->order[k];
                 if (!allowed[c])
                     continue;
-                gstate_t child = st;
-                if (!step(g, &child, c))
+                gstate_t next = st;
+                if (!step(g, &next, c))
                     continue;
                 if (masks_left >= 0 && computed >= masks_left) {
                     result = WALK_OUT_OF_MASKS;
                     goto done;
                 }
                 computed++;
-                if (accepting_at(accepting, &child)) {
+                if (accepting_at(accepting, &next)) {
                     b = c;
                     break;
                 }
-                uint64_t child_sig = signature_of(g, &child, w, stack, &ok);
-                if (!ok) {
-                    result = WALK_NO_MEMORY;
-                    goto done;
-                }
-                if (!seen_has(g, seen_n, child_sig))
+                key_of(g, &next, w, &child, child_allowed);
+                if (!seen_has(g, seen_n, &child, w, stack, &ok))
                     b = c;
-                else if (other < 0 && child_sig != sig)
+                else if (other < 0 && !same_mask(g, &child, &here, w, stack, &ok))
                     other = c;
+                if (!ok)
+                    goto no_memory;
             }
             if (b < 0)
                 b = other;
         }
         trapped = b < 0 && in_seen; /* no way out of this mask yet: not looked for again in this run */
         if (!in_seen)
-            g->seen[seen_n++] = sig;
+            g->seen[seen_n++] = here;
         if (b < 0)
             for (int k = 0; k < 256; k++)
                 if (allowed[w->order[k]] && used[w->order[k]] < w->repeat) {
@@ -718,6 +767,9 @@ int64_t loraplex_span_greedy(grammar_t *g, const uint8_t *accepting, const int32
         out[n++] = (uint8_t)b;
     }
     result = n;
+    goto done;
+no_memory:
+    result = WALK_NO_MEMORY;
 done:
     *masks = computed;
     return result;
