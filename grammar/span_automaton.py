@@ -23,6 +23,9 @@ a mask then only follows paths from which the value can still end (the C ``live`
 a bound past which the value is narrowed). grammar/span_grammar.py binds each request to it; the template is built
 in the compile worker (grammar/workers/job.py). llguidance binds what this does not serve (tool calls, templates
 too large or too slow to build, no C compiler), in the same language.
+
+The budget's completion search (grammar/search.py) walks span states in C too (``SpanMatcher.greedy``): a request's
+completions from inside a grounded string read its source, so each request makes its own, on its masks' clock.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from loraplex.grammar.backend_outlines.automaton import (
 )
 from loraplex.grammar.grounding import SourceText, placeholder, source_pieces
 from loraplex.grammar.schema.json_text import UNIT
+from loraplex.grammar.search import WalkInputs
 from loraplex.grammar.spec import GrammarError
 
 SEPARATOR = 512  # between two segments: no output reads it, so no span crosses from one into the next
@@ -510,7 +514,7 @@ class GreedyWalk:
     """What the C greedy walk reads beside a grammar: the vocabulary's trie and the completion search's tables
     (grammar/search.py's ``WalkInputs``), kept alive as long as the walk is."""
 
-    def __init__(self, trie: TokenTrie, inputs: Any) -> None:
+    def __init__(self, trie: TokenTrie, inputs: WalkInputs) -> None:
         self.inputs = inputs
         self._arrays = (
             trie,
