@@ -14,6 +14,7 @@ achievable and short, an upper bound on the true distance (not always the minimu
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -85,6 +86,17 @@ class WalkInputs:
     repeat: int
 
 
+class _PerThread(threading.local):
+    """A search's working state, one per thread: the engine checks budgets on its thread while the compiler's
+    binder makes a new request's plan on another with the same search (and the C walks let go of the GIL), so a
+    shared bound and mask count gave one thread's run the other's (tests/grammar/test_span_greedy.py)."""
+
+    def __init__(self, words: int) -> None:
+        self.buf = np.zeros(words, dtype=np.int32)  # the last mask computed
+        self.masks_left: int | None = None  # None: unbounded
+        self.masks_computed = 0  # masks computed by the last completion_bytes (a bounded run fails above the bound)
+
+
 def token_filter(info: VocabInfo, automaton_language: bool) -> tuple[np.ndarray, np.ndarray]:
     """(kept, eos) int32 bitmask rows: the tokens a mask may hold (tokens with bytes; in the automaton's language
     none holding byte 0xF4, see backend_outlines.automaton) and the EOS ids."""
@@ -136,10 +148,8 @@ class CompletionSearch:
         self._bytes = np.flatnonzero(self.byte_token >= 0)
         ids = self.byte_token[self._bytes]
         self._word, self._bit = ids >> 5, ids & 31
-        self._buf = np.zeros(self.words, dtype=np.int32)
         self._order = [ord(c) for c in CLOSING_ORDER] + [b for b in range(256) if chr(b) not in CLOSING_ORDER]
-        self._masks_left: int | None = None  # None: unbounded
-        self.masks_computed = 0  # masks computed by the last completion_bytes (a bounded run fails above the bound)
+        self._thread = _PerThread(self.words)
         self.splitter = TokenSplitter(self.by_bytes, MAX_TOKEN_BYTES) if native_split else None
         kept_plain = (self._kept & ~self._eos).view(np.uint32)
         bit = ((kept_plain[self.byte_token.clip(0) >> 5] >> (self.byte_token.clip(0) & 31)) & 1).astype(np.uint8)
@@ -151,6 +161,27 @@ class CompletionSearch:
             max_bytes,
             REPEAT,
         )
+
+    @property
+    def _buf(self) -> np.ndarray:
+        return self._thread.buf
+
+    @property
+    def _masks_left(self) -> int | None:
+        return self._thread.masks_left
+
+    @_masks_left.setter
+    def _masks_left(self, value: int | None) -> None:
+        self._thread.masks_left = value
+
+    @property
+    def masks_computed(self) -> int:
+        """Masks computed by this thread's last ``completion_bytes`` (a bounded run fails above its bound)."""
+        return self._thread.masks_computed
+
+    @masks_computed.setter
+    def masks_computed(self, value: int) -> None:
+        self._thread.masks_computed = value
 
     def _mask(self, m: Any) -> np.ndarray:
         if self._masks_left is not None:

@@ -153,3 +153,38 @@ def test_a_span_node_validates_tokens_as_reading_them_one_by_one(compiler):
                 expected += 1
             assert node.validate_tokens(tokens) == expected, tokens
         assert node.validate_tokens(plan) == len(plan)
+
+
+@needs_c_kernels
+def test_one_search_serves_two_threads_as_it_serves_one(compiler):
+    """The engine checks budgets on its thread while the compiler's binder makes a new request's plan on another,
+    with the one search of the vocabulary: each thread's mask count and bound are its own (shared, they gave the
+    binder's plan the engine's bound, and the memo wrong mask counts: different tokens for the same request)."""
+    import threading
+
+    rng = random.Random(5)
+    grammar = compiler.compile(StructuredSpec(json=LOOPY), [SourceText(1, LOOPY_SOURCE)])
+    assert isinstance(grammar, SpanGrammar)
+    search = grammar.search
+    nodes = [*states_along_walks(grammar, rng, walks=3, steps=30)]
+    bounds = [rng.randint(0, 40) for _ in nodes]
+    checks = [python_walk(search, n, GREEDY_LOOP_EXITS, b) for n, b in zip(nodes, bounds)]  # one thread at a time
+    plans = [c_walk(search, n, None, None) for n in nodes]
+    seen: dict[str, list[Any]] = {"checks": [], "plans": []}
+
+    def engine() -> None:  # bounded checks, the Python walk
+        for _ in range(10):
+            seen["checks"].append([python_walk(search, n, GREEDY_LOOP_EXITS, b) for n, b in zip(nodes, bounds)])
+
+    def binder() -> None:  # plans without a bound, the C walk (which lets go of the GIL)
+        for _ in range(10):
+            seen["plans"].append([c_walk(search, n, None, None) for n in nodes])
+
+    threads = [threading.Thread(target=engine), threading.Thread(target=binder)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen["checks"]) == len(seen["plans"]) == 10, "a thread failed"
+    assert all(run == checks for run in seen["checks"])
+    assert all(run == plans for run in seen["plans"])
