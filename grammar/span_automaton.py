@@ -35,7 +35,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -325,6 +325,8 @@ class TokenTrie:
     child_byte: np.ndarray  # uint8 [nodes - 1]
     token_start: np.ndarray  # int32 [nodes + 1]
     token_ids: np.ndarray  # int32
+    # each thread's walk scratch (_stack_for), freed with the trie
+    scratch: threading.local = field(default_factory=threading.local, compare=False, repr=False)
 
     @property
     def nodes(self) -> int:
@@ -641,14 +643,11 @@ class SpanMatcher:
         self.mask_into(_ptr(out))
 
 
-_stacks: dict[tuple[int, int], np.ndarray] = {}
-
-
 def _stack_for(trie: TokenTrie) -> np.ndarray:
     """The walk's scratch (5 x the trie's nodes, 2 MB for SmolLM2's), one per trie and thread: a walk runs to its
-    end on its thread, so the matchers walking on that thread share it instead of allocating their own."""
-    key = (id(trie), threading.get_ident())
-    stack = _stacks.get(key)
+    end on its thread, so the matchers walking on that thread share it instead of allocating their own. (Kept on the
+    trie: keyed by the trie's id, a later trie of a larger vocabulary at the same address got a smaller scratch.)"""
+    stack: np.ndarray | None = getattr(trie.scratch, "stack", None)
     if stack is None:
-        stack = _stacks[key] = np.empty(5 * trie.nodes + 5, dtype=np.int32)
+        stack = trie.scratch.stack = np.empty(5 * trie.nodes + 5, dtype=np.int32)
     return stack

@@ -188,3 +188,15 @@ def test_one_search_serves_two_threads_as_it_serves_one(compiler):
     assert len(seen["checks"]) == len(seen["plans"]) == 10, "a thread failed"
     assert all(run == checks for run in seen["checks"])
     assert all(run == plans for run in seen["plans"])
+
+
+@needs_c_kernels
+def test_each_trie_has_walk_scratch_of_its_own_size():
+    """The C mask walk's scratch is sized by its trie; tries are freed and made again (a compiler a vocabulary), and
+    one made at a freed trie's address must not get the freed trie's scratch."""
+    from loraplex.grammar.span_automaton import TokenTrie, _stack_for
+
+    for size in range(2, 40):
+        trie = TokenTrie.of([bytes([i]) + b"xyz"[: size % 4] for i in range(size * 6)])
+        assert len(_stack_for(trie)) >= 5 * trie.nodes + 5
+        del trie
