@@ -195,8 +195,6 @@ class SpanNode:
             return int(np.searchsorted(np.cumsum([len(b) for b in cast(list[bytes], spelled)]), read, side="right"))
         trial, n = self._m.copy(), 0
         for token in tokens:
-            if self._stopped:
-                break
             if token in self._g.eos_ids:
                 return n + 1 if trial.accepting else n
             data = self._g.token_bytes(token)

@@ -42,25 +42,25 @@ LOOPY_PREFIXES = [  # states inside "key" and "alt", where the walks loop, whate
 ]
 
 
-def python_walk(search: CompletionSearch, node: SpanNode, loop_exits: int | None, masks: int | None) -> Any:
-    """The Python walk from ``node``: its bytes and masks, or "out of masks"."""
+def walk(search: CompletionSearch, node: SpanNode, loop_exits: int | None, masks: int | None, native: bool) -> Any:
+    """The greedy walk from ``node`` (``native``: the C walk, else the Python one) under a bound on its masks: its
+    bytes and the masks it computed, or "out of masks"."""
     search._masks_left, search.masks_computed = masks, 0
     try:
-        return search._python_greedy(node, loop_exits), search.masks_computed
+        greedy = search._greedy if native else search._python_greedy
+        return greedy(node, loop_exits), search.masks_computed
     except _OutOfMasks:
         return "out of masks"
     finally:
         search._masks_left = None
+
+
+def python_walk(search: CompletionSearch, node: SpanNode, loop_exits: int | None, masks: int | None) -> Any:
+    return walk(search, node, loop_exits, masks, native=False)
 
 
 def c_walk(search: CompletionSearch, node: SpanNode, loop_exits: int | None, masks: int | None) -> Any:
-    search._masks_left, search.masks_computed = masks, 0
-    try:
-        return search._greedy(node, loop_exits), search.masks_computed
-    except _OutOfMasks:
-        return "out of masks"
-    finally:
-        search._masks_left = None
+    return walk(search, node, loop_exits, masks, native=True)
 
 
 def node_after(grammar: SpanGrammar, text: bytes) -> SpanNode:
