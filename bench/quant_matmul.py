@@ -4,14 +4,14 @@ Times the C kernel (kernels/quant.py ``quant_matmul_c``) per block format on Smo
 for 1 row (a lone decode), 8 and 64 rows (decode batches), 256 and 512 (prefill chunks; the LM head only up to
 64: prefill asks it for the last position of each sequence), against ``F.linear`` in float32 on the de-quantized
 weight (the float path the engine runs otherwise), and prints the speed-up (float time / quantized time) and
-the rate at which each reads its weight (GB/s of the weight's bytes: the quantized blocks for the kernel,
-float32 for F.linear). "int8 x": the same with ``int8_activations=True`` (x quantized to int8 per group of 32,
-integer products: llama.cpp's way), up to 64 rows (beyond, it reads each weight row once per 4 rows of x, and
-the float kernel is faster). The calls being compared alternate (so that both see the same load) and each time is a
-median; with ``--threads 1`` it is the thread's CPU time, which a busy machine's other processes do not inflate
+the rate at which each reads its weight (GB/s of the weight's bytes: the quantized blocks for the kernel, float32
+for F.linear). "int8 x": the same with ``int8_activations=True`` (x quantized to int8 per group of 32, integer
+products: llama.cpp's way; from 8 rows on AVX-512 VNNI its integer GEMM, elsewhere the row kernels, which read each
+weight row once per 4 rows of x). The calls being compared alternate (so that both see the same load) and each time
+is a median; with ``--threads 1`` it is the thread's CPU time, which a busy machine's other processes do not inflate
 (their cache traffic still can), else wall-clock time. The machine's load is printed beside them. K-quant formats
-need k to be a multiple of 256 and are left out of the k=576 shapes (GGUF files store those tensors in
-another format). ``--threads 1`` measures one core (on a busy machine two OpenMP threads wait for each other).
+need k to be a multiple of 256 and are left out of the k=576 shapes (GGUF files store those tensors in another
+format). ``--threads 1`` measures one core (on a busy machine two OpenMP threads wait for each other).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ SHAPES = {  # name: (k in, n out, formats) of SmolLM2-135M
 }
 ROWS = (1, 8, 64, 256, 512)
 LM_HEAD_MAX_ROWS = 64
-INT8_MAX_ROWS = 64
+INT8_MAX_ROWS = 512
 _F16_SCALES = {  # float16 fields
     "Q8_0": (0,),
     "Q4_0": (0,),

@@ -17,10 +17,11 @@ Each figure is the best of --repeats runs (default 3) on both sides: on a shared
 a run down, so the fastest is the closest to the machine's own rate.
 
 Ours runs in one subprocess per configuration (each engine with its own thread pool): quantization="gguf" (the
-file's own blocks) and "none" (float32) where EngineArgs has `quantization`, else float32 alone; and n-gram drafts
-on for (a). "weights resident": ours the bytes of the model's tensors (shared storage once), llama.cpp the model
-size it reports. Both sides wait at libgomp's barriers (ggml is built with OpenMP): llama.cpp's processes inherit
-ours' GOMP_SPINCOUNT (1,000: loraplex.envvars.openmp) unless --llama-default-spin.
+file's own blocks), the same with quantized_activations="int8" (x rounded to int8 per group of 32 and integer
+products, as llama.cpp computes) and "none" (float32) where EngineArgs has `quantization`, else float32 alone; and
+n-gram drafts on for (a). "weights resident": ours the bytes of the model's tensors (shared storage once),
+llama.cpp the model size it reports. Both sides wait at libgomp's barriers (ggml is built with OpenMP):
+llama.cpp's processes inherit ours' GOMP_SPINCOUNT (1,000: loraplex.envvars.openmp) unless --llama-default-spin.
 """
 
 from __future__ import annotations
@@ -278,7 +279,11 @@ def main() -> None:
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     if "quantization" in EngineArgs.field_names():
-        ours = [("ours gguf", {"quantization": "gguf"}), ("ours float32", {"quantization": "none"})]
+        ours = [
+            ("ours gguf", {"quantization": "gguf"}),
+            ("ours gguf int8 x", {"quantization": "gguf", "quantized_activations": "int8"}),
+            ("ours float32", {"quantization": "none"}),
+        ]
     else:
         ours = [("ours float32 (quantized path not yet on main)", {})]
     base = dict(
@@ -346,16 +351,15 @@ def main() -> None:
     rows = [(name, llama, [get(r) for r in results.values()]) for name, llama, get in spec]
 
     labels = list(results)
+    quantized = [i for i, lb in enumerate(labels) if lb != "ours float32"] if "ours float32" in labels else []
     headers = ["measure", "llama.cpp", *labels, *[f"{lb} / llama.cpp" for lb in labels]]
-    if len(labels) == 2:
-        headers.append("ours gguf / ours float32")
+    headers += [f"{labels[i]} / ours float32" for i in quantized]
     print()
     print("| " + " | ".join(headers) + " |")
     print("|" + "---|" * len(headers))
     for name, llama, vals in rows:
         cells = [name, fmt(llama), *[fmt(v) for v in vals], *[ratio(v, llama) for v in vals]]
-        if len(labels) == 2:
-            cells.append(ratio(vals[0], vals[1]))
+        cells += [ratio(vals[i], vals[labels.index("ours float32")]) for i in quantized]
         print("| " + " | ".join(cells) + " |")
     print()
     print(

@@ -732,6 +732,7 @@ typedef struct {   /* x quantized: row i, group g */
     float *d;      /* [m][groups]: the float16 scale, as float (the vector paths: [m][groups][8], repeated) */
     float *dsum;   /* [m][groups]: d * the sum of the group's q (for the weight's low term) */
     int32_t *bias; /* the vector paths: [m][groups][8]: -offset * the sum of each lane's 4 q */
+    int32_t *gbias; /* the int8 GEMM (else NULL): [m][groups][2]: -offset * the sum of each half group's q */
 } qx_t;
 
 static inline float f16_round(float f) /* to the nearest float16 (ties to even), as torch's .to(float16) */
@@ -777,6 +778,11 @@ static void quantize_x(const float *x, int64_t m, int64_t k, int offset, const q
             const int64_t ig = i * groups + g;
             const float dh = f16_round(d);
             a->dsum[ig] = dh * (float)sum;
+            if (a->gbias != NULL) {
+                int half = 0;
+                for (int e = 0; e < 16; ++e) half += q[e];
+                a->gbias[2 * ig] = -offset * half, a->gbias[2 * ig + 1] = -offset * (sum - half);
+            }
             if (a->bias == NULL) {
                 a->d[ig] = dh;
                 continue;
@@ -1119,22 +1125,227 @@ static const i8_row_fn I8_ROW[NUM_TYPES] = {i8_row_Q8_0, i8_row_Q4_0, i8_row_Q4_
                                             i8_row_Q6_K, i8_row_Q5_0, i8_row_Q5_1};
 #endif
 
+#if I8_PATH == 3
+/* ---- int8 GEMM (from I8_GEMM_MIN_M rows of x: decode batches, prefill chunks), lanes over output columns ----
+ *
+ * The row kernels above sum each group of a weight row in the lanes of one vector, then convert, scale and add
+ * per row of x: 3-4 vector operations for each vpdpbusd, and the weight row is decoded again for every 4 rows of
+ * x, so from a few rows they are bound by that overhead, not by the integer products. Here a thread decodes a
+ * panel of I8G_NC weight rows (output columns) once per call into unsigned bytes laid out for vpdpbusd: for each
+ * group and each 4 elements ("quad") of it, the panel's columns side by side (32 columns: two 512-bit vectors).
+ * A quad of a row of x is broadcast to every lane, so one vpdpbusd adds 4 products to each of 16 columns' sums;
+ * a group's 8 quads give each (row of x, column) its exact integer sum of 32 products, converted and scaled once
+ * per group: y += dw dx isum (+ low dsum). A weight with an offset (see i8_offset) starts each sum at -offset times
+ * the sum of x's integers it multiplies (gbias), which keeps it exact. Q6_K's integer scales change every 16
+ * elements, so its groups are summed and scaled in halves of 4 quads (d times the half's scale). I8G_MR rows of
+ * x by 32 columns stay in registers (8 integer and 8 float sums). */
+enum {
+    I8G_NC = 32,        /* columns of a panel (two vectors) */
+    I8G_MR = 4,         /* rows of x a tile holds in registers (4 x 2 x 2 sums + weights and scales: ~24 of 32) */
+    I8_GEMM_MIN_M = 8,  /* rows of x from which the GEMM runs (bench/quant_matmul.py) */
+};
+
+typedef struct {
+    uint32_t *q; /* [groups][8][I8G_NC]: quad t of the group, for each column */
+    float *d;    /* [groups][subs][I8G_NC]: the weight's scale of each column's group (Q6_K: half group) */
+    float *low;  /* [groups][I8G_NC]: its low (Q4_1, Q5_1: m; Q4_K: -dmin min), else 0 */
+} i8_panel;
+
+/* the 8 x 8 transpose of 32-bit words: r[c] holds column c's 8 quads; after, r[t] holds quad t of 8 columns */
+static inline void transpose8_epi32(__m256i r[8])
+{
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* decodes columns c0 .. c0 + nc - 1 of the weight into the panel (columns from nc on: zero) */
+static void i8_pack_panel(int qtype, const uint8_t *wq, int64_t rb, int64_t c0, int64_t nc, int64_t groups,
+                          i8_panel *p)
+{
+    const int64_t bb = BLOCK_BYTES[qtype], subs = qtype == Q6_K ? 2 : 1;
+    const int ksuper = qtype == Q4_K || qtype == Q6_K;
+    for (int64_t c8 = 0; c8 < I8G_NC; c8 += 8) {
+        i8_super sup[8];
+        for (int64_t g = 0; g < groups; ++g) {
+            __m256i r[8];
+            float *d = p->d + g * subs * I8G_NC, *low = p->low + g * I8G_NC;
+            for (int c = 0; c < 8; ++c) {
+                const int64_t col = c8 + c;
+                if (col >= nc) {
+                    r[c] = _mm256_setzero_si256();
+                    for (int64_t h = 0; h < subs; ++h) d[h * I8G_NC + col] = 0.0f;
+                    low[col] = 0.0f;
+                    continue;
+                }
+                const uint8_t *row = wq + (c0 + col) * rb;
+                const uint8_t *b = ksuper ? row + g / 8 * bb : row + g * bb;
+                const int s = ksuper ? (int)(g % 8) : 0;
+                i8_group w;
+                if (ksuper && s == 0) i8_decode_super(qtype, row, g / 8, &sup[c]);
+                i8_decode(qtype, b, s, &sup[c], &w);
+                r[c] = w.u;
+                low[col] = w.low;
+                if (qtype == Q6_K) { /* the half groups' int8 scales (layout: i8_group_scalar) */
+                    const int8_t *sc = (const int8_t *)b + 192 + 8 * (s / 4) + 2 * (s % 4);
+                    d[col] = w.scale * (float)sc[0], d[I8G_NC + col] = w.scale * (float)sc[1];
+                } else {
+                    d[col] = w.scale;
+                }
+            }
+            transpose8_epi32(r);
+            for (int t = 0; t < 8; ++t) _mm256_storeu_si256((__m256i *)(p->q + (g * 8 + t) * I8G_NC + c8), r[t]);
+        }
+    }
+}
+
+/* y[i][0 .. nc) for MR rows of x from i0 (compile-time MR: the sums stay in registers); LOW: the weight has a low
+ * term, OFF: an offset, SUBS: 2 where a group is scaled in halves (Q6_K) */
+static inline __attribute__((always_inline)) void i8_gemm_tile(const int MR, const int LOW, const int OFF,
+                                                               const int SUBS, const i8_panel *p, const qx_t *a,
+                                                               int64_t i0, int64_t groups, int64_t k, float *y,
+                                                               int64_t ldy, int64_t nc)
+{
+    __m512 f[I8G_MR][2];
+    for (int r = 0; r < MR; ++r) f[r][0] = f[r][1] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        for (int h = 0; h < SUBS; ++h) {
+            __m512i acc[I8G_MR][2];
+            for (int r = 0; r < MR; ++r) {
+                const int32_t *gb = a->gbias + 2 * ((i0 + r) * groups + g);
+                acc[r][0] = acc[r][1] = !OFF      ? _mm512_setzero_si512()
+                                        : SUBS == 2 ? _mm512_set1_epi32(gb[h])
+                                                    : _mm512_set1_epi32(gb[0] + gb[1]);
+            }
+            const int t0 = h * 8 / SUBS;
+#pragma GCC unroll 8
+            for (int t = t0; t < t0 + 8 / SUBS; ++t) {
+                const uint32_t *qt = p->q + (g * 8 + t) * I8G_NC;
+                const __m512i w0 = _mm512_loadu_si512(qt), w1 = _mm512_loadu_si512(qt + 16);
+                for (int r = 0; r < MR; ++r) {
+                    int32_t quad;
+                    memcpy(&quad, a->q + (i0 + r) * k + g * 32 + 4 * t, sizeof quad);
+                    const __m512i xb = _mm512_set1_epi32(quad);
+                    acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w0, xb);
+                    acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w1, xb);
+                }
+            }
+            const float *dg = p->d + (g * SUBS + h) * I8G_NC;
+            const __m512 d0 = _mm512_loadu_ps(dg), d1 = _mm512_loadu_ps(dg + 16);
+            for (int r = 0; r < MR; ++r) {
+                const __m512 dx = _mm512_set1_ps(a->d[((i0 + r) * groups + g) * 8]);
+                f[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][0]), _mm512_mul_ps(d0, dx), f[r][0]);
+                f[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][1]), _mm512_mul_ps(d1, dx), f[r][1]);
+            }
+        }
+        if (LOW) {
+            const __m512 l0 = _mm512_loadu_ps(p->low + g * I8G_NC), l1 = _mm512_loadu_ps(p->low + g * I8G_NC + 16);
+            for (int r = 0; r < MR; ++r) {
+                const __m512 ds = _mm512_set1_ps(a->dsum[(i0 + r) * groups + g]);
+                f[r][0] = _mm512_fmadd_ps(l0, ds, f[r][0]);
+                f[r][1] = _mm512_fmadd_ps(l1, ds, f[r][1]);
+            }
+        }
+    }
+    const __mmask16 m0 = nc >= 16 ? 0xffff : (__mmask16)((1u << nc) - 1);
+    const __mmask16 m1 = nc >= 32 ? 0xffff : nc <= 16 ? 0 : (__mmask16)((1u << (nc - 16)) - 1);
+    for (int r = 0; r < MR; ++r) {
+        _mm512_mask_storeu_ps(y + (i0 + r) * ldy, m0, f[r][0]);
+        _mm512_mask_storeu_ps(y + (i0 + r) * ldy + 16, m1, f[r][1]);
+    }
+}
+
+#define DEFINE_I8_GEMM_ROWS(NAME, LOW, OFF, SUBS)                                                             \
+    static void NAME(const i8_panel *p, const qx_t *a, int64_t m, int64_t groups, int64_t k, float *y,        \
+                     int64_t ldy, int64_t nc)                                                                 \
+    {                                                                                                         \
+        int64_t i = 0;                                                                                        \
+        for (; i + I8G_MR <= m; i += I8G_MR)                                                                  \
+            i8_gemm_tile(I8G_MR, LOW, OFF, SUBS, p, a, i, groups, k, y, ldy, nc);                             \
+        switch (m - i) {                                                                                      \
+        case 3: i8_gemm_tile(3, LOW, OFF, SUBS, p, a, i, groups, k, y, ldy, nc); break;                       \
+        case 2: i8_gemm_tile(2, LOW, OFF, SUBS, p, a, i, groups, k, y, ldy, nc); break;                       \
+        case 1: i8_gemm_tile(1, LOW, OFF, SUBS, p, a, i, groups, k, y, ldy, nc); break;                       \
+        default: break;                                                                                       \
+        }                                                                                                     \
+    }
+DEFINE_I8_GEMM_ROWS(i8_gemm_rows_plain, 0, 0, 1)
+DEFINE_I8_GEMM_ROWS(i8_gemm_rows_low, 1, 0, 1)
+DEFINE_I8_GEMM_ROWS(i8_gemm_rows_offset, 0, 1, 1)
+DEFINE_I8_GEMM_ROWS(i8_gemm_rows_halves, 0, 1, 2)
+
+/* Threads split the panels; each decodes its panel once and multiplies it with every row of x. Returns nonzero
+ * if scratch could not be allocated. */
+static int i8_gemm(int qtype, const uint8_t *wq, int64_t m, int64_t n, int64_t k, const qx_t *a, float *y,
+                   int64_t ldy, int num_threads)
+{
+    const int64_t groups = k / 32, rb = k / BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype];
+    const int64_t panels = (n + I8G_NC - 1) / I8G_NC;
+    void (*rows)(const i8_panel *, const qx_t *, int64_t, int64_t, int64_t, float *, int64_t, int64_t) =
+        qtype == Q6_K         ? i8_gemm_rows_halves
+        : i8_offset(qtype)    ? i8_gemm_rows_offset
+        : i8_has_low(qtype)   ? i8_gemm_rows_low
+                              : i8_gemm_rows_plain;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) if (m * n * k >= PARALLEL_MIN)
+    {
+        const size_t quads = (size_t)(groups * 8 * I8G_NC) * sizeof(uint32_t);
+        uint8_t *scratch = malloc(quads + 3 * (size_t)(groups * I8G_NC) * sizeof(float)); /* q, d (2), low */
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        float *scales = (float *)(scratch + quads);
+        i8_panel p = {(uint32_t *)scratch, scales, scales + 2 * groups * I8G_NC};
+#pragma omp for schedule(static)
+        for (int64_t pi = 0; pi < panels; ++pi) {
+            if (scratch == NULL) continue;
+            const int64_t c0 = pi * I8G_NC, nc = n - c0 < I8G_NC ? n - c0 : I8G_NC;
+            i8_pack_panel(qtype, wq, rb, c0, nc, groups, &p);
+            rows(&p, a, m, groups, k, y + c0, ldy, nc);
+        }
+        free(scratch);
+    }
+    return failed;
+}
+#endif
+
 /* Threads split the weight rows; a row is read once for every 4 rows of x. Returns nonzero if scratch could
  * not be allocated. */
 static int matmul_int8(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
                        int64_t ldy, int num_threads)
 {
     const int64_t groups = k / 32, rb = k / BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype];
-    const int vector = I8_PATH != 0, per_group = vector ? 17 : 2; /* floats a group: d (8 or 1), dsum, bias (8) */
+    const int vector = I8_PATH != 0, per_group = vector ? 19 : 2; /* a group: d (8 or 1), dsum, bias (8), gbias (2) */
     float *scratch = malloc((size_t)(m * groups * per_group) * sizeof(float) + (size_t)(m * k));
     if (scratch == NULL) return 1;
     const qx_t a = {
         .d = scratch,
         .dsum = scratch + m * groups * (vector ? 8 : 1),
         .bias = vector ? (int32_t *)(scratch + m * groups * 9) : NULL,
+        .gbias = vector ? (int32_t *)(scratch + m * groups * 17) : NULL,
         .q = (int8_t *)(scratch + m * groups * per_group),
     };
     quantize_x(x, m, k, i8_offset(qtype), &a);
+#if I8_PATH == 3
+    if (m >= I8_GEMM_MIN_M) {
+        const int failed = i8_gemm(qtype, wq, m, n, k, &a, y, ldy, num_threads);
+        free(scratch);
+        return failed;
+    }
+#endif
 #if I8_PATH
     const i8_row_fn row_fn = I8_ROW[qtype];
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)

@@ -4,6 +4,7 @@ bit for bit as gguf's (llama.cpp's rounding)."""
 
 from __future__ import annotations
 
+import itertools
 import struct
 from pathlib import Path
 
@@ -183,14 +184,16 @@ def test_int8_activations_match_reference_on_every_path(variant):
     """int8_activations: each build's integer path (512-bit VNNI, 256-bit VNNI, AVX2's vpmaddubsw, plain C) against
     the reference: the same int8 x and the same integer sums, so they differ only by float32 rounding (far below
     the int8 rounding of x, which moves the result by ~1%: a wrong integer anywhere would show). An odd number of
-    groups (the 512-bit path's tail), rows of x 1 to 9 (4 at a time), ties in x's rounding, bfloat16 x."""
+    groups (the 512-bit path's tail), rows of x 1 to 5 (the row kernels, 4 at a time), 8 to 70 (the 512-bit
+    path's GEMM: whole tiles of 4 rows and 1-3 left), output columns a panel of 32 and a part of one (5, 25: one
+    vector, one and a part), ties in x's rounding, bfloat16 x."""
     lib = quant._library(variant)
     assert lib.loraplex_quant_int8_path() == _int8_path_expected(variant)
     g = torch.Generator().manual_seed(13)
-    for qtype in QUANT_TYPES:
-        n, k = (37, 37 * 32) if block_shape(qtype)[0] == 32 else (37, 1024)
+    for qtype, n in itertools.product(QUANT_TYPES, (37, 57)):
+        k = 37 * 32 if block_shape(qtype)[0] == 32 else 1024
         blocks = random_blocks(qtype, n, k, seed=14)
-        for m in (1, 2, 3, 4, 5, 9):
+        for m in (1, 2, 3, 4, 5, 8, 9, 11, 70):
             x = torch.cat((torch.randn(m - 1, k, generator=g), _tie_rows(k)[:1]))
             for dtype in (torch.float32, torch.bfloat16):
                 x = x.to(dtype)
