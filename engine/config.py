@@ -81,8 +81,9 @@ class EngineArgs:
     # vLLM's --quantization: how projection weights are stored and multiplied (engine/model/gguf_weights.py,
     # kernels/quant.py). "gguf": a GGUF model's quantized tensors kept in their blocks (Q8_0, Q4_0, Q4_1, Q4_K,
     # Q6_K); "q8_0": any checkpoint's projections quantized to Q8_0 at load; "int8": to int8 per output channel
-    # (one float scale a row, kernels/int8_channel.py); "none" (and None): float weights in `dtype` (a GGUF model
-    # de-quantized at load).
+    # (one float scale a row, kernels/int8_channel.py); "none": float weights in `dtype` (a GGUF model
+    # de-quantized at load). None (the default): "gguf" for a model given as a .gguf file on the CPU (it keeps
+    # the file's own quantization), else "none" (resolved_quantization).
     quantization: str | None = None
     # "int8": the quantized projections quantize x per group of 32 to int8 and sum exact integer products, as
     # llama.cpp computes on the CPU (faster decode; x's rounding costs accuracy: docs/quantized.md); "none" (and
@@ -133,7 +134,7 @@ class EngineArgs:
                 f"quantized_activations must be one of {', '.join(QUANTIZED_ACTIVATIONS)}, "
                 f"got {self.quantized_activations!r}"
             )
-        if self.int8_activations and self.quantization in (None, "none"):
+        if self.int8_activations and self.quantization == "none":
             raise ValueError(
                 "quantized_activations 'int8' applies to quantized weights: pass quantization gguf, q8_0 or int8"
             )
@@ -154,6 +155,24 @@ class EngineArgs:
         if self.device:
             return torch.device(self.device)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def resolved_quantization(self, device: torch.device) -> str | None:
+        """The quantization to load with (None: float weights). Unset, a model given as a path to a .gguf file
+        keeps the file's blocks on the CPU ("gguf", the C kernels' home; the bundled default model, named by
+        name, stays float32, as do models on CUDA, where quantized weights would be de-quantized at every call).
+        quantized_activations "int8" needs quantized weights: refused by name when they resolve to float."""
+        quantization = self.quantization
+        if quantization is None:
+            gguf_file = self.model is not None and str(self.model).endswith(".gguf")
+            quantization = "gguf" if gguf_file and device.type == "cpu" else "none"
+        if quantization == "none":
+            if self.int8_activations:
+                raise ValueError(
+                    "quantized_activations 'int8' applies to quantized weights: pass quantization gguf, q8_0 or "
+                    "int8 (or a .gguf model file, which keeps its blocks on the CPU)"
+                )
+            return None
+        return quantization
 
     def resolved_dtype(self, device: torch.device, checkpoint_dtype: torch.dtype) -> torch.dtype:
         if self.dtype:

@@ -42,7 +42,7 @@ class ModelRunner:
         self.backend: ComputeBackend = select_backend(
             self.device, self.dtype, shape.head_dim, shape.num_heads, shape.num_kv_heads
         )
-        quantization = None if args.quantization == "none" else args.quantization
+        quantization = args.resolved_quantization(self.device)
         gguf = source_gguf(args.model) if quantization == "gguf" else None
         self.model: DecoderModel = load_model(
             model_dir,

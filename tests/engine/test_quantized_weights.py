@@ -36,7 +36,10 @@ def chat_ids(tok, text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def gguf_engine() -> LLMEngine:
-    return LLMEngine(model=None, quantization="gguf", max_num_seqs=8, num_kv_blocks=200, max_num_batched_tokens=256)
+    """The bundled file named by its path, quantization unset: a .gguf file keeps its blocks by default."""
+    gguf = source_gguf(None)
+    assert gguf is not None
+    return LLMEngine(model=str(gguf), max_num_seqs=8, num_kv_blocks=200, max_num_batched_tokens=256)
 
 
 @pytest.mark.slow
@@ -227,12 +230,29 @@ def test_refusals_name_the_problem(tiny_llama_dir) -> None:
         LLMEngine(model=str(tiny_llama_dir), quantization="int4")
     with pytest.raises(ValueError, match="quantized_activations must be one of int8, none, got 'fp8'"):
         EngineArgs(quantization="q8_0", quantized_activations="fp8")
-    for quantization in (None, "none"):
-        with pytest.raises(ValueError, match="quantized_activations 'int8' applies to quantized weights"):
-            EngineArgs(quantization=quantization, quantized_activations="int8")
+    with pytest.raises(ValueError, match="quantized_activations 'int8' applies to quantized weights"):
+        EngineArgs(quantization="none", quantized_activations="int8")
+    with pytest.raises(ValueError, match="quantized_activations 'int8' applies to quantized weights"):
+        LLMEngine(model=str(tiny_llama_dir), quantized_activations="int8", num_kv_blocks=16)  # (a float checkpoint)
     with pytest.raises(ModelLoadError, match="quantization 'gguf' needs a GGUF model"):
         LLMEngine(model=str(tiny_llama_dir), quantization="gguf", num_kv_blocks=16)
     assert json.loads((tiny_llama_dir / "config.json").read_text())["model_type"] == "llama"  # (a float checkpoint)
+
+
+def test_which_models_keep_their_blocks_by_default(tiny_llama_dir) -> None:
+    """quantization unset: a model given as a .gguf file keeps the file's blocks on the CPU; the bundled default
+    (named by name), a checkpoint directory and anything on CUDA load float weights; an explicit value wins."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    gguf = str(source_gguf(None))
+    assert EngineArgs(model=gguf).resolved_quantization(cpu) == "gguf"
+    assert EngineArgs(model=gguf, quantized_activations="int8").resolved_quantization(cpu) == "gguf"
+    assert EngineArgs(model=gguf).resolved_quantization(cuda) is None
+    assert EngineArgs(model=gguf, quantization="none").resolved_quantization(cpu) is None
+    assert EngineArgs(model=gguf, quantization="q8_0").resolved_quantization(cpu) == "q8_0"
+    for model in (None, "default", str(tiny_llama_dir)):
+        assert EngineArgs(model=model).resolved_quantization(cpu) is None
+    engine = LLMEngine(model=gguf, quantization="none", max_num_seqs=2, num_kv_blocks=16)
+    assert not isinstance(engine.runner.model.layers[0].qkv, QuantizedLinear)  # float32, asked for by name
 
 
 @pytest.mark.slow
