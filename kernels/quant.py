@@ -27,11 +27,15 @@ from .cpu_build import load
 
 __all__ = [
     "QUANT_TYPES",
+    "X16_TYPES",
     "QuantWeight",
     "block_shape",
     "cpu_quant_kernel_available",
+    "deinterleave_x16",
     "dequantize_ref",
     "integer_groups",
+    "interleave_x16",
+    "interleaved_kernel_available",
     "quant_matmul",
     "quant_matmul_c",
     "quant_matmul_ref",
@@ -67,6 +71,8 @@ _ONE_ROW = _i64(1)
 _SIGNATURES = {
     "loraplex_quant_matmul": (_int, [_p, _int, _p, _int, _i64, _i64, _i64, _p, _i64, _int]),
     "loraplex_quant_matmul_int8": (_int, [_p, _int, _p, _int, _i64, _i64, _i64, _p, _i64, _int]),
+    "loraplex_quant_matmul_int8_x16": (_int, [_p, _int, _p, _int, _i64, _i64, _i64, _p, _i64, _int]),
+    "loraplex_quant_x16_available": (_int, [_int]),
     "loraplex_quant_vector_width": (_int, []),
     "loraplex_quant_int8_path": (_int, []),
 }
@@ -236,6 +242,45 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return b[:, 2:].view(torch.int8).int().reshape(m, k // 32, 32), _f16(b[:, :2]).reshape(m, k // 32)
 
 
+# interleave_x16: the formats, and each one's block fields (float16 scales first, then the quants) in bytes
+X16_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1")
+_X16_SCALE_BYTES = {"Q8_0": 2, "Q4_0": 2, "Q4_1": 4}
+
+
+def _x16_view(blocks: torch.Tensor, qtype: str, k: int) -> tuple[int, int, int]:
+    """(panels, groups, scale bytes) of an [n, row_bytes] weight that interleave_x16 can lay out, else ValueError."""
+    _check_blocks(blocks, qtype, k)
+    n = blocks.shape[0]
+    if qtype not in X16_TYPES or n % 16:
+        raise ValueError(f"interleaved weights are {', '.join(X16_TYPES)} with rows a multiple of 16, got {qtype} {n}")
+    return n // 16, k // 32, _X16_SCALE_BYTES[qtype]
+
+
+def interleave_x16(blocks: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
+    """The weight's bytes laid out for the interleaved int8 kernel (``csrc/quant_matmul.c``, matmul_int8_x16): panels
+    of 16 rows, group after group, each panel-group the 16 rows' float16 scale fields (d, then Q4_1's m: 16 of each)
+    and then their quants as 32-bit words, word t of the 16 rows side by side. A permutation of the bytes: the same
+    shape and size, undone by ``deinterleave_x16``."""
+    panels, groups, sb = _x16_view(blocks, qtype, k)
+    nbytes = _BLOCKS[qtype][1]
+    b = blocks.reshape(panels, 16, groups, nbytes).transpose(1, 2)  # [panel, group, row, block]
+    scales = b[..., :sb].reshape(panels, groups, 16, sb // 2, 2).transpose(2, 3)  # [.., field, row, 2]
+    words = b[..., sb:].reshape(panels, groups, 16, -1, 4).transpose(2, 3)  # [.., word, row, 4]
+    out = torch.cat((scales.reshape(panels, groups, -1), words.reshape(panels, groups, -1)), dim=2)
+    return out.reshape(blocks.shape).contiguous()
+
+
+def deinterleave_x16(interleaved: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
+    """The GGUF rows of a weight ``interleave_x16`` laid out."""
+    panels, groups, sb = _x16_view(interleaved, qtype, k)
+    nbytes = _BLOCKS[qtype][1]
+    pg = interleaved.reshape(panels, groups, 16 * nbytes)
+    scales = pg[..., : 16 * sb].reshape(panels, groups, sb // 2, 16, 2).transpose(2, 3)  # [.., row, field, 2]
+    words = pg[..., 16 * sb :].reshape(panels, groups, -1, 16, 4).transpose(2, 3)  # [.., row, word, 4]
+    b = torch.cat((scales.reshape(panels, groups, 16, sb), words.reshape(panels, groups, 16, -1)), dim=3)
+    return b.transpose(1, 2).reshape(interleaved.shape).contiguous()
+
+
 def quant_matmul_ref(
     x: torch.Tensor, blocks: torch.Tensor, qtype: str, k: int, int8_activations: bool = False
 ) -> torch.Tensor:
@@ -269,6 +314,13 @@ def cpu_quant_kernel_available() -> bool:
     return _library() is not None
 
 
+def interleaved_kernel_available(qtype: str, n: int, lib: ctypes.CDLL | None = None) -> bool:
+    """Whether ``lib`` (default: this CPU's build) multiplies an interleaved ``qtype`` weight of ``n`` rows by int8
+    activations (``QuantWeight(..., interleaved=True)``): 512-bit VNNI builds, ``X16_TYPES``, n a multiple of 16."""
+    lib = _library() if lib is None else lib
+    return lib is not None and n % 16 == 0 and bool(lib.loraplex_quant_x16_available(_QTYPE_INDEX[qtype]))
+
+
 class QuantWeight:
     """``y = x @ W.T`` for a fixed weight ``W [n, k]`` kept as GGUF blocks (uint8 ``[n, row_bytes(qtype, k)]``),
     prepared once for repeated calls: the blocks are checked, and on the CPU the C kernel and the blocks' address
@@ -276,19 +328,36 @@ class QuantWeight:
     against quant_matmul's ~10, ~2 for one contiguous row without ``out`` (decode's case: the shape, dtype and
     layout in one test each); a decode step makes one call per projection: ~120 for SmolLM2-135M. ``out``:
     written in place, ``[m, n]`` in x's dtype with contiguous rows, which may be columns of a wider matrix (the
-    parts of a fused projection). Off the CPU, or without the C kernels, the torch reference."""
+    parts of a fused projection). Off the CPU, or without the C kernels, the torch reference.
 
-    def __init__(self, blocks: torch.Tensor, qtype: str, k: int, int8_activations: bool = False) -> None:
+    ``interleaved``: ``blocks`` are laid out by ``interleave_x16`` (with int8 activations only), multiplied by the
+    interleaved kernel where ``interleaved_kernel_available``, else by the reference on the rows they hold."""
+
+    def __init__(
+        self,
+        blocks: torch.Tensor,
+        qtype: str,
+        k: int,
+        int8_activations: bool = False,
+        interleaved: bool = False,
+    ) -> None:
         _check_blocks(blocks, qtype, k)
+        if interleaved and not int8_activations:
+            raise ValueError("interleaved weights are multiplied by int8 activations only")
         self.blocks = blocks.contiguous()  # (kept: the kernel reads it by address)
         self.qtype, self.k, self.n = qtype, k, int(blocks.shape[0])
-        self.int8_activations = int8_activations
+        self.int8_activations, self.interleaved = int8_activations, interleaved
+        if interleaved:
+            _x16_view(self.blocks, qtype, k)  # (a format and row count it has)
         self._bind(_library() if self.blocks.is_cpu else None)
 
     def _bind(self, lib: ctypes.CDLL | None) -> QuantWeight:
         """Call ``lib``'s kernel (a build of it: the tests bind each), or the reference for None."""
         self._kernel = None
-        if lib is not None:
+        if lib is not None and self.interleaved:
+            if interleaved_kernel_available(self.qtype, self.n, lib):
+                self._kernel = lib.loraplex_quant_matmul_int8_x16
+        elif lib is not None:
             self._kernel = lib.loraplex_quant_matmul_int8 if self.int8_activations else lib.loraplex_quant_matmul
         # the constant arguments as ctypes values once: ctypes passes those without converting (~1 us a call)
         self._blocks_arg, self._qtype_arg = ctypes.c_void_p(self.blocks.data_ptr()), _int(_QTYPE_INDEX[self.qtype])
@@ -321,7 +390,8 @@ class QuantWeight:
                     raise MemoryError("the C quantized matmul could not allocate its scratch buffers")
                 return y
         if kernel is None or not x.is_cpu:
-            y = quant_matmul_ref(x, self.blocks, self.qtype, self.k, self.int8_activations)
+            rows = deinterleave_x16(self.blocks, self.qtype, self.k) if self.interleaved else self.blocks
+            y = quant_matmul_ref(x, rows, self.qtype, self.k, self.int8_activations)
             return y if out is None else out.copy_(y)
         if x.ndim != 2 or x.shape[1] != self.k or x.dtype not in _ACTIVATIONS:
             _check_x(x, self.k)

@@ -20,18 +20,30 @@ import numpy as np
 import torch
 
 from loraplex.engine.errors import ModelLoadError
-from loraplex.kernels.quant import QUANT_TYPES, QuantWeight, dequantize_ref, row_bytes
+from loraplex.kernels.quant import (
+    QUANT_TYPES,
+    X16_TYPES,
+    QuantWeight,
+    deinterleave_x16,
+    dequantize_ref,
+    interleave_x16,
+    interleaved_kernel_available,
+    row_bytes,
+)
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 @dataclass(frozen=True)
 class QuantTensor:
-    """A 2-D weight [rows, k] kept as GGUF blocks: ``blocks`` is uint8 [rows, row_bytes(qtype, k)]."""
+    """A 2-D weight [rows, k] kept as GGUF blocks: ``blocks`` is uint8 [rows, row_bytes(qtype, k)], the file's
+    rows, or where ``interleaved`` the same bytes laid out for the interleaved int8 kernel (``interleave_x16``:
+    a projection multiplied by int8 activations, ``QuantizedLinear``)."""
 
     blocks: torch.Tensor
     qtype: str
     k: int
+    interleaved: bool = False
 
     @property
     def rows(self) -> int:
@@ -41,23 +53,38 @@ class QuantTensor:
     def nbytes(self) -> int:
         return self.blocks.numel()
 
+    @property
+    def rows_blocks(self) -> torch.Tensor:
+        """The blocks as the file's rows (a new tensor where interleaved)."""
+        return deinterleave_x16(self.blocks, self.qtype, self.k) if self.interleaved else self.blocks
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return dequantize_ref(self.blocks, self.qtype, self.k, dtype)
+        return dequantize_ref(self.rows_blocks, self.qtype, self.k, dtype)
 
     def take_rows(self, index: torch.Tensor) -> QuantTensor:
-        return QuantTensor(self.blocks.index_select(0, index.to(self.blocks.device)), self.qtype, self.k)
+        return QuantTensor(self.rows_blocks.index_select(0, index.to(self.blocks.device)), self.qtype, self.k)
 
     def to(self, device: torch.device) -> QuantTensor:
-        return QuantTensor(self.blocks.to(device), self.qtype, self.k)
+        return QuantTensor(self.blocks.to(device), self.qtype, self.k, self.interleaved)
 
     def joined(self, other: QuantTensor) -> QuantTensor:
         """This weight's rows, then ``other``'s, of the same format (the parts of a fused projection)."""
         assert other.qtype == self.qtype and other.k == self.k
-        return QuantTensor(torch.cat([self.blocks, other.blocks]), self.qtype, self.k)
+        return QuantTensor(torch.cat([self.rows_blocks, other.rows_blocks]), self.qtype, self.k)
+
+    def interleave(self) -> QuantTensor:
+        """The same weight laid out for the interleaved int8 kernel (where it has one: ``interleavable``)."""
+        if self.interleaved:
+            return self
+        return QuantTensor(interleave_x16(self.blocks, self.qtype, self.k), self.qtype, self.k, True)
+
+    def interleavable(self) -> bool:
+        """Whether this CPU's kernels multiply this weight interleaved (``interleaved_kernel_available``)."""
+        return self.blocks.is_cpu and self.qtype in X16_TYPES and interleaved_kernel_available(self.qtype, self.rows)
 
     def weight(self, int8_activations: bool = False) -> QuantWeight:
         """The blocks prepared for repeated products (``kernels.quant.QuantWeight``)."""
-        return QuantWeight(self.blocks, self.qtype, self.k, int8_activations)
+        return QuantWeight(self.blocks, self.qtype, self.k, int8_activations, self.interleaved)
 
 
 def rotary_row_order(rows: int, heads: int) -> torch.Tensor:

@@ -347,7 +347,7 @@ def load_model(
         if not shape.tie_word_embeddings:
             raise ModelLoadError(f"{model_dir} lacks lm_head.weight and the config does not tie embeddings")
         if isinstance(embed, QuantTensor):
-            lm_head = QuantizedLinear([embed], None, int8_activations)
+            lm_head = QuantizedLinear([embed], None, int8_activations, interleave=False)  # (embed's own blocks)
         elif quantization in AT_LOAD:
             lm_head = QuantizedLinear([quantize_at_load(embed, quantization).to(device)], None, int8_activations)
         else:

@@ -122,7 +122,8 @@ int E(loraplex_paged_decode_attention)(
     if (head_dim % 8 != 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > MAX_GROUP) return -2;
     const int64_t group = num_heads / num_kv_heads;
 
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    /* threads split the sequences: one sequence (a lone decode) wakes no team (~8 us a call, 30 calls a token) */
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (num_seqs > 1)
     for (int64_t s = 0; s < num_seqs; ++s) {
         const ET *qs = q + s * num_heads * head_dim;
         ET *os = out + s * num_heads * head_dim;

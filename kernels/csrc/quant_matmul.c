@@ -1324,21 +1324,31 @@ static int i8_gemm(int qtype, const uint8_t *wq, int64_t m, int64_t n, int64_t k
 
 /* Threads split the weight rows; a row is read once for every 4 rows of x. Returns nonzero if scratch could
  * not be allocated. */
-static int matmul_int8(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
-                       int64_t ldy, int num_threads)
+/* x quantized into fresh scratch (a's arrays point into it; the caller frees it), or NULL */
+static float *quantized_x(const float *x, int64_t m, int64_t k, int qtype, qx_t *a)
 {
-    const int64_t groups = k / 32, rb = k / BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype];
+    const int64_t groups = k / 32;
     const int vector = I8_PATH != 0, per_group = vector ? 19 : 2; /* a group: d (8 or 1), dsum, bias (8), gbias (2) */
     float *scratch = malloc((size_t)(m * groups * per_group) * sizeof(float) + (size_t)(m * k));
-    if (scratch == NULL) return 1;
-    const qx_t a = {
+    if (scratch == NULL) return NULL;
+    *a = (qx_t){
         .d = scratch,
         .dsum = scratch + m * groups * (vector ? 8 : 1),
         .bias = vector ? (int32_t *)(scratch + m * groups * 9) : NULL,
         .gbias = vector ? (int32_t *)(scratch + m * groups * 17) : NULL,
         .q = (int8_t *)(scratch + m * groups * per_group),
     };
-    quantize_x(x, m, k, i8_offset(qtype), &a);
+    quantize_x(x, m, k, i8_offset(qtype), a);
+    return scratch;
+}
+
+static int matmul_int8(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
+                       int64_t ldy, int num_threads)
+{
+    const int64_t groups = k / 32, rb = k / BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype];
+    qx_t a;
+    float *scratch = quantized_x(x, m, k, qtype, &a);
+    if (scratch == NULL) return 1;
 #if I8_PATH == 3
     if (m >= I8_GEMM_MIN_M) {
         const int failed = i8_gemm(qtype, wq, m, n, k, &a, y, ldy, num_threads);
@@ -1356,6 +1366,138 @@ static int matmul_int8(const float *x, const uint8_t *wq, int qtype, int64_t m, 
 #endif
     free(scratch);
     return 0;
+}
+
+/* ---- int8 activations on interleaved weights (loraplex_quant_matmul_int8_x16; 512-bit VNNI builds) ----
+ *
+ * The row kernels spend most of their work on a group's scales, once per weight row; here each group's scaling is
+ * one vector operation for 16 weight rows. kernels/quant.py's interleave_x16 lays a Q8_0, Q4_0 or Q4_1 weight out
+ * in panels of 16 rows (output columns), group after group, each panel-group the same bytes as its 16 blocks:
+ *   d: the 16 rows' float16 scales (32 B); Q4_1: then their m (32 B);
+ *   then the quants as 32-bit words, word t of the 16 rows side by side (64 B a word): Q8_0's 8 words (elements
+ *   4t .. 4t + 3), the 4-bit formats' 4 words of nibbles (the low nibbles elements 4t .. 4t + 3, the high ones
+ *   16 + 4t .. 16 + 4t + 3: the block's own bytes, so a word splits into two quads with a shift and a mask).
+ * So a panel-group is 8 unsigned quad vectors for vpdpbusd against x's broadcast quads, with no decoding per call
+ * and no packing (the int8 GEMM's panels, decoded once a call, are this layout's unpacked form). Each tile
+ * unpacks a panel-group once for up to I8G_MR rows of x. */
+static int x16_supported(int qtype) { return qtype == Q8_0 || qtype == Q4_0 || qtype == Q4_1; }
+
+#if I8_PATH == 3
+/* y[i][0 .. 16 NP) for MR rows of x from i0 and NP panels (1 or 2) from `panel` (compile-time MR and NP: the
+ * sums stay in registers). A quant word is unpacked once for every row of x; 2 panels give even a lone row two
+ * independent chains of vpdpbusd. */
+static inline __attribute__((always_inline)) void x16_tile(const int qtype, const int MR, const int NP,
+                                                           const uint8_t *panel, int64_t pb, int64_t groups,
+                                                           const qx_t *a, int64_t i0, int64_t k, float *y,
+                                                           int64_t ldy)
+{
+    const int64_t pg = 16 * BLOCK_BYTES[qtype];
+    const int off = i8_offset(qtype), q4 = qtype != Q8_0, words = q4 ? 4 : 8;
+    const int64_t qs = qtype == Q4_1 ? 64 : 32; /* where the quant words start in a panel-group */
+    __m512 f[I8G_MR][2];
+    for (int r = 0; r < MR; ++r)
+        for (int p = 0; p < NP; ++p) f[r][p] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t *b[2] = {panel + g * pg, panel + pb + g * pg};
+        __m512i acc[I8G_MR][2];
+        for (int r = 0; r < MR; ++r) {
+            const int64_t ig = (i0 + r) * groups + g;
+            const __m512i init =
+                off ? _mm512_set1_epi32(a->gbias[2 * ig] + a->gbias[2 * ig + 1]) : _mm512_setzero_si512();
+            for (int p = 0; p < NP; ++p) acc[r][p] = init;
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < words; ++t) {
+            __m512i lo[2], hi[2];
+            for (int p = 0; p < NP; ++p) {
+                const __m512i v = _mm512_loadu_si512(b[p] + qs + 64 * t);
+                if (q4) {
+                    lo[p] = _mm512_and_si512(v, _mm512_set1_epi8(15));
+                    hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15));
+                } else {
+                    lo[p] = _mm512_xor_si512(v, _mm512_set1_epi8(-128)); /* w + 128 (i8_offset) */
+                }
+            }
+            for (int r = 0; r < MR; ++r) {
+                const int8_t *xq = a->q + (i0 + r) * k + g * 32;
+                int32_t xlo, xhi; /* x's quads t and (nibble formats) t + 4, the high nibbles' elements */
+                memcpy(&xlo, xq + 4 * t, sizeof xlo);
+                const __m512i blo = _mm512_set1_epi32(xlo);
+                for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], lo[p], blo);
+                if (q4) {
+                    memcpy(&xhi, xq + 16 + 4 * t, sizeof xhi);
+                    const __m512i bhi = _mm512_set1_epi32(xhi);
+                    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], hi[p], bhi);
+                }
+            }
+        }
+        for (int p = 0; p < NP; ++p) {
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[p]));
+            const __m512 low =
+                qtype == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b[p] + 32))) : d;
+            for (int r = 0; r < MR; ++r) {
+                const int64_t ig = (i0 + r) * groups + g;
+                const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a->d[ig * 8]));
+                f[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][p]), scale, f[r][p]);
+                if (qtype == Q4_1) f[r][p] = _mm512_fmadd_ps(low, _mm512_set1_ps(a->dsum[ig]), f[r][p]);
+            }
+        }
+    }
+    for (int r = 0; r < MR; ++r)
+        for (int p = 0; p < NP; ++p) _mm512_storeu_ps(y + (i0 + r) * ldy + 16 * p, f[r][p]);
+}
+
+/* rows of x in tiles of I8G_MR (then 1-3), for NP panels */
+#define X16_ROWS_BODY(T, NP)                                                                                  \
+    do {                                                                                                      \
+        int64_t i = 0;                                                                                        \
+        for (; i + I8G_MR <= m; i += I8G_MR) x16_tile(T, I8G_MR, NP, panel, pb, groups, a, i, k, y, ldy);    \
+        switch (m - i) {                                                                                      \
+        case 3: x16_tile(T, 3, NP, panel, pb, groups, a, i, k, y, ldy); break;                                \
+        case 2: x16_tile(T, 2, NP, panel, pb, groups, a, i, k, y, ldy); break;                                \
+        case 1: x16_tile(T, 1, NP, panel, pb, groups, a, i, k, y, ldy); break;                                \
+        default: break;                                                                                       \
+        }                                                                                                     \
+    } while (0)
+#define DEFINE_X16_ROWS(T)                                                                                    \
+    static void x16_rows_##T(const uint8_t *panel, int64_t pb, int np, int64_t groups, const qx_t *a,         \
+                             int64_t m, int64_t k, float *y, int64_t ldy)                                     \
+    {                                                                                                         \
+        if (np == 2)                                                                                          \
+            X16_ROWS_BODY(T, 2);                                                                              \
+        else                                                                                                  \
+            X16_ROWS_BODY(T, 1);                                                                              \
+    }
+DEFINE_X16_ROWS(Q8_0)
+DEFINE_X16_ROWS(Q4_0)
+DEFINE_X16_ROWS(Q4_1)
+#endif
+
+/* Threads split the panels. Returns 3 where this build or format has no interleaved kernel (n not a multiple of
+ * 16, another format, or no 512-bit VNNI), 1 if scratch could not be allocated. */
+static int matmul_int8_x16(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
+                           int64_t ldy, int num_threads)
+{
+#if I8_PATH == 3
+    if (!x16_supported(qtype) || n % 16 != 0) return 3;
+    const int64_t groups = k / 32, pb = groups * 16 * BLOCK_BYTES[qtype]; /* bytes a panel */
+    void (*rows)(const uint8_t *, int64_t, int, int64_t, const qx_t *, int64_t, int64_t, float *, int64_t) =
+        qtype == Q8_0 ? x16_rows_Q8_0 : qtype == Q4_0 ? x16_rows_Q4_0 : x16_rows_Q4_1;
+    qx_t a;
+    float *scratch = quantized_x(x, m, k, qtype, &a);
+    if (scratch == NULL) return 1;
+    const int64_t pairs = (n / 16 + 1) / 2; /* two panels a tile (the last alone where the count is odd) */
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (n * k >= PARALLEL_MIN)
+    for (int64_t j = 0; j < pairs; ++j) {
+        const int np = 2 * j + 1 < n / 16 ? 2 : 1;
+        rows(wq + 2 * j * pb, pb, np, groups, &a, m, k, y + 32 * j, ldy);
+    }
+    free(scratch);
+    return 0;
+#else
+    (void)x, (void)wq, (void)qtype, (void)m, (void)n, (void)k, (void)y, (void)ldy, (void)num_threads;
+    return 3;
+#endif
 }
 
 /* 16 where the AVX-512 vectors are built, 8 for the 8-float ones, 0 for the plain C build */
@@ -1412,4 +1554,17 @@ int loraplex_quant_matmul_int8(const void *x_in, int x_bf16, const uint8_t *wq, 
                                int64_t k, void *y_out, int64_t ldy, int num_threads)
 {
     return with_float32(matmul_int8, x_in, x_bf16, wq, qtype, m, n, k, y_out, ldy, num_threads);
+}
+
+/* The same on a weight laid out by interleave_x16 (matmul_int8_x16); 3 where this build or format has none. */
+int loraplex_quant_matmul_int8_x16(const void *x_in, int x_bf16, const uint8_t *wq, int qtype, int64_t m,
+                                   int64_t n, int64_t k, void *y_out, int64_t ldy, int num_threads)
+{
+    return with_float32(matmul_int8_x16, x_in, x_bf16, wq, qtype, m, n, k, y_out, ldy, num_threads);
+}
+
+/* 1 where loraplex_quant_matmul_int8_x16 serves qtype (an index of QUANT_TYPES) in this build */
+int loraplex_quant_x16_available(int qtype)
+{
+    return I8_PATH == 3 && qtype >= 0 && qtype < NUM_TYPES && x16_supported(qtype);
 }

@@ -22,7 +22,9 @@ from loraplex.engine import EngineArgs, EngineProbe, LLMEngine, SamplingParams
 from loraplex.engine.errors import ModelLoadError
 from loraplex.engine.model.files import source_gguf
 from loraplex.engine.model.gguf_weights import QuantTensor
-from loraplex.engine.model.linear import QuantizedLinear
+from loraplex.engine.model.linear import QuantizedLinear, float_weight
+from loraplex.kernels import quant
+from loraplex.kernels.quant import interleaved_kernel_available
 from loraplex.platform.settings import engine_arg_specs
 from tests.engine.helpers import SMOLLM2_LOGITS_ATOL, TINY_LOGITS_ATOL, HFOracle, LogitsRecorder, run_to_completion
 
@@ -174,6 +176,26 @@ def first_logits(engine: LLMEngine, prompts: list[list[int]]) -> list[torch.Tens
     return [rec.first[f"p{i}"] for i in range(len(prompts))]
 
 
+@pytest.mark.slow
+def test_int8_activations_lay_the_blocks_out_for_their_kernel_without_changing_the_weight(gguf_engine) -> None:
+    """With int8 activations the projections' Q4_1 blocks are interleaved where this CPU's kernels multiply them so
+    (512-bit VNNI): the same bytes (resident size unchanged) and the same weight (de-quantized, equal to the file's
+    rows bit for bit); the LM head, which is the embedding's own blocks, keeps the file's rows."""
+    gguf = str(source_gguf(None))
+    engine = LLMEngine(model=gguf, quantized_activations="int8", max_num_seqs=2, num_kv_blocks=16)
+    model, plain = engine.runner.model, gguf_engine.runner.model
+    expected = interleaved_kernel_available("Q4_1", model.shape.hidden_size)
+    assert expected == (quant._library().loraplex_quant_int8_path() == 3)
+    for layer, plain_layer in zip(model.layers, plain.layers):
+        for group in ("qkv", "o", "gate_up", "down"):
+            part, plain_part = getattr(layer, group).parts[0], getattr(plain_layer, group).parts[0]
+            assert part.interleaved == expected and not plain_part.interleaved
+            assert part.nbytes == plain_part.nbytes
+            assert torch.equal(float_weight(getattr(layer, group)), float_weight(getattr(plain_layer, group)))
+    assert not model.lm_head.parts[0].interleaved and model.lm_head.parts[0].blocks is model.embed.blocks
+    assert model.weight_bytes_per_token == plain.weight_bytes_per_token
+
+
 @pytest.mark.parametrize("quantization", sorted(ROUND_TRIPS))
 def test_int8_activations_are_applied_when_asked_and_off_by_default(tiny_llama_dir, quantization) -> None:
     """quantized_activations="int8": every quantized projection (the LM head too) quantizes x per group of 32, so
@@ -183,6 +205,9 @@ def test_int8_activations_are_applied_when_asked_and_off_by_default(tiny_llama_d
     prompts = [[5, 6, 7, 8, 9], list(range(100, 140)), [42]]
     on = LLMEngine(**args, quantized_activations="int8")
     assert all(p.int8_activations and all(w.int8_activations for w in p._weights) for p in quantized_projections(on))
+    # Q8_0 parts are interleaved where this CPU's kernel multiplies them so (the reference below reads them too)
+    interleaved = [getattr(w, "interleaved", False) for p in quantized_projections(on) for w in p._weights]
+    assert any(interleaved) == (quantization == "q8_0" and quant._library().loraplex_quant_int8_path() == 3)
     reference = LLMEngine(**args, quantized_activations="int8")
     for p in quantized_projections(reference):
         for w in p._weights:

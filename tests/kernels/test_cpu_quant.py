@@ -18,10 +18,14 @@ from gguf.quants import dequantize, quantize
 from loraplex.kernels import cpu_build, cpu_features, quant
 from loraplex.kernels.quant import (
     QUANT_TYPES,
+    X16_TYPES,
     QuantWeight,
     block_shape,
+    deinterleave_x16,
     dequantize_ref,
     integer_groups,
+    interleave_x16,
+    interleaved_kernel_available,
     quant_matmul,
     quant_matmul_c,
     quant_matmul_ref,
@@ -201,6 +205,56 @@ def test_int8_activations_match_reference_on_every_path(variant):
                 _assert_close(quant._run_c(lib, x, blocks, qtype, k, int8_activations=True), ref32, dtype)
             float_ref = quant_matmul_ref(x.float(), blocks, qtype, k)
             assert ((ref32 - float_ref).abs().max() / float_ref.abs().max()) < 0.05  # int8 x: ~1% off
+
+
+def test_interleaving_is_a_permutation_of_the_bytes_undone_exactly():
+    """interleave_x16 moves every byte of a Q8_0, Q4_0 or Q4_1 weight (the same multiset, shape and size) to where
+    the kernel reads it: a row's scale field to its panel-group's scales, its quant words beside the 15 other rows'
+    words; deinterleave_x16 gives the GGUF rows back bit for bit. Other formats and row counts are refused."""
+    for qtype in X16_TYPES:
+        nbytes = block_shape(qtype)[1]
+        blocks = random_blocks(qtype, 48, 96, seed=21)
+        mixed = interleave_x16(blocks, qtype, 96)
+        assert mixed.shape == blocks.shape and not torch.equal(mixed, blocks)
+        assert torch.equal(mixed.flatten().sort().values, blocks.flatten().sort().values)
+        assert torch.equal(deinterleave_x16(mixed, qtype, 96), blocks)
+        # row 17 (panel 1, its row 1), group 2: d at panel-group (1, 2)'s scales, row 1; its first quant word after
+        # the scale fields, at word 0, row 1
+        pg = (1 * 3 + 2) * 16 * nbytes
+        sb = 4 if qtype == "Q4_1" else 2
+        block = blocks[17, 2 * nbytes : 3 * nbytes]
+        assert torch.equal(mixed.flatten()[pg + 2 : pg + 4], block[:2])
+        assert torch.equal(mixed.flatten()[pg + 16 * sb + 4 : pg + 16 * sb + 8], block[sb : sb + 4])
+    with pytest.raises(ValueError, match="interleaved weights are Q8_0, Q4_0, Q4_1 with rows a multiple of 16"):
+        interleave_x16(random_blocks("Q4_1", 40, 64, seed=1), "Q4_1", 64)
+    with pytest.raises(ValueError, match="got Q4_K 16"):
+        interleave_x16(random_blocks("Q4_K", 16, 256, seed=1), "Q4_K", 256)
+
+
+@pytest.mark.parametrize("variant", sorted(quant._VARIANT_FLAGS))
+def test_interleaved_weights_match_the_reference(variant):
+    """The interleaved int8 kernel (512-bit VNNI builds) against the reference on the same weight's GGUF rows: the
+    same integers, so float32 rounding apart equal; rows of x 1 to 70 (tiles of 4 and 1-3 left), 16 to 64 weight
+    rows (one panel, several), an odd number of groups, ties in x's rounding, bfloat16 x. Builds without it serve
+    interleaved weights by the reference (the same results)."""
+    lib = quant._library(variant)
+    has_kernel = variant == "native" and quant._library().loraplex_quant_int8_path() == 3
+    g = torch.Generator().manual_seed(22)
+    for qtype, n in itertools.product(X16_TYPES, (16, 64)):
+        k = 37 * 32
+        blocks = random_blocks(qtype, n, k, seed=23)
+        assert interleaved_kernel_available(qtype, n, lib) == has_kernel
+        weight = QuantWeight(interleave_x16(blocks, qtype, k), qtype, k, int8_activations=True, interleaved=True)
+        weight._bind(lib)
+        assert (weight._kernel is not None) == has_kernel
+        for m in (1, 2, 3, 4, 5, 9, 70):
+            x = torch.cat((torch.randn(m - 1, k, generator=g), _tie_rows(k)[:1]))
+            for dtype in (torch.float32, torch.bfloat16):
+                x = x.to(dtype)
+                ref32 = quant_matmul_ref(x.float(), blocks, qtype, k, int8_activations=True)
+                _assert_close(weight(x), ref32, dtype)
+    with pytest.raises(ValueError, match="interleaved weights are multiplied by int8 activations only"):
+        QuantWeight(interleave_x16(blocks, qtype, k), qtype, k, interleaved=True)
 
 
 def test_int8_activations_dispatch():
