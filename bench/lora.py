@@ -26,7 +26,7 @@ alike.
 
 Usage: python -P -m bench.lora [--bench-dir ../shared/bench] [--adapters DIR] [--max-loras 32] [--repeats 3]
                             [--interleaved] [--skip-hf] [--threads N] [--lora-dtype float16] [--dora]
-                            [--num-requests N]
+                            [--num-requests N] [--model FILE.gguf [--quantized-activations int8]]
 """
 
 from __future__ import annotations
@@ -191,7 +191,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bench-dir", type=Path, default=None, help="Workload A's folder (default: ../shared/bench)")
     ap.add_argument("--adapters", type=Path, default=DEFAULT_ADAPTERS, help="where a0..a31 are (made if missing)")
-    ap.add_argument("--model", default=None, help="HF model directory (default: the bundled SmolLM2)")
+    ap.add_argument(
+        "--model", default=None, help="HF model directory or .gguf file (default: the bundled SmolLM2, float32)"
+    )
     ap.add_argument("--max-loras", type=int, default=32)
     ap.add_argument("--max-cpu-loras", type=int, default=32)
     ap.add_argument(
@@ -214,6 +216,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--dora", action="store_true", help="(b) with DoRA versions of the adapters; (c) skipped")
     ap.add_argument("--num-requests", type=int, default=None, help="only the first N requests (a shorter run)")
+    ap.add_argument(
+        "--quantized-activations",
+        default=None,
+        help="the engine's quantized_activations (int8: with a --model .gguf file, llama.cpp's arithmetic)",
+    )
     args = ap.parse_args()
     args.skip_hf = args.skip_hf or args.dora  # peft's mixed batches (adapter_names) refuse DoRA
     if args.threads:
@@ -234,6 +241,7 @@ def main() -> None:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching,
+        quantized_activations=args.quantized_activations,
     )
     reqs = wl.build_requests(llm.tokenizer)[: args.num_requests]
     prompts = [r["prompt_token_ids"] for r in reqs]
@@ -253,7 +261,9 @@ def main() -> None:
     runner = llm.engine.runner
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {runner.device}, dtype "
-        f"{str(runner.dtype).removeprefix('torch.')}, max_loras={args.max_loras}, "
+        f"{str(runner.dtype).removeprefix('torch.')}, quantization "
+        f"{llm.engine.args.resolved_quantization(runner.device) or 'none'} "
+        f"({args.quantized_activations or 'float'} x), max_loras={args.max_loras}, "
         f"max_cpu_loras={args.max_cpu_loras}, lora_dtype={args.lora_dtype or 'the model dtype'}, "
         f"max_num_seqs={args.max_num_seqs}, "
         f"max_num_batched_tokens={args.max_num_batched_tokens}, {'DoRA' if args.dora else 'plain LoRA'} "

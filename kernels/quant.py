@@ -20,6 +20,7 @@ reference quantizer and the ``gguf`` package do.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -36,6 +37,7 @@ __all__ = [
     "integer_groups",
     "interleave_x16",
     "interleaved_kernel_available",
+    "interleaved_rows",
     "quant_matmul",
     "quant_matmul_c",
     "quant_matmul_ref",
@@ -256,29 +258,59 @@ def _x16_view(blocks: torch.Tensor, qtype: str, k: int) -> tuple[int, int, int]:
     return n // 16, k // 32, _X16_SCALE_BYTES[qtype]
 
 
+def _interleave(t: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
+    """interleave_x16's permutation of ``t [n, row_bytes]`` (any dtype: also applied to byte positions)."""
+    n, nbytes, sb = t.shape[0], _BLOCKS[qtype][1], _X16_SCALE_BYTES[qtype]
+    panels, groups = n // 16, k // 32
+    b = t.reshape(panels, 16, groups, nbytes).transpose(1, 2)  # [panel, group, row, block]
+    scales = b[..., :sb].reshape(panels, groups, 16, sb // 2, 2).transpose(2, 3)  # [.., field, row, 2]
+    words = b[..., sb:].reshape(panels, groups, 16, -1, 4).transpose(2, 3)  # [.., word, row, 4]
+    out = torch.cat((scales.reshape(panels, groups, -1), words.reshape(panels, groups, -1)), dim=2)
+    return out.reshape(t.shape).contiguous()
+
+
+def _deinterleave(t: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
+    """The inverse of ``_interleave``."""
+    n, nbytes, sb = t.shape[0], _BLOCKS[qtype][1], _X16_SCALE_BYTES[qtype]
+    panels, groups = n // 16, k // 32
+    pg = t.reshape(panels, groups, 16 * nbytes)
+    scales = pg[..., : 16 * sb].reshape(panels, groups, sb // 2, 16, 2).transpose(2, 3)  # [.., row, field, 2]
+    words = pg[..., 16 * sb :].reshape(panels, groups, -1, 16, 4).transpose(2, 3)  # [.., row, word, 4]
+    b = torch.cat((scales.reshape(panels, groups, 16, sb), words.reshape(panels, groups, 16, -1)), dim=3)
+    return b.transpose(1, 2).reshape(t.shape).contiguous()
+
+
 def interleave_x16(blocks: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
     """The weight's bytes laid out for the interleaved int8 kernel (``csrc/quant_matmul.c``, matmul_int8_x16): panels
     of 16 rows, group after group, each panel-group the 16 rows' float16 scale fields (d, then Q4_1's m: 16 of each)
     and then their quants as 32-bit words, word t of the 16 rows side by side. A permutation of the bytes: the same
     shape and size, undone by ``deinterleave_x16``."""
-    panels, groups, sb = _x16_view(blocks, qtype, k)
-    nbytes = _BLOCKS[qtype][1]
-    b = blocks.reshape(panels, 16, groups, nbytes).transpose(1, 2)  # [panel, group, row, block]
-    scales = b[..., :sb].reshape(panels, groups, 16, sb // 2, 2).transpose(2, 3)  # [.., field, row, 2]
-    words = b[..., sb:].reshape(panels, groups, 16, -1, 4).transpose(2, 3)  # [.., word, row, 4]
-    out = torch.cat((scales.reshape(panels, groups, -1), words.reshape(panels, groups, -1)), dim=2)
-    return out.reshape(blocks.shape).contiguous()
+    _x16_view(blocks, qtype, k)
+    return _interleave(blocks, qtype, k)
 
 
 def deinterleave_x16(interleaved: torch.Tensor, qtype: str, k: int) -> torch.Tensor:
     """The GGUF rows of a weight ``interleave_x16`` laid out."""
-    panels, groups, sb = _x16_view(interleaved, qtype, k)
-    nbytes = _BLOCKS[qtype][1]
-    pg = interleaved.reshape(panels, groups, 16 * nbytes)
-    scales = pg[..., : 16 * sb].reshape(panels, groups, sb // 2, 16, 2).transpose(2, 3)  # [.., row, field, 2]
-    words = pg[..., 16 * sb :].reshape(panels, groups, -1, 16, 4).transpose(2, 3)  # [.., row, word, 4]
-    b = torch.cat((scales.reshape(panels, groups, 16, sb), words.reshape(panels, groups, 16, -1)), dim=3)
-    return b.transpose(1, 2).reshape(interleaved.shape).contiguous()
+    _x16_view(interleaved, qtype, k)
+    return _deinterleave(interleaved, qtype, k)
+
+
+@functools.cache
+def _x16_row_positions(qtype: str, k: int) -> torch.Tensor:
+    """int64 [16, row_bytes]: where, from the start of its panel, each byte of a panel's row r lies interleaved."""
+    width = row_bytes(qtype, k)
+    return _deinterleave(torch.arange(16 * width).reshape(16, width), qtype, k)
+
+
+def interleaved_rows(interleaved: torch.Tensor, qtype: str, k: int, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` of an interleaved weight as GGUF rows, uint8 ``[len(index), row_bytes]`` (an embedding
+    lookup: a few rows of a weight whose products read it interleaved)."""
+    _x16_view(interleaved, qtype, k)
+    index = index.to(device=interleaved.device, dtype=torch.long)
+    positions = _x16_row_positions(qtype, k).to(interleaved.device)
+    width = interleaved.shape[1]
+    flat = interleaved.reshape(-1)
+    return flat[(index // 16 * 16 * width)[:, None] + positions[index % 16]]
 
 
 def quant_matmul_ref(

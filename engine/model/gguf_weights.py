@@ -28,6 +28,7 @@ from loraplex.kernels.quant import (
     dequantize_ref,
     interleave_x16,
     interleaved_kernel_available,
+    interleaved_rows,
     row_bytes,
 )
 
@@ -62,7 +63,9 @@ class QuantTensor:
         return dequantize_ref(self.rows_blocks, self.qtype, self.k, dtype)
 
     def take_rows(self, index: torch.Tensor) -> QuantTensor:
-        return QuantTensor(self.rows_blocks.index_select(0, index.to(self.blocks.device)), self.qtype, self.k)
+        if self.interleaved:  # (the tied embedding of an interleaved LM head: a few rows a step)
+            return QuantTensor(interleaved_rows(self.blocks, self.qtype, self.k, index), self.qtype, self.k)
+        return QuantTensor(self.blocks.index_select(0, index.to(self.blocks.device)), self.qtype, self.k)
 
     def to(self, device: torch.device) -> QuantTensor:
         return QuantTensor(self.blocks.to(device), self.qtype, self.k, self.interleaved)

@@ -347,6 +347,8 @@ def load_model(
         if not shape.tie_word_embeddings:
             raise ModelLoadError(f"{model_dir} lacks lm_head.weight and the config does not tie embeddings")
         if isinstance(embed, QuantTensor):
+            if int8_activations and embed.interleavable():  # one copy of the blocks, laid out for the LM head's
+                embed = embed.interleave()  # products; the embedding looks its rows up there (take_rows)
             lm_head = QuantizedLinear([embed], None, int8_activations, interleave=False)  # (embed's own blocks)
         elif quantization in AT_LOAD:
             lm_head = QuantizedLinear([quantize_at_load(embed, quantization).to(device)], None, int8_activations)

@@ -180,7 +180,7 @@ def first_logits(engine: LLMEngine, prompts: list[list[int]]) -> list[torch.Tens
 def test_int8_activations_lay_the_blocks_out_for_their_kernel_without_changing_the_weight(gguf_engine) -> None:
     """With int8 activations the projections' Q4_1 blocks are interleaved where this CPU's kernels multiply them so
     (512-bit VNNI): the same bytes (resident size unchanged) and the same weight (de-quantized, equal to the file's
-    rows bit for bit); the LM head, which is the embedding's own blocks, keeps the file's rows."""
+    rows bit for bit); so is the LM head, one copy with the tied embedding, whose rows are still looked up right."""
     gguf = str(source_gguf(None))
     engine = LLMEngine(model=gguf, quantized_activations="int8", max_num_seqs=2, num_kv_blocks=16)
     model, plain = engine.runner.model, gguf_engine.runner.model
@@ -192,8 +192,11 @@ def test_int8_activations_lay_the_blocks_out_for_their_kernel_without_changing_t
             assert part.interleaved == expected and not plain_part.interleaved
             assert part.nbytes == plain_part.nbytes
             assert torch.equal(float_weight(getattr(layer, group)), float_weight(getattr(plain_layer, group)))
-    assert not model.lm_head.parts[0].interleaved and model.lm_head.parts[0].blocks is model.embed.blocks
+    assert model.lm_head.parts[0].interleaved == expected and model.lm_head.parts[0].blocks is model.embed.blocks
     assert model.weight_bytes_per_token == plain.weight_bytes_per_token
+    ids = torch.tensor([0, 1, 15, 16, 17, 4242, model.shape.vocab_size - 1, 17])
+    assert torch.equal(model.embed_rows(ids), plain.embed_rows(ids))
+    assert torch.equal(float_weight(model.lm_head), float_weight(plain.lm_head))
 
 
 @pytest.mark.parametrize("quantization", sorted(ROUND_TRIPS))

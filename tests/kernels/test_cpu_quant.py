@@ -26,6 +26,7 @@ from loraplex.kernels.quant import (
     integer_groups,
     interleave_x16,
     interleaved_kernel_available,
+    interleaved_rows,
     quant_matmul,
     quant_matmul_c,
     quant_matmul_ref,
@@ -218,6 +219,8 @@ def test_interleaving_is_a_permutation_of_the_bytes_undone_exactly():
         assert mixed.shape == blocks.shape and not torch.equal(mixed, blocks)
         assert torch.equal(mixed.flatten().sort().values, blocks.flatten().sort().values)
         assert torch.equal(deinterleave_x16(mixed, qtype, 96), blocks)
+        index = torch.tensor([0, 17, 47, 16, 17, 3])
+        assert torch.equal(interleaved_rows(mixed, qtype, 96, index), blocks[index])
         # row 17 (panel 1, its row 1), group 2: d at panel-group (1, 2)'s scales, row 1; its first quant word after
         # the scale fields, at word 0, row 1
         pg = (1 * 3 + 2) * 16 * nbytes
