@@ -13,6 +13,11 @@ float16 scale (``quantize_activations``), each group's product with the weight's
 exact integer sum (VNNI's vpdpbusd, AVX2's vpmaddubsw), scaled in float. ~2x faster for a few rows of x (decode),
 at the cost of x's int8 rounding (~0.5-1% of the result); the torch reference computes the same integers.
 
+``interleave_x16`` lays a Q8_0, Q4_0 or Q4_1 weight out in panels of 16 rows (the same bytes, permuted) for the
+interleaved int8 kernel (AVX-512 VNNI: ``QuantWeight(..., interleaved=True)``), whose lanes run over 16 output
+rows so that a group's scales cost one vector operation for 16 rows; ``deinterleave_x16`` undoes it, and
+``interleaved_rows`` reads a few rows back (an embedding tied to an interleaved LM head).
+
 ``quantize_q8_0`` makes Q8_0 blocks from float weights (``--quantization q8_0``), bit for bit as llama.cpp's
 reference quantizer and the ``gguf`` package do.
 """
