@@ -21,6 +21,10 @@ SchedulingPolicy = Literal["fcfs", "fair", "priority"]
 SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = get_args(SchedulingPolicy)
 QUANTIZATIONS = ("gguf", "q8_0", "int8", "none")  # EngineArgs.quantization
 QUANTIZED_ACTIVATIONS = ("int8", "none")  # EngineArgs.quantized_activations
+INT8_NEEDS_QUANTIZED_WEIGHTS = (
+    "quantized_activations 'int8' applies to quantized weights: pass quantization gguf, q8_0 or int8 (or a .gguf "
+    "model file, which keeps its blocks on the CPU)"
+)
 
 
 @dataclass
@@ -135,9 +139,7 @@ class EngineArgs:
                 f"got {self.quantized_activations!r}"
             )
         if self.int8_activations and self.quantization == "none":
-            raise ValueError(
-                "quantized_activations 'int8' applies to quantized weights: pass quantization gguf, q8_0 or int8"
-            )
+            raise ValueError(INT8_NEEDS_QUANTIZED_WEIGHTS)
         self.resolved_speculative_config()  # refuses a bad one by name
 
     @property
@@ -167,10 +169,7 @@ class EngineArgs:
             quantization = "gguf" if gguf_file and device.type == "cpu" else "none"
         if quantization == "none":
             if self.int8_activations:
-                raise ValueError(
-                    "quantized_activations 'int8' applies to quantized weights: pass quantization gguf, q8_0 or "
-                    "int8 (or a .gguf model file, which keeps its blocks on the CPU)"
-                )
+                raise ValueError(INT8_NEEDS_QUANTIZED_WEIGHTS)
             return None
         return quantization
 

@@ -424,7 +424,7 @@ class QuantWeight:
                     torch.get_num_threads(),
                 )
                 if rc != 0:
-                    raise MemoryError("the C quantized matmul could not allocate its scratch buffers")
+                    _raise_for(rc, self)
                 return y
         if kernel is None or not x.is_cpu:
             rows = deinterleave_x16(self.blocks, self.qtype, self.k) if self.interleaved else self.blocks
@@ -449,8 +449,19 @@ class QuantWeight:
                 torch.get_num_threads(),
             )
             if rc != 0:
-                raise MemoryError("the C quantized matmul could not allocate its scratch buffers")
+                _raise_for(rc, self)
         return out
+
+
+def _raise_for(rc: int, weight: QuantWeight) -> None:
+    """The C kernel's nonzero return as an error: 1 scratch not allocated, 2 an unknown format, 3 no interleaved
+    kernel for this weight in this build (QuantWeight binds that kernel only where it has one)."""
+    if rc == 1:
+        raise MemoryError("the C quantized matmul could not allocate its scratch buffers")
+    layout = "interleaved " if weight.interleaved else ""
+    raise RuntimeError(
+        f"the C quantized matmul refused the {layout}{weight.qtype} weight [{weight.n}, {weight.k}]: {rc}"
+    )
 
 
 def _run_c(

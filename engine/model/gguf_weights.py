@@ -22,7 +22,6 @@ import torch
 from loraplex.engine.errors import ModelLoadError
 from loraplex.kernels.quant import (
     QUANT_TYPES,
-    X16_TYPES,
     QuantWeight,
     deinterleave_x16,
     dequantize_ref,
@@ -83,7 +82,7 @@ class QuantTensor:
 
     def interleavable(self) -> bool:
         """Whether this CPU's kernels multiply this weight interleaved (``interleaved_kernel_available``)."""
-        return self.blocks.is_cpu and self.qtype in X16_TYPES and interleaved_kernel_available(self.qtype, self.rows)
+        return self.blocks.is_cpu and interleaved_kernel_available(self.qtype, self.rows)
 
     def weight(self, int8_activations: bool = False) -> QuantWeight:
         """The blocks prepared for repeated products (``kernels.quant.QuantWeight``)."""

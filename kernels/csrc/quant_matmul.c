@@ -1322,8 +1322,6 @@ static int i8_gemm(int qtype, const uint8_t *wq, int64_t m, int64_t n, int64_t k
 }
 #endif
 
-/* Threads split the weight rows; a row is read once for every 4 rows of x. Returns nonzero if scratch could
- * not be allocated. */
 /* x quantized into fresh scratch (a's arrays point into it; the caller frees it), or NULL */
 static float *quantized_x(const float *x, int64_t m, int64_t k, int qtype, qx_t *a)
 {
@@ -1342,6 +1340,8 @@ static float *quantized_x(const float *x, int64_t m, int64_t k, int qtype, qx_t 
     return scratch;
 }
 
+/* Threads split the weight rows; a row is read once for every 4 rows of x (from I8_GEMM_MIN_M rows on 512-bit
+ * VNNI, the int8 GEMM). Returns nonzero if scratch could not be allocated. */
 static int matmul_int8(const float *x, const uint8_t *wq, int qtype, int64_t m, int64_t n, int64_t k, float *y,
                        int64_t ldy, int num_threads)
 {
