@@ -260,6 +260,22 @@ def test_interleaved_weights_match_the_reference(variant):
         QuantWeight(interleave_x16(blocks, qtype, k), qtype, k, interleaved=True)
 
 
+def test_an_interleaved_row_gets_the_same_bits_alone_and_in_any_batch():
+    """Same request, same answer: the interleaved kernel sums each row of x in one order whatever the tile it lands
+    in (1-4 rows, one or two panels), so a row's output is bit for bit the same alone and within batches of any
+    size or position (x's int8 rounding would carry a last-bit difference into the next layers). Where this CPU
+    has no such kernel, interleaved weights go to the reference, which must keep the same property."""
+    g = torch.Generator().manual_seed(24)
+    for qtype in X16_TYPES:
+        k = 37 * 32
+        blocks = random_blocks(qtype, 48, k, seed=25)
+        weight = QuantWeight(interleave_x16(blocks, qtype, k), qtype, k, int8_activations=True, interleaved=True)
+        x = torch.randn(70, k, generator=g)
+        full = weight(x)
+        for lo, hi in ((0, 1), (5, 6), (69, 70), (3, 8), (10, 19), (1, 70)):
+            assert torch.equal(weight(x[lo:hi]), full[lo:hi]), (qtype, lo, hi)
+
+
 def test_int8_activations_dispatch():
     """The C kernel for CPU x (where it is available), the reference elsewhere (LORAPLEX_TEST_DEVICE=cuda)."""
     blocks = random_blocks("Q4_1", 5, 64, seed=15)
