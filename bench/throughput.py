@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import torch
 
@@ -177,16 +178,12 @@ def main() -> None:
     )
 
     dt, n_in, n_out, llm = run_loraplex(reqs, wl.MAX_TOKENS, engine_args)
-    rows = [
-        [
-            "loraplex LLM.generate",
-            n_out / dt,
-            (n_in + n_out) / dt,
-            (n_in + n_out) / dt / ceiling,
-            matmul_share(n_in, n_out, dt),
-            f"{dt:.1f}",
-        ]
-    ]
+
+    def result_row(label: str, n_in: int, n_out: int, seconds: float) -> list[Any]:
+        total = (n_in + n_out) / seconds
+        return [label, n_out / seconds, total, total / ceiling, matmul_share(n_in, n_out, seconds), f"{seconds:.1f}"]
+
+    rows = [result_row("loraplex LLM.generate", n_in, n_out, dt)]
     st = llm.engine.stats()
     runner = llm.engine.runner
     quantization = llm.engine.args.resolved_quantization(runner.device) or "none"
@@ -202,43 +199,16 @@ def main() -> None:
         base_args.pop("quantized_activations", None)
         bdt, bin_, bout, llm = run_loraplex(reqs, wl.MAX_TOKENS, base_args)
         label = f"loraplex, quantization {args.baseline_quantization}"
-        rows.append(
-            [
-                label,
-                bout / bdt,
-                (bin_ + bout) / bdt,
-                (bin_ + bout) / bdt / ceiling,
-                matmul_share(bin_, bout, bdt),
-                f"{bdt:.1f}",
-            ]
-        )
+        rows.append(result_row(label, bin_, bout, bdt))
     if not args.skip_hf:
         del llm
         hdt, hin, hout = run_hf(model_dir, reqs, wl.MAX_TOKENS, args.hf_batch, tok)
-        rows.append(
-            [
-                f"HF generate (batch {args.hf_batch})",
-                hout / hdt,
-                (hin + hout) / hdt,
-                (hin + hout) / hdt / ceiling,
-                matmul_share(hin, hout, hdt),
-                f"{hdt:.1f}",
-            ]
-        )
+        rows.append(result_row(f"HF generate (batch {args.hf_batch})", hin, hout, hdt))
     if args.vllm_python:
         peer = run_vllm_peer(args.vllm_python, model_dir)
         if peer:
             pdt = peer["seconds"]
-            rows.append(
-                [
-                    "vLLM-CPU (side by side)",
-                    peer["output_tokens"] / pdt,
-                    (peer["prompt_tokens"] + peer["output_tokens"]) / pdt,
-                    (peer["prompt_tokens"] + peer["output_tokens"]) / pdt / ceiling,
-                    matmul_share(peer["prompt_tokens"], peer["output_tokens"], pdt),
-                    f"{pdt:.1f}",
-                ]
-            )
+            rows.append(result_row("vLLM-CPU (side by side)", peer["prompt_tokens"], peer["output_tokens"], pdt))
     print_table(["engine", "output tok/s", "total tok/s", "of ceiling", "matmul share", "seconds"], rows)
     for peer_row in rows[1:]:
         print(
