@@ -32,6 +32,11 @@ VARIABLES = (
     Variable("LORAPLEX_CPU_KERNELS", "0 runs the torch paths instead of the C kernels on the CPU (default 1)"),
     Variable("LORAPLEX_ONEDNN", "0 runs the CPU projections on F.linear instead of oneDNN's packed linear (default 1)"),
     Variable(
+        "LORAPLEX_DECODE_WALK",
+        "0 runs decode steps of quantized CPU models layer by layer from Python instead of in one C call "
+        "(the same results; default 1)",
+    ),
+    Variable(
         "LORAPLEX_DATA_DIR",
         "the server's SQLite registry and adapter store (default "
         "$XDG_DATA_HOME/loraplex, else ~/.local/share/loraplex)",
@@ -88,6 +93,10 @@ def cpu_kernels_enabled() -> bool:
 
 def onednn_enabled() -> bool:
     return _switch("LORAPLEX_ONEDNN")
+
+
+def decode_walk_enabled() -> bool:
+    return _switch("LORAPLEX_DECODE_WALK")
 
 
 def data_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -23,6 +23,7 @@ from .cpu_build import load
 __all__ = [
     "C_DTYPES",
     "cpu_decode_kernel_available",
+    "decode_kernel_address",
     "paged_decode_attention_c",
     "paged_decode_attention_ref",
 ]
@@ -76,6 +77,15 @@ def _check(inputs: PagedAttentionInputs) -> None:
             f"need one seq_len and one block-table row per query row ({q.shape[0]}), got "
             f"{tuple(seq_lens.shape)} and {tuple(block_tables.shape)}"
         )
+
+
+def decode_kernel_address(dtype: torch.dtype) -> int | None:
+    """The address of the C kernel for ``dtype``, for C that calls it directly (``kernels.decode_layers``, with
+    the arguments ``paged_decode_attention_c`` passes); None where there is no such kernel."""
+    lib = _library()
+    if lib is None or dtype not in _VARIANTS:
+        return None
+    return ctypes.cast(getattr(lib, _VARIANTS[dtype]), ctypes.c_void_p).value
 
 
 def check_block_tables(

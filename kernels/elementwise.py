@@ -29,6 +29,7 @@ from .cpu_build import load
 __all__ = [
     "add_rms_norm_c",
     "add_rms_norm_ref",
+    "c_function_address",
     "c_ready",
     "cpu_elementwise_available",
     "rope_c",
@@ -59,6 +60,15 @@ def _library() -> ctypes.CDLL | None:
 
 def cpu_elementwise_available() -> bool:
     return _library() is not None
+
+
+def c_function_address(name: str, dtype: torch.dtype) -> int | None:
+    """The address of kernel ``name`` (``loraplex_add_rms_norm``, ``loraplex_rope``, ``loraplex_silu_mul``) for
+    ``dtype``, for C that calls it directly (``kernels.decode_layers``); None where there is no such kernel."""
+    suffix, lib = _SUFFIX.get(dtype), _library()
+    if suffix is None or lib is None:
+        return None
+    return ctypes.cast(getattr(lib, f"{name}_{suffix}"), ctypes.c_void_p).value
 
 
 def c_ready(*tensors: torch.Tensor) -> bool:

@@ -404,6 +404,16 @@ class QuantWeight:
         self._row = torch.Size((1, self.k)) if self._kernel is not None and self.n else None
         return self
 
+    def c_call(self) -> tuple[int, int, int] | None:
+        """(the bound C kernel's address, the blocks' address, the format's index): for a caller that makes this
+        weight's calls from C with the same arguments (``kernels.decode_layers``); None where calls run the
+        reference."""
+        if self._kernel is None:
+            return None
+        address = ctypes.cast(self._kernel, ctypes.c_void_p).value
+        assert address is not None
+        return address, self.blocks.data_ptr(), _QTYPE_INDEX[self.qtype]
+
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         kernel = self._kernel
         if out is None and x.shape == self._row and x.is_cpu and x.is_contiguous():

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from loraplex.engine.errors import ModelLoadError
+from loraplex.engine.model.decode_walk import build_decode_walk, walk_plan
 from loraplex.engine.model.gguf_weights import GGUFWeights, QuantTensor
 from loraplex.engine.model.linear import (
     AT_LOAD,
@@ -90,6 +91,8 @@ class DecoderModel:
             else None
         )
         self.gelu = shape.activation == "gelu_pytorch_tanh"
+        # decode-only steps without adapters run every layer in one C call where the model allows (the same bits)
+        self.decode_walk = build_decode_walk(self)
 
     def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, QuantTensor):
@@ -137,6 +140,12 @@ class DecoderModel:
         h = self.embed_rows(input_ids)  # the residual stream, updated in place by add_rms_norm
         if self.embed_scale is not None:
             h = h * self.embed_scale
+        walk = self.decode_walk
+        plan = walk_plan(meta) if walk is not None and lora is None else None
+        if plan is not None and walk is not None and isinstance(meta, AttentionMetadata):
+            last = walk.run(h, positions, meta.slot_mapping, plan.tables, plan.seq_lens, kv_caches, not plan.checked)
+            plan.checked = True  # (as the attention path: the tables are checked once a step)
+            return add_rms_norm(h, last, self.norm, eps)
         # the shape's numbers once per forward, not per layer (each is a property lookup)
         q_size, kv_size = s.q_size, s.kv_size
         qk_end = q_size + kv_size

@@ -1,0 +1,276 @@
+"""Every decoder layer of a decode step in one C call (``csrc/decode_layers.c``): the walk a one-stream decode
+makes ~270 kernel calls for, without ~10 us of Python and ctypes around each.
+
+``DecodeLayers(layers, dims, dtype)`` binds a model's weights once: per layer its norms, rotary tables, window and
+four projections, each a list of prepared ``QuantWeight`` parts in column order (the C kernels' addresses and
+their blocks'). ``run`` then takes one step's residual stream, positions, cache slots, block tables and caches,
+and returns the last layer's MLP output (the caller adds it and applies the final norm).
+
+Same request, same answer: the C walk calls the kernels the per-layer Python path calls (add_rms_norm, rope,
+silu_mul, paged decode attention, the quantized matmuls), in its order with its arguments, so either path gives
+a step the same bits (tests/kernels/test_decode_layers.py compares them bit for bit). What it does not cover
+(biases, per-head q/k norms, sandwich norms, GeGLU, float or int8-per-channel projections, LoRA, prefill chunks)
+stays on the Python path; ``DecodeLayers`` refuses such a model by name (``WalkUnsupported``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .cpu_build import load
+from .cpu_decode_attention import _softcap_arg, _window_arg, check_block_tables, decode_kernel_address
+from .elementwise import c_function_address
+from .quant import QuantWeight
+
+__all__ = ["DecodeLayers", "WalkDims", "WalkLayer", "WalkUnsupported", "decode_layers_available"]
+
+_p, _i64 = ctypes.c_void_p, ctypes.c_int64
+
+
+class _Part(ctypes.Structure):
+    _fields_ = [("fn", _p), ("blocks", _p), ("qtype", _i64), ("n", _i64), ("col", _i64)]
+
+
+class _Projection(ctypes.Structure):
+    _fields_ = [("parts", ctypes.POINTER(_Part)), ("num_parts", _i64), ("out_features", _i64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", _p),
+        ("post_norm", _p),
+        ("cos_table", _p),
+        ("sin_table", _p),
+        ("k_cache", _p),
+        ("v_cache", _p),
+        ("qkv", _Projection),
+        ("o", _Projection),
+        ("gate_up", _Projection),
+        ("down", _Projection),
+        ("window", _i64),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("norm", _p),
+        ("rope", _p),
+        ("silu_mul", _p),
+        ("attention", _p),
+        ("layers", ctypes.POINTER(_Layer)),
+        *((name, _i64) for name in ("num_layers", "hidden", "q_size", "kv_size", "num_heads", "num_kv_heads")),
+        *((name, _i64) for name in ("head_dim", "inter", "block_size", "elem_bytes", "bf16")),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("softcap", ctypes.c_float),
+    ]
+
+
+_SIGNATURES: dict[str, tuple[object, list[Any]]] = {
+    "loraplex_decode_layers": (
+        ctypes.c_int,
+        [ctypes.POINTER(_Model), _p, _p, _p, _p, _p, _p, _i64, _i64, ctypes.c_int],
+    )
+}
+
+
+def _library() -> ctypes.CDLL | None:
+    return load("decode_layers", _SIGNATURES)
+
+
+def decode_layers_available() -> bool:
+    return _library() is not None
+
+
+class WalkUnsupported(ValueError):
+    """A model (or a part of it) the C walk does not run; the per-layer Python path does."""
+
+
+@dataclass(frozen=True)
+class WalkDims:
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    inter: int
+    eps: float
+    scale: float
+    softcap: float | None
+
+
+@dataclass(frozen=True)
+class WalkLayer:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    cos: torch.Tensor  # [max_positions, head_dim] rotary tables of this layer
+    sin: torch.Tensor
+    window: int | None
+    qkv: list[QuantWeight]  # the parts of each projection, in the order of their output columns
+    o: list[QuantWeight]
+    gate_up: list[QuantWeight]
+    down: list[QuantWeight]
+
+
+def _address(t: torch.Tensor, dtype: torch.dtype, what: str) -> int:
+    if not t.is_cpu or t.dtype != dtype or not t.is_contiguous():
+        raise WalkUnsupported(f"{what} must be a contiguous {dtype} CPU tensor, got {t.dtype} on {t.device}")
+    return t.data_ptr()
+
+
+class DecodeLayers:
+    """A model's layers bound for the C walk (see the module docstring). Raises WalkUnsupported for what the walk
+    cannot run."""
+
+    def __init__(self, layers: list[WalkLayer], dims: WalkDims, dtype: torch.dtype) -> None:
+        lib = _library()
+        if lib is None:
+            raise WalkUnsupported("the C kernels are switched off or there is no C compiler")
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise WalkUnsupported(f"the C walk takes float32 or bfloat16 models, not {dtype}")
+        functions = {
+            name: c_function_address(f"loraplex_{name}", dtype) for name in ("add_rms_norm", "rope", "silu_mul")
+        }
+        attention = decode_kernel_address(dtype)
+        if attention is None or None in functions.values():
+            raise WalkUnsupported("the C elementwise or decode-attention kernels are not built")
+        if dims.head_dim % 8:
+            raise WalkUnsupported(f"the C decode attention needs head_dim a multiple of 8, got {dims.head_dim}")
+        self._run = lib.loraplex_decode_layers
+        self.dtype, self.dims = dtype, dims
+        self.q_size, self.kv_size = dims.num_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim
+        self.max_positions = min(min(layer.cos.shape[0], layer.sin.shape[0]) for layer in layers)
+        self._keep: list[object] = []  # the ctypes arrays the structures point into
+        self._layers = (_Layer * len(layers))()
+        widths = {
+            "qkv": (dims.hidden, self.q_size + 2 * self.kv_size),
+            "o": (self.q_size, dims.hidden),
+            "gate_up": (dims.hidden, 2 * dims.inter),
+            "down": (dims.inter, dims.hidden),
+        }
+        for i, (layer, c) in enumerate(zip(layers, self._layers)):
+            c.input_norm = _address(layer.input_norm, dtype, f"layer {i}'s input norm")
+            c.post_norm = _address(layer.post_norm, dtype, f"layer {i}'s post-attention norm")
+            for t, what in ((layer.cos, "cos"), (layer.sin, "sin")):
+                _address(t, dtype, f"layer {i}'s rotary {what} table")
+                if t.shape[1:] != (dims.head_dim,):
+                    raise WalkUnsupported(f"layer {i}'s rotary {what} table has shape {tuple(t.shape)}")
+            c.cos_table, c.sin_table = layer.cos.data_ptr(), layer.sin.data_ptr()
+            c.window = _window_arg(layer.window)
+            for group, (k, n) in widths.items():
+                setattr(c, group, self._projection(getattr(layer, group), k, n, f"layer {i}'s {group}"))
+        self._model = _Model(
+            norm=functions["add_rms_norm"],
+            rope=functions["rope"],
+            silu_mul=functions["silu_mul"],
+            attention=attention,
+            layers=self._layers,
+            num_layers=len(layers),
+            hidden=dims.hidden,
+            q_size=self.q_size,
+            kv_size=self.kv_size,
+            num_heads=dims.num_heads,
+            num_kv_heads=dims.num_kv_heads,
+            head_dim=dims.head_dim,
+            inter=dims.inter,
+            block_size=0,  # set with the caches (bind_caches)
+            elem_bytes=torch.empty((), dtype=dtype).element_size(),
+            bf16=int(dtype == torch.bfloat16),
+            eps=dims.eps,
+            scale=dims.scale,
+            softcap=_softcap_arg(dims.softcap),
+        )
+        self._layer_refs = layers  # (the tensors the structures point at stay alive with this object)
+        self._caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._num_slots = 0
+
+    def _projection(self, parts: list[QuantWeight], k: int, n: int, what: str) -> _Projection:
+        array = (_Part * len(parts))()
+        col = 0
+        for part, c in zip(parts, array):
+            call = part.c_call() if isinstance(part, QuantWeight) else None
+            if call is None or part.k != k:
+                raise WalkUnsupported(f"{what}: the C walk takes GGUF-block weights with a C kernel of width {k}")
+            c.fn, c.blocks, c.qtype = call
+            c.n, c.col = part.n, col
+            col += part.n
+        if col != n or not parts:
+            raise WalkUnsupported(f"{what}: parts of {col} rows in all, expected {n}")
+        self._keep.append(array)
+        return _Projection(parts=array, num_parts=len(parts), out_features=n)
+
+    def bind_caches(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Point the layers at these caches (each ``[num_blocks, block_size, kv_heads, head_dim]``, one shape)."""
+        if len(kv_caches) != len(self._layers):
+            raise ValueError(f"{len(kv_caches)} caches for {len(self._layers)} layers")
+        shape = tuple(kv_caches[0][0].shape)
+        if len(shape) != 4 or shape[2:] != (self.dims.num_kv_heads, self.dims.head_dim):
+            raise ValueError(f"a cache of shape {shape} does not fit {self.dims.num_kv_heads} kv heads")
+        for i, (k, v) in enumerate(kv_caches):
+            if tuple(k.shape) != shape or tuple(v.shape) != shape:
+                raise ValueError(f"layer {i}'s caches {tuple(k.shape)}, {tuple(v.shape)} differ from {shape}")
+            self._layers[i].k_cache = _address(k, self.dtype, f"layer {i}'s key cache")
+            self._layers[i].v_cache = _address(v, self.dtype, f"layer {i}'s value cache")
+        self._model.block_size = shape[1]
+        self._num_slots = shape[0] * shape[1]
+        self._caches = list(kv_caches)
+
+    def run(
+        self,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        tables: torch.Tensor,
+        lens: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        check_tables: bool = True,
+    ) -> torch.Tensor:
+        """Every layer for ``m`` single-token decodes: ``h`` [m, hidden] (the residual stream, updated in place),
+        ``positions`` / ``slots`` int64 [m], ``tables`` int32 [m, max_blocks] and ``lens`` int32 [m] as the decode
+        attention kernel takes them. Returns the last layer's MLP output [m, hidden]. ``check_tables=False``: the
+        caller checked these tables against these caches already (as the attention path skips it)."""
+        m = h.shape[0]
+        if h.shape != (m, self.dims.hidden) or not h.is_contiguous() or h.dtype != self.dtype or not h.is_cpu:
+            raise ValueError(f"h must be a contiguous [m, {self.dims.hidden}] {self.dtype} CPU tensor")
+        if len(kv_caches) != len(self._caches) or any(
+            a is not b or c is not d for (a, c), (b, d) in zip(kv_caches, self._caches)
+        ):
+            self.bind_caches(kv_caches)
+        for t, dtype, shape in ((positions, torch.int64, (m,)), (slots, torch.int64, (m,)), (lens, torch.int32, (m,))):
+            if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
+                raise ValueError(f"positions, slots and lens must be contiguous [{m}] int64 / int64 / int32")
+        if tables.dtype != torch.int32 or tables.dim() != 2 or tables.shape[0] != m or not tables.is_contiguous():
+            raise ValueError(f"tables must be a contiguous [{m}, max_blocks] int32 tensor")
+        delta = torch.empty_like(h)
+        if m == 0:
+            return delta
+        if int(positions.min()) < 0 or int(positions.max()) >= self.max_positions:
+            raise ValueError(f"positions must lie in [0, {self.max_positions})")
+        if int(slots.min()) < 0 or int(slots.max()) >= self._num_slots:
+            raise ValueError(f"cache slots must lie in [0, {self._num_slots})")
+        if check_tables:
+            if int(lens.min()) < 1:
+                raise ValueError("every decode sequence needs a context of at least one token")
+            k_cache = self._caches[0][0]
+            check_block_tables(tables, lens, k_cache.shape[0], k_cache.shape[1])
+        rc = self._run(
+            ctypes.byref(self._model),
+            h.data_ptr(),
+            delta.data_ptr(),
+            positions.data_ptr(),
+            slots.data_ptr(),
+            tables.data_ptr(),
+            lens.data_ptr(),
+            m,
+            tables.shape[1],
+            torch.get_num_threads(),
+        )
+        if rc == 1:
+            raise MemoryError("the C decode walk could not allocate its scratch buffers")
+        if rc != 0:
+            part = "attention" if 100 < rc < 200 else "a quantized matmul" if rc > 200 else "a kernel"
+            raise RuntimeError(f"the C decode walk failed in {part} (code {rc})")
+        return delta

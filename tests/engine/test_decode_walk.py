@@ -1,0 +1,160 @@
+"""The C decode walk (engine.model.decode_walk, kernels/csrc/decode_layers.c): decode-only steps of quantized models
+run every layer in one C call. It must give every step the bits of the per-layer Python path (same request, same
+answer), run where it applies (else it would be dead code that the equality tests pass through), and stay out of
+the steps and models it does not cover.
+
+Each equality test drives two engines of one model through the same requests, arriving so that steps hold one,
+several and mixed (prefill + decode) rows and cross cache blocks, the second with the walk taken out; every logits
+row of every step must be equal bit for bit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
+from loraplex.engine.model.files import source_gguf
+from loraplex.kernels.backend import torch_backend
+from loraplex.kernels.decode_layers import DecodeLayers, WalkUnsupported
+from tests.engine.family_models import make_family_model
+from tests.engine.helpers import run_to_completion
+
+
+class AllLogits:
+    """Every logits row an engine samples from, by (request, output position)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, int], torch.Tensor] = {}
+
+    def __call__(self, request_ids: list[str], positions: list[int], logits: torch.Tensor) -> None:
+        for rid, pos, row in zip(request_ids, positions, logits):
+            self.rows[(rid, pos)] = row.detach().clone()
+
+
+def count_walks(engine: LLMEngine) -> list[int]:
+    """Counts the walk's runs in engine (a one-element list); fails when the model has no walk."""
+    walk = engine.runner.model.decode_walk
+    assert isinstance(walk, DecodeLayers), "this model should run its decode steps through the C walk"
+    calls = [0]
+    run = walk.run
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return run(*args, **kwargs)
+
+    walk.run = counted  # type: ignore[method-assign]
+    return calls
+
+
+def drive(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[dict, dict]:
+    """The requests arrive at steps 0, 3, 6, ...: steps of one decode, several decodes, and prefill beside decodes."""
+    rec = AllLogits()
+    engine.probe = EngineProbe(on_logits=rec)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    arrivals = {3 * i: [(p, params, f"r{i}")] for i, p in enumerate(prompts)}
+    done = run_to_completion(engine, arrivals)
+    return rec.rows, {rid: list(out.token_ids) for rid, out in done.items()}
+
+
+def assert_same_bits(args: dict, prompts: list[list[int]], max_tokens: int) -> int:
+    """Runs prompts on an engine with the walk and one without; returns how many steps the walk ran."""
+    walked = LLMEngine(**args)
+    calls = count_walks(walked)
+    python = LLMEngine(**args)
+    python.runner.model.decode_walk = None
+    rows, tokens = drive(walked, prompts, max_tokens)
+    expected_rows, expected_tokens = drive(python, prompts, max_tokens)
+    assert tokens == expected_tokens
+    assert rows.keys() == expected_rows.keys() and len(rows) == len(prompts) * max_tokens
+    different = [key for key in rows if not torch.equal(rows[key], expected_rows[key])]
+    assert not different, f"{len(different)} logits rows differ from the per-layer path's, first {different[0]}"
+    return calls[0]
+
+
+@pytest.fixture(scope="module")
+def windowed_dir(tmp_path_factory, smol_dir) -> Path:
+    """A Mistral with a sliding window of 11 tokens, GQA 4:1 and a dynamic rotary scaling; widths multiples of 32."""
+    return make_family_model(
+        tmp_path_factory.mktemp("mistral"),
+        smol_dir,
+        "mistral",
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+    )
+
+
+@pytest.mark.parametrize("activations", [None, "int8"])
+def test_the_walk_gives_a_windowed_models_steps_the_per_layer_bits(windowed_dir, activations) -> None:
+    args = dict(
+        model=str(windowed_dir),
+        quantization="q8_0",
+        quantized_activations=activations,
+        max_num_seqs=4,
+        num_kv_blocks=64,
+        block_size=4,
+    )
+    prompts = [[5, 6, 7, 8, 9], list(range(100, 130)), [42, 43], list(range(300, 317))]
+    walks = assert_same_bits(args, prompts, max_tokens=20)
+    assert walks >= 10  # the steps where every row is a decode (the rest prefill beside them)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("activations", [None, "int8"])
+def test_the_walk_gives_the_bundled_gguf_the_per_layer_bits(activations) -> None:
+    gguf = source_gguf(None)
+    assert gguf is not None
+    args = dict(model=str(gguf), quantized_activations=activations, max_num_seqs=4, num_kv_blocks=64)
+    prompts = [list(range(1000, 1024)), [5, 6, 7], list(range(2000, 2040))]
+    assert assert_same_bits(args, prompts, max_tokens=12) >= 10
+
+
+def test_which_models_run_the_walk(tiny_llama_dir, windowed_dir, monkeypatch) -> None:
+    """GGUF blocks (Q8_0 at load too) with or without int8 activations: yes; float weights, int8 per channel (another
+    kernel signature), the torch backend, or LORAPLEX_DECODE_WALK=0: no."""
+    small = dict(max_num_seqs=2, num_kv_blocks=16)
+
+    def walk(**args):
+        return LLMEngine(**small, **args).runner.model.decode_walk
+
+    assert isinstance(walk(model=str(windowed_dir), quantization="q8_0"), DecodeLayers)
+    assert isinstance(walk(model=str(tiny_llama_dir), quantization="q8_0", quantized_activations="int8"), DecodeLayers)
+    assert walk(model=str(tiny_llama_dir)) is None
+    assert walk(model=str(tiny_llama_dir), quantization="int8") is None
+    monkeypatch.setenv("LORAPLEX_DECODE_WALK", "0")
+    assert walk(model=str(tiny_llama_dir), quantization="q8_0") is None
+    monkeypatch.delenv("LORAPLEX_DECODE_WALK")
+    monkeypatch.setattr("loraplex.engine.model.runner.select_backend", lambda *a: torch_backend())
+    assert walk(model=str(tiny_llama_dir), quantization="q8_0") is None
+
+
+def test_the_walk_refuses_by_name_what_it_cannot_run(tiny_llama_dir) -> None:
+    engine = LLMEngine(model=str(tiny_llama_dir), quantization="q8_0", max_num_seqs=2, num_kv_blocks=16)
+    model = engine.runner.model
+    walk = model.decode_walk
+    assert isinstance(walk, DecodeLayers)
+    caches = engine.runner.kv_caches
+    h = torch.randn(2, model.shape.hidden_size)
+    tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    lens = torch.tensor([3, 5], dtype=torch.int32)
+    slots = torch.tensor([2, 4 * 16 + 4], dtype=torch.long)  # (blocks of 16 slots)
+    positions = torch.tensor([2, 4])
+    with pytest.raises(ValueError, match="positions must lie in"):
+        walk.run(h.clone(), torch.tensor([2, 10**6]), slots, tables, lens, caches)
+    with pytest.raises(ValueError, match="cache slots must lie in"):
+        walk.run(h.clone(), positions, torch.tensor([2, 10**8]), tables, lens, caches)
+    with pytest.raises(ValueError, match="block table entries must lie in"):
+        walk.run(h.clone(), positions, slots, torch.tensor([[0, 1], [999, 3]], dtype=torch.int32), lens, caches)
+    with pytest.raises(ValueError, match="at least one token"):
+        walk.run(h.clone(), positions, slots, tables, torch.tensor([0, 5], dtype=torch.int32), caches)
+    with pytest.raises(ValueError, match=r"contiguous \[m, 64\]"):
+        walk.run(h.double(), positions, slots, tables, lens, caches)
+    delta = walk.run(h.clone(), positions, slots, tables, lens, caches)
+    assert delta.shape == h.shape and torch.isfinite(delta).all()
+    layer = model.layers[0]
+    with pytest.raises(WalkUnsupported, match="GGUF-block weights"):
+        walk._projection([layer.qkv._weights[0]], k=32, n=layer.qkv.out_features, what="qkv")
