@@ -3,10 +3,12 @@
     bench/.venv-llamacpp/bin/python bench/peer_llama_cpp.py < request.json
 
 The request (bench/vs_llama_cpp.py writes it): {"model", "threads", "decode_prompt": [ids], "max_tokens",
-"pp_prompt": [ids], "repeats"}. Single-stream greedy decode of decode_prompt through `Llama.generate` (top-k 1,
-temperature 0: greedy; EOS is not checked by `generate`), timing each token as it is yielded (the evaluation of
-the previous token plus sampling); and the time to the first token of pp_prompt (prompt processing). Each the best
-of `repeats` runs. Kept free of loraplex imports: it runs in its own virtual environment.
+"pp_prompt": [ids], "repeats", "no_repack"}. Single-stream greedy decode of decode_prompt through
+`Llama.generate` (top-k 1, temperature 0: greedy; EOS is not checked by `generate`), timing each token as it is
+yielded (the evaluation of the previous token plus sampling); and the time to the first token of pp_prompt (prompt
+processing). Each the best of `repeats` runs. "no_repack": the model loaded without extra buffer types (llama.cpp's
+AMX and CPU_REPACK layouts), as the tools' --no-repack. Kept free of loraplex imports: it runs in its own virtual
+environment.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pathlib import Path
 
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from llama_cpp import Llama  # noqa: E402  # (after the path fix above)
+import llama_cpp.llama_cpp as llama_c_api  # noqa: E402  # (after the path fix above)
+from llama_cpp import Llama  # noqa: E402
 
 GREEDY = dict(top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0)
 
@@ -41,6 +44,15 @@ def timed_tokens(llm: Llama, prompt: list[int], n: int) -> tuple[float, list[flo
 def main() -> None:
     req = json.load(sys.stdin)
     n_ctx = max(len(req["pp_prompt"]), len(req["decode_prompt"]) + req["max_tokens"]) + 16
+    if req.get("no_repack"):  # Llama() takes no such argument: its model parameters start from these defaults
+        defaults = llama_c_api.llama_model_default_params
+
+        def without_extra_buffers():  # type: ignore[no-untyped-def]
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        llama_c_api.llama_model_default_params = without_extra_buffers
     llm = Llama(
         model_path=req["model"],
         n_threads=req["threads"],

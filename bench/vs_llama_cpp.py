@@ -186,6 +186,8 @@ def run_worker(cfg: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- llama.cpp
 LLAMA_ENV = dict(os.environ)  # main() drops GOMP_SPINCOUNT from it under --llama-default-spin
+NO_REPACK = {"batched-bench": ["-nr"], "llama-bench": ["--repack", "0"]}  # --llama-no-repack: each tool's flag
+LLAMA_FLAGS: dict[str, list[str]] = {"batched-bench": [], "llama-bench": []}
 
 
 def batched_bench(gguf: Path, threads: int, npp: list[int], ntg: int, npl: list[int]) -> list[dict]:
@@ -194,6 +196,7 @@ def batched_bench(gguf: Path, threads: int, npp: list[int], ntg: int, npl: list[
     cmd = [str(LLAMA_BIN / "llama-batched-bench"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads)]
     cmd += ["-c", str(n_ctx), "-b", "2048", "-ub", "512", "-ngl", "0", "--output-format", "jsonl"]
     cmd += ["-npp", ",".join(map(str, npp)), "-ntg", str(ntg), "-npl", ",".join(map(str, npl))]
+    cmd += LLAMA_FLAGS["batched-bench"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env=LLAMA_ENV)
     return [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
 
@@ -201,6 +204,7 @@ def batched_bench(gguf: Path, threads: int, npp: list[int], ntg: int, npl: list[
 def llama_model_info(gguf: Path, threads: int) -> dict[str, Any]:
     """llama-bench's record of one 1-token run: model_size (bytes of tensor data), model_type, repack, build."""
     cmd = [str(LLAMA_BIN / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "1", "-r", "1"]
+    cmd += LLAMA_FLAGS["llama-bench"]
     proc = subprocess.run([*cmd, "-o", "jsonl"], capture_output=True, text=True, check=True, env=LLAMA_ENV)
     return json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("{")))
 
@@ -254,6 +258,12 @@ def main() -> None:
         action="store_true",
         help="run llama.cpp with libgomp's default barrier spin instead of ours (GOMP_SPINCOUNT unset for it)",
     )
+    ap.add_argument(
+        "--llama-no-repack",
+        action="store_true",
+        help="llama.cpp without its extra weight layouts (AMX, CPU_REPACK): on hosts where its AMX path crashes "
+        "(ggml_backend_amx_mul_mat, SIGSEGV, seen on a 2-core Xeon VM); the plain CPU kernels, as where no AMX exists",
+    )
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
@@ -274,6 +284,8 @@ def main() -> None:
     print(f"model: {gguf} ({gguf.stat().st_size / 2**20:.1f} MiB); llama.cpp of llama-cpp-python {version}")
     if args.llama_default_spin:
         LLAMA_ENV.pop("GOMP_SPINCOUNT", None)
+    if args.llama_no_repack:
+        LLAMA_FLAGS.update(NO_REPACK)
     spin = {"ours": os.environ.get("GOMP_SPINCOUNT"), "llama.cpp": LLAMA_ENV.get("GOMP_SPINCOUNT")}
     print("GOMP_SPINCOUNT (libgomp's default when None): " + ", ".join(f"{k} {v}" for k, v in spin.items()))
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -317,6 +329,7 @@ def main() -> None:
             pp_prompt=first["pp_ids"],
             max_tokens=args.max_tokens,
             repeats=args.repeats,
+            no_repack=args.llama_no_repack,
         )
     )
     llama_mib = info["model_size"] / 2**20

@@ -4,7 +4,7 @@
   steps run as torch ops.
 * ``cpu-c``: float32 or bfloat16 CPU tensors with the C kernels built (``csrc/``): decode and prefill
   attention read the paged cache in place, the multi-LoRA delta, residual add + RMSNorm, rotary and the
-  SiLU-gated product. (A bfloat16 engine on the CPU exists only on hosts with native bfloat16:
+  SiLU- and GELU-gated products. (A bfloat16 engine on the CPU exists only on hosts with native bfloat16:
   ``kernels.cpu_features``, checked by ``EngineArgs.resolved_dtype``.)
 * ``torch``: anything else on the CPU (float16, no C compiler, ``LORAPLEX_CPU_KERNELS=0``): vectorised
   torch paths, which are also the references the kernels are tested against.
@@ -30,6 +30,8 @@ from .elementwise import (
     add_rms_norm_c,
     add_rms_norm_ref,
     cpu_elementwise_available,
+    gelu_tanh_mul_c,
+    gelu_tanh_mul_ref,
     rope_c,
     rope_ref,
     silu_mul_c,
@@ -52,20 +54,27 @@ class ComputeBackend:
     add_rms_norm: Callable[..., torch.Tensor]
     rope_: Callable[..., None]
     silu_mul: Callable[..., torch.Tensor]
+    gelu_mul: Callable[..., torch.Tensor]  # GeGLU's gelu_pytorch_tanh(gate) * up (Gemma)
     lora_shrink: Callable[..., torch.Tensor]  # the torch and Triton LoRA paths; cpu-c runs kernels.cpu_lora
     lora_expand: Callable[..., torch.Tensor]
 
 
 def triton_backend() -> ComputeBackend:
-    return ComputeBackend("triton", add_rms_norm_ref, rope_ref, silu_mul_ref, lora_shrink_triton, lora_expand_triton)
+    return ComputeBackend(
+        "triton", add_rms_norm_ref, rope_ref, silu_mul_ref, gelu_tanh_mul_ref, lora_shrink_triton, lora_expand_triton
+    )
 
 
 def cpu_c_backend() -> ComputeBackend:
-    return ComputeBackend("cpu-c", add_rms_norm_c, rope_c, silu_mul_c, lora_shrink_grouped, lora_expand_grouped)
+    return ComputeBackend(
+        "cpu-c", add_rms_norm_c, rope_c, silu_mul_c, gelu_tanh_mul_c, lora_shrink_grouped, lora_expand_grouped
+    )
 
 
 def torch_backend() -> ComputeBackend:
-    return ComputeBackend("torch", add_rms_norm_ref, rope_ref, silu_mul_ref, lora_shrink_grouped, lora_expand_grouped)
+    return ComputeBackend(
+        "torch", add_rms_norm_ref, rope_ref, silu_mul_ref, gelu_tanh_mul_ref, lora_shrink_grouped, lora_expand_grouped
+    )
 
 
 def cpu_kernels_available() -> bool:

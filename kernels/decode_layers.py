@@ -3,14 +3,15 @@ makes ~270 kernel calls for, without ~10 us of Python and ctypes around each.
 
 ``DecodeLayers(layers, dims, dtype)`` binds a model's weights once: per layer its norms, rotary tables, window and
 four projections, each a list of prepared ``QuantWeight`` parts in column order (the C kernels' addresses and
-their blocks'). ``run`` then takes one step's residual stream, positions, cache slots, block tables and caches,
-and returns the last layer's MLP output (the caller adds it and applies the final norm).
+their blocks'). ``run`` then takes one step's residual stream, positions, per KV-cache group the cache slots,
+block tables and lengths (``GroupStep``), each layer's group, and the caches, and returns the last layer's MLP
+output (the caller adds it and applies the final norm).
 
 Same request, same answer: the C walk calls the kernels the per-layer Python path calls (add_rms_norm, rope,
-silu_mul, paged decode attention, the quantized matmuls), in its order with its arguments, so either path gives
-a step the same bits (tests/kernels/test_decode_layers.py compares them bit for bit). What it does not cover
-(biases, per-head q/k norms, sandwich norms, GeGLU, float or int8-per-channel projections, LoRA, prefill chunks)
-stays on the Python path; ``DecodeLayers`` refuses such a model by name (``WalkUnsupported``).
+silu_mul or gelu_tanh_mul, paged decode attention, the quantized matmuls), in its order with its arguments, so
+either path gives a step the same bits (tests/engine/test_decode_walk.py compares them bit for bit). What it does
+not cover (biases, float or int8-per-channel projections, LoRA, prefill chunks) stays on the Python path;
+``DecodeLayers`` refuses such a model by name (``WalkUnsupported``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .cpu_decode_attention import _softcap_arg, _window_arg, check_block_tables,
 from .elementwise import c_function_address
 from .quant import QuantWeight
 
-__all__ = ["DecodeLayers", "WalkDims", "WalkLayer", "WalkUnsupported", "decode_layers_available"]
+__all__ = ["DecodeLayers", "GroupStep", "WalkDims", "WalkLayer", "WalkUnsupported", "decode_layers_available"]
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -45,6 +46,10 @@ class _Layer(ctypes.Structure):
         ("post_norm", _p),
         ("cos_table", _p),
         ("sin_table", _p),
+        ("q_norm", _p),
+        ("k_norm", _p),
+        ("pre_ff_norm", _p),
+        ("post_ff_norm", _p),
         ("k_cache", _p),
         ("v_cache", _p),
         ("qkv", _Projection),
@@ -52,6 +57,7 @@ class _Layer(ctypes.Structure):
         ("gate_up", _Projection),
         ("down", _Projection),
         ("window", _i64),
+        ("kv_group", _i64),
     ]
 
 
@@ -59,7 +65,7 @@ class _Model(ctypes.Structure):
     _fields_ = [
         ("norm", _p),
         ("rope", _p),
-        ("silu_mul", _p),
+        ("gated", _p),
         ("attention", _p),
         ("layers", ctypes.POINTER(_Layer)),
         *((name, _i64) for name in ("num_layers", "hidden", "q_size", "kv_size", "num_heads", "num_kv_heads")),
@@ -73,7 +79,7 @@ class _Model(ctypes.Structure):
 _SIGNATURES: dict[str, tuple[object, list[Any]]] = {
     "loraplex_decode_layers": (
         ctypes.c_int,
-        [ctypes.POINTER(_Model), _p, _p, _p, _p, _p, _p, _i64, _i64, ctypes.c_int],
+        [ctypes.POINTER(_Model), _p, _p, _p, _p, _p, _p, _p, _i64, ctypes.c_int],
     )
 }
 
@@ -100,6 +106,19 @@ class WalkDims:
     eps: float
     scale: float
     softcap: float | None
+    gelu: bool = False  # GeGLU (gelu_pytorch_tanh) rather than SiLU
+
+
+@dataclass(frozen=True)
+class GroupStep:
+    """One KV-cache group's part of a step: ``slots`` int64 [m] (each token's flat cache slot), ``tables`` int32
+    [m, max_blocks] and ``lens`` int32 [m] as the decode attention kernel takes them; ``check_tables``: the tables
+    have not been checked against the caches yet this step."""
+
+    slots: torch.Tensor
+    tables: torch.Tensor
+    lens: torch.Tensor
+    check_tables: bool = True
 
 
 @dataclass(frozen=True)
@@ -109,6 +128,10 @@ class WalkLayer:
     cos: torch.Tensor  # [max_positions, head_dim] rotary tables of this layer
     sin: torch.Tensor
     window: int | None
+    q_norm: torch.Tensor | None  # per-head q/k norms [head_dim] (Qwen3, Gemma 3), or None
+    k_norm: torch.Tensor | None
+    pre_ff_norm: torch.Tensor | None  # sandwich norms (Gemma 2 / 3): post_norm then norms the attention output
+    post_ff_norm: torch.Tensor | None
     qkv: list[QuantWeight]  # the parts of each projection, in the order of their output columns
     o: list[QuantWeight]
     gate_up: list[QuantWeight]
@@ -131,9 +154,8 @@ class DecodeLayers:
             raise WalkUnsupported("the C kernels are switched off or there is no C compiler")
         if dtype not in (torch.float32, torch.bfloat16):
             raise WalkUnsupported(f"the C walk takes float32 or bfloat16 models, not {dtype}")
-        functions = {
-            name: c_function_address(f"loraplex_{name}", dtype) for name in ("add_rms_norm", "rope", "silu_mul")
-        }
+        gated = "gelu_tanh_mul" if dims.gelu else "silu_mul"
+        functions = {name: c_function_address(f"loraplex_{name}", dtype) for name in ("add_rms_norm", "rope", gated)}
         attention = decode_kernel_address(dtype)
         if attention is None or None in functions.values():
             raise WalkUnsupported("the C elementwise or decode-attention kernels are not built")
@@ -160,12 +182,22 @@ class DecodeLayers:
                     raise WalkUnsupported(f"layer {i}'s rotary {what} table has shape {tuple(t.shape)}")
             c.cos_table, c.sin_table = layer.cos.data_ptr(), layer.sin.data_ptr()
             c.window = _window_arg(layer.window)
+            if (layer.q_norm is None) != (layer.k_norm is None):
+                raise WalkUnsupported(f"layer {i} has a q norm without a k norm or the reverse")
+            if (layer.pre_ff_norm is None) != (layer.post_ff_norm is None):
+                raise WalkUnsupported(f"layer {i} has one of the two feed-forward sandwich norms")
+            for name in ("q_norm", "k_norm", "pre_ff_norm", "post_ff_norm"):
+                t = getattr(layer, name)
+                width = dims.head_dim if name in ("q_norm", "k_norm") else dims.hidden
+                if t is not None and t.shape != (width,):
+                    raise WalkUnsupported(f"layer {i}'s {name} has shape {tuple(t.shape)}, expected ({width},)")
+                setattr(c, name, None if t is None else _address(t, dtype, f"layer {i}'s {name}"))
             for group, (k, n) in widths.items():
                 setattr(c, group, self._projection(getattr(layer, group), k, n, f"layer {i}'s {group}"))
         self._model = _Model(
             norm=functions["add_rms_norm"],
             rope=functions["rope"],
-            silu_mul=functions["silu_mul"],
+            gated=functions[gated],
             attention=attention,
             layers=self._layers,
             num_layers=len(layers),
@@ -186,6 +218,8 @@ class DecodeLayers:
         self._layer_refs = layers  # (the tensors the structures point at stay alive with this object)
         self._caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._num_slots = 0
+        self._layer_group: tuple[int, ...] | None = None  # every layer in group 0 (the structures' zeros)
+        self._num_groups = 1
 
     def _projection(self, parts: list[QuantWeight], k: int, n: int, what: str) -> _Projection:
         array = (_Part * len(parts))()
@@ -222,16 +256,13 @@ class DecodeLayers:
         self,
         h: torch.Tensor,
         positions: torch.Tensor,
-        slots: torch.Tensor,
-        tables: torch.Tensor,
-        lens: torch.Tensor,
+        groups: list[GroupStep],
+        layer_group: tuple[int, ...] | None,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        check_tables: bool = True,
     ) -> torch.Tensor:
         """Every layer for ``m`` single-token decodes: ``h`` [m, hidden] (the residual stream, updated in place),
-        ``positions`` / ``slots`` int64 [m], ``tables`` int32 [m, max_blocks] and ``lens`` int32 [m] as the decode
-        attention kernel takes them. Returns the last layer's MLP output [m, hidden]. ``check_tables=False``: the
-        caller checked these tables against these caches already (as the attention path skips it)."""
+        ``positions`` int64 [m], ``groups`` the step's KV-cache groups and ``layer_group`` each layer's (None: one
+        group for all). Returns the last layer's MLP output [m, hidden]."""
         m = h.shape[0]
         if h.shape != (m, self.dims.hidden) or not h.is_contiguous() or h.dtype != self.dtype or not h.is_cpu:
             raise ValueError(f"h must be a contiguous [m, {self.dims.hidden}] {self.dtype} CPU tensor")
@@ -239,33 +270,24 @@ class DecodeLayers:
             a is not b or c is not d for (a, c), (b, d) in zip(kv_caches, self._caches)
         ):
             self.bind_caches(kv_caches)
-        for t, dtype, shape in ((positions, torch.int64, (m,)), (slots, torch.int64, (m,)), (lens, torch.int32, (m,))):
-            if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
-                raise ValueError(f"positions, slots and lens must be contiguous [{m}] int64 / int64 / int32")
-        if tables.dtype != torch.int32 or tables.dim() != 2 or tables.shape[0] != m or not tables.is_contiguous():
-            raise ValueError(f"tables must be a contiguous [{m}, max_blocks] int32 tensor")
+        self._set_layer_groups(layer_group, len(groups))
+        if positions.dtype != torch.int64 or tuple(positions.shape) != (m,) or not positions.is_contiguous():
+            raise ValueError(f"positions must be a contiguous [{m}] int64 tensor")
         delta = torch.empty_like(h)
         if m == 0:
             return delta
         if int(positions.min()) < 0 or int(positions.max()) >= self.max_positions:
             raise ValueError(f"positions must lie in [0, {self.max_positions})")
-        if int(slots.min()) < 0 or int(slots.max()) >= self._num_slots:
-            raise ValueError(f"cache slots must lie in [0, {self._num_slots})")
-        if check_tables:
-            if int(lens.min()) < 1:
-                raise ValueError("every decode sequence needs a context of at least one token")
-            k_cache = self._caches[0][0]
-            check_block_tables(tables, lens, k_cache.shape[0], k_cache.shape[1])
+        for group in groups:
+            self._check_group(group, m)
+        arrays = self._group_arrays(groups)
         rc = self._run(
             ctypes.byref(self._model),
             h.data_ptr(),
             delta.data_ptr(),
             positions.data_ptr(),
-            slots.data_ptr(),
-            tables.data_ptr(),
-            lens.data_ptr(),
+            *arrays,
             m,
-            tables.shape[1],
             torch.get_num_threads(),
         )
         if rc == 1:
@@ -274,3 +296,42 @@ class DecodeLayers:
             part = "attention" if 100 < rc < 200 else "a quantized matmul" if rc > 200 else "a kernel"
             raise RuntimeError(f"the C decode walk failed in {part} (code {rc})")
         return delta
+
+    def _set_layer_groups(self, layer_group: tuple[int, ...] | None, num_groups: int) -> None:
+        if layer_group == self._layer_group:
+            if num_groups != self._num_groups:
+                raise ValueError(f"{num_groups} KV-cache groups for layers of {self._num_groups}")
+            return
+        groups = layer_group if layer_group is not None else (0,) * len(self._layers)
+        if len(groups) != len(self._layers) or not all(0 <= g < num_groups for g in groups):
+            raise ValueError(f"a KV-cache group per layer, each below {num_groups}: got {groups}")
+        for layer, g in zip(self._layers, groups):
+            layer.kv_group = g
+        self._layer_group, self._num_groups = layer_group, num_groups
+
+    def _check_group(self, group: GroupStep, m: int) -> None:
+        slots, tables, lens = group.slots, group.tables, group.lens
+        if slots.dtype != torch.int64 or lens.dtype != torch.int32 or slots.shape != (m,) or lens.shape != (m,):
+            raise ValueError(f"slots and lens must be [{m}] int64 and int32 tensors")
+        if not (slots.is_contiguous() and lens.is_contiguous()):
+            raise ValueError("slots and lens must be contiguous")
+        if tables.dtype != torch.int32 or tables.dim() != 2 or tables.shape[0] != m or not tables.is_contiguous():
+            raise ValueError(f"tables must be a contiguous [{m}, max_blocks] int32 tensor")
+        if int(slots.min()) < 0 or int(slots.max()) >= self._num_slots:
+            raise ValueError(f"cache slots must lie in [0, {self._num_slots})")
+        if group.check_tables:
+            if int(lens.min()) < 1:
+                raise ValueError("every decode sequence needs a context of at least one token")
+            k_cache = self._caches[0][0]
+            check_block_tables(tables, lens, k_cache.shape[0], k_cache.shape[1])
+
+    @staticmethod
+    def _group_arrays(groups: list[GroupStep]) -> tuple[ctypes.Array[Any], ...]:
+        """The per-group pointer arrays the C call takes (slots, tables, lens, max_blocks)."""
+        n = len(groups)
+        return (
+            (_p * n)(*(g.slots.data_ptr() for g in groups)),
+            (_p * n)(*(g.tables.data_ptr() for g in groups)),
+            (_p * n)(*(g.lens.data_ptr() for g in groups)),
+            (_i64 * n)(*(g.tables.shape[1] for g in groups)),
+        )

@@ -8,6 +8,7 @@ kernels on the CPU, each beside its torch reference with the same signature.
   ``cos``/``sin`` are ``[max_positions, head_dim]`` tables indexed by ``positions``.
 * ``silu_mul_*(gate_up, inter)``: ``silu(gate_up[:, :inter]) * gate_up[:, inter:]``, the MLP's gated product
   from the fused gate_up projection.
+* ``gelu_tanh_mul_*(gate_up, inter)``: the same with transformers' ``gelu_pytorch_tanh`` (Gemma's GeGLU).
 
 The C paths (``csrc/elementwise.c``) serve float32 and bfloat16 CPU tensors (every tensor of a call one
 dtype; bfloat16 computed in float32 and rounded where transformers' bfloat16 modules round: ``c_ready``);
@@ -32,6 +33,8 @@ __all__ = [
     "c_function_address",
     "c_ready",
     "cpu_elementwise_available",
+    "gelu_tanh_mul_c",
+    "gelu_tanh_mul_ref",
     "rope_c",
     "rope_ref",
     "silu_mul_c",
@@ -45,6 +48,7 @@ _ARGS = {
     "loraplex_add_rms_norm": [_p, _p, _p, _p, _i64, _i64, ctypes.c_float, ctypes.c_int],
     "loraplex_rope": [_p, _i64, _i64, _i64, _i64, _p, _p, _p, ctypes.c_int],
     "loraplex_silu_mul": [_p, _p, _i64, _i64, ctypes.c_int],
+    "loraplex_gelu_tanh_mul": [_p, _p, _i64, _i64, ctypes.c_int],
 }
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the element types the C kernels take
 _SIGNATURES = {f"{name}_{s}": (None, args) for name, args in _ARGS.items() for s in _SUFFIX.values()}
@@ -63,7 +67,7 @@ def cpu_elementwise_available() -> bool:
 
 
 def c_function_address(name: str, dtype: torch.dtype) -> int | None:
-    """The address of kernel ``name`` (``loraplex_add_rms_norm``, ``loraplex_rope``, ``loraplex_silu_mul``) for
+    """The address of kernel ``name`` (``loraplex_add_rms_norm``, ``loraplex_rope``, ``loraplex_silu_mul``...) for
     ``dtype``, for C that calls it directly (``kernels.decode_layers``); None where there is no such kernel."""
     suffix, lib = _SUFFIX.get(dtype), _library()
     if suffix is None or lib is None:
@@ -236,13 +240,28 @@ def silu_mul_ref(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
     return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
 
 
-def silu_mul_c(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
-    """The C kernel; raises when it cannot serve this tensor."""
+def _gated_c(name: str, gate_up: torch.Tensor, inter: int) -> torch.Tensor:
     _check_silu_mul(gate_up, inter)
-    kernel = _kernel("loraplex_silu_mul", gate_up)
+    kernel = _kernel(f"loraplex_{name}", gate_up)
     if kernel is None:
-        raise ValueError("the C silu_mul kernel takes float32 or bfloat16 CPU tensors (and a C compiler)")
+        raise ValueError(f"the C {name} kernel takes float32 or bfloat16 CPU tensors (and a C compiler)")
     gate_up = gate_up.contiguous()
     out = gate_up.new_empty((gate_up.shape[0], inter))
     kernel(gate_up.data_ptr(), out.data_ptr(), gate_up.shape[0], inter, torch.get_num_threads())
     return out
+
+
+def silu_mul_c(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    """The C kernel; raises when it cannot serve this tensor."""
+    return _gated_c("silu_mul", gate_up, inter)
+
+
+def gelu_tanh_mul_ref(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    """Torch reference: gelu_pytorch_tanh(gate) * up (transformers' GeGLU, Gemma)."""
+    _check_silu_mul(gate_up, inter)
+    return F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
+
+
+def gelu_tanh_mul_c(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    """The C kernel; raises when it cannot serve this tensor."""
+    return _gated_c("gelu_tanh_mul", gate_up, inter)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from loraplex.engine.errors import ModelLoadError
-from loraplex.engine.model.decode_walk import build_decode_walk, walk_plan
+from loraplex.engine.model.decode_walk import build_decode_walk, run_walk, walk_plan
 from loraplex.engine.model.gguf_weights import GGUFWeights, QuantTensor
 from loraplex.engine.model.linear import (
     AT_LOAD,
@@ -119,7 +119,7 @@ class DecoderModel:
 
     def _act_mul(self, gu: torch.Tensor, inter: int) -> torch.Tensor:
         if self.gelu:  # GeGLU (Gemma): transformers' gelu_pytorch_tanh
-            return F.gelu(gu[:, :inter], approximate="tanh") * gu[:, inter:]
+            return self.backend.gelu_mul(gu, inter)
         return self.backend.silu_mul(gu, inter)
 
     def forward(
@@ -141,11 +141,9 @@ class DecoderModel:
         if self.embed_scale is not None:
             h = h * self.embed_scale
         walk = self.decode_walk
-        plan = walk_plan(meta) if walk is not None and lora is None else None
-        if plan is not None and walk is not None and isinstance(meta, AttentionMetadata):
-            last = walk.run(h, positions, meta.slot_mapping, plan.tables, plan.seq_lens, kv_caches, not plan.checked)
-            plan.checked = True  # (as the attention path: the tables are checked once a step)
-            return add_rms_norm(h, last, self.norm, eps)
+        step = walk_plan(meta) if walk is not None and lora is None else None
+        if step is not None and walk is not None:
+            return add_rms_norm(h, run_walk(walk, h, positions, step, kv_caches), self.norm, eps)
         # the shape's numbers once per forward, not per layer (each is a property lookup)
         q_size, kv_size = s.q_size, s.kv_size
         qk_end = q_size + kv_size

@@ -7,6 +7,7 @@
  *                              k heads at the front of a fused qkv row), rotate-half convention, cos/sin
  *                              tables indexed by each row's position
  *   loraplex_silu_mul_f32      out = silu(gate) * up for a fused [rows, 2 * inter] gate_up output
+ *   loraplex_gelu_tanh_mul_f32 out = gelu_tanh(gate) * up, the same for GeGLU (Gemma)
  *
  * The torch versions of these take 2-6 operators each (a temporary per operator); in the model they were
  * a tenth of a prefill step and, at 64 decode rows, mostly per-operator overhead. Rows are independent;
@@ -29,6 +30,23 @@ static inline v8 silu8(v8 g)
     const v8 e = exp8_nonpositive((v8)((v8i)g | (v8i)(v8){-0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f}));
     const v8 num = (v8)(((v8i)e & neg) | ((v8i)(v8){1, 1, 1, 1, 1, 1, 1, 1} & ~neg));
     return g * (num / (1.0f + e));
+}
+
+/* transformers' gelu_pytorch_tanh: 0.5 g (1 + tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3), computed as
+ * g * sigmoid(2u) (the same function: 1 + tanh(u) = 2 sigmoid(2u)) with the sigmoid as silu8 takes it. */
+static inline v8 gelu_tanh8(v8 g)
+{
+    const v8 z = 1.5957691216057308f * (g + 0.044715f * g * g * g); /* 2u */
+    const v8i neg = z < 0.0f;
+    const v8 e = exp8_nonpositive((v8)((v8i)z | (v8i)(v8){-0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f}));
+    const v8 num = (v8)(((v8i)e & neg) | ((v8i)(v8){1, 1, 1, 1, 1, 1, 1, 1} & ~neg));
+    return g * (num / (1.0f + e));
+}
+
+static inline float gelu_tanh1(float g)
+{
+    const float z = 1.5957691216057308f * (g + 0.044715f * g * g * g);
+    return g / (1.0f + expf(-z));
 }
 
 static inline float f32_round(float f) { return f; }

@@ -2,7 +2,7 @@
  * and bf16.h; parameters ET, ELOAD8, ESTORE8, EGET(p), EPUT(p, f), EROUND(f) / EROUND8(v) (a float rounded to
  * the element type and back: the identity for float32), E_SUFFIX, all #undef'd at the end). Arithmetic is
  * float32; a bfloat16 result is rounded where transformers' bfloat16 modules round (the normalised row
- * before the weight, SiLU before the product). */
+ * before the weight, SiLU and GELU before the product). */
 
 void E(loraplex_add_rms_norm)(ET *residual, const ET *delta, const ET *weight, ET *out, int64_t rows,
                                int64_t dim, float eps, int num_threads)
@@ -58,6 +58,18 @@ void E(loraplex_silu_mul)(const ET *gate_up, ET *out, int64_t rows, int64_t inte
         int64_t i = 0;
         for (; i + 8 <= inter; i += 8) ESTORE8(o + i, EROUND8(silu8(ELOAD8(g + i))) * ELOAD8(u + i));
         for (; i < inter; ++i) EPUT(o + i, EROUND(EGET(g + i) / (1.0f + expf(-EGET(g + i)))) * EGET(u + i));
+    }
+}
+
+void E(loraplex_gelu_tanh_mul)(const ET *gate_up, ET *out, int64_t rows, int64_t inter, int num_threads)
+{
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * inter >= PARALLEL_MIN_FLOATS)
+    for (int64_t r = 0; r < rows; ++r) {
+        const ET *g = gate_up + r * 2 * inter, *u = g + inter;
+        ET *o = out + r * inter;
+        int64_t i = 0;
+        for (; i + 8 <= inter; i += 8) ESTORE8(o + i, EROUND8(gelu_tanh8(ELOAD8(g + i))) * ELOAD8(u + i));
+        for (; i < inter; ++i) EPUT(o + i, EROUND(gelu_tanh1(EGET(g + i))) * EGET(u + i));
     }
 }
 

@@ -1,7 +1,8 @@
 """The C decode walk (engine.model.decode_walk, kernels/csrc/decode_layers.c): decode-only steps of quantized models
 run every layer in one C call. It must give every step the bits of the per-layer Python path (same request, same
 answer), run where it applies (else it would be dead code that the equality tests pass through), and stay out of
-the steps and models it does not cover.
+the steps and models it does not cover. The models: every family's block the walk covers
+(tests/engine/family_models.py's random checkpoints quantized to Q8_0 at load), bfloat16, and the bundled GGUF.
 
 Each equality test drives two engines of one model through the same requests, arriving so that steps hold one,
 several and mixed (prefill + decode) rows and cross cache blocks, the second with the walk taken out; every logits
@@ -18,7 +19,8 @@ import torch
 from loraplex.engine import EngineProbe, LLMEngine, SamplingParams
 from loraplex.engine.model.files import source_gguf
 from loraplex.kernels.backend import torch_backend
-from loraplex.kernels.decode_layers import DecodeLayers, WalkUnsupported
+from loraplex.kernels.cpu_features import native_bf16_feature
+from loraplex.kernels.decode_layers import DecodeLayers, GroupStep, WalkUnsupported
 from tests.engine.family_models import make_family_model
 from tests.engine.helpers import run_to_completion
 
@@ -74,24 +76,25 @@ def assert_same_bits(args: dict, prompts: list[list[int]], max_tokens: int) -> i
     return calls[0]
 
 
-@pytest.fixture(scope="module")
-def windowed_dir(tmp_path_factory, smol_dir) -> Path:
-    """A Mistral with a sliding window of 11 tokens, GQA 4:1 and a dynamic rotary scaling; widths multiples of 32."""
-    return make_family_model(
-        tmp_path_factory.mktemp("mistral"),
-        smol_dir,
-        "mistral",
-        hidden_size=64,
-        intermediate_size=96,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-    )
+# every family's block the walk covers, in widths Q8_0 blocks of 32 divide (hidden 96, intermediate 96)
+WALKED_FAMILIES: dict[str, dict] = {
+    "mistral": dict(num_attention_heads=4, num_key_value_heads=1),  # a window of 11, GQA 4:1, dynamic rotary
+    "qwen3": dict(head_dim=16),  # per-head q/k norms
+    "gemma2": {},  # sandwich norms, GeGLU, attention soft-capping, a window of 9 on alternate layers
+    "gemma3_text": {},  # per-head q/k norms, sandwich norms, GeGLU, its own rotary on the sliding layers
+}
+
+
+@pytest.fixture(scope="module", params=sorted(WALKED_FAMILIES))
+def family_dir(request, tmp_path_factory, smol_dir) -> Path:
+    overrides = dict(hidden_size=96, intermediate_size=96, **WALKED_FAMILIES[request.param])
+    return make_family_model(tmp_path_factory.mktemp(request.param), smol_dir, request.param, **overrides)
 
 
 @pytest.mark.parametrize("activations", [None, "int8"])
-def test_the_walk_gives_a_windowed_models_steps_the_per_layer_bits(windowed_dir, activations) -> None:
+def test_the_walk_gives_every_familys_steps_the_per_layer_bits(family_dir, activations) -> None:
     args = dict(
-        model=str(windowed_dir),
+        model=str(family_dir),
         quantization="q8_0",
         quantized_activations=activations,
         max_num_seqs=4,
@@ -101,6 +104,26 @@ def test_the_walk_gives_a_windowed_models_steps_the_per_layer_bits(windowed_dir,
     prompts = [[5, 6, 7, 8, 9], list(range(100, 130)), [42, 43], list(range(300, 317))]
     walks = assert_same_bits(args, prompts, max_tokens=20)
     assert walks >= 10  # the steps where every row is a decode (the rest prefill beside them)
+
+
+@pytest.mark.skipif(
+    native_bf16_feature() is None,
+    reason="this CPU lacks native bfloat16 (avx512_bf16 / amx_bf16, or Arm's bf16): the engine refuses dtype bfloat16",
+)
+@pytest.mark.parametrize("activations", [None, "int8"])
+def test_the_walk_gives_a_bfloat16_models_steps_the_per_layer_bits(tiny_llama_dir, activations) -> None:
+    """The kernels' bfloat16 variants, called from C: x widened and y rounded inside each matmul, as from Python."""
+    args = dict(
+        model=str(tiny_llama_dir),
+        dtype="bfloat16",
+        quantization="q8_0",
+        quantized_activations=activations,
+        max_num_seqs=4,
+        num_kv_blocks=64,
+        block_size=4,
+    )
+    prompts = [[5, 6, 7, 8, 9], list(range(100, 130)), [42, 43]]
+    assert assert_same_bits(args, prompts, max_tokens=16) >= 10
 
 
 @pytest.mark.slow
@@ -113,7 +136,7 @@ def test_the_walk_gives_the_bundled_gguf_the_per_layer_bits(activations) -> None
     assert assert_same_bits(args, prompts, max_tokens=12) >= 10
 
 
-def test_which_models_run_the_walk(tiny_llama_dir, windowed_dir, monkeypatch) -> None:
+def test_which_models_run_the_walk(tiny_llama_dir, monkeypatch) -> None:
     """GGUF blocks (Q8_0 at load too) with or without int8 activations: yes; float weights, int8 per channel (another
     kernel signature), the torch backend, or LORAPLEX_DECODE_WALK=0: no."""
     small = dict(max_num_seqs=2, num_kv_blocks=16)
@@ -121,7 +144,7 @@ def test_which_models_run_the_walk(tiny_llama_dir, windowed_dir, monkeypatch) ->
     def walk(**args):
         return LLMEngine(**small, **args).runner.model.decode_walk
 
-    assert isinstance(walk(model=str(windowed_dir), quantization="q8_0"), DecodeLayers)
+    assert isinstance(walk(model=str(tiny_llama_dir), quantization="q8_0"), DecodeLayers)
     assert isinstance(walk(model=str(tiny_llama_dir), quantization="q8_0", quantized_activations="int8"), DecodeLayers)
     assert walk(model=str(tiny_llama_dir)) is None
     assert walk(model=str(tiny_llama_dir), quantization="int8") is None
@@ -141,19 +164,25 @@ def test_the_walk_refuses_by_name_what_it_cannot_run(tiny_llama_dir) -> None:
     h = torch.randn(2, model.shape.hidden_size)
     tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
     lens = torch.tensor([3, 5], dtype=torch.int32)
-    slots = torch.tensor([2, 4 * 16 + 4], dtype=torch.long)  # (blocks of 16 slots)
+    slots = torch.tensor([2, 2 * 16 + 4], dtype=torch.long)  # (blocks of 16 slots)
     positions = torch.tensor([2, 4])
+
+    def run(h=h, positions=positions, slots=slots, tables=tables, lens=lens, layer_group=None):
+        return walk.run(h.clone(), positions, [GroupStep(slots, tables, lens)], layer_group, caches)
+
     with pytest.raises(ValueError, match="positions must lie in"):
-        walk.run(h.clone(), torch.tensor([2, 10**6]), slots, tables, lens, caches)
+        run(positions=torch.tensor([2, 10**6]))
     with pytest.raises(ValueError, match="cache slots must lie in"):
-        walk.run(h.clone(), positions, torch.tensor([2, 10**8]), tables, lens, caches)
+        run(slots=torch.tensor([2, 10**8]))
     with pytest.raises(ValueError, match="block table entries must lie in"):
-        walk.run(h.clone(), positions, slots, torch.tensor([[0, 1], [999, 3]], dtype=torch.int32), lens, caches)
+        run(tables=torch.tensor([[0, 1], [999, 3]], dtype=torch.int32))
     with pytest.raises(ValueError, match="at least one token"):
-        walk.run(h.clone(), positions, slots, tables, torch.tensor([0, 5], dtype=torch.int32), caches)
+        run(lens=torch.tensor([0, 5], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"contiguous \[m, 64\]"):
-        walk.run(h.double(), positions, slots, tables, lens, caches)
-    delta = walk.run(h.clone(), positions, slots, tables, lens, caches)
+        run(h=h.double())
+    with pytest.raises(ValueError, match="a KV-cache group per layer"):
+        run(layer_group=(0, 1))  # a group the step does not give
+    delta = run()
     assert delta.shape == h.shape and torch.isfinite(delta).all()
     layer = model.layers[0]
     with pytest.raises(WalkUnsupported, match="GGUF-block weights"):

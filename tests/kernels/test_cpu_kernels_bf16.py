@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from loraplex.kernels.attention import PagedAttentionInputs
 from loraplex.kernels.cpu_decode_attention import (
@@ -27,6 +28,8 @@ from loraplex.kernels.cpu_prefill_attention import paged_prefill_attention_c, pa
 from loraplex.kernels.elementwise import (
     add_rms_norm_c,
     add_rms_norm_ref,
+    gelu_tanh_mul_c,
+    gelu_tanh_mul_ref,
     rope_c,
     rope_ref,
     silu_mul_c,
@@ -214,6 +217,24 @@ def test_silu_mul_bf16(rows, inter):
     assert bool(((out.float() - ref.float()).abs() <= ulp).all())
     assert float((out == ref).float().mean()) >= 0.98
     assert torch.equal(silu_mul(gate_up, inter), out)
+
+
+@pytest.mark.parametrize("rows,inter", [(1, 2048), (9, 100)])
+def test_gelu_tanh_mul_bf16(rows, inter):
+    g = torch.Generator().manual_seed(inter)
+    gate_up = _bf16_randn(rows, 2 * inter, generator=g, scale=4)
+    out = gelu_tanh_mul_c(gate_up, inter)
+    # GELU rounded to bfloat16 before the product, as transformers' bfloat16 module and the kernel do; from float64
+    # (torch's float32 tanh form cancels in the negative tail, where the kernel's sigmoid form does not)
+    gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    ref = F.gelu(gate.double(), approximate="tanh").to(BF16) * up
+    # (below 1e-6 absolute: the far negative tail, ~1e-20 here and 0 in float64's tanh form, which saturates too)
+    ulp = 2.0 ** (torch.floor(torch.log2(ref.float().abs().clamp_min(1e-6))) - 7)
+    assert bool(((out.float() - ref.float()).abs() <= ulp).all())
+    visible = ref.float().abs() >= 1e-6
+    assert float((out == ref)[visible].float().mean()) >= 0.98
+    torch_ref = gelu_tanh_mul_ref(gate_up, inter)  # and torch's bfloat16 module where it does not cancel
+    assert float((out == torch_ref)[visible].float().mean()) >= 0.95
 
 
 def test_rounding_is_torchs_bit_for_bit_across_the_range():
