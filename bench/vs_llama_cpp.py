@@ -131,7 +131,8 @@ def resident_bytes(model: Any) -> int:
             seen.add(id(obj))
             attrs = getattr(obj, "__dict__", None) or {s: getattr(obj, s, None) for s in getattr(obj, "__slots__", ())}
             for name, x in attrs.items():
-                if name not in ("backend", "rotary", "shape"):
+                if name not in ("backend", "rotary", "shape", "decode_walk"):  # (the walk: the model's own tensors
+                    # bound for C, and the KV caches)
                     visit(x, depth + 1)
 
     visit(model, 0)

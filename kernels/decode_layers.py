@@ -33,7 +33,7 @@ _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
 class _Part(ctypes.Structure):
-    _fields_ = [("fn", _p), ("blocks", _p), ("qtype", _i64), ("n", _i64), ("col", _i64)]
+    _fields_ = [("fn", _p), ("blocks", _p), ("qtype", _i64), ("n", _i64), ("col", _i64), ("row_bytes", _i64)]
 
 
 class _Projection(ctypes.Structure):
@@ -229,7 +229,7 @@ class DecodeLayers:
             if call is None or part.k != k:
                 raise WalkUnsupported(f"{what}: the C walk takes GGUF-block weights with a C kernel of width {k}")
             c.fn, c.blocks, c.qtype = call
-            c.n, c.col = part.n, col
+            c.n, c.col, c.row_bytes = part.n, col, part.blocks.numel() // max(part.n, 1)  # (either layout)
             col += part.n
         if col != n or not parts:
             raise WalkUnsupported(f"{what}: parts of {col} rows in all, expected {n}")

@@ -21,6 +21,7 @@ from loraplex.engine.model.files import source_gguf
 from loraplex.kernels.backend import torch_backend
 from loraplex.kernels.cpu_features import native_bf16_feature
 from loraplex.kernels.decode_layers import DecodeLayers, GroupStep, WalkUnsupported
+from tests.conftest import make_tiny_llama
 from tests.engine.family_models import make_family_model
 from tests.engine.helpers import run_to_completion
 
@@ -187,3 +188,52 @@ def test_the_walk_refuses_by_name_what_it_cannot_run(tiny_llama_dir) -> None:
     layer = model.layers[0]
     with pytest.raises(WalkUnsupported, match="GGUF-block weights"):
         walk._projection([layer.qkv._weights[0]], k=32, n=layer.qkv.out_features, what="qkv")
+
+
+@pytest.fixture(scope="module")
+def partial_panel_dir(tmp_path_factory, smol_dir) -> Path:
+    """qkv of 80 rows (8 heads of 8, one kv head): two and a half 32-row panels, split unevenly between threads."""
+    return make_tiny_llama(tmp_path_factory.mktemp("partial-panel"), smol_dir, heads=8, kv_heads=1, inter=96)
+
+
+@pytest.mark.parametrize("activations", [None, "int8"])
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_the_walk_gives_the_same_bits_for_any_thread_count(partial_panel_dir, rows, activations) -> None:
+    """Below 8 rows one OpenMP team splits each projection by panels and attention by sequence (its own spin
+    barrier between steps); from 8 each kernel call gets every thread. Either way an output element is one call's
+    arithmetic on one thread, so 1, 2 and 3 threads give the same h and the same KV rows."""
+    engine = LLMEngine(
+        model=str(partial_panel_dir),
+        quantization="q8_0",
+        quantized_activations=activations,
+        max_num_seqs=2,
+        num_kv_blocks=64,
+    )
+    walk = engine.runner.model.decode_walk
+    assert isinstance(walk, DecodeLayers)
+    caches = engine.runner.kv_caches
+    g = torch.Generator().manual_seed(rows)
+    for k, v in caches:
+        k.copy_(torch.randn(k.shape, generator=g))
+        v.copy_(torch.randn(v.shape, generator=g))
+    h = torch.randn(rows, engine.runner.model.shape.hidden_size, generator=g)
+    lens = torch.randint(1, 60, (rows,), generator=g, dtype=torch.int32)
+    tables = torch.randperm(64, generator=g)[: rows * 4].view(rows, 4).to(torch.int32).contiguous()
+    positions = (lens - 1).long()
+    slots = (tables[torch.arange(rows), positions // 16].long() * 16 + positions % 16).contiguous()
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            state = [(k.clone(), v.clone()) for k, v in caches]
+            out_h = h.clone()
+            delta = walk.run(out_h, positions, [GroupStep(slots, tables, lens)], None, state)
+            results.append((out_h, delta, state))
+    finally:
+        torch.set_num_threads(threads)
+    first = results[0]
+    for out_h, delta, state in results[1:]:
+        assert torch.equal(out_h, first[0]) and torch.equal(delta, first[1])
+        assert all(torch.equal(a, b) for (a, _), (b, _) in zip(state, first[2]))
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(state, first[2]))
