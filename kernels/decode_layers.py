@@ -8,8 +8,10 @@ block tables and lengths (``GroupStep``), each layer's group, and the caches, an
 output (the caller adds it and applies the final norm).
 
 Same request, same answer: the C walk calls the kernels the per-layer Python path calls (add_rms_norm, rope,
-silu_mul or gelu_tanh_mul, paged decode attention, the quantized matmuls), in its order with its arguments, so
-either path gives a step the same bits (tests/engine/test_decode_walk.py compares them bit for bit). What it does
+silu_mul or gelu_tanh_mul, paged decode attention, the quantized matmuls), in its order, on the same data; below 8
+rows one thread team splits each projection into whole 32-row panels and attention by sequence, which the kernels'
+own thread split does too, so either path, and any thread count, gives a step the same bits
+(tests/engine/test_decode_walk.py compares them bit for bit). What it does
 not cover (biases, float or int8-per-channel projections, LoRA, prefill chunks) stays on the Python path;
 ``DecodeLayers`` refuses such a model by name (``WalkUnsupported``).
 """

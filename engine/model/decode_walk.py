@@ -1,8 +1,8 @@
 """Which decode steps run every layer in one C call (``kernels.decode_layers``), and the model's layers bound for it.
 
 A one-stream decode step of a quantized model is ~270 small kernel calls; from Python each costs ~10 us more than
-its work (a third of a SmolLM2 step). The C walk makes the same calls with the same arguments, so it changes
-speed, never results. It runs a step when every token of it is a single-token decode (in every KV-cache group; no
+its work (a third of a SmolLM2 step), and each call wakes its thread team again. The C walk makes the same calls
+on the same data (one thread team for the whole step below 8 rows), so it changes speed, never results. It runs a step when every token of it is a single-token decode (in every KV-cache group; no
 invalid slot), no adapter is in the batch, and the model is one it covers: the ``cpu-c`` backend, every
 projection GGUF blocks (a file's, or Q8_0 at load) with no bias (every family's block otherwise: per-head q/k
 norms, sandwich norms, SiLU or GELU gating, sliding windows, soft-capping). Everything else runs the per-layer
