@@ -1,5 +1,5 @@
-"""A Llama block's elementwise steps (residual add + RMSNorm, rotary embedding, SiLU-gated product) as C
-kernels on the CPU, each beside its torch reference with the same signature.
+"""A decoder block's elementwise steps (residual add + RMSNorm, rotary embedding, SiLU- or GELU-gated product) as
+C kernels on the CPU, each beside its torch reference with the same signature.
 
 * ``add_rms_norm_*(residual, delta, weight, eps)``: ``residual += delta`` in place (skipped when ``delta`` is
   None), then returns RMSNorm(residual) * weight, in the operation order of transformers' LlamaRMSNorm.
