@@ -2,11 +2,12 @@
 
 A one-stream decode step of a quantized model is ~270 small kernel calls; from Python each costs ~10 us more than
 its work (a third of a SmolLM2 step), and each call wakes its thread team again. The C walk makes the same calls
-on the same data (one thread team for the whole step below 8 rows), so it changes speed, never results. It runs a step when every token of it is a single-token decode (in every KV-cache group; no
-invalid slot), no adapter is in the batch, and the model is one it covers: the ``cpu-c`` backend, every
-projection GGUF blocks (a file's, or Q8_0 at load) with no bias (every family's block otherwise: per-head q/k
-norms, sandwich norms, SiLU or GELU gating, sliding windows, soft-capping). Everything else runs the per-layer
-Python path, which is always there. ``LORAPLEX_DECODE_WALK=0`` turns the walk off.
+on the same data (one thread team for the whole step below 8 rows), so it changes speed, never results. It runs a
+step when every token of it is a single-token decode (in every KV-cache group; no invalid slot), no adapter is in
+the batch, and the model is one it covers: the ``cpu-c`` backend, every projection GGUF blocks (a file's, or Q8_0
+at load) with no bias (every family's block otherwise: per-head q/k norms, sandwich norms, SiLU or GELU gating,
+sliding windows, soft-capping). Everything else runs the per-layer Python path, which is always there.
+``LORAPLEX_DECODE_WALK=0`` turns the walk off.
 """
 
 from __future__ import annotations
