@@ -29,7 +29,7 @@ from .cpu_decode_attention import _softcap_arg, _window_arg, check_block_tables,
 from .elementwise import c_function_address
 from .quant import QuantWeight
 
-__all__ = ["DecodeLayers", "GroupStep", "WalkDims", "WalkLayer", "WalkUnsupported", "decode_layers_available"]
+__all__ = ["DecodeLayers", "GroupStep", "WalkDims", "WalkLayer", "WalkUnsupported"]
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -88,10 +88,6 @@ _SIGNATURES: dict[str, tuple[object, list[Any]]] = {
 
 def _library() -> ctypes.CDLL | None:
     return load("decode_layers", _SIGNATURES)
-
-
-def decode_layers_available() -> bool:
-    return _library() is not None
 
 
 class WalkUnsupported(ValueError):

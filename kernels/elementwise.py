@@ -229,19 +229,19 @@ def rope_c(
 
 
 # ------------------------------------------------------------------------------------------ SiLU-gated product
-def _check_silu_mul(gate_up: torch.Tensor, inter: int) -> None:
+def _check_gated(gate_up: torch.Tensor, inter: int) -> None:
     if gate_up.dim() != 2 or gate_up.shape[1] != 2 * inter:
         raise ValueError(f"gate_up must be [rows, 2 * {inter}], got {tuple(gate_up.shape)}")
 
 
 def silu_mul_ref(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
     """Torch reference: silu(gate) * up."""
-    _check_silu_mul(gate_up, inter)
+    _check_gated(gate_up, inter)
     return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
 
 
 def _gated_c(name: str, gate_up: torch.Tensor, inter: int) -> torch.Tensor:
-    _check_silu_mul(gate_up, inter)
+    _check_gated(gate_up, inter)
     kernel = _kernel(f"loraplex_{name}", gate_up)
     if kernel is None:
         raise ValueError(f"the C {name} kernel takes float32 or bfloat16 CPU tensors (and a C compiler)")
@@ -258,7 +258,7 @@ def silu_mul_c(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
 
 def gelu_tanh_mul_ref(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
     """Torch reference: gelu_pytorch_tanh(gate) * up (transformers' GeGLU, Gemma)."""
-    _check_silu_mul(gate_up, inter)
+    _check_gated(gate_up, inter)
     return F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
 
 

@@ -32,10 +32,10 @@ log = logging.getLogger(__name__)
 def _parts(projection: object, what: str) -> list[QuantWeight]:
     if not isinstance(projection, QuantizedLinear) or projection.bias is not None:
         raise WalkUnsupported(f"{what} is not a quantized projection without bias")
-    weights = projection._weights
-    if not all(isinstance(w, QuantWeight) for w in weights):
+    parts = [w for w in projection._weights if isinstance(w, QuantWeight)]
+    if len(parts) != len(projection._weights):
         raise WalkUnsupported(f"{what} holds int8-per-channel parts")
-    return [w for w in weights if isinstance(w, QuantWeight)]
+    return parts
 
 
 def build_decode_walk(model: DecoderModel) -> DecodeLayers | None:

@@ -32,6 +32,8 @@ static inline v8 silu8(v8 g)
     return g * (num / (1.0f + e));
 }
 
+static inline float silu1(float g) { return g / (1.0f + expf(-g)); }
+
 /* transformers' gelu_pytorch_tanh: 0.5 g (1 + tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3), computed as
  * g * sigmoid(2u) (the same function: 1 + tanh(u) = 2 sigmoid(2u)) with the sigmoid as silu8 takes it. */
 static inline v8 gelu_tanh8(v8 g)

@@ -49,28 +49,30 @@ void E(loraplex_rope)(ET *qkv, int64_t rows, int64_t row_stride, int64_t heads, 
     }
 }
 
+/* One row of out = act(gate) * up, the activation rounded to the element type before the product; act8 / act1
+ * are constants at both call sites, so the always_inline body is specialised for each (called inside each
+ * function's own parallel loop: a parallel region in this helper would be outlined with the activations as
+ * pointers, called indirectly for every vector) */
+static inline __attribute__((always_inline)) void E(gated_row)(const ET *g, ET *o, int64_t inter, v8 (*act8)(v8),
+                                                                float (*act1)(float))
+{
+    const ET *u = g + inter;
+    int64_t i = 0;
+    for (; i + 8 <= inter; i += 8) ESTORE8(o + i, EROUND8(act8(ELOAD8(g + i))) * ELOAD8(u + i));
+    for (; i < inter; ++i) EPUT(o + i, EROUND(act1(EGET(g + i))) * EGET(u + i));
+}
+
 void E(loraplex_silu_mul)(const ET *gate_up, ET *out, int64_t rows, int64_t inter, int num_threads)
 {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * inter >= PARALLEL_MIN_FLOATS)
-    for (int64_t r = 0; r < rows; ++r) {
-        const ET *g = gate_up + r * 2 * inter, *u = g + inter;
-        ET *o = out + r * inter;
-        int64_t i = 0;
-        for (; i + 8 <= inter; i += 8) ESTORE8(o + i, EROUND8(silu8(ELOAD8(g + i))) * ELOAD8(u + i));
-        for (; i < inter; ++i) EPUT(o + i, EROUND(EGET(g + i) / (1.0f + expf(-EGET(g + i)))) * EGET(u + i));
-    }
+    for (int64_t r = 0; r < rows; ++r) E(gated_row)(gate_up + r * 2 * inter, out + r * inter, inter, silu8, silu1);
 }
 
 void E(loraplex_gelu_tanh_mul)(const ET *gate_up, ET *out, int64_t rows, int64_t inter, int num_threads)
 {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * inter >= PARALLEL_MIN_FLOATS)
-    for (int64_t r = 0; r < rows; ++r) {
-        const ET *g = gate_up + r * 2 * inter, *u = g + inter;
-        ET *o = out + r * inter;
-        int64_t i = 0;
-        for (; i + 8 <= inter; i += 8) ESTORE8(o + i, EROUND8(gelu_tanh8(ELOAD8(g + i))) * ELOAD8(u + i));
-        for (; i < inter; ++i) EPUT(o + i, EROUND(gelu_tanh1(EGET(g + i))) * EGET(u + i));
-    }
+    for (int64_t r = 0; r < rows; ++r)
+        E(gated_row)(gate_up + r * 2 * inter, out + r * inter, inter, gelu_tanh8, gelu_tanh1);
 }
 
 #undef ET
